@@ -1,0 +1,362 @@
+//! The device backend: the one trait through which the runtime reaches a device, at the level
+//! of the kernel driver (DESIGN §4).
+//!
+//! [`Device`] is the *control plane*: device info, memory chunks, DMA queue setup and the DMA
+//! doorbell, semaphores and events, notification queues, NC reset — each method mirrors one
+//! aws-neuronx-dkms ioctl (or the driver's mmap). The *data plane* is not here: descriptor
+//! rings, the staged request and notification queues are shared memory ([`SharedChunk`]) that
+//! runtime code writes and polls the same way on both backends. Descriptor building, ring
+//! management, request staging and notification decoding therefore live in runtime modules,
+//! never in a backend.
+//!
+//! Backends:
+//! - [`sim::SimDevice`]: a `SOCK_SEQPACKET` connection to simdev (bincode 2 messages from
+//!   `shared::protocol`, fds by `SCM_RIGHTS`). Doorbells are posted.
+//! - [`neuron::NeuronDevice`]: `/dev/neuronN` through the driver's ioctls. **Not yet run on
+//!   silicon.**
+//!
+//! [`open`] picks one from `NEURON_RT_BACKEND` (see [`select`]).
+
+use std::io;
+use std::os::fd::OwnedFd;
+
+use shared::memory::{MemError, SharedChunk};
+use shared::protocol::{DeviceInfo, MemLocation, NcCounters, RemoteError};
+use shared::NrtStatus;
+use thiserror::Error;
+
+pub mod neuron;
+pub mod select;
+pub mod sim;
+
+pub use select::{open, BackendKind, OpenOptions};
+
+/// A memory chunk handle as the driver returns it (small non-zero integer; 0 is invalid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemHandle(pub u64);
+
+/// One allocated chunk: where it is and how big. Map it with [`Device::mem_map`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// The driver handle.
+    pub handle: MemHandle,
+    /// First device PA.
+    pub pa: u64,
+    /// Size in bytes (a multiple of 4 KiB).
+    pub size: u64,
+    /// Where the chunk lives.
+    pub location: MemLocation,
+}
+
+/// One DMA queue: (NC, engine on the NC, queue on the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DmaQueueId {
+    /// NC index.
+    pub nc: u32,
+    /// Engine on the NC, `0..dma_engines_per_nc`.
+    pub engine: u32,
+    /// Queue on the engine, `0..dma_queues_per_engine`.
+    pub queue: u32,
+}
+
+/// The two descriptor rings bound to a DMA queue (DMA_QUEUE_INIT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaRings {
+    /// Chunk holding the TX (M2S) ring.
+    pub tx_ring: MemHandle,
+    /// TX ring size in descriptors (32 ≤ n ≤ 2^24−16, a multiple of 16).
+    pub tx_desc_count: u32,
+    /// Chunk holding the RX (S2M) ring.
+    pub rx_ring: MemHandle,
+    /// RX ring size in descriptors (same rules).
+    pub rx_desc_count: u32,
+}
+
+/// An NC taken for this process.
+#[derive(Debug)]
+pub struct ClaimedNc {
+    /// NC index.
+    pub nc: u32,
+    /// The NC's events + semaphores window, mapped read-only (events at +0, semaphore values at
+    /// +0x1000), for syscall-free polling. `None` where the backend cannot map it.
+    pub semaphore_window: Option<SharedChunk>,
+    /// An eventfd the device writes after each notification it posts (simdev only: silicon has
+    /// no completion interrupt, so the hardware backend returns `None` and the runtime polls).
+    pub notification_fd: Option<OwnedFd>,
+}
+
+/// An NC's notification queue, mapped (layout in `shared::notification`).
+#[derive(Debug)]
+pub struct NotificationQueue {
+    /// The ring's chunk.
+    pub allocation: Allocation,
+    /// Ring size in entries.
+    pub entries: u32,
+    /// The mapping of the whole chunk.
+    pub memory: SharedChunk,
+}
+
+/// A failed backend operation. Each variant names the step (`op`: the driver call or protocol
+/// request) that failed.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// An argument outside the device's ranges, caught before anything was sent.
+    #[error("{op}: {what} {value} is out of range (limit {limit})")]
+    OutOfRange {
+        /// Operation.
+        op: &'static str,
+        /// Which argument.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The exclusive upper bound.
+        limit: u64,
+    },
+    /// simdev refused the request.
+    #[error("{op} refused by simdev")]
+    Remote {
+        /// Operation.
+        op: &'static str,
+        /// simdev's reason.
+        #[source]
+        source: RemoteError,
+    },
+    /// A driver ioctl failed.
+    #[error("{op}: ioctl {request:#010x} failed")]
+    Ioctl {
+        /// Operation.
+        op: &'static str,
+        /// The request value.
+        request: u32,
+        /// errno.
+        #[source]
+        source: nix::Error,
+    },
+    /// A system call or socket operation failed.
+    #[error("{op}")]
+    Io {
+        /// Operation.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The device went away (simdev exited or closed the connection).
+    #[error("{op}: the device is gone (connection closed)")]
+    Disconnected {
+        /// Operation.
+        op: &'static str,
+    },
+    /// The peer answered something the protocol does not allow here.
+    #[error("{op}: protocol violation: {detail}")]
+    Protocol {
+        /// Operation.
+        op: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// Mapping a chunk failed.
+    #[error("{op}: mapping device memory")]
+    Map {
+        /// Operation.
+        op: &'static str,
+        /// The accessor's error.
+        #[source]
+        source: MemError,
+    },
+    /// No device could be found or started.
+    #[error("no Neuron device: {hint}")]
+    NoDevice {
+        /// What was tried and how to fix it.
+        hint: String,
+    },
+    /// The backend does not implement this operation.
+    #[error("{op} is not supported by the {backend} backend")]
+    Unsupported {
+        /// Operation.
+        op: &'static str,
+        /// Backend name.
+        backend: &'static str,
+    },
+}
+
+impl DeviceError {
+    /// The `NRT_STATUS` a libnrt call reports for this failure.
+    pub fn status(&self) -> NrtStatus {
+        use shared::protocol::ErrorKind as K;
+        match self {
+            Self::OutOfRange { .. } => NrtStatus::Invalid,
+            Self::Remote { source, .. } => match source.kind {
+                K::OutOfMemory => NrtStatus::Resource,
+                K::NcBusy => NrtStatus::ExecNcBusy,
+                K::BadHandle => NrtStatus::InvalidHandle,
+                K::OutOfRange | K::BadRing | K::InvalidArgument | K::BadMessage => NrtStatus::Invalid,
+                K::QueueStopped => NrtStatus::ExecHwErrDmaAbort,
+                K::Handshake | K::PermissionDenied | K::NotOwner | K::Unsupported => {
+                    NrtStatus::Failure
+                }
+            },
+            Self::Ioctl { source, .. } => match source {
+                nix::Error::ENOMEM => NrtStatus::Resource,
+                nix::Error::EBUSY => NrtStatus::ExecNcBusy,
+                nix::Error::EINVAL => NrtStatus::Invalid,
+                _ => NrtStatus::HwError,
+            },
+            Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
+            Self::Io { .. } | Self::Protocol { .. } | Self::Map { .. } | Self::Unsupported { .. } => {
+                NrtStatus::Failure
+            }
+        }
+    }
+}
+
+/// Control plane of one Neuron device, at the level of the kernel driver.
+///
+/// Methods mirror driver calls; each documents the ioctl it stands for. All take `&self` and
+/// are safe to call from several threads. Ids are validated against [`Device::info`] before
+/// anything reaches the device, so range errors are synchronous ([`DeviceError::OutOfRange`]).
+pub trait Device: Send + Sync + std::fmt::Debug {
+    /// The backend's name: `"sim"` or `"neuron"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// Static facts about the device (DEVICE_INFO / DEVICE_BASIC_INFO and the arch tables).
+    fn info(&self) -> &DeviceInfo;
+
+    /// Takes NC `nc` for this process, exclusively (the driver's NC lock, CRWL_WRITER_ENTER).
+    ///
+    /// # Errors
+    /// `OutOfRange`; a busy NC (`Remote` NcBusy / `Ioctl` EBUSY).
+    fn claim_nc(&self, nc: u32) -> Result<ClaimedNc, DeviceError>;
+
+    /// Gives NC `nc` back.
+    ///
+    /// # Errors
+    /// `OutOfRange`; not owned.
+    fn release_nc(&self, nc: u32) -> Result<(), DeviceError>;
+
+    /// Allocates a chunk of `size` bytes (rounded up to 4 KiB) aligned to `align` bytes (0 for the
+    /// default) in `location` (MEM_ALLOC_V2).
+    ///
+    /// # Errors
+    /// Out of memory (`status()` = NRT_RESOURCE), bad NC, bad alignment.
+    fn mem_alloc(&self, location: MemLocation, size: u64, align: u64) -> Result<Allocation, DeviceError>;
+
+    /// Frees a chunk (MEM_FREE). Mappings of it must be dropped first.
+    ///
+    /// # Errors
+    /// Unknown handle.
+    fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError>;
+
+    /// Maps a whole chunk into this process (the driver's mmap at the chunk's offset; partial
+    /// maps do not exist).
+    ///
+    /// # Errors
+    /// Unknown or foreign handle; mmap failure.
+    fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError>;
+
+    /// Binds a TX and an RX ring to a DMA queue and restarts it at index 0, ring id 1
+    /// (DMA_QUEUE_INIT).
+    ///
+    /// # Errors
+    /// Out-of-range ids, ring sizes outside 32..=2^24−16 or not a multiple of 16, a chunk
+    /// smaller than its ring, an NC not owned.
+    fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError>;
+
+    /// Releases a DMA queue (DMA_QUEUE_RELEASE).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn dma_queue_release(&self, queue: DmaQueueId) -> Result<(), DeviceError>;
+
+    /// The DMA doorbell (DMA_QUEUE_COPY_START): adds `rx_desc_count` to the RX tail, then
+    /// `tx_desc_count` to the TX tail. `rx_desc_count` must be ≥ 1 (0 is a kernel `BUG_ON`).
+    ///
+    /// # Errors
+    /// Out-of-range ids or counts; a queue not initialised or stopped by a DMA abort.
+    fn dma_queue_copy_start(
+        &self,
+        queue: DmaQueueId,
+        tx_desc_count: u32,
+        rx_desc_count: u32,
+    ) -> Result<(), DeviceError>;
+
+    /// Adds `value` to semaphore `index` of NC `nc` (SEMAPHORE_INCREMENT, ioctl 0x80084E29 with
+    /// the 12-byte `{nc_id, semaphore_index, value}`). This is the execution doorbell and the
+    /// only device call on the submit hot path; on simdev it is a posted message.
+    ///
+    /// # Errors
+    /// Out-of-range ids; a dead device.
+    fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError>;
+
+    /// Subtracts `value` from a semaphore (SEMAPHORE_DECREMENT).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn semaphore_decrement(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError>;
+
+    /// Reads a semaphore (SEMAPHORE_READ).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn semaphore_read(&self, nc: u32, index: u32) -> Result<u32, DeviceError>;
+
+    /// Sets a semaphore (SEMAPHORE_WRITE).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn semaphore_write(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError>;
+
+    /// Sets an event (EVENT_SET).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn event_set(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError>;
+
+    /// Reads an event (EVENT_GET).
+    ///
+    /// # Errors
+    /// Out-of-range ids.
+    fn event_get(&self, nc: u32, index: u32) -> Result<u32, DeviceError>;
+
+    /// Creates NC `nc`'s notification queue with `entries` entries (a power of two) in
+    /// host-visible memory and maps it (NOTIFICATIONS_INIT_V2, NQ type NOTIFY).
+    ///
+    /// # Errors
+    /// Out-of-range NC, bad size, NC not owned.
+    fn notification_queue_init(&self, nc: u32, entries: u32) -> Result<NotificationQueue, DeviceError>;
+
+    /// Resets NC `nc` (NC_RESET + NC_RESET_READY): its DMA queues and notification queue are
+    /// stopped, its semaphores and events zeroed.
+    ///
+    /// # Errors
+    /// Out-of-range NC, NC not owned, reset failed.
+    fn nc_reset(&self, nc: u32) -> Result<(), DeviceError>;
+
+    /// The device's counters for NC `nc` (executions, DMA bytes, aborts, ...).
+    ///
+    /// # Errors
+    /// `Unsupported` on hardware.
+    fn nc_counters(&self, nc: u32) -> Result<NcCounters, DeviceError>;
+}
+
+/// Checks `value < limit` for argument `what` of `op`.
+///
+/// # Errors
+/// [`DeviceError::OutOfRange`].
+pub(crate) fn check_range(op: &'static str, what: &'static str, value: u32, limit: u32) -> Result<(), DeviceError> {
+    if value < limit {
+        Ok(())
+    } else {
+        Err(DeviceError::OutOfRange { op, what, value: value.into(), limit: limit.into() })
+    }
+}
+
+/// Checks an NC index and a DMA queue id against `info`.
+///
+/// # Errors
+/// [`DeviceError::OutOfRange`].
+pub(crate) fn check_queue(op: &'static str, info: &DeviceInfo, q: DmaQueueId) -> Result<(), DeviceError> {
+    check_range(op, "nc", q.nc, info.nc_count)?;
+    check_range(op, "dma engine", q.engine, info.dma_engines_per_nc)?;
+    check_range(op, "dma queue", q.queue, info.dma_queues_per_engine)
+}

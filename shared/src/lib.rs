@@ -1,0 +1,37 @@
+//! The device ABI that the runtime and simdev agree on, byte-exact.
+//!
+//! This crate is the contract at the device boundary and nothing else: it holds no runtime
+//! policy and no device behaviour. Its parts:
+//!
+//! - [`status`]: `NRT_STATUS` values and names (`nrt_status.h`).
+//! - [`exec_request`]: the 52-byte `device_exec_request` and its `cc_dma_increment` trailer.
+//! - [`udma`]: 16-byte UDMA descriptors, the M2M copy builder and a decoder for hostile rings.
+//! - [`ids`]: `xu_id` and `seq_id`.
+//! - [`ioctl`]: the aws-neuronx-dkms request values and argument structs the `Device` trait uses.
+//! - [`address_map`]: simdev's PA space (HBM, host-visible memory, register window).
+//! - [`notification`]: the simulator-defined notification queue entry and ring layout.
+//! - [`protocol`]: the simdev control protocol (serde + bincode 2 over `SOCK_SEQPACKET`).
+//! - [`memory`]: bounds-checked, PA-addressed access to shared mappings (all shared-memory
+//!   `unsafe` lives there).
+//!
+//! Every `#[repr(C)]` type has a compile-time size assert, per-field offset tests and a
+//! golden-bytes test. Sources are `../shared/reference/driver-abi.md` (driver 2.24.7.0),
+//! `../shared/reference/nrt-api.md` and the two seeds.
+
+pub mod address_map;
+pub mod exec_request;
+pub mod ids;
+pub mod ioctl;
+pub mod memory;
+pub mod notification;
+pub mod protocol;
+pub mod status;
+pub mod udma;
+
+pub use address_map::{AddressMap, Arch, Register};
+pub use exec_request::{DeviceExecRequest, Engine};
+pub use ids::{SeqId, XuId, XuType};
+pub use memory::{MemError, SharedChunk};
+pub use notification::NotificationEntry;
+pub use status::NrtStatus;
+pub use udma::{RingId, UdmaDesc};

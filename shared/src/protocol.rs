@@ -1,0 +1,555 @@
+//! The simdev control protocol: requests and replies over one Unix `SOCK_SEQPACKET` connection
+//! per client process, encoded with bincode 2 (serde, standard config) and at most
+//! [`MAX_MSG_SIZE`] bytes each. File descriptors (memfds of memory chunks and of the semaphore
+//! window, the NC's notification eventfd) travel beside a reply as `SCM_RIGHTS` ancillary data;
+//! each reply variant documents how many it carries.
+//!
+//! Rules:
+//! - The first request on a connection must be [`Request::Hello`] with [`PROTOCOL_VERSION`];
+//!   anything else, or another version, gets [`ErrorKind::Handshake`] and the connection is
+//!   closed.
+//! - Every request gets exactly one reply, in order, except the *posted* ones
+//!   ([`Request::is_posted`]): doorbells, like a PCIe posted write, get none. Because the socket
+//!   keeps order, a later request observes every earlier posted write.
+//! - Requests mirror driver ioctls (`reference/driver-abi.md` §1); ids are range-checked by
+//!   simdev and by the client backend before sending.
+//! - Bulk data never crosses the socket: it moves through shared chunks and DMA.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::address_map::Arch;
+
+/// Version both sides must agree on in the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest encoded message in bytes. Every message is a few dozen bytes of ids and addresses
+/// (bulk data goes through shared memory), so 4 KiB leaves room for error strings while keeping
+/// receive buffers on the stack.
+pub const MAX_MSG_SIZE: usize = 4096;
+/// Most file descriptors one message carries.
+pub const MAX_FDS_PER_MSG: usize = 2;
+
+/// Where an allocation lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemLocation {
+    /// HBM of NC `nc` (the client must own the NC).
+    Hbm {
+        /// NC index.
+        nc: u32,
+    },
+    /// Host-visible memory (DMA-able host memory at the PCIe host base).
+    Host,
+}
+
+/// Static facts about a device (simdev's answer to DEVICE_INFO and the arch tables).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// Device generation.
+    pub arch: Arch,
+    /// Physical NCs.
+    pub nc_count: u32,
+    /// HBM bytes per NC.
+    pub hbm_bytes_per_nc: u64,
+    /// First PA of each NC's HBM, indexed by NC.
+    pub hbm_bases: Vec<u64>,
+    /// First PA of host-visible memory.
+    pub host_base: u64,
+    /// First PA of the register window.
+    pub reg_base: u64,
+    /// Semaphores per NC.
+    pub semaphores_per_nc: u32,
+    /// Events per NC.
+    pub events_per_nc: u32,
+    /// DMA engines per NC.
+    pub dma_engines_per_nc: u32,
+    /// Queues per DMA engine.
+    pub dma_queues_per_engine: u32,
+    /// Free-form identification of the device (e.g. "simdev 0.1.0 pid 1234").
+    pub description: String,
+}
+
+/// Counters of one NC, as simdev keeps them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NcCounters {
+    /// Descriptor pairs the NC's DMA engines completed.
+    pub dma_descriptors: u64,
+    /// Bytes the NC's DMA engines moved.
+    pub dma_bytes: u64,
+    /// Queues stopped on a bad descriptor (DMA aborts).
+    pub dma_aborts: u64,
+    /// Register writes performed by DMA (semaphores, events, tail increments).
+    pub register_writes: u64,
+    /// Posted semaphore increments received (doorbells).
+    pub doorbells: u64,
+    /// Notifications written.
+    pub notifications: u64,
+    /// Notifications dropped because the NQ was full.
+    pub nq_overflows: u64,
+    /// Posted messages that failed (they get no reply; the error is logged and counted).
+    pub posted_errors: u64,
+    /// NC resets.
+    pub resets: u64,
+}
+
+/// A client's request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Handshake; must come first. Reply: [`Reply::Hello`].
+    Hello {
+        /// Must equal [`PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// Reply: [`Reply::DeviceInfo`].
+    DeviceInfo,
+    /// Take NC `nc` for this client, exclusively. Reply: [`Reply::NcClaimed`].
+    ClaimNc {
+        /// NC index.
+        nc: u32,
+    },
+    /// Give NC `nc` back (its queues, notification queue and semaphores are reset; memory stays
+    /// with the client). Reply: [`Reply::Ok`].
+    ReleaseNc {
+        /// NC index.
+        nc: u32,
+    },
+    /// MEM_ALLOC: a new chunk. Reply: [`Reply::MemAllocated`].
+    MemAlloc {
+        /// Where.
+        location: MemLocation,
+        /// Bytes; rounded up to 4 KiB.
+        size: u64,
+        /// Alignment in bytes (a power of two, or 0 for the 4 KiB default).
+        align: u64,
+    },
+    /// MEM_FREE. Reply: [`Reply::Ok`].
+    MemFree {
+        /// Handle from [`Reply::MemAllocated`].
+        handle: u64,
+    },
+    /// The driver's mmap of a whole chunk: returns the chunk's memfd. Reply: [`Reply::MemMapped`].
+    MemMap {
+        /// Handle of a chunk this client owns.
+        handle: u64,
+    },
+    /// DMA_QUEUE_INIT: bind a TX and an RX ring (chunks owned by the client) to a queue of an
+    /// owned NC. Ring sizes: 32 ≤ n ≤ 2^24−16, a multiple of 16; the chunk must hold n·16
+    /// bytes. The queue restarts at index 0, ring id 1. Reply: [`Reply::Ok`].
+    DmaQueueInit {
+        /// NC index.
+        nc: u32,
+        /// Engine on the NC.
+        engine: u32,
+        /// Queue on the engine.
+        queue: u32,
+        /// Handle of the TX ring chunk.
+        tx_ring: u64,
+        /// TX ring size in descriptors.
+        tx_desc_count: u32,
+        /// Handle of the RX ring chunk.
+        rx_ring: u64,
+        /// RX ring size in descriptors.
+        rx_desc_count: u32,
+    },
+    /// DMA_QUEUE_RELEASE. Reply: [`Reply::Ok`].
+    DmaQueueRelease {
+        /// NC index.
+        nc: u32,
+        /// Engine on the NC.
+        engine: u32,
+        /// Queue on the engine.
+        queue: u32,
+    },
+    /// DMA_QUEUE_COPY_START: add `rx_desc_count` to the RX tail, then `tx_desc_count` to the TX
+    /// tail, and process the posted pairs. Reply: [`Reply::Ok`] once the engine has consumed
+    /// what it can (a bad descriptor stops the queue and posts a DMA-abort notification; the
+    /// reply is still `Ok`, as the ioctl's is).
+    DmaQueueCopyStart {
+        /// NC index.
+        nc: u32,
+        /// Engine on the NC.
+        engine: u32,
+        /// Queue on the engine.
+        queue: u32,
+        /// TX descriptors to post.
+        tx_desc_count: u32,
+        /// RX descriptors to post (≥ 1).
+        rx_desc_count: u32,
+    },
+    /// SEMAPHORE_INCREMENT. **Posted: no reply.**
+    SemaphoreIncrement {
+        /// NC index.
+        nc: u32,
+        /// Semaphore index.
+        index: u32,
+        /// Amount to add.
+        value: u32,
+    },
+    /// SEMAPHORE_DECREMENT. Reply: [`Reply::Ok`].
+    SemaphoreDecrement {
+        /// NC index.
+        nc: u32,
+        /// Semaphore index.
+        index: u32,
+        /// Amount to subtract.
+        value: u32,
+    },
+    /// SEMAPHORE_READ. Reply: [`Reply::Value`].
+    SemaphoreRead {
+        /// NC index.
+        nc: u32,
+        /// Semaphore index.
+        index: u32,
+    },
+    /// SEMAPHORE_WRITE. Reply: [`Reply::Ok`].
+    SemaphoreWrite {
+        /// NC index.
+        nc: u32,
+        /// Semaphore index.
+        index: u32,
+        /// New value.
+        value: u32,
+    },
+    /// EVENT_SET. Reply: [`Reply::Ok`].
+    EventSet {
+        /// NC index.
+        nc: u32,
+        /// Event index.
+        index: u32,
+        /// New value.
+        value: u32,
+    },
+    /// EVENT_GET. Reply: [`Reply::Value`].
+    EventGet {
+        /// NC index.
+        nc: u32,
+        /// Event index.
+        index: u32,
+    },
+    /// NOTIFICATIONS_INIT: (re)create the NC's notification queue in host-visible memory owned
+    /// by the client. Only `nq_type` NOTIFY (1) is emulated: every notification of the NC goes
+    /// there. Reply: [`Reply::NotificationQueue`].
+    NotificationInit {
+        /// NC index.
+        nc: u32,
+        /// `NQ_TYPE`; must be 1 (NOTIFY).
+        nq_type: u32,
+        /// Ring size in entries: a power of two, 2..=65536.
+        entries: u32,
+    },
+    /// NC_RESET of an owned NC: stops and forgets its DMA queues and notification queue, zeroes
+    /// its semaphores and events. Reply: [`Reply::Ok`].
+    NcReset {
+        /// NC index.
+        nc: u32,
+    },
+    /// Read an NC's counters (any NC, owned or not). Reply: [`Reply::Counters`].
+    Counters {
+        /// NC index.
+        nc: u32,
+    },
+}
+
+impl Request {
+    /// Whether the request is posted (gets no reply).
+    pub const fn is_posted(&self) -> bool {
+        matches!(self, Self::SemaphoreIncrement { .. })
+    }
+
+    /// A short name of the request, for logs and error messages.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Hello { .. } => "Hello",
+            Self::DeviceInfo => "DeviceInfo",
+            Self::ClaimNc { .. } => "ClaimNc",
+            Self::ReleaseNc { .. } => "ReleaseNc",
+            Self::MemAlloc { .. } => "MemAlloc",
+            Self::MemFree { .. } => "MemFree",
+            Self::MemMap { .. } => "MemMap",
+            Self::DmaQueueInit { .. } => "DmaQueueInit",
+            Self::DmaQueueRelease { .. } => "DmaQueueRelease",
+            Self::DmaQueueCopyStart { .. } => "DmaQueueCopyStart",
+            Self::SemaphoreIncrement { .. } => "SemaphoreIncrement",
+            Self::SemaphoreDecrement { .. } => "SemaphoreDecrement",
+            Self::SemaphoreRead { .. } => "SemaphoreRead",
+            Self::SemaphoreWrite { .. } => "SemaphoreWrite",
+            Self::EventSet { .. } => "EventSet",
+            Self::EventGet { .. } => "EventGet",
+            Self::NotificationInit { .. } => "NotificationInit",
+            Self::NcReset { .. } => "NcReset",
+            Self::Counters { .. } => "Counters",
+        }
+    }
+}
+
+/// Why simdev refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The bytes did not decode as a [`Request`] (or exceeded [`MAX_MSG_SIZE`]).
+    BadMessage,
+    /// No or wrong handshake.
+    Handshake,
+    /// The peer's uid is not allowed.
+    PermissionDenied,
+    /// An id (NC, semaphore, event, engine, queue) or value is out of range.
+    OutOfRange,
+    /// The NC is owned by another client.
+    NcBusy,
+    /// The NC is not owned by this client.
+    NotOwner,
+    /// No memory left in the requested location.
+    OutOfMemory,
+    /// Unknown handle, or a handle another client owns.
+    BadHandle,
+    /// A ring that breaks the driver's rules (size, alignment, chunk too small).
+    BadRing,
+    /// The DMA queue is not initialised, or was stopped by a DMA abort.
+    QueueStopped,
+    /// A valid request simdev does not emulate.
+    Unsupported,
+    /// Bad arguments not covered above (e.g. an invalid size or alignment).
+    InvalidArgument,
+}
+
+/// An error reply: what failed and why, in words.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Error)]
+#[error("{kind:?}: {message}")]
+pub struct RemoteError {
+    /// The class of failure.
+    pub kind: ErrorKind,
+    /// A sentence naming the bad value and the rule it broke.
+    pub message: String,
+}
+
+/// simdev's reply to one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Handshake accepted.
+    Hello {
+        /// simdev's protocol version.
+        version: u32,
+        /// The device.
+        device: DeviceInfo,
+    },
+    /// Device facts.
+    DeviceInfo(DeviceInfo),
+    /// The NC is now the client's. **Carries 2 fds**: the semaphore window memfd (sealed
+    /// against writable mappings: map it read-only, [`crate::address_map::SEM_WINDOW_SIZE`]
+    /// bytes) and the NC's notification eventfd (simdev writes 1 after each notification).
+    NcClaimed {
+        /// NC index.
+        nc: u32,
+    },
+    /// Success without data.
+    Ok,
+    /// A new chunk.
+    MemAllocated {
+        /// Handle (non-zero, unique per simdev run).
+        handle: u64,
+        /// First device PA.
+        pa: u64,
+        /// Size in bytes (rounded up to 4 KiB).
+        size: u64,
+    },
+    /// **Carries 1 fd**: the chunk's memfd, exactly `size` bytes, to map whole.
+    MemMapped {
+        /// Handle.
+        handle: u64,
+        /// First device PA.
+        pa: u64,
+        /// Size in bytes.
+        size: u64,
+    },
+    /// A register value (semaphore read, event get).
+    Value(u32),
+    /// The NC's notification queue: a chunk owned by the client (map it with
+    /// [`Request::MemMap`]; layout in [`crate::notification`]).
+    NotificationQueue {
+        /// Chunk handle.
+        handle: u64,
+        /// First device PA.
+        pa: u64,
+        /// Chunk size in bytes.
+        size: u64,
+        /// Ring size in entries.
+        entries: u32,
+    },
+    /// An NC's counters.
+    Counters(NcCounters),
+    /// The request failed.
+    Error(RemoteError),
+}
+
+impl Reply {
+    /// Number of fds that travel with this reply.
+    pub const fn fd_count(&self) -> usize {
+        match self {
+            Self::NcClaimed { .. } => 2,
+            Self::MemMapped { .. } => 1,
+            _ => 0,
+        }
+    }
+
+    /// A refusal of `kind` with a message.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self::Error(RemoteError {
+            kind,
+            message: message.into(),
+        })
+    }
+}
+
+/// A message that could not be encoded or decoded.
+#[derive(Debug, Error)]
+pub enum CodecError {
+    /// Encoding failed (a message larger than [`MAX_MSG_SIZE`]).
+    #[error("encoding a message")]
+    Encode(#[source] bincode::error::EncodeError),
+    /// The bytes are not a valid message.
+    #[error("decoding a {len}-byte message")]
+    Decode {
+        /// Bytes received.
+        len: usize,
+        /// What bincode found.
+        #[source]
+        source: bincode::error::DecodeError,
+    },
+    /// Bytes left over after the message.
+    #[error("{extra} trailing bytes after a message")]
+    TrailingBytes {
+        /// Extra bytes.
+        extra: usize,
+    },
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_MSG_SIZE>()
+}
+
+/// Encodes `msg` into `buf` (at least [`MAX_MSG_SIZE`] bytes); returns the bytes used.
+///
+/// # Errors
+/// [`CodecError::Encode`] if the message does not fit.
+pub fn encode<T: Serialize>(msg: &T, buf: &mut [u8]) -> Result<usize, CodecError> {
+    let limit = buf.len().min(MAX_MSG_SIZE);
+    bincode::serde::encode_into_slice(msg, &mut buf[..limit], config()).map_err(CodecError::Encode)
+}
+
+/// Decodes one whole message from `bytes`.
+///
+/// # Errors
+/// [`CodecError::Decode`] or [`CodecError::TrailingBytes`].
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (msg, used) = bincode::serde::decode_from_slice(bytes, config()).map_err(|source| {
+        CodecError::Decode {
+            len: bytes.len(),
+            source,
+        }
+    })?;
+    if used != bytes.len() {
+        return Err(CodecError::TrailingBytes {
+            extra: bytes.len() - used,
+        });
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let reqs = [
+            Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            Request::MemAlloc {
+                location: MemLocation::Hbm { nc: 1 },
+                size: 4096,
+                align: 0,
+            },
+            Request::DmaQueueCopyStart {
+                nc: 0,
+                engine: 1,
+                queue: 2,
+                tx_desc_count: 3,
+                rx_desc_count: 3,
+            },
+            Request::SemaphoreIncrement {
+                nc: 1,
+                index: 5,
+                value: 1,
+            },
+        ];
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        for req in reqs {
+            let n = encode(&req, &mut buf).unwrap();
+            assert_eq!(decode::<Request>(&buf[..n]).unwrap(), req);
+        }
+    }
+
+    #[test]
+    fn golden_bytes_of_the_doorbell() {
+        // bincode 2 standard config: varint enum tag (10 = SemaphoreIncrement), varint u32s.
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let n = encode(
+            &Request::SemaphoreIncrement {
+                nc: 1,
+                index: 5,
+                value: 1,
+            },
+            &mut buf,
+        )
+        .unwrap();
+        assert_eq!(&buf[..n], [10, 1, 5, 1]);
+        assert!(
+            Request::SemaphoreIncrement {
+                nc: 0,
+                index: 0,
+                value: 0
+            }
+            .is_posted()
+        );
+        assert!(!Request::SemaphoreRead { nc: 0, index: 0 }.is_posted());
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error() {
+        assert!(matches!(
+            decode::<Request>(&[0xFF; 9]),
+            Err(CodecError::Decode { .. })
+        ));
+        assert!(matches!(
+            decode::<Request>(&[]),
+            Err(CodecError::Decode { .. })
+        ));
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let n = encode(&Request::DeviceInfo, &mut buf).unwrap();
+        assert!(matches!(
+            decode::<Request>(&buf[..n + 1]),
+            Err(CodecError::TrailingBytes { extra: 1 })
+        ));
+    }
+
+    #[test]
+    fn oversized_messages_are_refused() {
+        let mut buf = vec![0u8; 2 * MAX_MSG_SIZE];
+        let huge = Reply::error(ErrorKind::BadMessage, "x".repeat(MAX_MSG_SIZE));
+        assert!(encode(&huge, &mut buf).is_err());
+    }
+
+    #[test]
+    fn fd_counts() {
+        assert_eq!(Reply::NcClaimed { nc: 0 }.fd_count(), 2);
+        assert_eq!(
+            Reply::MemMapped {
+                handle: 1,
+                pa: 0,
+                size: 4096
+            }
+            .fd_count(),
+            1
+        );
+        assert_eq!(Reply::Ok.fd_count(), 0);
+    }
+}
