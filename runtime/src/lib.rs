@@ -5,7 +5,13 @@
 //!
 //! - [`backend`]: the `Device` trait (the control plane, at the level of the kernel driver), its
 //!   `sim` and `neuron` implementations and the selection logic (`NEURON_RT_BACKEND`).
+//! - [`dma`]: UDMA descriptor rings and DMA queues as the runtime writes them.
+//! - [`xu`]: the per-vNC work queue, worker threads and completion hand-off (seed 004).
+//! - [`metrics`]: per-NC execution counters (`kmetric_update_nds_*`).
 
 pub mod backend;
+pub mod dma;
+pub mod metrics;
+pub mod xu;
 
-pub use backend::{open, Device, DeviceError};
+pub use backend::{Device, DeviceError, open};

@@ -20,16 +20,16 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
+use shared::NrtStatus;
 use shared::memory::{MemError, SharedChunk};
 use shared::protocol::{DeviceInfo, MemLocation, NcCounters, RemoteError};
-use shared::NrtStatus;
 use thiserror::Error;
 
 pub mod neuron;
 pub mod select;
 pub mod sim;
 
-pub use select::{open, BackendKind, OpenOptions};
+pub use select::{BackendKind, OpenOptions, open};
 
 /// A memory chunk handle as the driver returns it (small non-zero integer; 0 is invalid).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -190,7 +190,9 @@ impl DeviceError {
                 K::OutOfMemory => NrtStatus::Resource,
                 K::NcBusy => NrtStatus::ExecNcBusy,
                 K::BadHandle => NrtStatus::InvalidHandle,
-                K::OutOfRange | K::BadRing | K::InvalidArgument | K::BadMessage => NrtStatus::Invalid,
+                K::OutOfRange | K::BadRing | K::InvalidArgument | K::BadMessage => {
+                    NrtStatus::Invalid
+                }
                 K::QueueStopped => NrtStatus::ExecHwErrDmaAbort,
                 K::Handshake | K::PermissionDenied | K::NotOwner | K::Unsupported => {
                     NrtStatus::Failure
@@ -203,9 +205,10 @@ impl DeviceError {
                 _ => NrtStatus::HwError,
             },
             Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
-            Self::Io { .. } | Self::Protocol { .. } | Self::Map { .. } | Self::Unsupported { .. } => {
-                NrtStatus::Failure
-            }
+            Self::Io { .. }
+            | Self::Protocol { .. }
+            | Self::Map { .. }
+            | Self::Unsupported { .. } => NrtStatus::Failure,
         }
     }
 }
@@ -239,7 +242,12 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// Out of memory (`status()` = NRT_RESOURCE), bad NC, bad alignment.
-    fn mem_alloc(&self, location: MemLocation, size: u64, align: u64) -> Result<Allocation, DeviceError>;
+    fn mem_alloc(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+    ) -> Result<Allocation, DeviceError>;
 
     /// Frees a chunk (MEM_FREE). Mappings of it must be dropped first.
     ///
@@ -323,7 +331,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// Out-of-range NC, bad size, NC not owned.
-    fn notification_queue_init(&self, nc: u32, entries: u32) -> Result<NotificationQueue, DeviceError>;
+    fn notification_queue_init(
+        &self,
+        nc: u32,
+        entries: u32,
+    ) -> Result<NotificationQueue, DeviceError>;
 
     /// Resets NC `nc` (NC_RESET + NC_RESET_READY): its DMA queues and notification queue are
     /// stopped, its semaphores and events zeroed.
@@ -343,11 +355,21 @@ pub trait Device: Send + Sync + std::fmt::Debug {
 ///
 /// # Errors
 /// [`DeviceError::OutOfRange`].
-pub(crate) fn check_range(op: &'static str, what: &'static str, value: u32, limit: u32) -> Result<(), DeviceError> {
+pub(crate) fn check_range(
+    op: &'static str,
+    what: &'static str,
+    value: u32,
+    limit: u32,
+) -> Result<(), DeviceError> {
     if value < limit {
         Ok(())
     } else {
-        Err(DeviceError::OutOfRange { op, what, value: value.into(), limit: limit.into() })
+        Err(DeviceError::OutOfRange {
+            op,
+            what,
+            value: value.into(),
+            limit: limit.into(),
+        })
     }
 }
 
@@ -355,7 +377,11 @@ pub(crate) fn check_range(op: &'static str, what: &'static str, value: u32, limi
 ///
 /// # Errors
 /// [`DeviceError::OutOfRange`].
-pub(crate) fn check_queue(op: &'static str, info: &DeviceInfo, q: DmaQueueId) -> Result<(), DeviceError> {
+pub(crate) fn check_queue(
+    op: &'static str,
+    info: &DeviceInfo,
+    q: DmaQueueId,
+) -> Result<(), DeviceError> {
     check_range(op, "nc", q.nc, info.nc_count)?;
     check_range(op, "dma engine", q.engine, info.dma_engines_per_nc)?;
     check_range(op, "dma queue", q.queue, info.dma_queues_per_engine)

@@ -1,21 +1,212 @@
-//! Backend selection (placeholder until filled in).
+//! Backend selection: `NEURON_RT_BACKEND=auto|sim|neuron` (DESIGN §4, §9).
+//!
+//! - `neuron`: `/dev/neuron0` (or [`OpenOptions::neuron_device`]).
+//! - `sim`: the simdev at `NEURON_SIMDEV_SOCKET` if set, else a private simdev child.
+//! - `auto` (default): `/dev/neuron0` when present, else `NEURON_SIMDEV_SOCKET` when set, else a
+//!   private simdev child, stopped when the returned device is dropped.
+//!
+//! The private child's program is, in order: `NEURON_SIMDEV_BIN`; the caller's
+//! [`OpenOptions::simdev_command`] (the `nrt` tool passes itself, re-executed as simdev); a
+//! `simdev` binary beside the current executable; `simdev` on `PATH`. Its arch comes from
+//! `NEURON_SIMDEV_ARCH` (default trn1).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::neuron::NeuronDevice;
+use super::sim::{SimDevice, SimdevCommand};
 use super::{Device, DeviceError};
 
-/// Which backend to use.
+/// Which backend [`open`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// Pick automatically.
+    /// Hardware if present, else simdev.
     Auto,
+    /// simdev only.
+    Sim,
+    /// `/dev/neuronN` only.
+    Neuron,
 }
 
-/// Options for [`open`].
-#[derive(Clone, Debug, Default)]
-pub struct OpenOptions;
+impl BackendKind {
+    /// Parses `auto`, `sim` or `neuron` (case-insensitive).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoDevice`] naming the bad value.
+    pub fn parse(value: &str) -> Result<Self, DeviceError> {
+        match value.to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "sim" => Ok(Self::Sim),
+            "neuron" => Ok(Self::Neuron),
+            other => Err(DeviceError::NoDevice {
+                hint: format!("NEURON_RT_BACKEND={other:?} is not one of auto, sim, neuron"),
+            }),
+        }
+    }
+}
 
-/// Opens a device.
+/// Where [`open`] looks for a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Backend choice.
+    pub kind: BackendKind,
+    /// The hardware device node.
+    pub neuron_device: PathBuf,
+    /// A running simdev's socket.
+    pub simdev_socket: Option<PathBuf>,
+    /// `NEURON_SIMDEV_BIN`: the simdev program to spawn (wins over `simdev_command`).
+    pub simdev_bin: Option<PathBuf>,
+    /// The caller's way to start simdev (e.g. `nrt` re-executing itself), used when
+    /// `simdev_bin` is unset.
+    pub simdev_command: Option<SimdevCommand>,
+    /// Options for a private simdev (e.g. `--arch trn2`).
+    pub simdev_args: Vec<OsString>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            kind: BackendKind::Auto,
+            neuron_device: PathBuf::from("/dev/neuron0"),
+            simdev_socket: None,
+            simdev_bin: None,
+            simdev_command: None,
+            simdev_args: Vec::new(),
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Options from the environment: `NEURON_RT_BACKEND`, `NEURON_SIMDEV_SOCKET`,
+    /// `NEURON_SIMDEV_BIN`, `NEURON_SIMDEV_ARCH`.
+    ///
+    /// # Errors
+    /// A bad `NEURON_RT_BACKEND` value.
+    pub fn from_env() -> Result<Self, DeviceError> {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        let kind = match std::env::var("NEURON_RT_BACKEND") {
+            Ok(v) => BackendKind::parse(&v)?,
+            Err(_) => BackendKind::Auto,
+        };
+        let mut simdev_args = Vec::new();
+        if let Some(arch) = var("NEURON_SIMDEV_ARCH") {
+            simdev_args.extend([OsString::from("--arch"), arch]);
+        }
+        Ok(Self {
+            kind,
+            simdev_socket: var("NEURON_SIMDEV_SOCKET").map(PathBuf::from),
+            simdev_bin: var("NEURON_SIMDEV_BIN").map(PathBuf::from),
+            simdev_args,
+            ..Self::default()
+        })
+    }
+
+    /// The command that would start a private simdev, if one can be found.
+    pub fn simdev_program(&self) -> Option<SimdevCommand> {
+        let with_args = |mut c: SimdevCommand| {
+            c.extra_args.extend(self.simdev_args.iter().cloned());
+            c
+        };
+        let plain = |program: PathBuf| SimdevCommand {
+            program,
+            args_prefix: Vec::new(),
+            extra_args: Vec::new(),
+        };
+        if let Some(bin) = &self.simdev_bin {
+            return Some(with_args(plain(bin.clone())));
+        }
+        if let Some(cmd) = &self.simdev_command {
+            return Some(with_args(cmd.clone()));
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("simdev")));
+        if let Some(path) = beside.filter(|p| p.is_file()) {
+            return Some(with_args(plain(path)));
+        }
+        let on_path = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("simdev"))
+                .find(|p| p.is_file())
+        });
+        on_path.map(|p| with_args(plain(p)))
+    }
+}
+
+fn open_sim(opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
+    if let Some(socket) = &opts.simdev_socket {
+        return Ok(Box::new(SimDevice::connect(socket)?));
+    }
+    let Some(cmd) = opts.simdev_program() else {
+        return Err(DeviceError::NoDevice {
+            hint: no_device_hint(&opts.neuron_device),
+        });
+    };
+    Ok(Box::new(SimDevice::spawn_private(&cmd)?))
+}
+
+fn no_device_hint(node: &Path) -> String {
+    format!(
+        "{} is absent, NEURON_SIMDEV_SOCKET is unset and no simdev program was found \
+         (NEURON_SIMDEV_BIN, beside this executable, PATH). Start one by hand with \
+         `cargo run --release -p simdev -- --socket /tmp/simdev.sock` and set \
+         NEURON_SIMDEV_SOCKET=/tmp/simdev.sock",
+        node.display()
+    )
+}
+
+/// Opens the device that `opts` selects.
 ///
 /// # Errors
-/// Always, for now.
-pub fn open(_opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
-    Err(DeviceError::NoDevice { hint: "not yet".into() })
+/// [`DeviceError::NoDevice`] with a hint on how to start simdev; the backend's own errors.
+pub fn open(opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
+    match opts.kind {
+        BackendKind::Neuron => Ok(Box::new(NeuronDevice::open(&opts.neuron_device)?)),
+        BackendKind::Sim => open_sim(opts),
+        BackendKind::Auto if opts.neuron_device.exists() => {
+            Ok(Box::new(NeuronDevice::open(&opts.neuron_device)?))
+        }
+        BackendKind::Auto => open_sim(opts),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_kind_parses_the_three_names() {
+        assert_eq!(BackendKind::parse("auto").unwrap(), BackendKind::Auto);
+        assert_eq!(BackendKind::parse("SIM").unwrap(), BackendKind::Sim);
+        assert_eq!(BackendKind::parse("neuron").unwrap(), BackendKind::Neuron);
+        let err = BackendKind::parse("gpu").unwrap_err().to_string();
+        assert!(err.contains("\"gpu\""), "{err}");
+    }
+
+    #[test]
+    fn simdev_bin_wins_over_the_callers_command() {
+        let opts = OpenOptions {
+            simdev_bin: Some("/opt/simdev".into()),
+            simdev_command: Some(SimdevCommand {
+                program: "/usr/bin/nrt".into(),
+                args_prefix: vec!["simdev".into()],
+                extra_args: Vec::new(),
+            }),
+            simdev_args: vec!["--arch".into(), "trn2".into()],
+            ..OpenOptions::default()
+        };
+        let cmd = opts.simdev_program().unwrap();
+        assert_eq!(cmd.program, PathBuf::from("/opt/simdev"));
+        assert!(cmd.args_prefix.is_empty());
+        assert_eq!(
+            cmd.extra_args,
+            vec![OsString::from("--arch"), OsString::from("trn2")]
+        );
+    }
+
+    #[test]
+    fn no_device_error_says_how_to_start_simdev() {
+        let hint = no_device_hint(Path::new("/dev/neuron0"));
+        assert!(hint.contains("--socket /tmp/simdev.sock"), "{hint}");
+    }
 }

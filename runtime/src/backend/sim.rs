@@ -1,5 +1,649 @@
-//! The simdev backend (placeholder until filled in).
+//! The simdev backend: one `SOCK_SEQPACKET` connection to a simdev process.
+//!
+//! Requests and replies are `shared::protocol` messages (bincode 2); memory chunks, the
+//! semaphore window and the NC's notification eventfd arrive as fds by `SCM_RIGHTS`, and each
+//! chunk is mapped whole, as the driver's mmap requires. The doorbell
+//! ([`Device::semaphore_increment`]) is a *posted* message: one `sendmsg`, no reply, no lock —
+//! its arguments are range-checked here against the device info so errors stay synchronous.
+//! Every other request holds the connection's lock from send to reply, so replies cannot be
+//! crossed between threads.
+//!
+//! [`PrivateSimdev`] starts a simdev child on a private socket and stops it when dropped; the
+//! selection logic ([`super::select`]) uses it when no device is present.
 
-/// A connection to simdev.
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
+use shared::address_map::SEM_WINDOW_SIZE;
+use shared::memory::SharedChunk;
+use shared::protocol::{
+    self, DeviceInfo, MAX_FDS_PER_MSG, MAX_MSG_SIZE, MemLocation, NcCounters, PROTOCOL_VERSION,
+    Reply, Request,
+};
+
+use super::{
+    Allocation, ClaimedNc, Device, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
+    check_queue, check_range,
+};
+
+/// How long [`PrivateSimdev::spawn`] waits for the child to listen.
+pub const SIMDEV_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The receive side of the connection: the buffer lives with the lock that serialises
+/// request/reply pairs.
 #[derive(Debug)]
-pub struct SimDevice;
+struct Exchange {
+    buf: Box<[u8; MAX_MSG_SIZE]>,
+}
+
+/// A connected simdev.
+#[derive(Debug)]
+pub struct SimDevice {
+    fd: OwnedFd,
+    exchange: Mutex<Exchange>,
+    info: DeviceInfo,
+    socket: PathBuf,
+    /// The private simdev this device started, stopped when the device is dropped. Declared
+    /// last so the connection closes first.
+    child: Option<PrivateSimdev>,
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(nix::Error) -> DeviceError {
+    move |e| match e {
+        nix::Error::EPIPE | nix::Error::ECONNRESET | nix::Error::ENOTCONN => {
+            DeviceError::Disconnected { op }
+        }
+        e => DeviceError::Io {
+            op,
+            source: e.into(),
+        },
+    }
+}
+
+impl SimDevice {
+    /// Connects to the simdev listening on `socket` and performs the handshake.
+    ///
+    /// # Errors
+    /// `Io` when nothing listens there (the message names the socket), `Remote` when simdev
+    /// refuses (wrong protocol version, uid not allowed).
+    pub fn connect(socket: &Path) -> Result<Self, DeviceError> {
+        let op = "connect to simdev";
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(io_err(op))?;
+        let addr = UnixAddr::new(socket).map_err(io_err(op))?;
+        socket::connect(fd.as_raw_fd(), &addr).map_err(|e| DeviceError::Io {
+            op,
+            source: std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!("no simdev listening on {}: {e}", socket.display()),
+            ),
+        })?;
+        let mut dev = SimDevice {
+            fd,
+            exchange: Mutex::new(Exchange {
+                buf: Box::new([0; MAX_MSG_SIZE]),
+            }),
+            info: placeholder_info(),
+            socket: socket.to_owned(),
+            child: None,
+        };
+        let (reply, _) = dev.request(
+            "Hello",
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+        )?;
+        match reply {
+            Reply::Hello { version, device } if version == PROTOCOL_VERSION => dev.info = device,
+            other => return Err(unexpected("Hello", &other)),
+        }
+        Ok(dev)
+    }
+
+    /// Starts a private simdev with `command` and connects to it; the child is stopped when the
+    /// device is dropped.
+    ///
+    /// # Errors
+    /// As [`PrivateSimdev::spawn`] and [`SimDevice::connect`].
+    pub fn spawn_private(command: &SimdevCommand) -> Result<Self, DeviceError> {
+        let child = PrivateSimdev::spawn(command)?;
+        let mut dev = Self::connect(child.socket())?;
+        dev.child = Some(child);
+        Ok(dev)
+    }
+
+    /// The socket this device is connected to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Whether this device started its own simdev (stopped at drop).
+    pub fn is_private(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn send(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let n = protocol::encode(req, &mut buf).map_err(|e| DeviceError::Protocol {
+            op,
+            detail: e.to_string(),
+        })?;
+        socket::sendmsg::<()>(
+            self.fd.as_raw_fd(),
+            &[IoSlice::new(&buf[..n])],
+            &[],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(io_err(op))?;
+        Ok(())
+    }
+
+    /// One request/reply exchange. Returns the reply and the fds that came with it (exactly
+    /// `reply.fd_count()` of them, else a protocol error). An error reply becomes
+    /// [`DeviceError::Remote`].
+    fn request(
+        &self,
+        op: &'static str,
+        req: &Request,
+    ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
+        debug_assert!(!req.is_posted());
+        let mut ex = self
+            .exchange
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.send(op, req)?;
+        let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MSG]);
+        let mut iov = [IoSliceMut::new(&mut ex.buf[..])];
+        let msg = socket::recvmsg::<()>(
+            self.fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(io_err(op))?;
+        let mut fds = Vec::new();
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    // SAFETY: the kernel just installed these descriptors in our table for this
+                    // message (SCM_RIGHTS); nothing else owns them, so each is wrapped exactly
+                    // once and closed on drop.
+                    fds.extend(
+                        raw.into_iter()
+                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                    );
+                }
+            }
+        }
+        let len = msg.bytes;
+        let truncated =
+            msg.flags.contains(MsgFlags::MSG_TRUNC) || msg.flags.contains(MsgFlags::MSG_CTRUNC);
+        if len == 0 {
+            return Err(DeviceError::Disconnected { op });
+        }
+        if truncated {
+            return Err(DeviceError::Protocol {
+                op,
+                detail: "truncated reply".into(),
+            });
+        }
+        let reply: Reply = protocol::decode(&ex.buf[..len]).map_err(|e| DeviceError::Protocol {
+            op,
+            detail: e.to_string(),
+        })?;
+        if let Reply::Error(source) = reply {
+            return Err(DeviceError::Remote { op, source });
+        }
+        if fds.len() != reply.fd_count() {
+            return Err(DeviceError::Protocol {
+                op,
+                detail: format!(
+                    "{} fds with a reply that carries {}",
+                    fds.len(),
+                    reply.fd_count()
+                ),
+            });
+        }
+        Ok((reply, fds))
+    }
+
+    fn request_ok(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
+        match self.request(op, req)?.0 {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    fn request_value(&self, op: &'static str, req: &Request) -> Result<u32, DeviceError> {
+        match self.request(op, req)?.0 {
+            Reply::Value(v) => Ok(v),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    fn check_nc(&self, op: &'static str, nc: u32) -> Result<(), DeviceError> {
+        check_range(op, "nc", nc, self.info.nc_count)
+    }
+
+    fn check_semaphore(&self, op: &'static str, nc: u32, index: u32) -> Result<(), DeviceError> {
+        self.check_nc(op, nc)?;
+        check_range(op, "semaphore", index, self.info.semaphores_per_nc)
+    }
+
+    fn check_event(&self, op: &'static str, nc: u32, index: u32) -> Result<(), DeviceError> {
+        self.check_nc(op, nc)?;
+        check_range(op, "event", index, self.info.events_per_nc)
+    }
+}
+
+fn unexpected(op: &'static str, reply: &Reply) -> DeviceError {
+    DeviceError::Protocol {
+        op,
+        detail: format!("unexpected reply {reply:?}"),
+    }
+}
+
+fn placeholder_info() -> DeviceInfo {
+    DeviceInfo {
+        arch: shared::Arch::Trn1,
+        nc_count: 0,
+        hbm_bytes_per_nc: 0,
+        hbm_bases: Vec::new(),
+        host_base: 0,
+        reg_base: 0,
+        semaphores_per_nc: 0,
+        events_per_nc: 0,
+        dma_engines_per_nc: 0,
+        dma_queues_per_engine: 0,
+        description: String::new(),
+    }
+}
+
+impl Device for SimDevice {
+    fn backend_name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn claim_nc(&self, nc: u32) -> Result<ClaimedNc, DeviceError> {
+        let op = "ClaimNc";
+        self.check_nc(op, nc)?;
+        let (reply, mut fds) = self.request(op, &Request::ClaimNc { nc })?;
+        if !matches!(reply, Reply::NcClaimed { nc: n } if n == nc) {
+            return Err(unexpected(op, &reply));
+        }
+        let notification_fd = fds.pop();
+        let window_fd = fds.pop().ok_or_else(|| unexpected(op, &reply))?;
+        let window = SharedChunk::map_fd(&window_fd, 0, SEM_WINDOW_SIZE, false)
+            .map_err(|source| DeviceError::Map { op, source })?;
+        Ok(ClaimedNc {
+            nc,
+            semaphore_window: Some(window),
+            notification_fd,
+        })
+    }
+
+    fn release_nc(&self, nc: u32) -> Result<(), DeviceError> {
+        self.check_nc("ReleaseNc", nc)?;
+        self.request_ok("ReleaseNc", &Request::ReleaseNc { nc })
+    }
+
+    fn mem_alloc(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+    ) -> Result<Allocation, DeviceError> {
+        let op = "MemAlloc";
+        if let MemLocation::Hbm { nc } = location {
+            self.check_nc(op, nc)?;
+        }
+        match self
+            .request(
+                op,
+                &Request::MemAlloc {
+                    location,
+                    size,
+                    align,
+                },
+            )?
+            .0
+        {
+            Reply::MemAllocated { handle, pa, size } => Ok(Allocation {
+                handle: MemHandle(handle),
+                pa,
+                size,
+                location,
+            }),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError> {
+        self.request_ok("MemFree", &Request::MemFree { handle: handle.0 })
+    }
+
+    fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
+        let op = "MemMap";
+        let (reply, mut fds) = self.request(
+            op,
+            &Request::MemMap {
+                handle: allocation.handle.0,
+            },
+        )?;
+        let Reply::MemMapped { pa, size, .. } = reply else {
+            return Err(unexpected(op, &reply));
+        };
+        let fd = fds.pop().ok_or_else(|| unexpected(op, &reply))?;
+        let len = usize::try_from(size).map_err(|_| DeviceError::Protocol {
+            op,
+            detail: format!("chunk size {size}"),
+        })?;
+        SharedChunk::map_fd(&File::from(fd), pa, len, true)
+            .map_err(|source| DeviceError::Map { op, source })
+    }
+
+    fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
+        let op = "DmaQueueInit";
+        check_queue(op, &self.info, queue)?;
+        self.request_ok(
+            op,
+            &Request::DmaQueueInit {
+                nc: queue.nc,
+                engine: queue.engine,
+                queue: queue.queue,
+                tx_ring: rings.tx_ring.0,
+                tx_desc_count: rings.tx_desc_count,
+                rx_ring: rings.rx_ring.0,
+                rx_desc_count: rings.rx_desc_count,
+            },
+        )
+    }
+
+    fn dma_queue_release(&self, queue: DmaQueueId) -> Result<(), DeviceError> {
+        let op = "DmaQueueRelease";
+        check_queue(op, &self.info, queue)?;
+        self.request_ok(
+            op,
+            &Request::DmaQueueRelease {
+                nc: queue.nc,
+                engine: queue.engine,
+                queue: queue.queue,
+            },
+        )
+    }
+
+    fn dma_queue_copy_start(
+        &self,
+        queue: DmaQueueId,
+        tx_desc_count: u32,
+        rx_desc_count: u32,
+    ) -> Result<(), DeviceError> {
+        let op = "DmaQueueCopyStart";
+        check_queue(op, &self.info, queue)?;
+        if rx_desc_count == 0 {
+            return Err(DeviceError::OutOfRange {
+                op,
+                what: "rx_desc_count (must be >= 1)",
+                value: 0,
+                limit: 0,
+            });
+        }
+        self.request_ok(
+            op,
+            &Request::DmaQueueCopyStart {
+                nc: queue.nc,
+                engine: queue.engine,
+                queue: queue.queue,
+                tx_desc_count,
+                rx_desc_count,
+            },
+        )
+    }
+
+    fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        let op = "SemaphoreIncrement";
+        self.check_semaphore(op, nc, index)?;
+        self.send(op, &Request::SemaphoreIncrement { nc, index, value })
+    }
+
+    fn semaphore_decrement(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        let op = "SemaphoreDecrement";
+        self.check_semaphore(op, nc, index)?;
+        self.request_ok(op, &Request::SemaphoreDecrement { nc, index, value })
+    }
+
+    fn semaphore_read(&self, nc: u32, index: u32) -> Result<u32, DeviceError> {
+        let op = "SemaphoreRead";
+        self.check_semaphore(op, nc, index)?;
+        self.request_value(op, &Request::SemaphoreRead { nc, index })
+    }
+
+    fn semaphore_write(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        let op = "SemaphoreWrite";
+        self.check_semaphore(op, nc, index)?;
+        self.request_ok(op, &Request::SemaphoreWrite { nc, index, value })
+    }
+
+    fn event_set(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        let op = "EventSet";
+        self.check_event(op, nc, index)?;
+        self.request_ok(op, &Request::EventSet { nc, index, value })
+    }
+
+    fn event_get(&self, nc: u32, index: u32) -> Result<u32, DeviceError> {
+        let op = "EventGet";
+        self.check_event(op, nc, index)?;
+        self.request_value(op, &Request::EventGet { nc, index })
+    }
+
+    fn notification_queue_init(
+        &self,
+        nc: u32,
+        entries: u32,
+    ) -> Result<NotificationQueue, DeviceError> {
+        let op = "NotificationInit";
+        self.check_nc(op, nc)?;
+        let req = Request::NotificationInit {
+            nc,
+            nq_type: shared::ioctl::NQ_TYPE_NOTIFY,
+            entries,
+        };
+        let (handle, pa, size, entries) = match self.request(op, &req)?.0 {
+            Reply::NotificationQueue {
+                handle,
+                pa,
+                size,
+                entries,
+            } => (handle, pa, size, entries),
+            other => return Err(unexpected(op, &other)),
+        };
+        let allocation = Allocation {
+            handle: MemHandle(handle),
+            pa,
+            size,
+            location: MemLocation::Host,
+        };
+        let memory = self.mem_map(&allocation)?;
+        Ok(NotificationQueue {
+            allocation,
+            entries,
+            memory,
+        })
+    }
+
+    fn nc_reset(&self, nc: u32) -> Result<(), DeviceError> {
+        self.check_nc("NcReset", nc)?;
+        self.request_ok("NcReset", &Request::NcReset { nc })
+    }
+
+    fn nc_counters(&self, nc: u32) -> Result<NcCounters, DeviceError> {
+        let op = "Counters";
+        self.check_nc(op, nc)?;
+        match self.request(op, &Request::Counters { nc })?.0 {
+            Reply::Counters(c) => Ok(c),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+}
+
+/// How to start a simdev process: a program and the arguments that precede simdev's own
+/// (empty for the `simdev` binary; `["simdev"]` for `nrt`, which re-executes itself as simdev).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimdevCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Arguments before simdev's options.
+    pub args_prefix: Vec<OsString>,
+    /// Extra simdev options (e.g. `--arch trn2`, `--ncs 4`).
+    pub extra_args: Vec<OsString>,
+}
+
+/// A simdev child process on a private socket in its own temporary directory. Dropping it sends
+/// SIGTERM, waits up to 2 s, then SIGKILLs; the child also gets SIGKILL if this process dies
+/// (`PR_SET_PDEATHSIG`), so no simdev outlives its parent.
+#[derive(Debug)]
+pub struct PrivateSimdev {
+    child: Child,
+    socket: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl PrivateSimdev {
+    /// Spawns `command --socket <tmp>/simdev.sock` and waits (up to [`SIMDEV_START_TIMEOUT`])
+    /// for its "simdev listening on" line. simdev's stderr goes to `<tmp>/simdev.log`.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoDevice`] naming the program and quoting its log when it cannot start.
+    pub fn spawn(command: &SimdevCommand) -> Result<Self, DeviceError> {
+        let dir = tempfile::Builder::new()
+            .prefix("simdev-")
+            .tempdir()
+            .map_err(|source| DeviceError::Io {
+                op: "create simdev socket directory",
+                source,
+            })?;
+        let socket = dir.path().join("simdev.sock");
+        let log_path = dir.path().join("simdev.log");
+        let log = File::create(&log_path).map_err(|source| DeviceError::Io {
+            op: "create simdev log",
+            source,
+        })?;
+        let mut cmd = Command::new(&command.program);
+        cmd.args(&command.args_prefix)
+            .arg("--socket")
+            .arg(&socket)
+            .args(&command.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+        // which is async-signal-safe; it touches no memory shared with the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| DeviceError::NoDevice {
+            hint: format!(
+                "could not start simdev ({}): {e}",
+                command.program.display()
+            ),
+        })?;
+        let stdout = child.stdout.take();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first.and_then(Result::ok));
+            // Keep draining so simdev never writes into a closed pipe.
+            for _ in lines {}
+        });
+        let ready = rx.recv_timeout(SIMDEV_START_TIMEOUT);
+        let mut this = PrivateSimdev { child, socket, dir };
+        match ready {
+            Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
+            other => {
+                this.stop();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                Err(DeviceError::NoDevice {
+                    hint: format!(
+                        "simdev ({}) did not start ({}); its log:\n{}",
+                        command.program.display(),
+                        match other {
+                            Ok(Some(line)) => format!("first line {line:?}"),
+                            Ok(None) => "it exited".to_string(),
+                            Err(_) => format!("no ready line within {SIMDEV_START_TIMEOUT:?}"),
+                        },
+                        log.trim_end()
+                    ),
+                })
+            }
+        }
+    }
+
+    /// The socket the child listens on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The directory holding the socket and `simdev.log`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops the child: SIGTERM, up to 2 s of grace, then SIGKILL; reaps it.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateSimdev {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

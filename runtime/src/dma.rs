@@ -1,0 +1,386 @@
+//! UDMA descriptor rings as the runtime writes them (`reference/driver-abi.md` §2).
+//!
+//! A [`DescRing`] is one TX or RX ring in a mapped chunk: the runtime writes 16-byte
+//! descriptors at `next`, and when the slot at index `count − 1` has been written the ring id
+//! advances (1, 2, 3, 0, …), exactly as the driver's rings do. A [`DmaQueue`] pairs a TX and an
+//! RX ring on one (NC, engine, queue), builds M2M copies (≤ 64 KiB per descriptor pair, the last
+//! pair of a transfer with the write barrier) and rings the DMA doorbell
+//! ([`crate::backend::Device::dma_queue_copy_start`]: RX count, then TX count).
+//!
+//! This module is backend-independent: the same descriptors go to simdev and to silicon.
+
+use shared::memory::{MemError, SharedChunk};
+use shared::protocol::MemLocation;
+use shared::udma::{self, DescError, MAX_DESC_LEN, RingId, UDMA_DESC_SIZE, UdmaDesc};
+use thiserror::Error;
+
+use crate::backend::{Allocation, Device, DeviceError, DmaQueueId, DmaRings};
+
+/// Smallest ring the driver accepts, in descriptors.
+pub const MIN_RING_DESCS: u32 = 32;
+/// Largest ring the driver accepts, in descriptors (2^24 − 16).
+pub const MAX_RING_DESCS: u32 = (1 << 24) - 16;
+
+/// A DMA ring or queue operation that failed.
+#[derive(Debug, Error)]
+pub enum DmaError {
+    /// A ring size the driver would refuse.
+    #[error(
+        "ring of {count} descriptors breaks the driver's rule (32 <= n <= 2^24-16, n % 16 == 0)"
+    )]
+    BadRingSize {
+        /// The size asked for.
+        count: u32,
+    },
+    /// More descriptors posted than the ring holds before the doorbell.
+    #[error("ring full: {count} descriptors already posted since the last doorbell")]
+    RingFull {
+        /// Ring size.
+        count: u32,
+    },
+    /// Writing a descriptor into the ring's memory failed.
+    #[error("writing descriptor {index}")]
+    WriteDescriptor {
+        /// Slot index.
+        index: u32,
+        /// The accessor's error.
+        #[source]
+        source: MemError,
+    },
+    /// A copy that cannot be expressed as descriptors.
+    #[error("building a copy descriptor")]
+    Build(#[source] DescError),
+    /// The device refused a ring or queue operation.
+    #[error("DMA queue {queue:?}")]
+    Device {
+        /// The queue.
+        queue: DmaQueueId,
+        /// The backend's error.
+        #[source]
+        source: DeviceError,
+    },
+}
+
+/// Checks a ring size against the driver's rules (§2.5).
+///
+/// # Errors
+/// [`DmaError::BadRingSize`].
+pub fn check_ring_size(count: u32) -> Result<(), DmaError> {
+    if (MIN_RING_DESCS..=MAX_RING_DESCS).contains(&count) && count.is_multiple_of(16) {
+        Ok(())
+    } else {
+        Err(DmaError::BadRingSize { count })
+    }
+}
+
+/// One descriptor ring in a mapped chunk.
+///
+/// # Invariants
+/// `next < count`; `ring_id` is the id of the pass `next` belongs to.
+#[derive(Debug)]
+pub struct DescRing {
+    memory: SharedChunk,
+    count: u32,
+    next: u32,
+    ring_id: RingId,
+}
+
+impl DescRing {
+    /// A ring of `count` descriptors at the start of `memory`, positioned at index 0, ring id 1
+    /// (the state DMA_QUEUE_INIT gives the queue).
+    ///
+    /// # Errors
+    /// [`DmaError::BadRingSize`], or a chunk smaller than `count · 16` bytes.
+    pub fn new(memory: SharedChunk, count: u32) -> Result<Self, DmaError> {
+        check_ring_size(count)?;
+        let bytes = count as usize * UDMA_DESC_SIZE;
+        if memory.len() < bytes {
+            return Err(DmaError::WriteDescriptor {
+                index: count - 1,
+                source: MemError::OutOfBounds {
+                    pa: memory.pa(),
+                    len: bytes,
+                    chunk_pa: memory.pa(),
+                    chunk_len: memory.len(),
+                },
+            });
+        }
+        Ok(Self {
+            memory,
+            count,
+            next: 0,
+            ring_id: RingId::INITIAL,
+        })
+    }
+
+    /// Ring size in descriptors.
+    pub const fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Index of the next slot to write.
+    pub const fn next_index(&self) -> u32 {
+        self.next
+    }
+
+    /// Ring id of the pass the next slot belongs to.
+    pub const fn ring_id(&self) -> RingId {
+        self.ring_id
+    }
+
+    /// Device PA of slot `index`.
+    pub fn slot_pa(&self, index: u32) -> u64 {
+        self.memory.pa() + u64::from(index) * UDMA_DESC_SIZE as u64
+    }
+
+    /// Writes `desc` at the next slot and advances (wrapping, with a ring-id advance).
+    ///
+    /// # Errors
+    /// [`DmaError::WriteDescriptor`].
+    pub fn push(&mut self, desc: &UdmaDesc) -> Result<(), DmaError> {
+        let index = self.next;
+        self.memory
+            .write_obj(self.slot_pa(index), desc)
+            .map_err(|source| DmaError::WriteDescriptor { index, source })?;
+        self.next += 1;
+        if self.next == self.count {
+            // INVARIANT: the pass ended at slot count-1; the next slot is 0 on the next pass.
+            self.next = 0;
+            self.ring_id = self.ring_id.next();
+        }
+        Ok(())
+    }
+}
+
+/// A TX/RX ring pair bound to one DMA queue, with the chunks it allocated.
+#[derive(Debug)]
+pub struct DmaQueue {
+    id: DmaQueueId,
+    tx: DescRing,
+    rx: DescRing,
+    allocations: [Allocation; 2],
+    posted_tx: u32,
+    posted_rx: u32,
+}
+
+impl DmaQueue {
+    /// Allocates two rings of `desc_count` descriptors in `location`, maps them and binds them to
+    /// `id` (DMA_QUEUE_INIT).
+    ///
+    /// # Errors
+    /// [`DmaError::BadRingSize`]; [`DmaError::Device`] for allocation, mapping or init.
+    pub fn create(
+        dev: &dyn Device,
+        id: DmaQueueId,
+        desc_count: u32,
+        location: MemLocation,
+    ) -> Result<Self, DmaError> {
+        check_ring_size(desc_count)?;
+        let bytes = u64::from(desc_count) * UDMA_DESC_SIZE as u64;
+        let device = |source| DmaError::Device { queue: id, source };
+        let tx_alloc = dev.mem_alloc(location, bytes, 0).map_err(device)?;
+        let rx_alloc = match dev.mem_alloc(location, bytes, 0) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = dev.mem_free(tx_alloc.handle);
+                return Err(device(e));
+            }
+        };
+        let result = (|| {
+            let tx = DescRing::new(dev.mem_map(&tx_alloc).map_err(device)?, desc_count)?;
+            let rx = DescRing::new(dev.mem_map(&rx_alloc).map_err(device)?, desc_count)?;
+            let rings = DmaRings {
+                tx_ring: tx_alloc.handle,
+                tx_desc_count: desc_count,
+                rx_ring: rx_alloc.handle,
+                rx_desc_count: desc_count,
+            };
+            dev.dma_queue_init(id, &rings).map_err(device)?;
+            Ok((tx, rx))
+        })();
+        match result {
+            Ok((tx, rx)) => Ok(Self {
+                id,
+                tx,
+                rx,
+                allocations: [tx_alloc, rx_alloc],
+                posted_tx: 0,
+                posted_rx: 0,
+            }),
+            Err(e) => {
+                let _ = dev.mem_free(tx_alloc.handle);
+                let _ = dev.mem_free(rx_alloc.handle);
+                Err(e)
+            }
+        }
+    }
+
+    /// The queue's id.
+    pub const fn id(&self) -> DmaQueueId {
+        self.id
+    }
+
+    /// The TX ring.
+    pub const fn tx(&self) -> &DescRing {
+        &self.tx
+    }
+
+    /// The RX ring.
+    pub const fn rx(&self) -> &DescRing {
+        &self.rx
+    }
+
+    /// Descriptor pairs posted since the last doorbell.
+    pub const fn posted(&self) -> u32 {
+        self.posted_rx
+    }
+
+    /// Writes the descriptor pairs of a `len`-byte copy from `src` to `dst` (device PAs), split
+    /// into chunks of at most 64 KiB; the last pair carries the write barrier. Returns the
+    /// number of pairs written. Nothing moves until [`DmaQueue::kick`].
+    ///
+    /// # Errors
+    /// [`DmaError::RingFull`] when the copy does not fit in the ring before the next doorbell
+    /// (nothing is written then); [`DmaError::Build`] for a zero length.
+    pub fn push_copy(&mut self, src: u64, dst: u64, len: u64) -> Result<u32, DmaError> {
+        if len == 0 {
+            return Err(DmaError::Build(DescError::BadLength(0)));
+        }
+        let pairs = len.div_ceil(u64::from(MAX_DESC_LEN));
+        let room = u64::from(self.tx.count() - self.posted_tx.max(self.posted_rx));
+        if pairs > room {
+            return Err(DmaError::RingFull {
+                count: self.tx.count(),
+            });
+        }
+        let mut done = 0u64;
+        while done < len {
+            let chunk = (len - done).min(u64::from(MAX_DESC_LEN));
+            let last = done + chunk == len;
+            self.push_pair_raw(src + done, dst + done, chunk, last)?;
+            done += chunk;
+        }
+        Ok(u32::try_from(pairs).unwrap_or(u32::MAX))
+    }
+
+    /// Writes one descriptor pair built with the rings' current ring ids.
+    fn push_pair_raw(
+        &mut self,
+        src: u64,
+        dst: u64,
+        len: u64,
+        barrier: bool,
+    ) -> Result<(), DmaError> {
+        let (tx, _) = udma::m2m_copy_descriptors(src, dst, len, self.tx.ring_id(), barrier)
+            .map_err(DmaError::Build)?;
+        let (_, rx) = udma::m2m_copy_descriptors(src, dst, len, self.rx.ring_id(), barrier)
+            .map_err(DmaError::Build)?;
+        self.push_descriptors(&tx, &rx)
+    }
+
+    /// Writes a raw TX/RX descriptor pair (for callers that build descriptors themselves, and
+    /// for tests of the device's decoder).
+    ///
+    /// # Errors
+    /// [`DmaError::RingFull`] or [`DmaError::WriteDescriptor`].
+    pub fn push_descriptors(&mut self, tx: &UdmaDesc, rx: &UdmaDesc) -> Result<(), DmaError> {
+        if self.posted_tx >= self.tx.count() || self.posted_rx >= self.rx.count() {
+            return Err(DmaError::RingFull {
+                count: self.tx.count(),
+            });
+        }
+        self.tx.push(tx)?;
+        self.rx.push(rx)?;
+        self.posted_tx += 1;
+        self.posted_rx += 1;
+        Ok(())
+    }
+
+    /// The DMA doorbell for everything posted since the last one (DMA_QUEUE_COPY_START: RX count
+    /// then TX count). A no-op when nothing is posted.
+    ///
+    /// # Errors
+    /// [`DmaError::Device`] (e.g. the queue was stopped by a DMA abort).
+    pub fn kick(&mut self, dev: &dyn Device) -> Result<(), DmaError> {
+        if self.posted_rx == 0 {
+            return Ok(());
+        }
+        let (tx, rx) = (self.posted_tx, self.posted_rx);
+        self.posted_tx = 0;
+        self.posted_rx = 0;
+        dev.dma_queue_copy_start(self.id, tx, rx)
+            .map_err(|source| DmaError::Device {
+                queue: self.id,
+                source,
+            })
+    }
+
+    /// Releases the queue and frees its rings.
+    ///
+    /// # Errors
+    /// [`DmaError::Device`] for the first failing step (the others are still attempted).
+    pub fn release(self, dev: &dyn Device) -> Result<(), DmaError> {
+        let id = self.id;
+        let allocations = self.allocations;
+        drop(self.tx);
+        drop(self.rx);
+        let mut first = dev.dma_queue_release(id).err();
+        for a in allocations {
+            if let Err(e) = dev.mem_free(a.handle) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), |source| Err(DmaError::Device { queue: id, source }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(count: u32) -> DescRing {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(u64::from(count) * 16).unwrap();
+        let mem = SharedChunk::map_fd(&file, 0x10_0000_0000, count as usize * 16, true).unwrap();
+        DescRing::new(mem, count).unwrap()
+    }
+
+    #[test]
+    fn ring_sizes_follow_the_driver_rules() {
+        for ok in [32, 48, 4096, MAX_RING_DESCS] {
+            assert!(check_ring_size(ok).is_ok(), "{ok}");
+        }
+        for bad in [0, 16, 31, 33, 40, MAX_RING_DESCS + 16] {
+            assert!(
+                matches!(check_ring_size(bad), Err(DmaError::BadRingSize { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn ring_id_advances_after_the_last_slot() {
+        let mut r = ring(32);
+        let d = UdmaDesc::default();
+        for _ in 0..31 {
+            r.push(&d).unwrap();
+        }
+        assert_eq!((r.next_index(), r.ring_id().value()), (31, 1));
+        r.push(&d).unwrap();
+        assert_eq!((r.next_index(), r.ring_id().value()), (0, 2));
+        for _ in 0..32 * 3 {
+            r.push(&d).unwrap();
+        }
+        assert_eq!(r.ring_id().value(), 1, "1 -> 2 -> 3 -> 0 -> 1");
+    }
+
+    #[test]
+    fn descriptors_land_at_their_slot() {
+        let mut r = ring(32);
+        let (tx, _) = udma::m2m_copy_descriptors(1, 2, 3, r.ring_id(), false).unwrap();
+        r.push(&tx).unwrap();
+        r.push(&tx).unwrap();
+        let got: UdmaDesc = r.memory.read_obj(r.slot_pa(1)).unwrap();
+        assert_eq!(got, tx);
+    }
+}

@@ -1,0 +1,700 @@
+//! The XU (`tpb_execution_unit_t`): one per vNC, holding the work queue, the counted wake-up
+//! eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6; seed 000 §4).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use shared::NrtStatus;
+use shared::ids::{SeqId, XuId, XuType};
+
+use super::handoff::{MarkCompLock, install_comp_efd, pop_and_signal};
+use super::queue::{ExecStatus, Install, NO_EFD, Popped, XuQueue};
+use super::sync::{AtomicU8, Mutex, Ordering, lock};
+use crate::metrics::{Metrics, TpbResponse};
+
+/// Most physical NCs (TPBs) one vNC binds (`MAX_VIRTUAL_TPB_CORE_SIZE`: LNC=2).
+pub const MAX_TPBS_PER_VNC: usize = 2;
+
+/// What a work item asks the worker to do (`tpb_execution_info_t.type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecKind {
+    /// Run a model (type 0).
+    Execute,
+    /// Stop request scheduled at shutdown (type 1): no execution, no metrics.
+    Stop,
+}
+
+/// The work item of one slot (`tpb_execution_info_t`): allocated per request, owned by the ring
+/// from submit until the worker frees it. `R` is the completion engine's per-request state.
+#[derive(Debug)]
+pub struct ExecInfo<R> {
+    /// Execute or stop.
+    pub kind: ExecKind,
+    /// Id of the model this execution runs (drives the model-switch decision).
+    pub model_id: u64,
+    /// When the request was submitted (host monotonic clock), for the end-to-end latency.
+    pub submission_ts: Instant,
+    /// Whether a thread blocks on the result (sync) or not (explicit async).
+    pub sync_exec: bool,
+    /// Per-TPB results, filled by the completion engine (`infer_resp_t`).
+    pub resp: [TpbResponse; MAX_TPBS_PER_VNC],
+    /// The completion engine's state for this request.
+    pub request: R,
+}
+
+impl<R> ExecInfo<R> {
+    /// An EXECUTE item for `model_id`, stamped now.
+    pub fn execute(model_id: u64, request: R) -> Self {
+        Self {
+            kind: ExecKind::Execute,
+            model_id,
+            submission_ts: Instant::now(),
+            sync_exec: true,
+            resp: [TpbResponse::default(); MAX_TPBS_PER_VNC],
+            request,
+        }
+    }
+
+    /// A STOP item.
+    pub fn stop(request: R) -> Self {
+        Self {
+            kind: ExecKind::Stop,
+            ..Self::execute(0, request)
+        }
+    }
+}
+
+/// One non-blocking step's outcome (`exec_request_progress_one_step`: 0 done, 1 in flight,
+/// 2 error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The execution ended with this status (success or an execution error such as 1004).
+    Done(NrtStatus),
+    /// Still running: the worker returns and is woken again (the wake-up count is not consumed).
+    InFlight,
+    /// The unit can no longer be trusted: the XU is poisoned (FATAL_SHUTDOWN) and the request
+    /// completes with this status.
+    Error(NrtStatus),
+}
+
+/// The completion engine the worker drives: harvests one execution's completion without
+/// blocking for long. The notification-queue engine implements it; tests use doubles.
+pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
+    /// Per-request state carried in [`ExecInfo::request`].
+    type Request: Send + std::fmt::Debug + 'static;
+
+    /// One step of execution `info` on vNC `vnc` (first call: init state; later calls: poll).
+    fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<Self::Request>) -> Progress;
+
+    /// The STOP request path (`dlr_wait_model_stop_request`); an error poisons the XU.
+    ///
+    /// # Errors
+    /// The status to complete the STOP with.
+    fn wait_model_stop(&self, _vnc: u32) -> Result<(), NrtStatus> {
+        Ok(())
+    }
+
+    /// Releases a model's staging whose unstage was deferred until its last execution on this
+    /// XU finished (`kmgr_unstage_kelf_model`).
+    fn unstage_model(&self, _model_id: u64) {}
+}
+
+/// `health_status` of an XU.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XuHealth {
+    /// Accepting work.
+    Healthy = 0,
+    /// Shutting down: new executions get NRT_CLOSED; STOP requests still pass.
+    Shutdown = 1,
+    /// Poisoned: every submit gets NRT_EXEC_UNIT_UNRECOVERABLE (101), queued work steps past
+    /// with 101 without running.
+    FatalShutdown = 2,
+}
+
+impl XuHealth {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Healthy,
+            1 => Self::Shutdown,
+            _ => Self::FatalShutdown,
+        }
+    }
+}
+
+/// State the submit funnel owns, under `submit_work_lock`.
+#[derive(Debug, Default)]
+struct SubmitState {
+    last_posted_model: Option<u64>,
+}
+
+/// State under `unstage_lock`.
+#[derive(Debug, Default)]
+struct UnstageState {
+    last_exec_model: [Option<u64>; MAX_TPBS_PER_VNC],
+    deferred_unstage_ref: [Option<u64>; MAX_TPBS_PER_VNC],
+}
+
+/// A pool of blocking completion eventfds for synchronous waiters (`efd_from_pool`).
+#[derive(Debug)]
+pub struct EfdPool {
+    free: Mutex<Vec<EventFd>>,
+}
+
+impl EfdPool {
+    /// A pool of `size` eventfds (`eventfd(0, EFD_CLOEXEC)`, blocking).
+    ///
+    /// # Errors
+    /// The eventfd creation error.
+    pub fn new(size: usize) -> Result<Self, Errno> {
+        let free = (0..size)
+            .map(|_| EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            free: Mutex::new(free),
+        })
+    }
+
+    fn take(&self) -> Option<EventFd> {
+        lock(&self.free).pop()
+    }
+
+    fn give_back(&self, efd: EventFd) {
+        lock(&self.free).push(efd);
+    }
+
+    /// Eventfds currently free.
+    pub fn available(&self) -> usize {
+        lock(&self.free).len()
+    }
+
+    /// Writes 1 to every free eventfd: a spurious wake-up, for testing the runtime-bug check.
+    #[cfg(test)]
+    fn poke_all(&self) {
+        for efd in lock(&self.free).iter() {
+            let _ = efd.write(1);
+        }
+    }
+}
+
+/// Configuration of one XU.
+#[derive(Clone, Debug)]
+pub struct XuConfig {
+    /// The vNC (index into the XU table).
+    pub vnc: u32,
+    /// Physical NCs bound to the vNC (1, or 2 at LNC=2), for per-TPB metrics.
+    pub tpbs: Vec<u32>,
+    /// Ring capacity in slots (> 0).
+    pub capacity: usize,
+    /// Completion eventfds in the pool for synchronous waiters.
+    pub efd_pool_size: usize,
+}
+
+/// One XU. Producer side: [`Xu::schedule_request`] (any thread; serialised by
+/// `submit_work_lock`). Consumer side: [`Xu::step`] (the vNC's worker only).
+#[derive(Debug)]
+pub struct Xu<E: CompletionEngine> {
+    vnc: u32,
+    tpbs: Vec<u32>,
+    work_queue: XuQueue<ExecInfo<E::Request>>,
+    has_work_efd: EventFd,
+    submit_work_lock: Mutex<SubmitState>,
+    mark_comp_lock: MarkCompLock,
+    unstage_lock: Mutex<UnstageState>,
+    health: AtomicU8,
+    efd_pool: EfdPool,
+    engine: Arc<E>,
+    metrics: Arc<Metrics>,
+    steps: std::sync::atomic::AtomicU64,
+}
+
+/// Writes 1 to a completion eventfd and closes it unless it belongs to the pool.
+fn signal_completion(popped: &Popped) {
+    if popped.mark_comp_efd == NO_EFD {
+        return;
+    }
+    // SAFETY: an installed eventfd stays open until this signal: pool fds live in the pool
+    // while their waiter is blocked, and fresh fds are owned by the slot (closed below).
+    let fd = unsafe { BorrowedFd::borrow_raw(popped.mark_comp_efd) };
+    if let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes()) {
+        tracing::error!(seq = popped.seq_id.raw(), errno = %e, "Failed to signal completion event for request");
+    }
+    if !popped.efd_from_pool {
+        // SAFETY: a fresh efd was handed to the slot by `install_fresh_comp_efd`, which gave up
+        // ownership; this is its only close.
+        drop(unsafe { OwnedFd::from_raw_fd(popped.mark_comp_efd) });
+    }
+}
+
+impl<E: CompletionEngine> Xu<E> {
+    /// `tpb_xu_base_init`: the queue (cursors at 1), `has_work_efd = eventfd(0, EFD_NONBLOCK |
+    /// EFD_SEMAPHORE)`, the locks, the eventfd pool.
+    ///
+    /// # Errors
+    /// `NRT_INVALID` for capacity 0 or a tpb count outside 1..=2; `NRT_FAILURE` when an eventfd
+    /// cannot be created.
+    pub fn new(config: XuConfig, engine: Arc<E>, metrics: Arc<Metrics>) -> Result<Self, NrtStatus> {
+        if config.tpbs.is_empty() || config.tpbs.len() > MAX_TPBS_PER_VNC {
+            return Err(NrtStatus::Invalid);
+        }
+        let vnc = u8::try_from(config.vnc).map_err(|_| NrtStatus::Invalid)?;
+        let xu_id = XuId::new(XuType::Compute, 0, vnc);
+        let work_queue = XuQueue::new(xu_id, config.capacity)?;
+        let has_work_efd = EventFd::from_value_and_flags(
+            0,
+            EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_CLOEXEC,
+        )
+        .map_err(|_| NrtStatus::Failure)?;
+        let efd_pool = EfdPool::new(config.efd_pool_size).map_err(|_| NrtStatus::Failure)?;
+        Ok(Self {
+            vnc: config.vnc,
+            tpbs: config.tpbs,
+            work_queue,
+            has_work_efd,
+            submit_work_lock: Mutex::new(SubmitState::default()),
+            mark_comp_lock: MarkCompLock::new(),
+            unstage_lock: Mutex::new(UnstageState::default()),
+            health: AtomicU8::new(XuHealth::Healthy as u8),
+            efd_pool,
+            engine,
+            metrics,
+            steps: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The vNC this XU serves.
+    pub fn vnc(&self) -> u32 {
+        self.vnc
+    }
+
+    /// The XU id (`{COMPUTE, queue 0, vnc}`).
+    pub fn xu_id(&self) -> XuId {
+        self.work_queue.xu_id()
+    }
+
+    /// The work queue.
+    pub fn queue(&self) -> &XuQueue<ExecInfo<E::Request>> {
+        &self.work_queue
+    }
+
+    /// The counted wake-up eventfd the worker epolls.
+    pub fn has_work_fd(&self) -> BorrowedFd<'_> {
+        self.has_work_efd.as_fd()
+    }
+
+    /// Current health.
+    pub fn health(&self) -> XuHealth {
+        XuHealth::from_u8(self.health.load(Ordering::Acquire))
+    }
+
+    fn set_health(&self, h: XuHealth) {
+        self.health.store(h as u8, Ordering::Release);
+    }
+
+    /// Writes every pooled completion eventfd without a completion (tests only).
+    #[cfg(test)]
+    pub(crate) fn efd_pool_poke_for_test(&self) {
+        self.efd_pool.poke_all();
+    }
+
+    /// Poisons the XU (FATAL_SHUTDOWN): every later submit gets 101.
+    pub fn poison(&self) {
+        self.set_health(XuHealth::FatalShutdown);
+    }
+
+    /// `tpb_xu_step` calls so far (all outcomes, spurious wakes included).
+    pub fn steps(&self) -> u64 {
+        self.steps.load(Ordering::Relaxed)
+    }
+
+    /// `tpb_xu_schedule_request`, the submit funnel. Under `submit_work_lock`: the gates in the
+    /// seed's order — FATAL_SHUTDOWN → 101, queue full → NRT_QUEUE_FULL (7), STOP requests skip
+    /// staging, SHUTDOWN → NRT_CLOSED (14) — then the model-switch decision from
+    /// `last_posted_model`, `stage` (given the switch flag), `doorbell`; a stage or doorbell
+    /// failure poisons the XU (FATAL_SHUTDOWN) and is returned. Then publish, trigger and
+    /// `write(has_work_efd, 1)`.
+    ///
+    /// # Errors
+    /// The gate's status, or the stage/doorbell error.
+    pub fn schedule_request(
+        &self,
+        mut info: Box<ExecInfo<E::Request>>,
+        exec_status: Option<Arc<ExecStatus>>,
+        stage: impl FnOnce(&mut ExecInfo<E::Request>, bool) -> Result<(), NrtStatus>,
+        doorbell: impl FnOnce(&ExecInfo<E::Request>) -> Result<(), NrtStatus>,
+    ) -> Result<SeqId, NrtStatus> {
+        let mut st = lock(&self.submit_work_lock);
+        if self.health() == XuHealth::FatalShutdown {
+            return Err(NrtStatus::ExecUnitUnrecoverable);
+        }
+        if self.work_queue.depth() >= self.work_queue.capacity() {
+            return Err(NrtStatus::QueueFull);
+        }
+        if info.kind == ExecKind::Execute {
+            if self.health() == XuHealth::Shutdown {
+                return Err(NrtStatus::Closed);
+            }
+            let model_switch = st.last_posted_model != Some(info.model_id);
+            if let Err(rc) = stage(&mut info, model_switch) {
+                tracing::error!(vnc = self.vnc, %rc, "stage failed; the execution unit is degraded");
+                self.poison();
+                return Err(rc);
+            }
+            if let Err(rc) = doorbell(&info) {
+                tracing::error!(vnc = self.vnc, %rc, "doorbell failed; the execution unit is degraded");
+                self.poison();
+                return Err(rc);
+            }
+            st.last_posted_model = Some(info.model_id);
+        }
+        let seq = self
+            .work_queue
+            .client_submit(info, exec_status)
+            .map_err(|(rc, _)| rc)?;
+        self.work_queue.client_trigger_next()?;
+        if let Err(e) = self.has_work_efd.write(1) {
+            tracing::error!(vnc = self.vnc, errno = %e, "Failed to wake the XU worker");
+            panic!("write(has_work_efd) failed on vNC {}: {e}", self.vnc);
+        }
+        drop(st);
+        Ok(seq)
+    }
+
+    /// Schedules a STOP request (`tpb_xu_schedule_stop`).
+    ///
+    /// # Errors
+    /// The funnel's gates (101, 7).
+    pub fn schedule_stop(&self, request: E::Request) -> Result<SeqId, NrtStatus> {
+        self.schedule_request(
+            Box::new(ExecInfo::stop(request)),
+            None,
+            |_, _| Ok(()),
+            |_| Ok(()),
+        )
+    }
+
+    /// `tpb_xu_step`, run by the worker on each wake-up: peek (empty: a spurious wake, success)
+    /// → FATAL_SHUTDOWN steps past with 101 without running → STOP path → EXECUTE drives
+    /// `progress_one_step` (in flight: return, the wake-up stays counted; error: poison) → on
+    /// done, per-TPB metrics (EXECUTE only) → deferred unstage under `unstage_lock` → free the
+    /// work item → [`Xu::report_complete`].
+    pub fn step(&self) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        let Some(seq) = self.work_queue.worker_peek_current_exec() else {
+            tracing::debug!(vnc = self.vnc, "Execution Unit nothing to step");
+            return;
+        };
+        let kind = self
+            .work_queue
+            .worker_with_item(|i| i.kind)
+            .unwrap_or(ExecKind::Stop);
+        let exec_status = if self.health() == XuHealth::FatalShutdown {
+            tracing::debug!(
+                vnc = self.vnc,
+                seq = seq.raw(),
+                "in fatal shutdown, stepping past"
+            );
+            NrtStatus::ExecUnitUnrecoverable
+        } else if kind == ExecKind::Stop {
+            match self.engine.wait_model_stop(self.vnc) {
+                Ok(()) => NrtStatus::Success,
+                Err(rc) => {
+                    self.poison();
+                    rc
+                }
+            }
+        } else {
+            let engine = &self.engine;
+            let vnc = self.vnc;
+            match self
+                .work_queue
+                .worker_with_item(|info| engine.progress_one_step(vnc, info))
+            {
+                Some(Progress::InFlight) => return,
+                Some(Progress::Done(s)) => s,
+                Some(Progress::Error(s)) => {
+                    tracing::warn!(vnc = self.vnc, status = %s, "execution failed; degrading the execution unit");
+                    self.poison();
+                    s
+                }
+                None => NrtStatus::Failure,
+            }
+        };
+        let status_cell = self.work_queue.worker_exec_status();
+        let Some(info) = self.work_queue.worker_take_item() else {
+            tracing::error!(vnc = self.vnc, "xu_queue slot without a work item");
+            self.poison();
+            return;
+        };
+        if info.kind == ExecKind::Execute {
+            let e2e_us =
+                u64::try_from(info.submission_ts.elapsed().as_micros()).unwrap_or(u64::MAX);
+            for (i, nc) in self.tpbs.iter().enumerate() {
+                self.metrics
+                    .record_execution(*nc as usize, exec_status, e2e_us, &info.resp[i]);
+            }
+        }
+        let deferred = {
+            let mut guard = lock(&self.unstage_lock);
+            let u = &mut *guard;
+            let n = self.tpbs.len();
+            let mut defer = [None; MAX_TPBS_PER_VNC];
+            let slots = u
+                .last_exec_model
+                .iter_mut()
+                .zip(u.deferred_unstage_ref.iter_mut());
+            for (d, (last, deferred)) in defer.iter_mut().zip(slots).take(n) {
+                *d = deferred.take();
+                *last = (info.kind == ExecKind::Execute).then_some(info.model_id);
+            }
+            defer
+        };
+        for model in deferred.into_iter().flatten() {
+            self.engine.unstage_model(model);
+        }
+        drop(info); // free the work item before reporting, as the seed does
+        self.report_complete(status_cell, exec_status);
+    }
+
+    /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
+    /// the last model executed here; returns whether it was deferred (else the caller unstages
+    /// now).
+    pub fn defer_unstage(&self, model_id: u64) -> bool {
+        let mut u = lock(&self.unstage_lock);
+        let mut deferred = false;
+        for i in 0..self.tpbs.len() {
+            if u.last_exec_model[i] == Some(model_id) && self.work_queue.depth() > 0 {
+                u.deferred_unstage_ref[i] = Some(model_id);
+                deferred = true;
+            }
+        }
+        deferred
+    }
+
+    /// `tpb_xu_base_report_complete`: consumes exactly one `has_work_efd` count (an underflow
+    /// is the seed's runtime-bug abort, logged first), publishes the status, then pops the slot
+    /// under `mark_comp_lock` and writes the waiter's eventfd (closing it unless pooled).
+    ///
+    /// # Panics
+    /// When `read(has_work_efd)` fails: the submit/complete pairing is broken.
+    pub fn report_complete(&self, status_cell: Option<Arc<ExecStatus>>, exec_status: NrtStatus) {
+        if let Err(e) = self.has_work_efd.read() {
+            tracing::error!(vnc = self.vnc, errno = %e, "Failed to pop work from has work efd on Execution Unit");
+            panic!(
+                "read(has_work_efd) failed on vNC {}: {e} (submit/complete pairing broken)",
+                self.vnc
+            );
+        }
+        if let Some(cell) = status_cell {
+            cell.publish(exec_status);
+        }
+        match pop_and_signal(&self.work_queue, &self.mark_comp_lock, signal_completion) {
+            Ok(p) => {
+                tracing::debug!(vnc = self.vnc, seq = p.seq_id.raw(), status = %exec_status, "completed")
+            }
+            Err(rc) => {
+                tracing::error!(vnc = self.vnc, %rc, "Failed to complete request");
+                self.poison();
+            }
+        }
+    }
+
+    /// Blocks until request `seq_id` completes (the sync path's `read(mark_comp_efd)`): takes a
+    /// pooled eventfd, installs it under `mark_comp_lock`, reads it (EINTR retried). With the
+    /// pool exhausted it polls `last_completed` every microsecond instead. `budget` bounds the
+    /// polling fallback only (the completion engine bounds executions).
+    ///
+    /// # Errors
+    /// `NRT_TIMEOUT` when polling exceeds `budget`.
+    ///
+    /// # Panics
+    /// When woken while `last_completed < seq_id`: the seed's "runtime bug" abort, logged first.
+    pub fn wait_for_completion(
+        &self,
+        seq_id: SeqId,
+        budget: Option<Duration>,
+    ) -> Result<(), NrtStatus> {
+        match self.efd_pool.take() {
+            Some(efd) => {
+                let install = install_comp_efd(
+                    &self.work_queue,
+                    &self.mark_comp_lock,
+                    seq_id,
+                    efd.as_fd().as_raw_fd(),
+                    true,
+                );
+                if install == Install::Installed {
+                    loop {
+                        match efd.read() {
+                            Ok(_) => break,
+                            Err(Errno::EINTR) => continue,
+                            Err(e) => {
+                                tracing::error!(errno = %e, "read(mark_comp_efd) failed");
+                                panic!("read(mark_comp_efd) failed: {e}");
+                            }
+                        }
+                    }
+                }
+                self.efd_pool.give_back(efd);
+            }
+            None => {
+                let start = Instant::now();
+                while !self.work_queue.is_completed(seq_id) {
+                    if budget.is_some_and(|b| start.elapsed() > b) {
+                        return Err(NrtStatus::Timeout);
+                    }
+                    std::thread::sleep(Duration::from_micros(1));
+                }
+            }
+        }
+        if !self.work_queue.is_completed(seq_id) {
+            tracing::error!(
+                seq = seq_id.raw(),
+                last = self.work_queue.last_completed().raw(),
+                "woken before completion: runtime bug"
+            );
+            panic!(
+                "runtime bug: woken for request {:#x} but last completed is {:#x}",
+                seq_id.raw(),
+                self.work_queue.last_completed().raw()
+            );
+        }
+        Ok(())
+    }
+
+    /// Installs a fresh eventfd for `seq_id` (the explicit-async completion fd): returns the
+    /// caller's end, readable once the request completes, or `None` if it already completed.
+    /// The slot owns the other end and the worker closes it after signalling.
+    ///
+    /// # Errors
+    /// `NRT_FAILURE` when the eventfd cannot be created or duplicated.
+    pub fn install_fresh_comp_efd(&self, seq_id: SeqId) -> Result<Option<OwnedFd>, NrtStatus> {
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)
+            .map_err(|_| NrtStatus::Failure)?;
+        let mine = efd
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|_| NrtStatus::Failure)?;
+        let theirs: OwnedFd = efd.into();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(theirs);
+        match install_comp_efd(&self.work_queue, &self.mark_comp_lock, seq_id, raw, false) {
+            Install::Installed => Ok(Some(mine)),
+            Install::AlreadyComplete => {
+                // SAFETY: not installed, so we still own `raw`; close it once.
+                drop(unsafe { OwnedFd::from_raw_fd(raw) });
+                Ok(None)
+            }
+        }
+    }
+
+    /// Schedules an execution and waits for it (the sync path): returns the execution's status.
+    ///
+    /// # Errors
+    /// The funnel's refusal (101, 7, 14, stage/doorbell errors).
+    pub fn execute_sync(
+        &self,
+        info: Box<ExecInfo<E::Request>>,
+        stage: impl FnOnce(&mut ExecInfo<E::Request>, bool) -> Result<(), NrtStatus>,
+        doorbell: impl FnOnce(&ExecInfo<E::Request>) -> Result<(), NrtStatus>,
+    ) -> Result<NrtStatus, NrtStatus> {
+        let status = Arc::new(ExecStatus::new());
+        let seq = self.schedule_request(info, Some(status.clone()), stage, doorbell)?;
+        self.wait_for_completion(seq, None)?;
+        Ok(status.get().unwrap_or(NrtStatus::Failure))
+    }
+
+    /// Marks the XU as shutting down (under `submit_work_lock`, as `tpb_xu_shutdown` does).
+    pub fn begin_shutdown(&self) {
+        let _st = lock(&self.submit_work_lock);
+        if self.health() == XuHealth::Healthy {
+            self.set_health(XuHealth::Shutdown);
+        }
+    }
+
+    /// `wait_exec_queue_empty`: polls every 100 ms until `scheduled_head == exec_head`, warning
+    /// every 120 s; never times out (a wedged execution wedges shutdown rather than tearing down
+    /// a ring the device still writes).
+    pub fn wait_exec_queue_empty(&self, start: Instant) {
+        let mut warned = 1u32;
+        while self.work_queue.scheduled_head() != self.work_queue.exec_head() {
+            if start.elapsed() > Duration::from_secs(120) * warned {
+                warned += 1;
+                tracing::warn!(vnc = self.vnc, "Waiting for queue to empty");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The XU table: one slot per vNC (`tpb_xus`, `MAX_VIRTUAL_TPB` = 256).
+#[derive(Debug)]
+pub struct XuTable<E: CompletionEngine> {
+    xus: Vec<Option<Arc<Xu<E>>>>,
+}
+
+impl<E: CompletionEngine> XuTable<E> {
+    /// An empty table of 256 slots.
+    pub fn new() -> Self {
+        Self {
+            xus: (0..shared::ids::MAX_VIRTUAL_TPB).map(|_| None).collect(),
+        }
+    }
+
+    /// Puts `xu` at its vNC's slot.
+    pub fn insert(&mut self, xu: Arc<Xu<E>>) {
+        let idx = xu.vnc() as usize;
+        if let Some(slot) = self.xus.get_mut(idx) {
+            *slot = Some(xu);
+        }
+    }
+
+    /// `tpb_xu_get_by_vcore`: the XU of vNC `vnc`, if initialised.
+    pub fn get_by_vcore(&self, vnc: u32) -> Option<&Arc<Xu<E>>> {
+        self.xus.get(vnc as usize)?.as_ref()
+    }
+
+    /// `tpb_xu_get`: the XU named by `xu_id` (its high byte is the vNC). Only COMPUTE ids name
+    /// an XU here (the seed asserts it; a user-supplied id of another type gets `None`).
+    pub fn get(&self, xu_id: XuId) -> Option<&Arc<Xu<E>>> {
+        if xu_id.xu_type() != Some(XuType::Compute) {
+            return None;
+        }
+        self.get_by_vcore(u32::from(xu_id.vnc_id()))
+    }
+
+    /// All initialised XUs, by vNC.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Xu<E>>> {
+        self.xus.iter().flatten()
+    }
+}
+
+impl<E: CompletionEngine> Default for XuTable<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `tpb_xu_shutdown`: flags every XU, drains in-flight work, schedules a STOP on each, drains
+/// again. Later submits get NRT_CLOSED; a poisoned XU keeps answering 101. Needs the workers
+/// running.
+pub fn shutdown<E: CompletionEngine>(xus: &[Arc<Xu<E>>], stop_request: impl Fn() -> E::Request) {
+    for xu in xus {
+        xu.begin_shutdown();
+    }
+    let t0 = Instant::now();
+    for xu in xus {
+        xu.wait_exec_queue_empty(t0);
+    }
+    for xu in xus {
+        if let Err(rc) = xu.schedule_stop(stop_request()) {
+            tracing::warn!(vnc = xu.vnc(), %rc, "Failed to schedule model stop request");
+        }
+    }
+    let t1 = Instant::now();
+    for xu in xus {
+        xu.wait_exec_queue_empty(t1);
+    }
+}
