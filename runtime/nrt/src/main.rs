@@ -1,1 +1,187 @@
-fn main() {}
+//! `nrt`: the Neuron runtime's command-line tool.
+//!
+//! - `nrt ls [--json]`: the device, its NCs and their resources.
+//! - `nrt simdev [simdev options]`: run as the simdev device process. `nrt` re-executes itself
+//!   this way to start a private device when none is present, so one binary works on a fresh
+//!   clone.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use runtime::backend::sim::SimdevCommand;
+use runtime::backend::{Device, OpenOptions};
+use serde::Serialize;
+
+#[derive(Parser, Debug)]
+#[command(name = "nrt", version, about = "Neuron runtime tool: devices, benchmarks, scenarios")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the device: backend, arch, NCs, HBM per NC, semaphores, events and DMA queues per NC.
+    Ls {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run as the simdev device process (what `nrt` starts when no device is present).
+    #[command(disable_help_flag = true)]
+    Simdev {
+        /// simdev's own options (see `nrt simdev --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+/// One NC's resources, as `ls` reports them.
+#[derive(Serialize, Debug)]
+struct NcReport {
+    nc: u32,
+    hbm_base: u64,
+    hbm_bytes: u64,
+    semaphores: u32,
+    events: u32,
+    dma_engines: u32,
+    dma_queues_per_engine: u32,
+    dma_queues: u32,
+}
+
+/// The device, as `ls --json` prints it.
+#[derive(Serialize, Debug)]
+struct LsReport {
+    backend: &'static str,
+    description: String,
+    arch: &'static str,
+    arch_version: u32,
+    nc_count: u32,
+    hbm_bytes_per_nc: u64,
+    host_base: u64,
+    ncs: Vec<NcReport>,
+}
+
+fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
+    let mut opts = OpenOptions::from_env()?;
+    if let Ok(exe) = std::env::current_exe() {
+        opts.simdev_command =
+            Some(SimdevCommand { program: exe, args_prefix: vec!["simdev".into()], extra_args: Vec::new() });
+    }
+    runtime::backend::open(&opts)
+}
+
+fn ls_report(dev: &dyn Device) -> LsReport {
+    let info = dev.info();
+    let ncs = (0..info.nc_count)
+        .map(|nc| NcReport {
+            nc,
+            hbm_base: info.hbm_bases.get(nc as usize).copied().unwrap_or_default(),
+            hbm_bytes: info.hbm_bytes_per_nc,
+            semaphores: info.semaphores_per_nc,
+            events: info.events_per_nc,
+            dma_engines: info.dma_engines_per_nc,
+            dma_queues_per_engine: info.dma_queues_per_engine,
+            dma_queues: info.dma_engines_per_nc * info.dma_queues_per_engine,
+        })
+        .collect();
+    LsReport {
+        backend: dev.backend_name(),
+        description: info.description.clone(),
+        arch: info.arch.name(),
+        arch_version: info.arch.version(),
+        nc_count: info.nc_count,
+        hbm_bytes_per_nc: info.hbm_bytes_per_nc,
+        host_base: info.host_base,
+        ncs,
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in UNITS {
+        if bytes >= size && bytes % size == 0 {
+            return format!("{} {name}", bytes / size);
+        }
+    }
+    format!("{bytes} B")
+}
+
+fn print_ls(report: &LsReport) {
+    println!("backend  {} ({})", report.backend, report.description);
+    println!("arch     {} (V{})", report.arch, report.arch_version);
+    println!("NCs      {}", report.nc_count);
+    println!("HBM/NC   {}", human_bytes(report.hbm_bytes_per_nc));
+    println!();
+    println!("{:>3}  {:>18}  {:>10}  {:>10}  {:>6}  {:>18}", "NC", "HBM base", "HBM", "semaphores", "events", "DMA queues");
+    for nc in &report.ncs {
+        println!(
+            "{:>3}  {:>#18x}  {:>10}  {:>10}  {:>6}  {:>18}",
+            nc.nc,
+            nc.hbm_base,
+            human_bytes(nc.hbm_bytes),
+            nc.semaphores,
+            nc.events,
+            format!("{} ({}x{})", nc.dma_queues, nc.dma_engines, nc.dma_queues_per_engine),
+        );
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn main() -> ExitCode {
+    // `nrt simdev ...` hands the whole argument list to simdev before clap sees it, so every
+    // simdev option (including --help) is simdev's.
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "simdev") {
+        args.remove(0);
+        return simdev::cli::main_with_args(args);
+    }
+    let cli = Cli::parse_from(args);
+    init_tracing();
+    match cli.command {
+        Command::Ls { json } => {
+            let dev = match open_device() {
+                Ok(dev) => dev,
+                Err(e) => {
+                    eprintln!("nrt ls: {}", error_chain(&e));
+                    return ExitCode::FAILURE;
+                }
+            };
+            let report = ls_report(dev.as_ref());
+            if json {
+                match serde_json::to_string(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("nrt ls: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print_ls(&report);
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Simdev { args } => {
+            simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
+        }
+    }
+}
+
+/// An error and its sources, joined with ": ".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}

@@ -54,6 +54,12 @@ impl ExecStatus {
         self.0.store(status.as_u32(), Ordering::Release);
     }
 
+    /// Makes the cell read as pending again, for reuse by the same waiter. Only the waiter that
+    /// owns the cell calls it, after its previous request completed.
+    pub fn reset(&self) {
+        self.0.store(Self::PENDING, Ordering::Relaxed);
+    }
+
     /// The published status, or `None` while pending (acquire).
     pub fn get(&self) -> Option<NrtStatus> {
         match self.0.load(Ordering::Acquire) {

@@ -591,6 +591,8 @@ impl<E: CompletionEngine> Xu<E> {
     }
 
     /// Schedules an execution and waits for it (the sync path): returns the execution's status.
+    /// The status cell is the calling thread's own, reused across calls (the seed passes a
+    /// pointer to the caller's stack), so the only allocation per execution is the work item.
     ///
     /// # Errors
     /// The funnel's refusal (101, 7, 14, stage/doorbell errors).
@@ -600,7 +602,11 @@ impl<E: CompletionEngine> Xu<E> {
         stage: impl FnOnce(&mut ExecInfo<E::Request>, bool) -> Result<(), NrtStatus>,
         doorbell: impl FnOnce(&ExecInfo<E::Request>) -> Result<(), NrtStatus>,
     ) -> Result<NrtStatus, NrtStatus> {
-        let status = Arc::new(ExecStatus::new());
+        thread_local! {
+            static STATUS: Arc<ExecStatus> = Arc::new(ExecStatus::new());
+        }
+        let status = STATUS.with(Arc::clone);
+        status.reset();
         let seq = self.schedule_request(info, Some(status.clone()), stage, doorbell)?;
         self.wait_for_completion(seq, None)?;
         Ok(status.get().unwrap_or(NrtStatus::Failure))
