@@ -50,14 +50,14 @@ impl CompletionEngine for Immediate {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+/// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
 fn report(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
-    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
+    let (p50, p99) = (percentile(&samples, 500), percentile(&samples, 990));
     println!(
         "{name:<44} median {:>7.2} us   p99 {:>7.2} us",
         p50.as_secs_f64() * 1e6,
