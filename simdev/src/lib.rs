@@ -1,1 +1,42 @@
-//! x
+//! simdev: an emulated AWS Neuron device in its own process (DESIGN §5).
+//!
+//! simdev plays the role of the kernel driver plus the device for a runtime that has no
+//! Trainium or Inferentia at hand. Clients connect over a Unix `SOCK_SEQPACKET` socket and
+//! speak [`shared::protocol`]; every request mirrors a driver ioctl. Device memory is shared,
+//! chunk by chunk, through memfds; DMA descriptor rings, notification queues and the semaphore
+//! window are shared memory that simdev reads and writes through [`shared::memory`]. simdev is
+//! built to be hostile-input proof: bad requests become error replies and bad descriptors
+//! become DMA-abort notifications, never a crash.
+//!
+//! It is not the runtime: it holds no model, ring-management or harvesting logic, only what
+//! the device and driver do.
+//!
+//! Modules, from the outside in:
+//!
+//! - [`cli`]: the command line, [`cli::main_with_args`] (also used by `nrt simdev`).
+//! - [`config`]: [`Config`] and its defaults.
+//! - [`server`]: the socket, connections, handshake and fd passing; [`run`].
+//! - [`device`]: [`Device`], request dispatch, NC ownership and reclaim.
+//! - [`memory`]: memfd-backed chunks and the per-region first-fit allocator.
+//! - [`dma`]: DMA queues, their rings, and descriptor processing.
+//! - [`registers`]: an NC's semaphore/event window and notification eventfd.
+//! - [`notify`]: the notification queue writer.
+//! - [`counters`]: per-NC counters.
+//!
+//! Everything below [`server`] works in-process: `Device::new(&config)` then
+//! [`Device::handle`] answers requests exactly as the socket would, which is how the unit
+//! tests drive DMA, memory, registers and notifications.
+
+pub mod cli;
+pub mod config;
+pub mod counters;
+pub mod device;
+pub mod dma;
+pub mod memory;
+pub mod notify;
+pub mod registers;
+pub mod server;
+
+pub use config::Config;
+pub use device::{ClientId, Device};
+pub use server::{Server, SimdevError, StopHandle, run};

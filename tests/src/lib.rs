@@ -1,1 +1,223 @@
-//! x
+//! Test harness: start the real simdev binary on a private socket, connect the runtime's sim
+//! backend to it, and a raw protocol client for feeding simdev hostile bytes.
+//!
+//! The simdev program is `NEURON_SIMDEV_BIN` when set, else the `simdev` binary of this
+//! workspace's target directory (built by `cargo test --workspace`, since the simdev package
+//! has integration tests of its own). Every simdev gets its own temporary socket and is stopped
+//! (SIGTERM, then SIGKILL) when its guard drops.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
+use runtime::backend::sim::{PrivateSimdev, SimDevice, SimdevCommand};
+use shared::notification::{
+    NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEAD_OFFSET, NQ_HEADER_SIZE,
+    NotificationEntry, phase_of,
+};
+use shared::protocol::{self, MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request};
+use std::sync::atomic::Ordering;
+
+/// The simdev program under test.
+///
+/// # Panics
+/// If no simdev binary can be found (build the workspace first).
+pub fn simdev_command(extra_args: &[&str]) -> SimdevCommand {
+    let program = std::env::var_os("NEURON_SIMDEV_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("current_exe");
+            // target/<profile>/deps/<test-binary> -> target/<profile>/simdev
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/<profile>");
+            profile_dir.join("simdev")
+        });
+    assert!(
+        program.is_file(),
+        "simdev binary not found at {} (run `cargo test --workspace` or set NEURON_SIMDEV_BIN)",
+        program.display()
+    );
+    SimdevCommand {
+        program,
+        args_prefix: Vec::new(),
+        extra_args: extra_args.iter().map(Into::into).collect(),
+    }
+}
+
+/// Starts a simdev with `extra_args` (e.g. `["--ncs", "2", "--hbm", "16M"]`).
+///
+/// # Panics
+/// If simdev does not start.
+pub fn start_simdev(extra_args: &[&str]) -> PrivateSimdev {
+    PrivateSimdev::spawn(&simdev_command(extra_args)).expect("simdev starts")
+}
+
+/// Connects the runtime's sim backend to `simdev`.
+///
+/// # Panics
+/// If the connection or handshake fails.
+pub fn connect(simdev: &PrivateSimdev) -> SimDevice {
+    SimDevice::connect(simdev.socket()).expect("connect to simdev")
+}
+
+/// Polls `f` every millisecond until it returns `Some`, for at most `timeout`.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A reader of one notification queue, as the runtime's completion engine will read it:
+/// acquire-load the phase of the slot at `head`, then the body, then publish the new head.
+#[derive(Debug)]
+pub struct NqReader {
+    /// The mapped queue.
+    pub nq: runtime::backend::NotificationQueue,
+    head: u64,
+}
+
+impl NqReader {
+    /// A reader at entry 0.
+    pub fn new(nq: runtime::backend::NotificationQueue) -> Self {
+        Self { nq, head: 0 }
+    }
+
+    /// The next entry, if the device has written it.
+    ///
+    /// # Panics
+    /// On an accessor error (a test bug).
+    pub fn try_next(&mut self) -> Option<NotificationEntry> {
+        let entries = u64::from(self.nq.entries);
+        let slot = self.head % entries;
+        let base =
+            self.nq.allocation.pa + NQ_HEADER_SIZE as u64 + slot * NOTIFICATION_ENTRY_SIZE as u64;
+        let phase = self
+            .nq
+            .memory
+            .load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)
+            .unwrap();
+        if phase != phase_of(self.head / entries) {
+            return None;
+        }
+        let entry: NotificationEntry = self.nq.memory.read_obj(base).unwrap();
+        self.head += 1;
+        let head = u32::try_from(self.head & 0xFFFF_FFFF).unwrap();
+        self.nq
+            .memory
+            .store_u32(
+                self.nq.allocation.pa + NQ_HEAD_OFFSET as u64,
+                head,
+                Ordering::Release,
+            )
+            .unwrap();
+        Some(entry)
+    }
+
+    /// Waits up to `timeout` for the next entry.
+    pub fn next_within(&mut self, timeout: Duration) -> Option<NotificationEntry> {
+        wait_for(timeout, || self.try_next())
+    }
+}
+
+/// A protocol client without the backend's checks, for sending simdev what a buggy or hostile
+/// client would.
+#[derive(Debug)]
+pub struct RawClient {
+    fd: OwnedFd,
+}
+
+impl RawClient {
+    /// Connects without a handshake.
+    ///
+    /// # Panics
+    /// If the connection fails.
+    pub fn connect(socket: &Path) -> Self {
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        socket::connect(fd.as_raw_fd(), &UnixAddr::new(socket).unwrap()).unwrap();
+        Self { fd }
+    }
+
+    /// Connects and performs the handshake.
+    ///
+    /// # Panics
+    /// If the handshake fails.
+    pub fn connect_hello(socket: &Path) -> Self {
+        let c = Self::connect(socket);
+        let reply = c.call(&Request::Hello {
+            version: PROTOCOL_VERSION,
+        });
+        assert!(matches!(reply, Some(Reply::Hello { .. })), "{reply:?}");
+        c
+    }
+
+    /// Sends raw bytes as one message.
+    ///
+    /// # Panics
+    /// If the send fails.
+    pub fn send_bytes(&self, bytes: &[u8]) {
+        socket::sendmsg::<()>(
+            self.fd.as_raw_fd(),
+            &[IoSlice::new(bytes)],
+            &[],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+    }
+
+    /// Receives one reply; `None` when simdev closed the connection.
+    ///
+    /// # Panics
+    /// If the reply does not decode.
+    pub fn recv(&self) -> Option<Reply> {
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+        let msg = socket::recvmsg::<()>(
+            self.fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .ok()?;
+        let n = msg.bytes;
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let socket::ControlMessageOwned::ScmRights(fds) = c {
+                    for fd in fds {
+                        let _ = nix::unistd::close(fd);
+                    }
+                }
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        Some(protocol::decode(&buf[..n]).expect("simdev reply decodes"))
+    }
+
+    /// Sends `req` and receives its reply.
+    pub fn call(&self, req: &Request) -> Option<Reply> {
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let n = protocol::encode(req, &mut buf).unwrap();
+        self.send_bytes(&buf[..n]);
+        self.recv()
+    }
+}

@@ -14,7 +14,11 @@ use runtime::backend::{Device, OpenOptions};
 use serde::Serialize;
 
 #[derive(Parser, Debug)]
-#[command(name = "nrt", version, about = "Neuron runtime tool: devices, benchmarks, scenarios")]
+#[command(
+    name = "nrt",
+    version,
+    about = "Neuron runtime tool: devices, benchmarks, scenarios"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,8 +70,11 @@ struct LsReport {
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
     let mut opts = OpenOptions::from_env()?;
     if let Ok(exe) = std::env::current_exe() {
-        opts.simdev_command =
-            Some(SimdevCommand { program: exe, args_prefix: vec!["simdev".into()], extra_args: Vec::new() });
+        opts.simdev_command = Some(SimdevCommand {
+            program: exe,
+            args_prefix: vec!["simdev".into()],
+            extra_args: Vec::new(),
+        });
     }
     runtime::backend::open(&opts)
 }
@@ -101,7 +108,7 @@ fn ls_report(dev: &dyn Device) -> LsReport {
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for (name, size) in UNITS {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{} {name}", bytes / size);
         }
     }
@@ -114,7 +121,10 @@ fn print_ls(report: &LsReport) {
     println!("NCs      {}", report.nc_count);
     println!("HBM/NC   {}", human_bytes(report.hbm_bytes_per_nc));
     println!();
-    println!("{:>3}  {:>18}  {:>10}  {:>10}  {:>6}  {:>18}", "NC", "HBM base", "HBM", "semaphores", "events", "DMA queues");
+    println!(
+        "{:>3}  {:>18}  {:>10}  {:>10}  {:>6}  {:>18}",
+        "NC", "HBM base", "HBM", "semaphores", "events", "DMA queues"
+    );
     for nc in &report.ncs {
         println!(
             "{:>3}  {:>#18x}  {:>10}  {:>10}  {:>6}  {:>18}",
@@ -123,7 +133,10 @@ fn print_ls(report: &LsReport) {
             human_bytes(nc.hbm_bytes),
             nc.semaphores,
             nc.events,
-            format!("{} ({}x{})", nc.dma_queues, nc.dma_engines, nc.dma_queues_per_engine),
+            format!(
+                "{} ({}x{})",
+                nc.dma_queues, nc.dma_engines, nc.dma_queues_per_engine
+            ),
         );
     }
 }
@@ -132,7 +145,10 @@ fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn main() -> ExitCode {

@@ -168,16 +168,22 @@ impl SimDevice {
             .exchange
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.send(op, req)?;
+        // A send can fail because simdev already answered and closed (a refused uid): the
+        // answer may still be queued, so look for it before reporting the disconnect.
+        let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
+        if let Err(e) = self.send(op, req) {
+            if !matches!(e, DeviceError::Disconnected { .. }) {
+                return Err(e);
+            }
+            recv_flags |= MsgFlags::MSG_DONTWAIT;
+        }
         let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MSG]);
         let mut iov = [IoSliceMut::new(&mut ex.buf[..])];
-        let msg = socket::recvmsg::<()>(
-            self.fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(io_err(op))?;
+        let msg = socket::recvmsg::<()>(self.fd.as_raw_fd(), &mut iov, Some(&mut cmsg), recv_flags)
+            .map_err(|e| match e {
+                nix::Error::EAGAIN => DeviceError::Disconnected { op },
+                e => io_err(op)(e),
+            })?;
         let mut fds = Vec::new();
         if let Ok(cmsgs) = msg.cmsgs() {
             for c in cmsgs {

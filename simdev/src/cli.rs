@@ -1,0 +1,188 @@
+//! The `simdev` command line: `simdev [--socket PATH] [--arch trn1|inf2|trn2] [--ncs N]
+//! [--hbm SIZE] [--allow-uid UID]...`.
+//!
+//! [`main_with_args`] is the whole program, callable from any binary: the `nrt` tool
+//! re-executes itself as simdev through it.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use shared::address_map::{Arch, CHUNK_GRANULE};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{Config, DEFAULT_HBM_BYTES_PER_NC, MAX_NCS, default_socket_path};
+use crate::dma::error_chain;
+use crate::server::run;
+
+/// The emulated device generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ArchArg {
+    /// Trainium1 (V2), 2 NCs by default.
+    Trn1,
+    /// Inferentia2 (V2), 2 NCs by default.
+    Inf2,
+    /// Trainium2 (V3), 8 NCs by default.
+    Trn2,
+}
+
+impl From<ArchArg> for Arch {
+    fn from(arch: ArchArg) -> Self {
+        match arch {
+            ArchArg::Trn1 => Self::Trn1,
+            ArchArg::Inf2 => Self::Inf2,
+            ArchArg::Trn2 => Self::Trn2,
+        }
+    }
+}
+
+/// simdev's command-line arguments.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "simdev",
+    version,
+    about = "An emulated AWS Neuron device: device memory, UDMA rings, semaphores, events and \
+             notification queues behind a Unix control socket.",
+    after_help = "Logging: RUST_LOG (default warn), to stderr. Stops on SIGINT or SIGTERM."
+)]
+pub struct Args {
+    /// Control socket path [default: $XDG_RUNTIME_DIR/simdev.sock, else /tmp/simdev-$EUID.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Device generation.
+    #[arg(long, value_enum, default_value_t = ArchArg::Trn1)]
+    pub arch: ArchArg,
+    /// Number of NCs, 1 to 8 [default: the arch's count].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_NCS)))]
+    pub ncs: Option<u32>,
+    /// HBM per NC: bytes, or with a K, M or G suffix (KiB, MiB, GiB); a multiple of 4 KiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
+    pub hbm: u64,
+    /// Also accept clients running as this uid (simdev's own effective uid is always allowed).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    pub allow_uid: Vec<u32>,
+}
+
+impl Args {
+    /// The [`Config`] these arguments describe.
+    pub fn config(&self) -> Config {
+        let arch = Arch::from(self.arch);
+        Config {
+            socket: self.socket.clone().unwrap_or_else(default_socket_path),
+            arch,
+            ncs: self.ncs.unwrap_or_else(|| arch.default_nc_count()),
+            hbm_bytes_per_nc: self.hbm,
+            allow_uids: self.allow_uid.clone(),
+        }
+    }
+}
+
+/// Parses a size: plain bytes, or a number with a `K`, `M` or `G` suffix (binary multiples,
+/// optionally followed by `iB` or `B`, any case). The result must be a non-zero multiple of
+/// 4 KiB.
+///
+/// # Errors
+/// A message naming the rule the text broke.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 10),
+        Some('m') => (&body[..body.len() - 1], 20),
+        Some('g') => (&body[..body.len() - 1], 30),
+        _ if body.len() == lower.len() => (body, 0),
+        _ => return Err(format!("{text:?}: a unit must be K, M or G")),
+    };
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (bytes, or a number with K, M or G)"))?;
+    let bytes = number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 || !bytes.is_multiple_of(CHUNK_GRANULE) {
+        return Err(format!(
+            "{text:?} = {bytes} bytes; must be a non-zero multiple of 4 KiB"
+        ));
+    }
+    Ok(bytes)
+}
+
+const _: () = assert!(
+    DEFAULT_HBM_BYTES_PER_NC == 256 << 20,
+    "keep --hbm's default in step"
+);
+
+/// Runs simdev with `args` (the first item is the program name, as in `std::env::args_os`):
+/// parses them, sets up logging (`RUST_LOG`, default `warn`, to stderr), and serves until
+/// SIGINT or SIGTERM. Exit codes: 0 after a clean stop (and for `--help`/`--version`), 1 when
+/// simdev cannot start or fails, 2 for bad arguments.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Another subscriber (the embedding binary's) may already be installed; keep it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    match run(args.config()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "simdev: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_4k_multiples() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("8KB"), Ok(8 << 10));
+        for bad in ["0", "4095", "1000", "", "M", "12X", "-4K", "99999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_arch() {
+        let parse = |argv: &[&str]| Args::try_parse_from(argv).map(|a| a.config());
+        let trn1 = parse(&["simdev", "--socket", "/tmp/x.sock"]).unwrap();
+        assert_eq!(
+            (trn1.arch, trn1.ncs, trn1.hbm_bytes_per_nc),
+            (Arch::Trn1, 2, 256 << 20)
+        );
+        let trn2 = parse(&["simdev", "--arch", "trn2", "--hbm", "1G"]).unwrap();
+        assert_eq!((trn2.ncs, trn2.hbm_bytes_per_nc), (8, 1 << 30));
+        let inf2 = parse(&["simdev", "--arch", "inf2", "--ncs", "8", "--allow-uid", "7"]).unwrap();
+        assert_eq!((inf2.ncs, inf2.allow_uids), (8, vec![7]));
+        assert!(parse(&["simdev", "--ncs", "0"]).is_err());
+        assert!(parse(&["simdev", "--ncs", "9"]).is_err());
+        assert!(parse(&["simdev", "--arch", "inf1"]).is_err());
+        assert!(parse(&["simdev", "--hbm", "5000"]).is_err());
+    }
+}

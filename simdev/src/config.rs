@@ -1,0 +1,147 @@
+//! What one simdev emulates and where it listens: [`Config`], its defaults and its checks.
+
+use std::path::PathBuf;
+
+use shared::address_map::{AddressMap, Arch, CHUNK_GRANULE};
+use thiserror::Error;
+
+/// HBM per NC when none is given: 256 MiB.
+pub const DEFAULT_HBM_BYTES_PER_NC: u64 = 256 << 20;
+/// Most NCs one simdev emulates, whatever the arch (trn2's count).
+pub const MAX_NCS: u32 = 8;
+/// Most HBM per NC, in bytes (1 TiB). Larger values would push the HBM ranges of eight NCs
+/// into the register window of the address map.
+pub const MAX_HBM_BYTES_PER_NC: u64 = 1 << 40;
+
+/// A simdev's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Path of the control socket (`SOCK_SEQPACKET`, created with mode 0600).
+    pub socket: PathBuf,
+    /// The emulated device generation; fixes the address map and per-NC resource counts.
+    pub arch: Arch,
+    /// Number of NCs, `1..=`[`MAX_NCS`].
+    pub ncs: u32,
+    /// HBM bytes per NC: a non-zero multiple of 4 KiB, at most [`MAX_HBM_BYTES_PER_NC`]. Only
+    /// allocated chunks are backed by memory.
+    pub hbm_bytes_per_nc: u64,
+    /// Peer uids allowed besides simdev's own effective uid.
+    pub allow_uids: Vec<u32>,
+}
+
+impl Default for Config {
+    /// trn1 with its two NCs, 256 MiB of HBM per NC, [`default_socket_path`], no extra uids.
+    fn default() -> Self {
+        Self {
+            socket: default_socket_path(),
+            arch: Arch::Trn1,
+            ncs: Arch::Trn1.default_nc_count(),
+            hbm_bytes_per_nc: DEFAULT_HBM_BYTES_PER_NC,
+            allow_uids: Vec::new(),
+        }
+    }
+}
+
+/// A [`Config`] that simdev cannot emulate.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// `ncs` outside `1..=8`.
+    #[error("{ncs} NCs requested; simdev emulates 1 to {MAX_NCS}")]
+    NcCount {
+        /// The value given.
+        ncs: u32,
+    },
+    /// HBM size zero, not a multiple of 4 KiB, or too large.
+    #[error(
+        "HBM size {bytes} bytes per NC must be a non-zero multiple of {CHUNK_GRANULE} bytes and at most {MAX_HBM_BYTES_PER_NC}"
+    )]
+    HbmSize {
+        /// The value given.
+        bytes: u64,
+    },
+}
+
+impl Config {
+    /// Checks the ranges documented on each field.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_NCS).contains(&self.ncs) {
+            return Err(ConfigError::NcCount { ncs: self.ncs });
+        }
+        let bytes = self.hbm_bytes_per_nc;
+        if bytes == 0 || !bytes.is_multiple_of(CHUNK_GRANULE) || bytes > MAX_HBM_BYTES_PER_NC {
+            return Err(ConfigError::HbmSize { bytes });
+        }
+        Ok(())
+    }
+
+    /// The device address map this configuration describes.
+    pub const fn address_map(&self) -> AddressMap {
+        AddressMap {
+            arch: self.arch,
+            nc_count: self.ncs,
+            hbm_bytes_per_nc: self.hbm_bytes_per_nc,
+        }
+    }
+}
+
+/// The socket path used when none is given: `$XDG_RUNTIME_DIR/simdev.sock` when that variable
+/// is set and non-empty, else `/tmp/simdev-<euid>.sock`.
+pub fn default_socket_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("simdev.sock"),
+        _ => PathBuf::from(format!(
+            "/tmp/simdev-{}.sock",
+            nix::unistd::geteuid().as_raw()
+        )),
+    }
+}
+
+/// Formats a byte count for people: whole GiB, MiB or KiB when exact, else bytes.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{} {name}", bytes / unit);
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_a_valid_trn1() {
+        let config = Config::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.ncs, 2);
+    }
+
+    #[test]
+    fn bad_sizes_and_counts_are_refused() {
+        let bad_ncs = Config {
+            ncs: 9,
+            ..Config::default()
+        };
+        assert_eq!(bad_ncs.validate(), Err(ConfigError::NcCount { ncs: 9 }));
+        for bytes in [0, 4095, 4097, MAX_HBM_BYTES_PER_NC + 4096] {
+            let config = Config {
+                hbm_bytes_per_nc: bytes,
+                ..Config::default()
+            };
+            assert_eq!(config.validate(), Err(ConfigError::HbmSize { bytes }));
+        }
+    }
+
+    #[test]
+    fn byte_counts_read_naturally() {
+        assert_eq!(format_bytes(256 << 20), "256 MiB");
+        assert_eq!(format_bytes(2 << 30), "2 GiB");
+        assert_eq!(format_bytes(12 << 10), "12 KiB");
+        assert_eq!(format_bytes(100), "100 B");
+    }
+}

@@ -1,0 +1,77 @@
+//! Per-NC counters, kept as atomics so any thread can bump or read them without the NC's lock.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use shared::protocol::NcCounters;
+
+/// The live counters of one NC (see [`NcCounters`] for each field's meaning).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Descriptor pairs completed.
+    pub dma_descriptors: AtomicU64,
+    /// Bytes moved by DMA (register writes count their 4 bytes).
+    pub dma_bytes: AtomicU64,
+    /// Queues stopped on a bad descriptor.
+    pub dma_aborts: AtomicU64,
+    /// Register writes performed by DMA.
+    pub register_writes: AtomicU64,
+    /// Posted semaphore increments received.
+    pub doorbells: AtomicU64,
+    /// Notifications written.
+    pub notifications: AtomicU64,
+    /// Notifications dropped (NQ full or absent).
+    pub nq_overflows: AtomicU64,
+    /// Posted requests that failed.
+    pub posted_errors: AtomicU64,
+    /// NC resets.
+    pub resets: AtomicU64,
+}
+
+/// Adds `n` to a counter (relaxed: counters order nothing).
+pub fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A consistent-enough copy for a [`shared::protocol::Reply::Counters`] (each field is read
+    /// atomically; fields are not read at one instant).
+    pub fn snapshot(&self) -> NcCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        NcCounters {
+            dma_descriptors: get(&self.dma_descriptors),
+            dma_bytes: get(&self.dma_bytes),
+            dma_aborts: get(&self.dma_aborts),
+            register_writes: get(&self.register_writes),
+            doorbells: get(&self.doorbells),
+            notifications: get(&self.notifications),
+            nq_overflows: get(&self.nq_overflows),
+            posted_errors: get(&self.posted_errors),
+            resets: get(&self.resets),
+        }
+    }
+}
+
+/// Displays [`NcCounters`] as `name value` pairs on one line, for the exit report.
+#[derive(Debug)]
+pub struct CountersLine(pub NcCounters);
+
+impl fmt::Display for CountersLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.0;
+        write!(
+            f,
+            "dma_descriptors {}, dma_bytes {}, dma_aborts {}, register_writes {}, doorbells {}, \
+             notifications {}, nq_overflows {}, posted_errors {}, resets {}",
+            c.dma_descriptors,
+            c.dma_bytes,
+            c.dma_aborts,
+            c.register_writes,
+            c.doorbells,
+            c.notifications,
+            c.nq_overflows,
+            c.posted_errors,
+            c.resets
+        )
+    }
+}

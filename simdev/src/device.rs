@@ -1,0 +1,862 @@
+//! The emulated device: NC ownership, per-NC state, and request dispatch.
+//!
+//! [`Device::handle`] answers one [`Request`] of one client with one [`Reply`] (plus the fds
+//! it carries), exactly as the control socket would, so every behaviour can be exercised
+//! in-process. The server gives each connection a [`ClientId`] ([`Device::connect`]) and
+//! reclaims everything the client owned when the connection ends ([`Device::disconnect`]).
+//!
+//! Ownership follows the driver (`reference/driver-abi.md` §1.2, DESIGN §5): an NC belongs to
+//! at most one client (a second claim is refused); memory chunks belong to the client that
+//! allocated them; DMA on a client's queues may touch only that client's chunks and the
+//! registers of its own NCs.
+//!
+//! # Locking
+//! Each NC has two locks: `state` (its DMA queues and notification queue) and `claim` (its
+//! owner and register file). `memory` guards the address space and `clients` the pids of
+//! connected clients. The order is `state` → `claim` and `state` → `memory`; `claim`, `memory`
+//! and `clients` are leaves, held only for a lookup or an update. No thread holds two NCs'
+//! `state` locks at once: a DMA write into another NC's tail-increment register is applied
+//! after the first NC's lock is released ([`crate::dma::Outcome::Deferred`]). Locks are taken
+//! through poison-ignoring helpers, so a request handler that panicked (caught and answered as
+//! an error) does not wedge the device.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use shared::address_map::{AddressMap, REG_WINDOW_BASE, Register};
+use shared::notification::{
+    NQ_MAX_ENTRIES, NotificationEntry, NotificationKind, error_flags, nq_bytes,
+};
+use shared::protocol::{
+    DeviceInfo, ErrorKind, MemLocation, NcCounters, PROTOCOL_VERSION, RemoteError, Reply, Request,
+};
+use shared::udma::Direction;
+
+use crate::config::{Config, ConfigError};
+use crate::counters::{Counters, bump};
+use crate::dma::{
+    self, Abort, Budget, Bus, Deferred, DmaQueues, Fault, Outcome, QueueError, QueueId,
+    RegisterWrite, error_chain,
+};
+use crate::memory::{AddressSpace, AllocError, Chunk, Region};
+use crate::notify::{NotificationQueue, PostError};
+use crate::registers::Registers;
+
+/// `NQ_TYPE` NOTIFY, the only notification queue type simdev emulates.
+pub const NQ_TYPE_NOTIFY: u32 = 1;
+
+/// One client of the device: one control connection. Unique for the simdev run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(pub u64);
+
+/// The owner of an NC and the NC's register file for that owner.
+#[derive(Debug)]
+struct Claim {
+    client: ClientId,
+    pid: u32,
+    registers: Registers,
+}
+
+/// An NC's DMA queues and notification queue.
+#[derive(Debug)]
+struct NcState {
+    queues: DmaQueues,
+    nq: Option<NotificationQueue>,
+}
+
+/// One NC.
+#[derive(Debug)]
+struct Nc {
+    index: u32,
+    counters: Counters,
+    claim: Mutex<Option<Arc<Claim>>>,
+    state: Mutex<NcState>,
+}
+
+/// What the device knows of a connected client.
+#[derive(Clone, Copy, Debug)]
+struct ClientInfo {
+    pid: u32,
+}
+
+/// The emulated device (see the module doc). `Send + Sync`: share it in an `Arc` between
+/// connection threads.
+#[derive(Debug)]
+pub struct Device {
+    map: AddressMap,
+    info: DeviceInfo,
+    ncs: Vec<Nc>,
+    memory: RwLock<AddressSpace>,
+    clients: Mutex<HashMap<ClientId, ClientInfo>>,
+    next_client: AtomicU64,
+    start: Instant,
+    budget: Budget,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn refuse(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
+    RemoteError {
+        kind,
+        message: message.into(),
+    }
+}
+
+fn alloc_refusal(err: &AllocError) -> RemoteError {
+    let kind = match err {
+        AllocError::BadSize { .. } | AllocError::BadAlign { .. } => ErrorKind::InvalidArgument,
+        AllocError::NoSuchNc { .. } => ErrorKind::OutOfRange,
+        AllocError::OutOfMemory { .. }
+        | AllocError::CreateMemfd { .. }
+        | AllocError::SizeMemfd { .. }
+        | AllocError::MapChunk { .. } => ErrorKind::OutOfMemory,
+    };
+    refuse(kind, error_chain(err))
+}
+
+fn queue_refusal(err: &QueueError) -> RemoteError {
+    let kind = match err {
+        QueueError::OutOfRange { .. } | QueueError::Overrun { .. } => ErrorKind::OutOfRange,
+        QueueError::RingSize { .. } | QueueError::RingTooSmall { .. } => ErrorKind::BadRing,
+        QueueError::NotInitialized { .. } | QueueError::Stopped { .. } => ErrorKind::QueueStopped,
+        QueueError::ZeroRx | QueueError::ZeroIncrement => ErrorKind::InvalidArgument,
+    };
+    refuse(kind, err.to_string())
+}
+
+fn os_refusal(what: &str, err: &dyn std::error::Error) -> RemoteError {
+    refuse(
+        ErrorKind::OutOfMemory,
+        format!("{what}: {}", error_chain(err)),
+    )
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("unknown panic")
+}
+
+/// The NC a request addresses, if any.
+const fn request_nc(request: &Request) -> Option<u32> {
+    match *request {
+        Request::ClaimNc { nc }
+        | Request::ReleaseNc { nc }
+        | Request::DmaQueueInit { nc, .. }
+        | Request::DmaQueueRelease { nc, .. }
+        | Request::DmaQueueCopyStart { nc, .. }
+        | Request::SemaphoreIncrement { nc, .. }
+        | Request::SemaphoreDecrement { nc, .. }
+        | Request::SemaphoreRead { nc, .. }
+        | Request::SemaphoreWrite { nc, .. }
+        | Request::EventSet { nc, .. }
+        | Request::EventGet { nc, .. }
+        | Request::NotificationInit { nc, .. }
+        | Request::NcReset { nc }
+        | Request::Counters { nc } => Some(nc),
+        Request::MemAlloc {
+            location: MemLocation::Hbm { nc },
+            ..
+        } => Some(nc),
+        Request::Hello { .. }
+        | Request::DeviceInfo
+        | Request::MemAlloc { .. }
+        | Request::MemFree { .. }
+        | Request::MemMap { .. } => None,
+    }
+}
+
+type Handled = Result<(Reply, Vec<OwnedFd>), RemoteError>;
+
+fn ok() -> Handled {
+    Ok((Reply::Ok, Vec::new()))
+}
+
+fn reply(reply: Reply) -> Handled {
+    Ok((reply, Vec::new()))
+}
+
+impl Device {
+    /// A device as `config` describes it (the socket and uid fields are the server's), with
+    /// nothing claimed or allocated.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the configuration is out of range.
+    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let map = config.address_map();
+        let arch = map.arch;
+        let info = DeviceInfo {
+            arch,
+            nc_count: map.nc_count,
+            hbm_bytes_per_nc: map.hbm_bytes_per_nc,
+            hbm_bases: (0..map.nc_count)
+                .map(|nc| map.hbm_range(nc).start)
+                .collect(),
+            host_base: arch.host_base(),
+            reg_base: REG_WINDOW_BASE,
+            semaphores_per_nc: arch.semaphores_per_nc(),
+            events_per_nc: arch.events_per_nc(),
+            dma_engines_per_nc: arch.dma_engines_per_nc(),
+            dma_queues_per_engine: arch.dma_queues_per_engine(),
+            description: format!(
+                "simdev {} pid {}",
+                env!("CARGO_PKG_VERSION"),
+                std::process::id()
+            ),
+        };
+        let ncs = (0..map.nc_count)
+            .map(|index| Nc {
+                index,
+                counters: Counters::default(),
+                claim: Mutex::new(None),
+                state: Mutex::new(NcState {
+                    queues: DmaQueues::new(map, index),
+                    nq: None,
+                }),
+            })
+            .collect();
+        Ok(Self {
+            map,
+            info,
+            ncs,
+            memory: RwLock::new(AddressSpace::new(map)),
+            clients: Mutex::new(HashMap::new()),
+            next_client: AtomicU64::new(1),
+            start: Instant::now(),
+            budget: Budget::default(),
+        })
+    }
+
+    /// Bounds the DMA work of one doorbell to `pairs` descriptor pairs and `bytes` bytes
+    /// (defaults: [`dma::DEFAULT_BUDGET_PAIRS`], [`dma::DEFAULT_BUDGET_BYTES`]). A queue that
+    /// exceeds it is stopped with a DMA abort.
+    #[must_use]
+    pub const fn with_dma_budget(mut self, pairs: u64, bytes: u64) -> Self {
+        self.budget = Budget::new(pairs, bytes);
+        self
+    }
+
+    /// The device's static facts (the handshake's answer).
+    pub const fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The device's address map.
+    pub const fn address_map(&self) -> &AddressMap {
+        &self.map
+    }
+
+    /// Registers a new client (a connection from process `pid`).
+    pub fn connect(&self, pid: u32) -> ClientId {
+        let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
+        lock(&self.clients).insert(client, ClientInfo { pid });
+        client
+    }
+
+    /// The client went away (EOF, reset, kill -9): stops and forgets the queues and
+    /// notification queues of its NCs, zeroes their registers, clears their ownership, and frees
+    /// all its memory chunks.
+    pub fn disconnect(&self, client: ClientId) {
+        let mut ncs = 0;
+        for nc in &self.ncs {
+            if self.owned_by(nc, client) {
+                self.reset_nc(nc, client, true);
+                ncs += 1;
+            }
+        }
+        let chunks = write(&self.memory).free_all(client);
+        let pid = lock(&self.clients).remove(&client).map_or(0, |c| c.pid);
+        tracing::info!(
+            "client {} (pid {pid}) gone: reclaimed {ncs} NCs and {chunks} chunks",
+            client.0
+        );
+    }
+
+    /// The counters of NC `nc`, `None` when it does not exist.
+    pub fn counters(&self, nc: u32) -> Option<NcCounters> {
+        self.nc_ref(nc).map(|n| n.counters.snapshot())
+    }
+
+    /// The device is going away: posts a DeviceLost notification (error flag
+    /// [`error_flags::DEVICE_LOST`]) to every claimed NC's notification queue and signals its
+    /// eventfd.
+    pub fn device_lost(&self) {
+        for nc in &self.ncs {
+            if self.owner(nc).is_none() {
+                continue;
+            }
+            let mut state = lock(&nc.state);
+            let entry = self.entry(NotificationKind::DeviceLost, 0, error_flags::DEVICE_LOST);
+            self.post(nc, &mut state, &entry);
+        }
+    }
+
+    /// Answers `request` of `client`: the reply and the fds it carries (see
+    /// [`Reply::fd_count`]). Never panics on client input; a panic inside a handler (a simdev
+    /// bug) is caught and answered as an error. Posted requests ([`Request::is_posted`]) are
+    /// handled the same way, but the caller sends no reply: a failure is logged and counted in
+    /// the NC's `posted_errors`.
+    pub fn handle(&self, client: ClientId, request: Request) -> (Reply, Vec<OwnedFd>) {
+        let name = request.name();
+        let posted = request.is_posted();
+        let nc = request_nc(&request);
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.dispatch(client, request)));
+        let (reply, fds) = match outcome {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(err)) => (Reply::Error(err), Vec::new()),
+            Err(payload) => {
+                let what = panic_text(payload.as_ref());
+                tracing::error!("handling {name} panicked: {what}");
+                let err = refuse(
+                    ErrorKind::InvalidArgument,
+                    format!("simdev failed internally handling {name} (a simdev bug): {what}"),
+                );
+                (Reply::Error(err), Vec::new())
+            }
+        };
+        if let Reply::Error(err) = &reply {
+            if posted {
+                tracing::warn!("posted {name} of client {} failed: {err}", client.0);
+                if let Some(n) = nc.and_then(|nc| self.nc_ref(nc)) {
+                    bump(&n.counters.posted_errors, 1);
+                }
+            } else {
+                tracing::debug!("{name} of client {} refused: {err}", client.0);
+            }
+        }
+        (reply, fds)
+    }
+
+    fn dispatch(&self, client: ClientId, request: Request) -> Handled {
+        match request {
+            Request::Hello { version } => self.hello(version),
+            Request::DeviceInfo => reply(Reply::DeviceInfo(self.info.clone())),
+            Request::ClaimNc { nc } => self.claim_nc(client, nc),
+            Request::ReleaseNc { nc } => {
+                let (n, _) = self.owned(client, nc)?;
+                self.reset_nc(n, client, true);
+                ok()
+            }
+            Request::MemAlloc {
+                location,
+                size,
+                align,
+            } => self.mem_alloc(client, location, size, align),
+            Request::MemFree { handle } => {
+                write(&self.memory)
+                    .free(client, handle)
+                    .map_err(|e| refuse(ErrorKind::BadHandle, e.to_string()))?;
+                ok()
+            }
+            Request::MemMap { handle } => self.mem_map(client, handle),
+            Request::DmaQueueInit {
+                nc,
+                engine,
+                queue,
+                tx_ring,
+                tx_desc_count,
+                rx_ring,
+                rx_desc_count,
+            } => self.dma_queue_init(
+                client,
+                QueueId { nc, engine, queue },
+                (tx_ring, tx_desc_count),
+                (rx_ring, rx_desc_count),
+            ),
+            Request::DmaQueueRelease { nc, engine, queue } => {
+                let (n, _) = self.owned(client, nc)?;
+                lock(&n.state)
+                    .queues
+                    .release(engine, queue)
+                    .map_err(|e| queue_refusal(&e))?;
+                ok()
+            }
+            Request::DmaQueueCopyStart {
+                nc,
+                engine,
+                queue,
+                tx_desc_count,
+                rx_desc_count,
+            } => {
+                let (n, _) = self.owned(client, nc)?;
+                lock(&n.state)
+                    .queues
+                    .post(engine, queue, tx_desc_count, rx_desc_count)
+                    .map_err(|e| queue_refusal(&e))?;
+                self.run_dma(client, QueueId { nc, engine, queue });
+                ok()
+            }
+            Request::SemaphoreIncrement { nc, index, value } => {
+                if let Some(n) = self.nc_ref(nc) {
+                    bump(&n.counters.doorbells, 1);
+                }
+                let (_, c) = self.owned(client, nc)?;
+                c.registers.semaphore_add(index, value).map_err(range)?;
+                ok()
+            }
+            Request::SemaphoreDecrement { nc, index, value } => {
+                let (_, c) = self.owned(client, nc)?;
+                c.registers.semaphore_sub(index, value).map_err(range)?;
+                ok()
+            }
+            Request::SemaphoreRead { nc, index } => {
+                let (_, c) = self.owned(client, nc)?;
+                reply(Reply::Value(c.registers.semaphore(index).map_err(range)?))
+            }
+            Request::SemaphoreWrite { nc, index, value } => {
+                let (_, c) = self.owned(client, nc)?;
+                c.registers.semaphore_set(index, value).map_err(range)?;
+                ok()
+            }
+            Request::EventSet { nc, index, value } => {
+                let (_, c) = self.owned(client, nc)?;
+                c.registers.event_set(index, value).map_err(range)?;
+                ok()
+            }
+            Request::EventGet { nc, index } => {
+                let (_, c) = self.owned(client, nc)?;
+                reply(Reply::Value(c.registers.event(index).map_err(range)?))
+            }
+            Request::NotificationInit {
+                nc,
+                nq_type,
+                entries,
+            } => self.notification_init(client, nc, nq_type, entries),
+            Request::NcReset { nc } => {
+                let (n, _) = self.owned(client, nc)?;
+                self.reset_nc(n, client, false);
+                bump(&n.counters.resets, 1);
+                ok()
+            }
+            Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters.snapshot())),
+        }
+    }
+
+    fn hello(&self, version: u32) -> Handled {
+        if version != PROTOCOL_VERSION {
+            return Err(refuse(
+                ErrorKind::Handshake,
+                format!("protocol version {version} is not simdev's version {PROTOCOL_VERSION}"),
+            ));
+        }
+        reply(Reply::Hello {
+            version: PROTOCOL_VERSION,
+            device: self.info.clone(),
+        })
+    }
+
+    fn nc_ref(&self, nc: u32) -> Option<&Nc> {
+        usize::try_from(nc).ok().and_then(|i| self.ncs.get(i))
+    }
+
+    fn nc(&self, nc: u32) -> Result<&Nc, RemoteError> {
+        self.nc_ref(nc).ok_or_else(|| {
+            refuse(
+                ErrorKind::OutOfRange,
+                format!(
+                    "NC {nc} does not exist (the device has {} NCs)",
+                    self.ncs.len()
+                ),
+            )
+        })
+    }
+
+    fn owner(&self, nc: &Nc) -> Option<Arc<Claim>> {
+        lock(&nc.claim).clone()
+    }
+
+    fn owned_by(&self, nc: &Nc, client: ClientId) -> bool {
+        self.owner(nc).is_some_and(|c| c.client == client)
+    }
+
+    /// NC `nc` and its claim, if `client` owns it.
+    fn owned(&self, client: ClientId, nc: u32) -> Result<(&Nc, Arc<Claim>), RemoteError> {
+        let n = self.nc(nc)?;
+        match self.owner(n) {
+            Some(claim) if claim.client == client => Ok((n, claim)),
+            Some(claim) => Err(refuse(
+                ErrorKind::NotOwner,
+                format!("NC {nc} is owned by pid {}, not by this client", claim.pid),
+            )),
+            None => Err(refuse(
+                ErrorKind::NotOwner,
+                format!("NC {nc} is not claimed by this client (ClaimNc first)"),
+            )),
+        }
+    }
+
+    fn pid_of(&self, client: ClientId) -> u32 {
+        lock(&self.clients).get(&client).map_or(0, |c| c.pid)
+    }
+
+    fn claim_nc(&self, client: ClientId, nc: u32) -> Handled {
+        let n = self.nc(nc)?;
+        let pid = self.pid_of(client);
+        let mut slot = lock(&n.claim);
+        if let Some(claim) = slot.as_ref() {
+            if claim.client != client {
+                return Err(refuse(
+                    ErrorKind::NcBusy,
+                    format!("NC {nc} is owned by another client (pid {})", claim.pid),
+                ));
+            }
+            let fds = claim
+                .registers
+                .client_fds()
+                .map_err(|e| os_refusal("claiming the NC", &e))?;
+            return Ok((Reply::NcClaimed { nc }, fds));
+        }
+        let registers =
+            Registers::new(&self.map, nc).map_err(|e| os_refusal("claiming the NC", &e))?;
+        let fds = registers
+            .client_fds()
+            .map_err(|e| os_refusal("claiming the NC", &e))?;
+        *slot = Some(Arc::new(Claim {
+            client,
+            pid,
+            registers,
+        }));
+        tracing::info!("NC {nc} claimed by client {} (pid {pid})", client.0);
+        Ok((Reply::NcClaimed { nc }, fds))
+    }
+
+    /// Stops and forgets `nc`'s queues, drops its notification queue (freeing its chunk),
+    /// zeroes its registers and, when `release`, clears its owner.
+    fn reset_nc(&self, nc: &Nc, owner: ClientId, release: bool) {
+        let nq = {
+            let mut state = lock(&nc.state);
+            state.queues.clear();
+            state.nq.take()
+        };
+        if let Some(nq) = nq {
+            // The client may have freed the chunk itself; then there is nothing left to free.
+            let _ = write(&self.memory).free(owner, nq.chunk().handle());
+        }
+        let mut slot = lock(&nc.claim);
+        if let Some(claim) = slot.as_ref() {
+            claim.registers.zero();
+        }
+        if release {
+            *slot = None;
+            tracing::info!("NC {} released", nc.index);
+        }
+    }
+
+    fn mem_alloc(&self, client: ClientId, location: MemLocation, size: u64, align: u64) -> Handled {
+        if let MemLocation::Hbm { nc } = location {
+            self.owned(client, nc)?;
+        }
+        let chunk = write(&self.memory)
+            .allocate(client, Region::from(location), size, align)
+            .map_err(|e| alloc_refusal(&e))?;
+        reply(Reply::MemAllocated {
+            handle: chunk.handle(),
+            pa: chunk.pa(),
+            size: chunk.size(),
+        })
+    }
+
+    fn mem_map(&self, client: ClientId, handle: u64) -> Handled {
+        let chunk = read(&self.memory)
+            .get(client, handle)
+            .map_err(|e| refuse(ErrorKind::BadHandle, e.to_string()))?;
+        let fd = chunk
+            .memfd()
+            .try_clone_to_owned()
+            .map_err(|e| os_refusal("duplicating the chunk's memfd", &e))?;
+        Ok((
+            Reply::MemMapped {
+                handle,
+                pa: chunk.pa(),
+                size: chunk.size(),
+            },
+            vec![fd],
+        ))
+    }
+
+    fn chunk(&self, client: ClientId, handle: u64) -> Result<Arc<Chunk>, RemoteError> {
+        read(&self.memory)
+            .get(client, handle)
+            .map_err(|e| refuse(ErrorKind::BadHandle, format!("ring {e}")))
+    }
+
+    fn dma_queue_init(
+        &self,
+        client: ClientId,
+        id: QueueId,
+        tx: (u64, u32),
+        rx: (u64, u32),
+    ) -> Handled {
+        let (n, _) = self.owned(client, id.nc)?;
+        let mut state = lock(&n.state);
+        let queues = &mut state.queues;
+        queues
+            .check_id(id.engine, id.queue)
+            .map_err(|e| queue_refusal(&e))?;
+        dma::check_ring_size(Direction::Tx, tx.1).map_err(|e| queue_refusal(&e))?;
+        dma::check_ring_size(Direction::Rx, rx.1).map_err(|e| queue_refusal(&e))?;
+        let tx_chunk = self.chunk(client, tx.0)?;
+        let rx_chunk = self.chunk(client, rx.0)?;
+        queues
+            .init(id.engine, id.queue, (tx_chunk, tx.1), (rx_chunk, rx.1))
+            .map_err(|e| queue_refusal(&e))?;
+        ok()
+    }
+
+    fn notification_init(&self, client: ClientId, nc: u32, nq_type: u32, entries: u32) -> Handled {
+        let (n, _) = self.owned(client, nc)?;
+        if nq_type != NQ_TYPE_NOTIFY {
+            return Err(refuse(
+                ErrorKind::Unsupported,
+                format!(
+                    "NQ type {nq_type} is not emulated; simdev posts every notification of an NC \
+                     to its NOTIFY ({NQ_TYPE_NOTIFY}) queue"
+                ),
+            ));
+        }
+        if !entries.is_power_of_two() || !(2..=NQ_MAX_ENTRIES).contains(&entries) {
+            return Err(refuse(
+                ErrorKind::InvalidArgument,
+                format!("{entries} NQ entries: must be a power of two from 2 to {NQ_MAX_ENTRIES}"),
+            ));
+        }
+        let bytes = u64::try_from(nq_bytes(entries)).unwrap_or(u64::MAX);
+        let chunk = write(&self.memory)
+            .allocate(client, Region::Host, bytes, 0)
+            .map_err(|e| alloc_refusal(&e))?;
+        let answer = Reply::NotificationQueue {
+            handle: chunk.handle(),
+            pa: chunk.pa(),
+            size: chunk.size(),
+            entries,
+        };
+        let old = lock(&n.state)
+            .nq
+            .replace(NotificationQueue::new(chunk, entries));
+        if let Some(old) = old {
+            let _ = write(&self.memory).free(client, old.chunk().handle());
+        }
+        reply(answer)
+    }
+
+    /// Processes queue `first` and every queue its descriptors start, one at a time, within one
+    /// [`Budget`].
+    fn run_dma(&self, client: ClientId, first: QueueId) {
+        let mut budget = self.budget;
+        let mut worklist = VecDeque::from([first]);
+        while let Some(id) = worklist.pop_front() {
+            let Some(nc) = self.nc_ref(id.nc) else {
+                continue;
+            };
+            if !self.owned_by(nc, client) {
+                continue;
+            }
+            let mut state = lock(&nc.state);
+            loop {
+                let mut bus = ClientBus {
+                    device: self,
+                    client,
+                    worklist: &mut worklist,
+                };
+                let outcome =
+                    state
+                        .queues
+                        .process(id.engine, id.queue, &mut bus, &mut budget, &nc.counters);
+                match outcome {
+                    Outcome::Idle => break,
+                    Outcome::Aborted(abort) => {
+                        self.report_abort(nc, &mut state, &abort);
+                        break;
+                    }
+                    Outcome::Deferred(deferred) => {
+                        drop(state);
+                        let result = self.remote_tail_increment(client, &deferred, &mut worklist);
+                        state = lock(&nc.state);
+                        let abort = state
+                            .queues
+                            .finish_deferred(&deferred, result, &nc.counters);
+                        if let Some(abort) = abort {
+                            self.report_abort(nc, &mut state, &abort);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies a tail increment that a queue of another NC wrote (its NC's lock is not held).
+    fn remote_tail_increment(
+        &self,
+        client: ClientId,
+        deferred: &Deferred,
+        worklist: &mut VecDeque<QueueId>,
+    ) -> Result<(), Fault> {
+        let reg = deferred.reg;
+        let value = deferred.value;
+        let (nc, engine, queue, dir) = match reg {
+            Register::TxTailIncrement { nc, engine, queue } => (nc, engine, queue, Direction::Tx),
+            Register::RxTailIncrement { nc, engine, queue } => (nc, engine, queue, Direction::Rx),
+            _ => {
+                return Err(Fault::UnknownRegister {
+                    pa: self.map.register_address(reg),
+                });
+            }
+        };
+        let foreign = Fault::ForeignRegister { reg, nc };
+        let Some(n) = self.nc_ref(nc) else {
+            return Err(foreign);
+        };
+        if !self.owned_by(n, client) {
+            return Err(foreign);
+        }
+        lock(&n.state)
+            .queues
+            .tail_increment(engine, queue, dir, value)
+            .map_err(|source| Fault::TailIncrement { reg, value, source })?;
+        schedule(worklist, QueueId { nc, engine, queue });
+        Ok(())
+    }
+
+    fn report_abort(&self, nc: &Nc, state: &mut NcState, abort: &Abort) {
+        tracing::warn!("{}", abort.reason);
+        let source = (abort.queue.engine << 8) | abort.queue.queue;
+        let mut flags = error_flags::DMA_ABORT;
+        if abort.oob {
+            flags |= error_flags::OOB;
+        }
+        let entry = self.entry(
+            NotificationKind::DmaQueueError,
+            u16::try_from(source).unwrap_or(u16::MAX),
+            flags,
+        );
+        self.post(nc, state, &entry);
+    }
+
+    /// Nanoseconds since simdev started (the device timestamp of notifications).
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn entry(&self, kind: NotificationKind, source: u16, flags: u32) -> NotificationEntry {
+        NotificationEntry {
+            compute_idx: 0,
+            kind: kind as u16,
+            source,
+            error_flags: flags,
+            phase: 0,
+            device_ts_ns: self.now_ns(),
+            nc_ts_ns: 0,
+        }
+    }
+
+    /// Posts `entry` to `nc`'s notification queue and signals the NC's eventfd; counts a drop
+    /// when the queue is full or absent.
+    fn post(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
+        let Some(nq) = state.nq.as_mut() else {
+            bump(&nc.counters.nq_overflows, 1);
+            tracing::info!(
+                "NC {} has no notification queue; kind {} notification dropped",
+                nc.index,
+                entry.kind
+            );
+            return;
+        };
+        match nq.post(entry) {
+            Ok(()) => {
+                bump(&nc.counters.notifications, 1);
+                if let Some(claim) = self.owner(nc) {
+                    claim.registers.signal();
+                }
+            }
+            Err(PostError::Full { entries }) => {
+                bump(&nc.counters.nq_overflows, 1);
+                tracing::warn!(
+                    "NC {} notification queue full ({entries} entries unconsumed); notification dropped",
+                    nc.index
+                );
+            }
+            Err(e @ PostError::Memory(_)) => {
+                bump(&nc.counters.nq_overflows, 1);
+                tracing::error!("NC {}: {}", nc.index, error_chain(&e));
+            }
+        }
+    }
+}
+
+fn range(err: crate::registers::BadIndex) -> RemoteError {
+    refuse(ErrorKind::OutOfRange, err.to_string())
+}
+
+fn schedule(worklist: &mut VecDeque<QueueId>, queue: QueueId) {
+    if !worklist.contains(&queue) {
+        worklist.push_back(queue);
+    }
+}
+
+/// One client's view of the device for its DMA.
+struct ClientBus<'a> {
+    device: &'a Device,
+    client: ClientId,
+    worklist: &'a mut VecDeque<QueueId>,
+}
+
+impl Bus for ClientBus<'_> {
+    fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+        read(&self.device.memory).resolve(self.client, pa, len).ok()
+    }
+
+    fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault> {
+        let nc = match reg {
+            Register::Event { nc, .. }
+            | Register::SemaphoreRead { nc, .. }
+            | Register::SemaphoreSet { nc, .. }
+            | Register::SemaphoreIncrement { nc, .. }
+            | Register::SemaphoreDecrement { nc, .. }
+            | Register::TxTailIncrement { nc, .. }
+            | Register::RxTailIncrement { nc, .. } => nc,
+        };
+        let claim = self
+            .device
+            .nc_ref(nc)
+            .and_then(|n| self.device.owner(n))
+            .filter(|c| c.client == self.client)
+            .ok_or(Fault::ForeignRegister { reg, nc })?;
+        match reg {
+            Register::TxTailIncrement { .. } | Register::RxTailIncrement { .. } => {
+                Ok(RegisterWrite::Deferred)
+            }
+            _ => {
+                claim
+                    .registers
+                    .write(reg, value)
+                    .map_err(|source| Fault::Register { reg, source })?;
+                Ok(RegisterWrite::Done)
+            }
+        }
+    }
+
+    fn schedule(&mut self, queue: QueueId) {
+        schedule(self.worklist, queue);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,871 @@
+//! DMA queues and descriptor processing: the UDMA engines of one NC
+//! (`reference/driver-abi.md` §2, DESIGN §5).
+//!
+//! Each of an NC's `engines × queues` DMA queues has a TX (M2S, source) ring and an RX (S2M,
+//! destination) ring of 16-byte descriptors in client memory. A queue's *pending* counts are
+//! the descriptors posted past its head (the tail increments of DMA_QUEUE_COPY_START, or a DMA
+//! write into a DRTP_INC register) and not yet processed. Processing takes pairs while both
+//! rings have pending descriptors: the TX descriptor names a source, the RX descriptor a
+//! destination of the same length, which is either client memory (a copy) or a register (a
+//! 4-byte write: semaphore, event, or another queue's tail increment).
+//!
+//! Every pair is checked completely before anything is written, so a bad pair stops the queue
+//! with all earlier pairs done and nothing of itself or later ones: the queue becomes
+//! [`QueueStatus::Stopped`] with a reason naming the descriptor, the ring and the rule (an
+//! [`Abort`], which the device turns into a DMA-abort notification). Work per doorbell is
+//! bounded by a [`Budget`], so a queue that re-arms itself forever aborts instead of hanging
+//! simdev.
+//!
+//! This module owns no locks. Memory resolution and register writes that leave this NC go
+//! through a [`Bus`] that the device implements for one client; a tail increment of another
+//! NC's queue is returned as [`Outcome::Deferred`] so the device can apply it after releasing
+//! this NC's lock (never two NC locks at once) and then [`DmaQueues::finish_deferred`].
+
+use std::sync::Arc;
+
+use shared::address_map::{AddressMap, Register};
+use shared::memory::{MemError, copy};
+use shared::udma::{DescError, Direction, RingId, UDMA_DESC_SIZE, UdmaDesc, check_pair};
+use thiserror::Error;
+
+use crate::counters::{Counters, bump};
+use crate::memory::Chunk;
+use crate::registers::RegisterWriteError;
+
+/// Smallest ring, in descriptors (`driver-abi.md` §2.5).
+pub const RING_MIN_DESCS: u32 = 32;
+/// Largest ring, in descriptors: 2^24 − 16.
+pub const RING_MAX_DESCS: u32 = (1 << 24) - 16;
+/// Ring sizes are multiples of this many descriptors (256-byte aligned start and end).
+pub const RING_DESC_MULTIPLE: u32 = 16;
+/// Default [`Budget`] per doorbell, in descriptor pairs.
+pub const DEFAULT_BUDGET_PAIRS: u64 = 1 << 26;
+/// Default [`Budget`] per doorbell, in bytes moved (64 GiB).
+pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 36;
+
+/// One DMA queue of the device: (NC, engine on the NC, queue on the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QueueId {
+    /// NC index.
+    pub nc: u32,
+    /// Engine on the NC, `0..dma_engines_per_nc`.
+    pub engine: u32,
+    /// Queue on the engine, `0..dma_queues_per_engine`.
+    pub queue: u32,
+}
+
+/// Whether a queue takes work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueStatus {
+    /// Processing descriptors as they are posted.
+    Running,
+    /// Stopped by a DMA abort; the reason names the descriptor and the rule. A new
+    /// DMA_QUEUE_INIT restarts it.
+    Stopped(String),
+}
+
+/// A queue request that broke a rule (the device maps each variant to an error kind).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum QueueError {
+    /// Engine or queue index outside the arch's counts.
+    #[error(
+        "engine {engine} queue {queue} is out of range (the NC has {engines} engines of {queues} queues)"
+    )]
+    OutOfRange {
+        /// Engine given.
+        engine: u32,
+        /// Queue given.
+        queue: u32,
+        /// Engines per NC.
+        engines: u32,
+        /// Queues per engine.
+        queues: u32,
+    },
+    /// A ring size the hardware does not take.
+    #[error(
+        "{dir:?} ring of {count} descriptors breaks the ring rule 32 <= n <= 2^24-16 and n % 16 == 0"
+    )]
+    RingSize {
+        /// Which ring.
+        dir: Direction,
+        /// Size given, in descriptors.
+        count: u32,
+    },
+    /// The ring's chunk is smaller than its descriptors.
+    #[error("{dir:?} ring of {count} descriptors needs {needed} bytes, its chunk has {chunk}")]
+    RingTooSmall {
+        /// Which ring.
+        dir: Direction,
+        /// Ring size in descriptors.
+        count: u32,
+        /// `count × 16` bytes.
+        needed: u64,
+        /// The chunk's size in bytes.
+        chunk: u64,
+    },
+    /// DMA_QUEUE_INIT was never done (or the queue was released or reset).
+    #[error("DMA engine {engine} queue {queue} is not initialised")]
+    NotInitialized {
+        /// Engine.
+        engine: u32,
+        /// Queue.
+        queue: u32,
+    },
+    /// A DMA abort stopped the queue.
+    #[error("DMA engine {engine} queue {queue} is stopped: {reason}")]
+    Stopped {
+        /// Engine.
+        engine: u32,
+        /// Queue.
+        queue: u32,
+        /// The abort reason.
+        reason: String,
+    },
+    /// DMA_QUEUE_COPY_START with no RX descriptor.
+    #[error(
+        "rx_desc_count must be at least 1 (0 hits a kernel BUG_ON on hardware in the tail-increment helper)"
+    )]
+    ZeroRx,
+    /// A tail-increment register write of 0.
+    #[error("a tail increment must be at least 1")]
+    ZeroIncrement,
+    /// More descriptors posted than the ring holds.
+    #[error(
+        "ring overrun: {dir:?} ring of {size} descriptors has {pending} pending, {count} more would exceed it"
+    )]
+    Overrun {
+        /// Which ring.
+        dir: Direction,
+        /// Descriptors posted now.
+        count: u32,
+        /// Descriptors already pending.
+        pending: u32,
+        /// Ring size.
+        size: u32,
+    },
+}
+
+/// Why a descriptor pair stopped its queue.
+#[derive(Debug, Error)]
+pub enum Fault {
+    /// A descriptor broke a decoding rule (ring id, reserved bits, length mismatch…).
+    #[error(transparent)]
+    Descriptor(#[from] DescError),
+    /// The ring memory could not be read (a simdev bug: ring chunks are size-checked).
+    #[error("reading the descriptor ring")]
+    RingRead(#[source] MemError),
+    /// The source is not inside one chunk of the queue's client.
+    #[error("TX source {pa:#x}+{len} is not in this client's memory")]
+    SourceOutOfBounds {
+        /// Source PA.
+        pa: u64,
+        /// Length in bytes.
+        len: u32,
+    },
+    /// The source is in the register window, which DMA cannot read.
+    #[error("TX source {pa:#x} is in the register window; DMA cannot read registers")]
+    RegisterSource {
+        /// Source PA.
+        pa: u64,
+    },
+    /// The destination is not inside one chunk of the queue's client.
+    #[error("RX destination {pa:#x}+{len} is not in this client's memory")]
+    DestinationOutOfBounds {
+        /// Destination PA.
+        pa: u64,
+        /// Length in bytes.
+        len: u32,
+    },
+    /// The destination is in the register window but names no register.
+    #[error("RX destination {pa:#x} is in the register window but names no register")]
+    UnknownRegister {
+        /// Destination PA.
+        pa: u64,
+    },
+    /// A register write of other than 4 bytes.
+    #[error("register write to {pa:#x} is {len} bytes; registers take exactly 4")]
+    RegisterLength {
+        /// Destination PA.
+        pa: u64,
+        /// Length in bytes.
+        len: u32,
+    },
+    /// A register of an NC the client does not own.
+    #[error("register {reg:?} is on NC {nc}, which this client does not own")]
+    ForeignRegister {
+        /// The register.
+        reg: Register,
+        /// Its NC.
+        nc: u32,
+    },
+    /// The register file refused the write.
+    #[error("register {reg:?} refused the write")]
+    Register {
+        /// The register.
+        reg: Register,
+        /// Why.
+        #[source]
+        source: RegisterWriteError,
+    },
+    /// A tail-increment register write broke a queue rule.
+    #[error("tail increment {reg:?} by {value} refused")]
+    TailIncrement {
+        /// The register.
+        reg: Register,
+        /// The value written.
+        value: u32,
+        /// Why.
+        #[source]
+        source: QueueError,
+    },
+    /// The data copy failed (a simdev bug: both sides were resolved).
+    #[error("copying the data")]
+    Copy(#[source] MemError),
+    /// The doorbell's work budget is spent.
+    #[error(
+        "the doorbell's budget of {pairs} descriptor pairs / {bytes} bytes is spent (a queue re-arming itself?)"
+    )]
+    Budget {
+        /// Pair budget.
+        pairs: u64,
+        /// Byte budget.
+        bytes: u64,
+    },
+}
+
+impl Fault {
+    /// Whether the fault is an access outside the client's memory or registers (reported with
+    /// the OOB error flag).
+    pub const fn is_oob(&self) -> bool {
+        matches!(
+            self,
+            Self::SourceOutOfBounds { .. }
+                | Self::RegisterSource { .. }
+                | Self::DestinationOutOfBounds { .. }
+                | Self::UnknownRegister { .. }
+                | Self::ForeignRegister { .. }
+        )
+    }
+}
+
+/// A queue stopped by a bad pair: what the device reports in its DMA-abort notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Abort {
+    /// The queue.
+    pub queue: QueueId,
+    /// Whether the cause was an out-of-bounds access.
+    pub oob: bool,
+    /// The stop reason (also the queue's [`QueueStatus::Stopped`] text).
+    pub reason: String,
+}
+
+/// Work left for one doorbell (a CopyStart and every queue it starts through tail increments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pairs: u64,
+    bytes: u64,
+    pairs_left: u64,
+    bytes_left: u64,
+}
+
+impl Budget {
+    /// At most `pairs` descriptor pairs and `bytes` bytes.
+    pub const fn new(pairs: u64, bytes: u64) -> Self {
+        Self {
+            pairs,
+            bytes,
+            pairs_left: pairs,
+            bytes_left: bytes,
+        }
+    }
+
+    fn spent(&self) -> Option<Fault> {
+        (self.pairs_left == 0 || self.bytes_left == 0).then_some(Fault::Budget {
+            pairs: self.pairs,
+            bytes: self.bytes,
+        })
+    }
+
+    fn charge(&mut self, len: u32) {
+        self.pairs_left = self.pairs_left.saturating_sub(1);
+        self.bytes_left = self.bytes_left.saturating_sub(u64::from(len));
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self::new(DEFAULT_BUDGET_PAIRS, DEFAULT_BUDGET_BYTES)
+    }
+}
+
+/// What a [`Bus`] did with a register write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterWrite {
+    /// Written.
+    Done,
+    /// A tail increment of another NC's queue: the device applies it after this NC's lock is
+    /// released (see [`Outcome::Deferred`]).
+    Deferred,
+}
+
+/// The rest of the device as one client's DMA sees it.
+pub trait Bus {
+    /// The client's chunk that holds all of `pa..pa+len`; `None` when no chunk of the client
+    /// holds the whole range (nothing there, straddling chunks, another client's chunk).
+    fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>>;
+
+    /// Writes `value` to `reg`, a register that is not a tail increment of this NC (those are
+    /// applied by [`DmaQueues`] itself).
+    ///
+    /// # Errors
+    /// [`Fault::ForeignRegister`] when the register's NC is not the client's,
+    /// [`Fault::Register`] when the register file refuses the write.
+    fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault>;
+
+    /// Queue `queue` (of this NC) got work from a tail increment: process it after the current
+    /// one.
+    fn schedule(&mut self, queue: QueueId);
+}
+
+/// The result of [`DmaQueues::process`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No more pairs to process (or the queue is absent, stopped, or waiting on a deferred
+    /// write).
+    Idle,
+    /// A pair stopped the queue.
+    Aborted(Abort),
+    /// The pair at the head is a tail increment of another NC's queue: apply it without this
+    /// NC's lock, then call [`DmaQueues::finish_deferred`].
+    Deferred(Deferred),
+}
+
+/// A register write waiting for the device (see [`Outcome::Deferred`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deferred {
+    /// The queue that wrote it.
+    pub queue: QueueId,
+    /// The register (a tail increment of another NC).
+    pub reg: Register,
+    /// The value written.
+    pub value: u32,
+    generation: u64,
+}
+
+/// Checks a ring size against the hardware's rule: 32 ≤ n ≤ 2^24 − 16 and n a multiple of 16
+/// (`driver-abi.md` §2.5).
+///
+/// # Errors
+/// [`QueueError::RingSize`].
+pub fn check_ring_size(dir: Direction, count: u32) -> Result<(), QueueError> {
+    if (RING_MIN_DESCS..=RING_MAX_DESCS).contains(&count)
+        && count.is_multiple_of(RING_DESC_MULTIPLE)
+    {
+        Ok(())
+    } else {
+        Err(QueueError::RingSize { dir, count })
+    }
+}
+
+/// One ring of a queue.
+#[derive(Debug)]
+struct Ring {
+    chunk: Arc<Chunk>,
+    size: u32,
+    head: u32,
+    pending: u32,
+    ring_id: RingId,
+}
+
+impl Ring {
+    fn new(dir: Direction, chunk: Arc<Chunk>, count: u32) -> Result<Self, QueueError> {
+        check_ring_size(dir, count)?;
+        let needed = u64::from(count) * UDMA_DESC_SIZE as u64;
+        if chunk.size() < needed {
+            return Err(QueueError::RingTooSmall {
+                dir,
+                count,
+                needed,
+                chunk: chunk.size(),
+            });
+        }
+        Ok(Self {
+            chunk,
+            size: count,
+            head: 0,
+            pending: 0,
+            ring_id: RingId::INITIAL,
+        })
+    }
+
+    fn check_post(&self, dir: Direction, count: u32) -> Result<(), QueueError> {
+        match self.pending.checked_add(count) {
+            Some(total) if total <= self.size => Ok(()),
+            _ => Err(QueueError::Overrun {
+                dir,
+                count,
+                pending: self.pending,
+                size: self.size,
+            }),
+        }
+    }
+
+    fn read_head(&self) -> Result<UdmaDesc, Fault> {
+        let pa = self.chunk.pa() + u64::from(self.head) * UDMA_DESC_SIZE as u64;
+        self.chunk.memory().read_obj(pa).map_err(Fault::RingRead)
+    }
+
+    fn advance(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+        self.head += 1;
+        if self.head == self.size {
+            self.head = 0;
+            self.ring_id = self.ring_id.next();
+        }
+    }
+}
+
+/// One initialised queue.
+#[derive(Debug)]
+struct DmaQueue {
+    tx: Ring,
+    rx: Ring,
+    status: QueueStatus,
+    generation: u64,
+    /// A deferred register write of the pair at the head is being applied.
+    in_flight: bool,
+}
+
+/// What a checked pair will do.
+enum Action {
+    Copy {
+        src: Arc<Chunk>,
+        src_pa: u64,
+        dst: Arc<Chunk>,
+        dst_pa: u64,
+    },
+    Register {
+        reg: Register,
+        value: u32,
+    },
+}
+
+/// The DMA queues of one NC.
+#[derive(Debug)]
+pub struct DmaQueues {
+    map: AddressMap,
+    nc: u32,
+    engines: u32,
+    queues_per_engine: u32,
+    slots: Vec<Option<DmaQueue>>,
+    generation: u64,
+}
+
+impl DmaQueues {
+    /// No queue initialised, for NC `nc` of `map`.
+    pub fn new(map: AddressMap, nc: u32) -> Self {
+        let engines = map.arch.dma_engines_per_nc();
+        let queues_per_engine = map.arch.dma_queues_per_engine();
+        let count = usize::try_from(engines * queues_per_engine).unwrap_or(0);
+        Self {
+            map,
+            nc,
+            engines,
+            queues_per_engine,
+            slots: std::iter::repeat_with(|| None).take(count).collect(),
+            generation: 0,
+        }
+    }
+
+    fn index(&self, engine: u32, queue: u32) -> Result<usize, QueueError> {
+        if engine >= self.engines || queue >= self.queues_per_engine {
+            return Err(QueueError::OutOfRange {
+                engine,
+                queue,
+                engines: self.engines,
+                queues: self.queues_per_engine,
+            });
+        }
+        usize::try_from(engine * self.queues_per_engine + queue).map_err(|_| {
+            QueueError::OutOfRange {
+                engine,
+                queue,
+                engines: self.engines,
+                queues: self.queues_per_engine,
+            }
+        })
+    }
+
+    const fn id(&self, engine: u32, queue: u32) -> QueueId {
+        QueueId {
+            nc: self.nc,
+            engine,
+            queue,
+        }
+    }
+
+    /// Checks an engine/queue pair against the arch's counts.
+    ///
+    /// # Errors
+    /// [`QueueError::OutOfRange`].
+    pub fn check_id(&self, engine: u32, queue: u32) -> Result<(), QueueError> {
+        self.index(engine, queue).map(drop)
+    }
+
+    /// DMA_QUEUE_INIT: binds the rings and (re)starts the queue at head 0, ring id 1, nothing
+    /// pending, running. Replaces any previous state of the queue.
+    ///
+    /// # Errors
+    /// [`QueueError::OutOfRange`], [`QueueError::RingSize`] or [`QueueError::RingTooSmall`].
+    pub fn init(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        tx: (Arc<Chunk>, u32),
+        rx: (Arc<Chunk>, u32),
+    ) -> Result<(), QueueError> {
+        let index = self.index(engine, queue)?;
+        let tx = Ring::new(Direction::Tx, tx.0, tx.1)?;
+        let rx = Ring::new(Direction::Rx, rx.0, rx.1)?;
+        self.generation += 1;
+        if let Some(slot) = self.slots.get_mut(index) {
+            *slot = Some(DmaQueue {
+                tx,
+                rx,
+                status: QueueStatus::Running,
+                generation: self.generation,
+                in_flight: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// DMA_QUEUE_RELEASE: forgets the queue (a no-op when it is not initialised, as in the
+    /// driver).
+    ///
+    /// # Errors
+    /// [`QueueError::OutOfRange`].
+    pub fn release(&mut self, engine: u32, queue: u32) -> Result<(), QueueError> {
+        let index = self.index(engine, queue)?;
+        if let Some(slot) = self.slots.get_mut(index) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// Forgets every queue (NC reset, release, reclaim).
+    pub fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|slot| *slot = None);
+    }
+
+    /// The status of a queue, `None` when it is not initialised.
+    pub fn status(&self, engine: u32, queue: u32) -> Option<&QueueStatus> {
+        let index = self.index(engine, queue).ok()?;
+        self.slots.get(index)?.as_ref().map(|q| &q.status)
+    }
+
+    /// Head indices `(tx, rx)` of a queue, `None` when it is not initialised.
+    pub fn heads(&self, engine: u32, queue: u32) -> Option<(u32, u32)> {
+        let index = self.index(engine, queue).ok()?;
+        let q = self.slots.get(index)?.as_ref()?;
+        Some((q.tx.head, q.rx.head))
+    }
+
+    fn running(&mut self, engine: u32, queue: u32) -> Result<&mut DmaQueue, QueueError> {
+        let index = self.index(engine, queue)?;
+        let q = self
+            .slots
+            .get_mut(index)
+            .and_then(Option::as_mut)
+            .ok_or(QueueError::NotInitialized { engine, queue })?;
+        match &q.status {
+            QueueStatus::Running => Ok(q),
+            QueueStatus::Stopped(reason) => Err(QueueError::Stopped {
+                engine,
+                queue,
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// DMA_QUEUE_COPY_START: posts `rx_count` RX then `tx_count` TX descriptors (the driver's
+    /// doorbell order). Nothing is posted unless both fit.
+    ///
+    /// # Errors
+    /// [`QueueError::OutOfRange`], [`QueueError::NotInitialized`], [`QueueError::Stopped`],
+    /// [`QueueError::ZeroRx`] or [`QueueError::Overrun`] (a count above the ring size included).
+    pub fn post(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        tx_count: u32,
+        rx_count: u32,
+    ) -> Result<(), QueueError> {
+        let q = self.running(engine, queue)?;
+        if rx_count == 0 {
+            return Err(QueueError::ZeroRx);
+        }
+        q.rx.check_post(Direction::Rx, rx_count)?;
+        q.tx.check_post(Direction::Tx, tx_count)?;
+        q.rx.pending += rx_count;
+        q.tx.pending += tx_count;
+        Ok(())
+    }
+
+    /// A DMA write of `value` into a queue's TX or RX DRTP_INC register: posts `value`
+    /// descriptors on that ring.
+    ///
+    /// # Errors
+    /// [`QueueError::OutOfRange`], [`QueueError::NotInitialized`], [`QueueError::Stopped`],
+    /// [`QueueError::ZeroIncrement`] or [`QueueError::Overrun`].
+    pub fn tail_increment(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        dir: Direction,
+        value: u32,
+    ) -> Result<(), QueueError> {
+        let q = self.running(engine, queue)?;
+        if value == 0 {
+            return Err(QueueError::ZeroIncrement);
+        }
+        let ring = match dir {
+            Direction::Tx => &mut q.tx,
+            Direction::Rx => &mut q.rx,
+        };
+        ring.check_post(dir, value)?;
+        ring.pending += value;
+        Ok(())
+    }
+
+    /// Processes pairs of queue (`engine`, `queue`) while both rings have pending descriptors.
+    /// Counts each completed pair in `counters`, charges `budget`, and reports the first bad
+    /// pair as an [`Outcome::Aborted`] (the queue is then stopped).
+    pub fn process(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        bus: &mut impl Bus,
+        budget: &mut Budget,
+        counters: &Counters,
+    ) -> Outcome {
+        let Ok(index) = self.index(engine, queue) else {
+            return Outcome::Idle;
+        };
+        loop {
+            let Some(q) = self.slots.get(index).and_then(Option::as_ref) else {
+                return Outcome::Idle;
+            };
+            if q.status != QueueStatus::Running
+                || q.in_flight
+                || q.tx.pending == 0
+                || q.rx.pending == 0
+            {
+                return Outcome::Idle;
+            }
+            let generation = q.generation;
+            let checked = match budget.spent() {
+                Some(fault) => Err(fault),
+                None => self.check_pair(q, bus),
+            };
+            let (action, len) = match checked {
+                Ok(checked) => checked,
+                Err(fault) => {
+                    return Outcome::Aborted(self.stop(index, engine, queue, &fault, counters));
+                }
+            };
+            let register = matches!(action, Action::Register { .. });
+            let done = match action {
+                Action::Copy {
+                    src,
+                    src_pa,
+                    dst,
+                    dst_pa,
+                } => copy(src.memory(), src_pa, dst.memory(), dst_pa, len_usize(len))
+                    .map_err(Fault::Copy),
+                Action::Register { reg, value } => {
+                    match self.write_register(engine, queue, reg, value, bus) {
+                        Ok(RegisterWrite::Done) => Ok(()),
+                        Ok(RegisterWrite::Deferred) => {
+                            if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
+                                q.in_flight = true;
+                            }
+                            budget.charge(len);
+                            return Outcome::Deferred(Deferred {
+                                queue: self.id(engine, queue),
+                                reg,
+                                value,
+                                generation,
+                            });
+                        }
+                        Err(fault) => Err(fault),
+                    }
+                }
+            };
+            if let Err(fault) = done {
+                return Outcome::Aborted(self.stop(index, engine, queue, &fault, counters));
+            }
+            budget.charge(len);
+            self.complete(index, len, register, counters);
+        }
+    }
+
+    /// Finishes the pair whose register write was [`Outcome::Deferred`]: on success the pair
+    /// completes and the queue may be processed further; on failure the queue stops. Does
+    /// nothing when the queue was re-initialised, released or reset meanwhile.
+    pub fn finish_deferred(
+        &mut self,
+        deferred: &Deferred,
+        result: Result<(), Fault>,
+        counters: &Counters,
+    ) -> Option<Abort> {
+        let QueueId { engine, queue, .. } = deferred.queue;
+        let index = self.index(engine, queue).ok()?;
+        let q = self.slots.get_mut(index)?.as_mut()?;
+        if q.generation != deferred.generation || !q.in_flight {
+            return None;
+        }
+        q.in_flight = false;
+        match result {
+            Ok(()) => {
+                self.complete(index, 4, true, counters);
+                None
+            }
+            Err(fault) => Some(self.stop(index, engine, queue, &fault, counters)),
+        }
+    }
+
+    /// Reads and checks the pair at the heads of `q`; resolves both sides.
+    fn check_pair(&self, q: &DmaQueue, bus: &impl Bus) -> Result<(Action, u32), Fault> {
+        let tx = q.tx.read_head()?.decode_tx(q.tx.ring_id)?;
+        let rx = q.rx.read_head()?.decode_rx(q.rx.ring_id)?;
+        check_pair(&tx, &rx)?;
+        let len = tx.len;
+        if self.map.register_range().contains(&tx.src) {
+            return Err(Fault::RegisterSource { pa: tx.src });
+        }
+        let src = bus
+            .resolve(tx.src, len_usize(len))
+            .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?;
+        if self.map.register_range().contains(&rx.dst) {
+            let reg = self
+                .map
+                .decode_register(rx.dst)
+                .ok_or(Fault::UnknownRegister { pa: rx.dst })?;
+            if len != 4 {
+                return Err(Fault::RegisterLength { pa: rx.dst, len });
+            }
+            let mut word = [0u8; 4];
+            src.memory().read(tx.src, &mut word).map_err(Fault::Copy)?;
+            let value = u32::from_le_bytes(word);
+            return Ok((Action::Register { reg, value }, len));
+        }
+        let dst = bus
+            .resolve(rx.dst, len_usize(len))
+            .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
+        Ok((
+            Action::Copy {
+                src,
+                src_pa: tx.src,
+                dst,
+                dst_pa: rx.dst,
+            },
+            len,
+        ))
+    }
+
+    /// Applies a register write of the pair at the head of (`engine`, `queue`).
+    fn write_register(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        reg: Register,
+        value: u32,
+        bus: &mut impl Bus,
+    ) -> Result<RegisterWrite, Fault> {
+        let (target, dir) = match reg {
+            Register::TxTailIncrement {
+                nc,
+                engine: e,
+                queue: q,
+            } if nc == self.nc => ((e, q), Direction::Tx),
+            Register::RxTailIncrement {
+                nc,
+                engine: e,
+                queue: q,
+            } if nc == self.nc => ((e, q), Direction::Rx),
+            _ => return bus.write_register(reg, value),
+        };
+        self.tail_increment(target.0, target.1, dir, value)
+            .map_err(|source| Fault::TailIncrement { reg, value, source })?;
+        if target != (engine, queue) {
+            bus.schedule(self.id(target.0, target.1));
+        }
+        Ok(RegisterWrite::Done)
+    }
+
+    /// Advances both heads of the queue at `index` past a completed pair of `len` bytes.
+    fn complete(&mut self, index: usize, len: u32, register: bool, counters: &Counters) {
+        if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
+            q.tx.advance();
+            q.rx.advance();
+        }
+        bump(&counters.dma_descriptors, 1);
+        bump(&counters.dma_bytes, u64::from(len));
+        if register {
+            bump(&counters.register_writes, 1);
+        }
+    }
+
+    /// Stops the queue at `index` on `fault`.
+    fn stop(
+        &mut self,
+        index: usize,
+        engine: u32,
+        queue: u32,
+        fault: &Fault,
+        counters: &Counters,
+    ) -> Abort {
+        let (tx_index, rx_index) = self
+            .slots
+            .get(index)
+            .and_then(Option::as_ref)
+            .map_or((0, 0), |q| (q.tx.head, q.rx.head));
+        let reason = format!(
+            "DMA abort on NC {} engine {engine} queue {queue} at TX descriptor {tx_index}, RX descriptor {rx_index}: {}",
+            self.nc,
+            error_chain(fault)
+        );
+        if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
+            q.status = QueueStatus::Stopped(reason.clone());
+            q.in_flight = false;
+        }
+        bump(&counters.dma_aborts, 1);
+        Abort {
+            queue: self.id(engine, queue),
+            oob: fault.is_oob(),
+            reason,
+        }
+    }
+}
+
+/// A descriptor length (at most 65536) as a `usize`.
+fn len_usize(len: u32) -> usize {
+    usize::try_from(len).unwrap_or(usize::MAX)
+}
+
+/// `err` and its sources, joined by ": ", skipping a source whose text the message already
+/// contains.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}

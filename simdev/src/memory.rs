@@ -1,0 +1,576 @@
+//! The device's memory: chunks backed by memfds, placed in the PA space by a first-fit
+//! allocator per region, and resolved by PA for DMA.
+//!
+//! As in the driver (`reference/driver-abi.md` §1.5–§1.6), every allocation is its own chunk:
+//! sizes are rounded up to 4 KiB, a chunk has a small non-zero handle, and its owner maps
+//! exactly the whole chunk. Here a chunk is one memfd that simdev maps read-write as a
+//! [`SharedChunk`] at the chunk's PA and hands (dup'ed) to its owner, so a client can only ever
+//! touch memory it allocated. Regions: one per NC for HBM ([`AddressMap::hbm_range`]) and one
+//! for host-visible memory ([`AddressMap::host_range`]); PA space costs nothing until it is
+//! allocated.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use shared::address_map::{AddressMap, CHUNK_GRANULE};
+use shared::memory::{MemError, SharedChunk};
+use shared::protocol::MemLocation;
+use thiserror::Error;
+
+use crate::device::ClientId;
+
+/// A region of the PA space with its own allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Region {
+    /// HBM of one NC.
+    Hbm(u32),
+    /// Host-visible memory.
+    Host,
+}
+
+impl From<MemLocation> for Region {
+    fn from(location: MemLocation) -> Self {
+        match location {
+            MemLocation::Hbm { nc } => Self::Hbm(nc),
+            MemLocation::Host => Self::Host,
+        }
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Hbm(nc) => write!(f, "HBM of NC {nc}"),
+            Self::Host => f.write_str("host-visible memory"),
+        }
+    }
+}
+
+/// Free PA ranges of one region, first-fit, merged on free.
+///
+/// # Invariants
+/// `free` maps each free range's start to its end (exclusive); ranges are non-empty, disjoint
+/// and never adjacent (adjacent ranges are merged).
+#[derive(Debug)]
+pub struct FreeList {
+    free: BTreeMap<u64, u64>,
+}
+
+impl FreeList {
+    /// All of `start..end` free.
+    pub fn new(start: u64, end: u64) -> Self {
+        let mut free = BTreeMap::new();
+        if start < end {
+            free.insert(start, end);
+        }
+        Self { free }
+    }
+
+    /// Takes the first range of `size` bytes whose start is a multiple of `align` (a power of
+    /// two); returns its start, or `None` when no free range fits.
+    pub fn allocate(&mut self, size: u64, align: u64) -> Option<u64> {
+        let (start, end, at) = self.free.iter().find_map(|(&start, &end)| {
+            let at = start.checked_next_multiple_of(align)?;
+            let stop = at.checked_add(size)?;
+            (stop <= end).then_some((start, end, at))
+        })?;
+        self.free.remove(&start);
+        if start < at {
+            self.free.insert(start, at);
+        }
+        let stop = at + size;
+        if stop < end {
+            self.free.insert(stop, end);
+        }
+        Some(at)
+    }
+
+    /// Returns `start..start+size` (previously allocated) to the free ranges, merging it with
+    /// free neighbours.
+    pub fn release(&mut self, start: u64, size: u64) {
+        let mut lo = start;
+        let mut hi = start.saturating_add(size);
+        if let Some((&prev_start, &prev_end)) = self.free.range(..start).next_back()
+            && prev_end == start
+        {
+            self.free.remove(&prev_start);
+            lo = prev_start;
+        }
+        if let Some(next_end) = self.free.remove(&hi) {
+            hi = next_end;
+        }
+        self.free.insert(lo, hi);
+    }
+
+    /// The free ranges in address order, as `(start, end)`.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free.iter().map(|(&start, &end)| (start, end))
+    }
+}
+
+/// One allocation: a memfd mapped by simdev at its PA.
+#[derive(Debug)]
+pub struct Chunk {
+    handle: u64,
+    owner: ClientId,
+    region: Region,
+    memfd: OwnedFd,
+    memory: SharedChunk,
+}
+
+impl Chunk {
+    /// The chunk's handle (non-zero, unique for the simdev run).
+    pub const fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// The client that allocated it.
+    pub const fn owner(&self) -> ClientId {
+        self.owner
+    }
+
+    /// Where it lives.
+    pub const fn region(&self) -> Region {
+        self.region
+    }
+
+    /// First device PA.
+    pub const fn pa(&self) -> u64 {
+        self.memory.pa()
+    }
+
+    /// Size in bytes (a multiple of 4 KiB).
+    pub fn size(&self) -> u64 {
+        // A usize always fits in a u64 on the 64-bit targets simdev supports.
+        u64::try_from(self.memory.len()).unwrap_or(u64::MAX)
+    }
+
+    /// simdev's read-write mapping, addressed by PA.
+    pub const fn memory(&self) -> &SharedChunk {
+        &self.memory
+    }
+
+    /// The backing memfd (to dup for the owner's MemMap).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+}
+
+/// An allocation request simdev refused.
+#[derive(Debug, Error)]
+pub enum AllocError {
+    /// A size of 0 bytes, or one that overflows when rounded up to 4 KiB.
+    #[error("size {size} bytes is not allocatable (must be 1 to 2^64-4096 bytes)")]
+    BadSize {
+        /// The size requested.
+        size: u64,
+    },
+    /// An alignment that is not a power of two.
+    #[error("alignment {align} is not a power of two (0 means the 4 KiB default)")]
+    BadAlign {
+        /// The alignment requested.
+        align: u64,
+    },
+    /// An HBM region of an NC the device does not have.
+    #[error("NC {nc} does not exist (the device has {nc_count} NCs)")]
+    NoSuchNc {
+        /// The NC asked for.
+        nc: u32,
+        /// NCs on the device.
+        nc_count: u32,
+    },
+    /// No free range of the region fits.
+    #[error("no free range of {size} bytes aligned to {align} in {region}")]
+    OutOfMemory {
+        /// Bytes requested after rounding.
+        size: u64,
+        /// Alignment after defaulting.
+        align: u64,
+        /// The region.
+        region: Region,
+    },
+    /// `memfd_create` failed.
+    #[error("creating the memfd of a {size}-byte chunk")]
+    CreateMemfd {
+        /// Chunk size.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// `ftruncate` of the memfd failed.
+    #[error("sizing the memfd of a {size}-byte chunk")]
+    SizeMemfd {
+        /// Chunk size.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Mapping the memfd failed.
+    #[error("mapping a {size}-byte chunk")]
+    MapChunk {
+        /// Chunk size.
+        size: u64,
+        /// What the accessor reported.
+        #[source]
+        source: MemError,
+    },
+}
+
+/// A handle the client may not use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("handle {handle} is not a chunk of this client")]
+pub struct BadHandle {
+    /// The handle given.
+    pub handle: u64,
+}
+
+/// An access that hits no chunk of the client entirely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("{pa:#x}+{len} is not inside one chunk of this client")]
+pub struct Unresolved {
+    /// First PA of the access.
+    pub pa: u64,
+    /// Bytes accessed.
+    pub len: usize,
+}
+
+/// All chunks of the device and the allocators of its regions.
+#[derive(Debug)]
+pub struct AddressSpace {
+    map: AddressMap,
+    hbm: Vec<FreeList>,
+    host: FreeList,
+    by_pa: BTreeMap<u64, Arc<Chunk>>,
+    by_handle: HashMap<u64, Arc<Chunk>>,
+    next_handle: u64,
+}
+
+impl AddressSpace {
+    /// An empty address space for `map`.
+    pub fn new(map: AddressMap) -> Self {
+        let hbm = (0..map.nc_count)
+            .map(|nc| {
+                let range = map.hbm_range(nc);
+                FreeList::new(range.start, range.end)
+            })
+            .collect();
+        let host = map.host_range();
+        Self {
+            map,
+            hbm,
+            host: FreeList::new(host.start, host.end),
+            by_pa: BTreeMap::new(),
+            by_handle: HashMap::new(),
+            next_handle: 1,
+        }
+    }
+
+    fn free_list(&mut self, region: Region) -> Result<&mut FreeList, AllocError> {
+        match region {
+            Region::Host => Ok(&mut self.host),
+            Region::Hbm(nc) => {
+                let nc_count = self.map.nc_count;
+                usize::try_from(nc)
+                    .ok()
+                    .and_then(|i| self.hbm.get_mut(i))
+                    .ok_or(AllocError::NoSuchNc { nc, nc_count })
+            }
+        }
+    }
+
+    /// Allocates a chunk of `size` bytes (rounded up to 4 KiB) in `region` for `owner`,
+    /// aligned to `align` bytes (0 means 4 KiB; otherwise a power of two, raised to at least
+    /// 4 KiB). The chunk is zeroed.
+    ///
+    /// # Errors
+    /// [`AllocError`]: a bad size or alignment, an unknown NC, no room in the region, or an OS
+    /// failure creating the backing memfd.
+    pub fn allocate(
+        &mut self,
+        owner: ClientId,
+        region: Region,
+        size: u64,
+        align: u64,
+    ) -> Result<Arc<Chunk>, AllocError> {
+        let rounded = match size.checked_next_multiple_of(CHUNK_GRANULE) {
+            Some(rounded) if size > 0 => rounded,
+            _ => return Err(AllocError::BadSize { size }),
+        };
+        let align = match align {
+            0 => CHUNK_GRANULE,
+            a if a.is_power_of_two() => a.max(CHUNK_GRANULE),
+            a => return Err(AllocError::BadAlign { align: a }),
+        };
+        let len = usize::try_from(rounded).map_err(|_| AllocError::BadSize { size })?;
+        let pa =
+            self.free_list(region)?
+                .allocate(rounded, align)
+                .ok_or(AllocError::OutOfMemory {
+                    size: rounded,
+                    align,
+                    region,
+                })?;
+        match Self::back(pa, rounded, len) {
+            Ok((memfd, memory)) => {
+                let handle = self.next_handle;
+                self.next_handle += 1;
+                let chunk = Arc::new(Chunk {
+                    handle,
+                    owner,
+                    region,
+                    memfd,
+                    memory,
+                });
+                self.by_pa.insert(pa, Arc::clone(&chunk));
+                self.by_handle.insert(handle, Arc::clone(&chunk));
+                Ok(chunk)
+            }
+            Err(e) => {
+                self.free_list(region)?.release(pa, rounded);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates, sizes and maps the memfd of a chunk at `pa`.
+    fn back(pa: u64, size: u64, len: usize) -> Result<(OwnedFd, SharedChunk), AllocError> {
+        let memfd = memfd_create("simdev-chunk", MFdFlags::MFD_CLOEXEC)
+            .map_err(|source| AllocError::CreateMemfd { size, source })?;
+        let file_len = i64::try_from(size).map_err(|_| AllocError::SizeMemfd {
+            size,
+            source: nix::Error::EFBIG,
+        })?;
+        nix::unistd::ftruncate(&memfd, file_len)
+            .map_err(|source| AllocError::SizeMemfd { size, source })?;
+        let memory = SharedChunk::map_fd(&memfd, pa, len, true)
+            .map_err(|source| AllocError::MapChunk { size, source })?;
+        Ok((memfd, memory))
+    }
+
+    /// The chunk `handle` if `owner` allocated it.
+    ///
+    /// # Errors
+    /// [`BadHandle`] for an unknown handle or another client's.
+    pub fn get(&self, owner: ClientId, handle: u64) -> Result<Arc<Chunk>, BadHandle> {
+        match self.by_handle.get(&handle) {
+            Some(chunk) if chunk.owner == owner => Ok(Arc::clone(chunk)),
+            _ => Err(BadHandle { handle }),
+        }
+    }
+
+    /// Frees chunk `handle` of `owner`: its PA range goes back to the allocator and no longer
+    /// resolves. Holders of the `Arc` (a DMA queue's ring, a notification queue) keep the
+    /// mapping alive.
+    ///
+    /// # Errors
+    /// [`BadHandle`] for an unknown handle or another client's.
+    pub fn free(&mut self, owner: ClientId, handle: u64) -> Result<Arc<Chunk>, BadHandle> {
+        let chunk = self.get(owner, handle)?;
+        self.by_handle.remove(&handle);
+        self.by_pa.remove(&chunk.pa());
+        let (pa, size, region) = (chunk.pa(), chunk.size(), chunk.region);
+        if let Ok(list) = self.free_list(region) {
+            list.release(pa, size);
+        }
+        Ok(chunk)
+    }
+
+    /// Frees every chunk of `owner`; returns how many.
+    pub fn free_all(&mut self, owner: ClientId) -> usize {
+        let handles: Vec<u64> = self
+            .by_handle
+            .values()
+            .filter(|c| c.owner == owner)
+            .map(|c| c.handle)
+            .collect();
+        handles
+            .into_iter()
+            .filter(|&h| self.free(owner, h).is_ok())
+            .count()
+    }
+
+    /// The chunk of `owner` that holds all of `pa..pa+len`, for a DMA access.
+    ///
+    /// # Errors
+    /// [`Unresolved`] when no chunk holds the range, the range straddles chunks, or the chunk
+    /// is another client's.
+    pub fn resolve(&self, owner: ClientId, pa: u64, len: usize) -> Result<Arc<Chunk>, Unresolved> {
+        match self.by_pa.range(..=pa).next_back() {
+            Some((_, chunk)) if chunk.owner == owner && chunk.memory.contains(pa, len) => {
+                Ok(Arc::clone(chunk))
+            }
+            _ => Err(Unresolved { pa, len }),
+        }
+    }
+
+    /// Number of live chunks (all clients).
+    pub fn chunk_count(&self) -> usize {
+        self.by_handle.len()
+    }
+
+    /// The free ranges of `region`, in address order (for tests and diagnostics).
+    pub fn free_ranges(&self, region: Region) -> Vec<(u64, u64)> {
+        match region {
+            Region::Host => self.host.ranges().collect(),
+            Region::Hbm(nc) => usize::try_from(nc)
+                .ok()
+                .and_then(|i| self.hbm.get(i))
+                .map(|l| l.ranges().collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::address_map::Arch;
+
+    const MIB: u64 = 1 << 20;
+
+    fn space() -> AddressSpace {
+        AddressSpace::new(AddressMap {
+            arch: Arch::Trn1,
+            nc_count: 2,
+            hbm_bytes_per_nc: MIB,
+        })
+    }
+
+    const A: ClientId = ClientId(1);
+    const B: ClientId = ClientId(2);
+
+    #[test]
+    fn sizes_round_up_to_4k_and_chunks_are_zeroed() {
+        let mut mem = space();
+        let chunk = mem.allocate(A, Region::Hbm(0), 1, 0).unwrap();
+        assert_eq!(chunk.size(), 4096);
+        assert_eq!(
+            chunk.pa(),
+            0x10_0000_0000,
+            "first fit starts at the HBM base"
+        );
+        assert_eq!(
+            chunk.memory().read_obj::<u64>(chunk.pa() + 8).unwrap(),
+            0,
+            "fresh memfds are zeroed"
+        );
+        let next = mem.allocate(A, Region::Hbm(0), 4097, 0).unwrap();
+        assert_eq!(next.size(), 8192);
+        assert_eq!(next.pa(), 0x10_0000_1000);
+    }
+
+    #[test]
+    fn alignment_is_a_power_of_two_of_at_least_4k() {
+        let mut mem = space();
+        mem.allocate(A, Region::Hbm(0), 4096, 0).unwrap();
+        let aligned = mem.allocate(A, Region::Hbm(0), 4096, 64 << 10).unwrap();
+        assert_eq!(aligned.pa() % (64 << 10), 0);
+        assert_eq!(aligned.pa(), 0x10_0001_0000);
+        let small = mem.allocate(A, Region::Hbm(0), 4096, 16).unwrap();
+        assert_eq!(small.pa(), 0x10_0000_1000, "align 16 is raised to 4 KiB");
+        assert!(matches!(
+            mem.allocate(A, Region::Hbm(0), 4096, 3),
+            Err(AllocError::BadAlign { align: 3 })
+        ));
+        assert!(matches!(
+            mem.allocate(A, Region::Hbm(0), 0, 0),
+            Err(AllocError::BadSize { size: 0 })
+        ));
+        assert!(matches!(
+            mem.allocate(A, Region::Hbm(0), u64::MAX, 0),
+            Err(AllocError::BadSize { .. })
+        ));
+        assert!(matches!(
+            mem.allocate(A, Region::Hbm(0), 4096, 1 << 63),
+            Err(AllocError::OutOfMemory { .. })
+        ));
+    }
+
+    #[test]
+    fn out_of_memory_then_success_after_free() {
+        let mut mem = space();
+        let whole = mem.allocate(A, Region::Hbm(1), MIB, 0).unwrap();
+        let err = mem.allocate(A, Region::Hbm(1), 4096, 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no free range of 4096 bytes aligned to 4096 in HBM of NC 1"
+        );
+        mem.allocate(A, Region::Hbm(0), 4096, 0)
+            .expect("other NCs' HBM is separate");
+        mem.free(A, whole.handle()).unwrap();
+        let again = mem.allocate(A, Region::Hbm(1), 4096, 0).unwrap();
+        assert_eq!(again.pa(), whole.pa());
+    }
+
+    #[test]
+    fn freed_neighbours_merge() {
+        let mut mem = space();
+        let parts: Vec<_> = (0..4)
+            .map(|_| mem.allocate(A, Region::Hbm(0), MIB / 4, 0).unwrap())
+            .collect();
+        assert!(mem.free_ranges(Region::Hbm(0)).is_empty());
+        mem.free(A, parts[1].handle()).unwrap();
+        mem.free(A, parts[3].handle()).unwrap();
+        assert_eq!(mem.free_ranges(Region::Hbm(0)).len(), 2);
+        mem.free(A, parts[2].handle()).unwrap();
+        let base = 0x10_0000_0000;
+        assert_eq!(
+            mem.free_ranges(Region::Hbm(0)),
+            [(base + MIB / 4, base + MIB)],
+            "1, 2 and 3 merged into one range"
+        );
+        let big = mem.allocate(A, Region::Hbm(0), 3 * MIB / 4, 0).unwrap();
+        assert_eq!(big.pa(), base + MIB / 4);
+        mem.free(A, parts[0].handle()).unwrap();
+        mem.free(A, big.handle()).unwrap();
+        assert_eq!(mem.free_ranges(Region::Hbm(0)), [(base, base + MIB)]);
+    }
+
+    #[test]
+    fn handles_are_non_zero_unique_and_owned() {
+        let mut mem = space();
+        let a = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+        mem.free(A, a.handle()).unwrap();
+        let b = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+        assert_ne!(a.handle(), 0);
+        assert_ne!(a.handle(), b.handle(), "a freed handle is never reused");
+        assert_eq!(
+            mem.get(B, b.handle()).unwrap_err(),
+            BadHandle { handle: b.handle() }
+        );
+        assert!(mem.free(B, b.handle()).is_err());
+        assert!(mem.get(A, 0).is_err());
+        assert!(mem.get(A, b.handle()).is_ok());
+    }
+
+    #[test]
+    fn resolve_needs_one_whole_chunk_of_the_owner() {
+        let mut mem = space();
+        let a = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+        let a2 = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+        assert_eq!(a2.pa(), a.pa() + 4096);
+        assert!(mem.resolve(A, a.pa() + 100, 200).is_ok());
+        assert!(
+            mem.resolve(A, a.pa() + 4000, 200).is_err(),
+            "straddles two chunks"
+        );
+        assert!(mem.resolve(B, a.pa(), 4).is_err(), "another client's chunk");
+        assert!(
+            mem.resolve(A, 0x1000, 4).is_err(),
+            "a raw offset is no chunk"
+        );
+        assert!(mem.resolve(A, u64::MAX, 4).is_err());
+        mem.free(A, a.handle()).unwrap();
+        assert!(
+            mem.resolve(A, a.pa(), 4).is_err(),
+            "freed chunks do not resolve"
+        );
+        assert_eq!(mem.free_all(A), 1);
+        assert_eq!(mem.chunk_count(), 0);
+    }
+}

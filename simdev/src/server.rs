@@ -1,0 +1,690 @@
+//! The control socket: listener, accept loop, one thread per connection, the peer-uid check,
+//! the handshake, message framing and fd passing (DESIGN §4–§5, `shared::protocol`).
+//!
+//! A connection is one client. Its thread receives each request with `recvmsg` into a
+//! [`MAX_MSG_SIZE`] buffer (a longer message is truncated and refused as
+//! [`ErrorKind::BadMessage`]; fds a client sends are closed), answers it through
+//! [`Device::handle`] with one `sendmsg` carrying the reply's fds as `SCM_RIGHTS`, and sends
+//! nothing for posted requests. When the connection ends for any reason (EOF, reset, the
+//! process killed) the device reclaims everything the client owned.
+//!
+//! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a
+//! DeviceLost notification on every claimed NC, shuts every connection down (clients see EOF)
+//! and waits for the connection threads to reclaim their clients.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::socket::{
+    AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, Shutdown, SockFlag,
+    SockType, UnixAddr, accept4, bind, connect, getsockopt, listen, recvmsg, sendmsg, shutdown,
+    socket, sockopt,
+};
+use nix::sys::stat::{Mode, fchmod};
+use shared::protocol::{ErrorKind, MAX_MSG_SIZE, Reply, Request, decode, encode};
+use thiserror::Error;
+
+use crate::config::{Config, ConfigError, format_bytes};
+use crate::counters::CountersLine;
+use crate::device::{ClientId, Device};
+use crate::dma::error_chain;
+
+/// Most fds the kernel passes in one message (`SCM_MAX_FD`); the receive buffer holds them all
+/// so none is lost unclosed.
+const SCM_MAX_FD: usize = 253;
+/// Pending connections the listener queues.
+const BACKLOG: i32 = 128;
+
+/// A failure to start or run simdev, named by the failing step.
+#[derive(Debug, Error)]
+pub enum SimdevError {
+    /// The configuration is out of range.
+    #[error("invalid configuration")]
+    Config(#[from] ConfigError),
+    /// Another simdev answers on the socket path.
+    #[error("a simdev is already listening on {}", path.display())]
+    AlreadyListening {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket path exists and is not a socket (simdev never removes such a file).
+    #[error("{} exists and is not a socket", path.display())]
+    NotASocket {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// Inspecting an existing socket path failed.
+    #[error("inspecting the existing {}", path.display())]
+    InspectExisting {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Something other than a simdev answers on the socket path (or it cannot be probed).
+    #[error("probing the existing socket {}", path.display())]
+    ProbeExisting {
+        /// The socket path.
+        path: PathBuf,
+        /// What `connect` reported.
+        #[source]
+        source: nix::Error,
+    },
+    /// Removing a stale socket failed.
+    #[error("removing the stale socket {}", path.display())]
+    RemoveStale {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `socket(2)` failed.
+    #[error("creating the control socket")]
+    CreateSocket(#[source] nix::Error),
+    /// `bind(2)` failed (or the path does not fit a Unix socket address).
+    #[error("binding the control socket to {}", path.display())]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Setting mode 0600 on the socket failed.
+    #[error("restricting {} to mode 0600", path.display())]
+    Chmod {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `listen(2)` failed.
+    #[error("listening on {}", path.display())]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Creating the stop eventfd failed.
+    #[error("creating the stop eventfd")]
+    CreateStopEvent(#[source] nix::Error),
+    /// Creating or arming the accept loop's epoll failed.
+    #[error("setting up the accept loop's epoll")]
+    Epoll(#[source] nix::Error),
+    /// Waiting in the accept loop failed.
+    #[error("waiting for connections")]
+    Wait(#[source] nix::Error),
+    /// Installing the SIGINT/SIGTERM handler failed.
+    #[error("installing the SIGINT/SIGTERM handler")]
+    SignalHandler(#[source] ctrlc::Error),
+}
+
+/// Asks a running [`Server::serve`] to stop. Cheap to clone; safe to call from any thread and
+/// more than once.
+#[derive(Clone, Debug)]
+pub struct StopHandle(Arc<EventFd>);
+
+impl StopHandle {
+    /// A new, unrequested stop.
+    ///
+    /// # Errors
+    /// [`SimdevError::CreateStopEvent`].
+    pub fn new() -> Result<Self, SimdevError> {
+        EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map(|efd| Self(Arc::new(efd)))
+            .map_err(SimdevError::CreateStopEvent)
+    }
+
+    /// Requests the stop.
+    pub fn stop(&self) {
+        // EAGAIN means the counter is saturated: a stop is already pending.
+        let _ = self.0.write(1);
+    }
+}
+
+/// The socket file simdev created; removed on drop if it is still the same file.
+#[derive(Debug)]
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) if meta.dev() == self.dev && meta.ino() == self.ino => {
+                if let Err(e) = std::fs::remove_file(&self.path) {
+                    tracing::warn!("removing {}: {e}", self.path.display());
+                }
+            }
+            _ => tracing::info!("{} was replaced; leaving it", self.path.display()),
+        }
+    }
+}
+
+/// One live connection, as the accept loop tracks it for shutdown.
+#[derive(Debug)]
+struct Connection {
+    /// A dup of the connection's socket, to `shutdown(2)` it.
+    socket: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+type Connections = Arc<Mutex<HashMap<u64, Connection>>>;
+
+/// A listening simdev: the device, its control socket and its connections.
+#[derive(Debug)]
+pub struct Server {
+    device: Arc<Device>,
+    listener: OwnedFd,
+    socket_file: Option<SocketFile>,
+    allow_uids: Arc<[u32]>,
+    stop: StopHandle,
+    connections: Connections,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+enum Token {
+    Listener = 1,
+    Stop = 2,
+}
+
+impl Server {
+    /// Builds the device of `config` and listens on `config.socket` (mode 0600). A stale socket
+    /// file with no listener is replaced; a live simdev there is refused. `stop` ends
+    /// [`Server::serve`].
+    ///
+    /// # Errors
+    /// [`SimdevError`] naming the failing step ([`SimdevError::AlreadyListening`] when another
+    /// simdev answers on the path).
+    pub fn bind(config: &Config, stop: StopHandle) -> Result<Self, SimdevError> {
+        let device = Device::new(config)?;
+        let path = config.socket.clone();
+        replace_stale(&path)?;
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(SimdevError::CreateSocket)?;
+        let addr = UnixAddr::new(&path).map_err(|source| SimdevError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+        // Linux creates the socket file with the socket inode's mode (minus the umask), so this
+        // closes the window between bind and chmod; the chmod below is the guarantee.
+        let _ = fchmod(&listener, Mode::from_bits_truncate(0o600));
+        bind(listener.as_raw_fd(), &addr).map_err(|source| SimdevError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+        let meta = std::fs::symlink_metadata(&path).map_err(|source| SimdevError::Chmod {
+            path: path.clone(),
+            source,
+        })?;
+        let socket_file = SocketFile {
+            path: path.clone(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
+            |source| SimdevError::Chmod {
+                path: path.clone(),
+                source,
+            },
+        )?;
+        let backlog = Backlog::new(BACKLOG).unwrap_or(Backlog::MAXCONN);
+        listen(&listener, backlog).map_err(|source| SimdevError::Listen {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            device: Arc::new(device),
+            listener,
+            socket_file: Some(socket_file),
+            allow_uids: config.allow_uids.clone().into(),
+            stop,
+            connections: Arc::default(),
+        })
+    }
+
+    /// The device this server serves.
+    pub const fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Accepts and serves connections until the [`StopHandle`] fires, then shuts down: removes
+    /// the socket, posts DeviceLost notifications, shuts every connection down and waits for
+    /// the connection threads to reclaim their clients.
+    ///
+    /// # Errors
+    /// [`SimdevError::Epoll`] or [`SimdevError::Wait`]; the shutdown steps run either way.
+    pub fn serve(mut self) -> Result<(), SimdevError> {
+        let result = self.accept_loop();
+        drop(self.socket_file.take());
+        self.device.device_lost();
+        let connections = std::mem::take(
+            &mut *self
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for connection in connections.values() {
+            let _ = shutdown(connection.socket.as_raw_fd(), Shutdown::Both);
+        }
+        for (_, mut connection) in connections {
+            if let Some(thread) = connection.thread.take()
+                && thread.join().is_err()
+            {
+                tracing::error!("a connection thread panicked");
+            }
+        }
+        result
+    }
+
+    fn accept_loop(&self) -> Result<(), SimdevError> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(SimdevError::Epoll)?;
+        let readable = |token: Token| EpollEvent::new(EpollFlags::EPOLLIN, token as u64);
+        epoll
+            .add(&self.listener, readable(Token::Listener))
+            .map_err(SimdevError::Epoll)?;
+        epoll
+            .add(self.stop.0.as_fd(), readable(Token::Stop))
+            .map_err(SimdevError::Epoll)?;
+        let mut events = [EpollEvent::empty(); 2];
+        let mut next_connection = 0u64;
+        loop {
+            let ready = match epoll.wait(&mut events, EpollTimeout::NONE) {
+                Ok(n) => n,
+                // A signal handler ran on this thread; its effect arrives through the eventfd.
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(SimdevError::Wait(e)),
+            };
+            for event in events.iter().take(ready) {
+                if event.data() == Token::Stop as u64 {
+                    tracing::info!("stopping");
+                    return Ok(());
+                }
+                match accept4(&self.listener, SockFlag::SOCK_CLOEXEC) {
+                    Ok(socket) => {
+                        next_connection += 1;
+                        self.spawn_connection(next_connection, socket);
+                    }
+                    Err(Errno::EAGAIN | Errno::EINTR | Errno::ECONNABORTED) => {}
+                    Err(e) => {
+                        tracing::warn!("accepting a connection: {e}");
+                        // Out of fds or memory: back off instead of spinning on a ready listener.
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+    }
+
+    fn spawn_connection(&self, id: u64, socket: OwnedFd) {
+        let dup = match socket.try_clone() {
+            Ok(dup) => dup,
+            Err(e) => {
+                tracing::warn!("duplicating a connection socket: {e}; dropping the connection");
+                return;
+            }
+        };
+        let device = Arc::clone(&self.device);
+        let allow = Arc::clone(&self.allow_uids);
+        let connections = Arc::clone(&self.connections);
+        let mut table = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let thread = std::thread::Builder::new()
+            .name(format!("simdev-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&device, &socket, &allow);
+                drop(socket);
+                connections
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
+            });
+        match thread {
+            Ok(thread) => {
+                table.insert(
+                    id,
+                    Connection {
+                        socket: dup,
+                        thread: Some(thread),
+                    },
+                );
+            }
+            Err(e) => tracing::warn!("starting a connection thread: {e}; dropping the connection"),
+        }
+    }
+}
+
+/// Whether a peer with `uid` may use a simdev running as `own_euid` with extra `allow_uids`.
+///
+/// # Errors
+/// The [`ErrorKind::PermissionDenied`] reply to send before closing.
+pub fn check_peer(uid: u32, own_euid: u32, allow_uids: &[u32]) -> Result<(), Reply> {
+    if uid == own_euid || allow_uids.contains(&uid) {
+        Ok(())
+    } else {
+        Err(Reply::error(
+            ErrorKind::PermissionDenied,
+            format!(
+                "uid {uid} is not allowed to use this simdev (start it with --allow-uid {uid})"
+            ),
+        ))
+    }
+}
+
+/// What to do after one received message.
+#[derive(Debug)]
+pub enum Response {
+    /// Send this reply and its fds.
+    Reply(Reply, Vec<OwnedFd>),
+    /// Send nothing (a posted request).
+    Silent,
+    /// Send this reply, then close the connection (a failed handshake).
+    Close(Reply),
+}
+
+/// One connection's protocol state: the client and whether it has said Hello.
+#[derive(Debug)]
+pub struct Session {
+    client: ClientId,
+    greeted: bool,
+}
+
+impl Session {
+    /// A session for `client`, before the handshake.
+    pub const fn new(client: ClientId) -> Self {
+        Self {
+            client,
+            greeted: false,
+        }
+    }
+
+    /// The session's client.
+    pub const fn client(&self) -> ClientId {
+        self.client
+    }
+
+    /// Answers one received message: `bytes` as received, `truncated` when it was longer than
+    /// [`MAX_MSG_SIZE`]. The first message must be a Hello of the right version; after it,
+    /// undecodable messages get [`ErrorKind::BadMessage`] and the session goes on.
+    pub fn respond(&mut self, device: &Device, bytes: &[u8], truncated: bool) -> Response {
+        let request = if truncated {
+            Err(format!("message longer than {MAX_MSG_SIZE} bytes"))
+        } else {
+            decode::<Request>(bytes).map_err(|e| error_chain(&e))
+        };
+        if !self.greeted {
+            return self.handshake(device, request);
+        }
+        let request = match request {
+            Ok(request) => request,
+            Err(why) => {
+                let reply = Reply::error(ErrorKind::BadMessage, format!("bad message: {why}"));
+                return Response::Reply(reply, Vec::new());
+            }
+        };
+        let posted = request.is_posted();
+        let (reply, fds) = device.handle(self.client, request);
+        if posted {
+            Response::Silent
+        } else {
+            Response::Reply(reply, fds)
+        }
+    }
+
+    fn handshake(&mut self, device: &Device, request: Result<Request, String>) -> Response {
+        let refusal = |why: String| {
+            Response::Close(Reply::error(
+                ErrorKind::Handshake,
+                format!("the first request must be Hello: {why}"),
+            ))
+        };
+        match request {
+            Ok(hello @ Request::Hello { .. }) => match device.handle(self.client, hello) {
+                (reply @ Reply::Hello { .. }, _) => {
+                    self.greeted = true;
+                    Response::Reply(reply, Vec::new())
+                }
+                (reply, _) => Response::Close(reply),
+            },
+            Ok(other) => refusal(format!("got {}", other.name())),
+            Err(why) => refusal(why),
+        }
+    }
+}
+
+/// Serves one connection until it ends, then reclaims its client.
+fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
+    let peer = match getsockopt(socket, sockopt::PeerCredentials) {
+        Ok(creds) => creds,
+        Err(e) => {
+            tracing::warn!("reading a connection's peer credentials: {e}; closing it");
+            return;
+        }
+    };
+    let uid = peer.uid();
+    let own = nix::unistd::geteuid().as_raw();
+    if let Err(reply) = check_peer(uid, own, allow_uids) {
+        tracing::warn!("refused a connection from uid {uid} (pid {})", peer.pid());
+        // Answer the client's first message (its Hello) with the refusal, so the client reads it
+        // as the reply instead of finding the connection closed under its send. A client that
+        // says nothing within the timeout is just closed.
+        let timeout = nix::sys::time::TimeVal::new(2, 0);
+        let _ = nix::sys::socket::setsockopt(socket, sockopt::ReceiveTimeout, &timeout);
+        let mut buf = vec![0u8; MAX_MSG_SIZE];
+        let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+        let _ = receive(socket, &mut buf, &mut control);
+        let _ = send(socket, &reply, &[]);
+        return;
+    }
+    let pid = u32::try_from(peer.pid()).unwrap_or(0);
+    let client = device.connect(pid);
+    tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
+    let mut session = Session::new(client);
+    let mut buf = vec![0u8; MAX_MSG_SIZE];
+    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    loop {
+        let received = match receive(socket, &mut buf, &mut control) {
+            Ok(Some(received)) => received,
+            Ok(None) | Err(Errno::ECONNRESET) => break,
+            Err(Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!("client {}: receiving: {e}", client.0);
+                break;
+            }
+        };
+        let bytes = buf.get(..received.len).unwrap_or(&[]);
+        match session.respond(device, bytes, received.truncated) {
+            Response::Reply(reply, fds) => {
+                if let Err(e) = send(socket, &reply, &fds) {
+                    tracing::info!("client {}: sending a reply: {e}", client.0);
+                    break;
+                }
+            }
+            Response::Silent => {}
+            Response::Close(reply) => {
+                tracing::warn!("client {}: handshake refused: {reply:?}", client.0);
+                let _ = send(socket, &reply, &[]);
+                break;
+            }
+        }
+    }
+    device.disconnect(client);
+}
+
+/// One received message.
+#[derive(Clone, Copy, Debug)]
+struct Received {
+    len: usize,
+    truncated: bool,
+}
+
+/// Receives one message into `buf`; closes any fds it carried. `None` at EOF.
+fn receive(socket: &OwnedFd, buf: &mut [u8], control: &mut [u8]) -> nix::Result<Option<Received>> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(control),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut had_fds = false;
+    match msg.cmsgs() {
+        Ok(cmsgs) => {
+            for cmsg in cmsgs {
+                if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                    had_fds = true;
+                    for fd in fds {
+                        let _ = nix::unistd::close(fd);
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!("a client's control data was truncated: {e}"),
+    }
+    if had_fds {
+        tracing::info!("closed fds a client sent (simdev takes none)");
+    }
+    let truncated = msg.flags.contains(MsgFlags::MSG_TRUNC);
+    if msg.bytes == 0 && !truncated && !had_fds {
+        return Ok(None);
+    }
+    Ok(Some(Received {
+        len: msg.bytes,
+        truncated,
+    }))
+}
+
+/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
+fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
+    let mut buf = vec![0u8; MAX_MSG_SIZE];
+    let len = match encode(reply, &mut buf) {
+        Ok(len) => len,
+        Err(e) => {
+            tracing::error!("encoding a reply: {}", error_chain(&e));
+            let fallback = Reply::error(ErrorKind::BadMessage, "simdev could not encode its reply");
+            encode(&fallback, &mut buf).map_err(|_| Errno::EMSGSIZE)?
+        }
+    };
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &rights };
+    let data = buf.get(..len).unwrap_or(&[]);
+    loop {
+        match sendmsg::<()>(
+            socket.as_raw_fd(),
+            &[IoSlice::new(data)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Handles an existing file at the socket path: refuses a non-socket or a live listener,
+/// removes a stale socket.
+fn replace_stale(path: &Path) -> Result<(), SimdevError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(SimdevError::InspectExisting {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(SimdevError::NotASocket {
+            path: path.to_owned(),
+        });
+    }
+    let probe = |source| SimdevError::ProbeExisting {
+        path: path.to_owned(),
+        source,
+    };
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(SimdevError::CreateSocket)?;
+    let addr = UnixAddr::new(path).map_err(probe)?;
+    match connect(fd.as_raw_fd(), &addr) {
+        Ok(()) => Err(SimdevError::AlreadyListening {
+            path: path.to_owned(),
+        }),
+        Err(Errno::ECONNREFUSED) => {
+            tracing::info!("replacing the stale socket {}", path.display());
+            std::fs::remove_file(path).map_err(|source| SimdevError::RemoveStale {
+                path: path.to_owned(),
+                source,
+            })
+        }
+        Err(e) => Err(probe(e)),
+    }
+}
+
+/// Runs a simdev until SIGINT or SIGTERM: listens on `config.socket`, prints the ready line
+/// `simdev listening on <path> (arch <arch>, <n> NCs, <hbm> HBM per NC)` to stdout, serves,
+/// then shuts down (see [`Server::serve`]) and prints each NC's counters to stderr.
+///
+/// Installs a process-wide signal handler, so call it at most once per process.
+///
+/// # Errors
+/// [`SimdevError`] naming the failing step.
+pub fn run(config: Config) -> Result<(), SimdevError> {
+    let stop = StopHandle::new()?;
+    let on_signal = stop.clone();
+    ctrlc::set_handler(move || on_signal.stop()).map_err(SimdevError::SignalHandler)?;
+    let server = Server::bind(&config, stop)?;
+    let device = Arc::clone(server.device());
+    {
+        let mut out = io::stdout().lock();
+        // stdout may be closed by a parent that does not care; simdev runs on regardless.
+        let _ = writeln!(
+            out,
+            "simdev listening on {} (arch {}, {} NCs, {} HBM per NC)",
+            config.socket.display(),
+            config.arch.name(),
+            config.ncs,
+            format_bytes(config.hbm_bytes_per_nc)
+        );
+        let _ = out.flush();
+    }
+    let result = server.serve();
+    let mut err = io::stderr().lock();
+    for nc in 0..config.ncs {
+        if let Some(counters) = device.counters(nc) {
+            let _ = writeln!(err, "simdev: NC {nc}: {}", CountersLine(counters));
+        }
+    }
+    result
+}
