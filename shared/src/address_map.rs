@@ -38,6 +38,9 @@ pub const REG_TX_TAIL_INC: u64 = 0x1038;
 pub const REG_RX_TAIL_INC: u64 = 0x2_1038;
 /// Bytes between two queues' register groups in an engine.
 pub const REG_DMA_QUEUE_STRIDE: u64 = 0x1000;
+/// Offset of the sequencer DMEM window in an NC block ([`crate::sequencer::SEQ_DMEM_SIZE`]
+/// bytes; DMA may write any bytes of it).
+pub const REG_SEQ_DMEM: u64 = 0x280_0000;
 /// Size of the semaphore/event window a claiming client maps read-only: events at +0,
 /// semaphore values at [`SEM_WINDOW_SEMAPHORES`] (the RESOURCE_MMAP_INFO SEMAPHORE layout).
 pub const SEM_WINDOW_SIZE: usize = 0x2000;
@@ -275,6 +278,24 @@ impl AddressMap {
         }
     }
 
+    /// The PA of byte `offset` of NC `nc`'s sequencer DMEM.
+    pub fn dmem_address(&self, nc: u32, offset: u64) -> u64 {
+        REG_WINDOW_BASE + u64::from(nc) * REG_NC_STRIDE + REG_SEQ_DMEM + offset
+    }
+
+    /// Decodes `pa..pa+len` as a range inside one NC's sequencer DMEM: `(nc, offset)`, or
+    /// `None` when any byte falls outside the DMEM of an existing NC.
+    pub fn decode_dmem(&self, pa: u64, len: u64) -> Option<(u32, u64)> {
+        if !self.register_range().contains(&pa) {
+            return None;
+        }
+        let rel = pa - REG_WINDOW_BASE;
+        let nc = u32::try_from(rel / REG_NC_STRIDE).ok()?;
+        let off = (rel % REG_NC_STRIDE).checked_sub(REG_SEQ_DMEM)?;
+        let end = off.checked_add(len)?;
+        (end <= crate::sequencer::SEQ_DMEM_SIZE).then_some((nc, off))
+    }
+
     /// Decodes the 4-byte register at `pa`; `None` when `pa` is outside the window, unaligned,
     /// or names no register (an index past the arch's counts included).
     pub fn decode_register(&self, pa: u64) -> Option<Register> {
@@ -438,6 +459,17 @@ mod tests {
         assert_eq!(map.decode_register(engine16), None);
         let between = REG_WINDOW_BASE + REG_DMA_ENGINES + 0x1040;
         assert_eq!(map.decode_register(between), None);
+    }
+
+    #[test]
+    fn dmem_ranges_decode_only_inside_the_window() {
+        let map = trn1();
+        let pa = map.dmem_address(1, 0);
+        assert_eq!(map.decode_dmem(pa, 52), Some((1, 0)));
+        assert_eq!(map.decode_dmem(pa + 4092, 4), Some((1, 4092)));
+        assert_eq!(map.decode_dmem(pa + 4093, 4), None, "runs past the window");
+        assert_eq!(map.decode_dmem(pa - 4, 4), None);
+        assert_eq!(map.decode_register(pa), None, "DMEM is not a register");
     }
 
     #[test]

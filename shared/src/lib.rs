@@ -11,6 +11,9 @@
 //! - [`address_map`]: simdev's PA space (HBM, host-visible memory, register window).
 //! - [`notification`]: the simulator-defined notification queue entry and ring layout.
 //! - [`protocol`]: the simdev control protocol (serde + bincode 2 over `SOCK_SEQPACKET`).
+//! - [`sequencer`]: the exec-queue batch contract between the runtime and simdev's sequencer.
+//! - [`isa`]: the simulator ISA (64-byte instructions of the five engines' programs).
+//! - [`model`]: the model container v1 (header, metadata, per-TPB programs and ring templates).
 //! - [`memory`]: bounds-checked, PA-addressed access to shared mappings (all shared-memory
 //!   `unsafe` lives there).
 //!
@@ -22,9 +25,12 @@ pub mod address_map;
 pub mod exec_request;
 pub mod ids;
 pub mod ioctl;
+pub mod isa;
 pub mod memory;
+pub mod model;
 pub mod notification;
 pub mod protocol;
+pub mod sequencer;
 pub mod status;
 pub mod udma;
 

@@ -89,6 +89,16 @@ pub struct NcCounters {
     pub posted_errors: u64,
     /// NC resets.
     pub resets: u64,
+    /// Executions the sequencer finished (a notification of kind `Execution` posted).
+    pub executions: u64,
+    /// Executions that ended with error flags.
+    pub exec_errors: u64,
+    /// Sequencer config reloads (requests with `reload_seq_config` = 1).
+    pub config_reloads: u64,
+    /// Activation/DVE table loads (requests with `load_act_dve_tables` = 1).
+    pub table_loads: u64,
+    /// Collectives model-switch chains run (their last pair poked the collectives event).
+    pub cc_chains: u64,
 }
 
 /// A client's request.

@@ -1,0 +1,563 @@
+//! The model container, version 1 (DESIGN §6): what `nrt_load` takes on simdev.
+//!
+//! A container is a 24-byte [`ContainerHeader`] — magic `b"NRTMODEL"`, format version, target,
+//! body length — followed by the body: a [`Model`] encoded with bincode 2 (serde, standard
+//! config). The body carries the metadata (I/O tensors with name, dtype, shape and byte size;
+//! `sg_count`; `exec_req_flags`; activation/DVE table hashes; whether the model has a
+//! collectives context) and, per TPB (physical NC of the vNC), the five engines' instruction
+//! blocks, internal buffers (constants such as weights, scratch) and I/O DMA ring templates whose
+//! descriptors bind patches with tensor PAs, keyed by tensor name.
+//!
+//! Real NEFF files (a 1024-byte header, then a gzip'd tar) are recognised by
+//! [`looks_like_neff`] and refused with a clear message until a NEFF path exists.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// Container magic.
+pub const MODEL_MAGIC: [u8; 8] = *b"NRTMODEL";
+/// The container format version this crate reads and writes.
+pub const MODEL_FORMAT_VERSION: u32 = 1;
+/// Largest body accepted, in bytes (1 GiB).
+pub const MAX_MODEL_BODY: u64 = 1 << 30;
+
+/// What a container was built for.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Target {
+    /// simdev's simulator ISA.
+    Simdev = 1,
+    /// NeuronCore silicon (instruction blocks in the silicon ISA).
+    Silicon = 2,
+}
+
+impl Target {
+    /// Decodes the header's target word.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Simdev),
+            2 => Some(Self::Silicon),
+            _ => None,
+        }
+    }
+
+    /// A short name for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Simdev => "simdev",
+            Self::Silicon => "silicon",
+        }
+    }
+}
+
+/// The 24-byte container header.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct ContainerHeader {
+    /// [`MODEL_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`MODEL_FORMAT_VERSION`].
+    pub version: u32,
+    /// A [`Target`] value.
+    pub target: u32,
+    /// Bytes of the body that follows.
+    pub body_len: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ContainerHeader>() == 24);
+
+/// Element types (`nrt_dtype_t` values).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    /// `NRT_DTYPE_UINT8` (0x3).
+    U8 = 0x3,
+    /// `NRT_DTYPE_BFLOAT16` (0x6).
+    Bf16 = 0x6,
+    /// `NRT_DTYPE_INT32` (0x8).
+    I32 = 0x8,
+    /// `NRT_DTYPE_FLOAT32` (0xA).
+    F32 = 0xA,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> u64 {
+        match self {
+            Self::U8 => 1,
+            Self::Bf16 => 2,
+            Self::I32 | Self::F32 => 4,
+        }
+    }
+}
+
+/// One model input or output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// The name tensor sets bind it by.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, outermost first.
+    pub shape: Vec<u32>,
+    /// Size in bytes (elements × dtype size).
+    pub size: u64,
+}
+
+/// An address a ring template descriptor refers to, resolved at bind (tensors) or load
+/// (buffers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operand {
+    /// Byte `offset` of the I/O tensor bound under `name`.
+    Tensor {
+        /// Model I/O tensor name.
+        name: String,
+        /// Byte offset in the tensor.
+        offset: u64,
+    },
+    /// Byte `offset` of internal buffer `index` of this TPB.
+    Buffer {
+        /// Index into [`TpbProgram::buffers`].
+        index: u32,
+        /// Byte offset in the buffer.
+        offset: u64,
+    },
+}
+
+/// One descriptor pair of an I/O ring template: copy `len` bytes from `src` to `dst`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoDesc {
+    /// Source.
+    pub src: Operand,
+    /// Destination.
+    pub dst: Operand,
+    /// Bytes (1..=65536).
+    pub len: u32,
+}
+
+/// An I/O DMA ring template: the descriptor pairs one execution posts on (engine, queue) of the
+/// TPB, in order. The SP program starts them with `DmaStart(engine, queue, descs.len())`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoRing {
+    /// DMA engine on the NC (not the exec queue's engine-queue pair).
+    pub engine: u32,
+    /// Queue on the engine.
+    pub queue: u32,
+    /// Ring size in descriptors (32 ≤ n ≤ 2^24−16, multiple of 16, ≥ 2 × descriptors).
+    pub ring_descs: u32,
+    /// The pairs of one execution.
+    pub descs: Vec<IoDesc>,
+}
+
+/// An internal device buffer of a TPB: scratch, or constants loaded at load time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferSpec {
+    /// A name for messages.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Initial bytes (weights); empty for zeroed scratch. At most `size` bytes.
+    pub init: Vec<u8>,
+}
+
+/// What one physical NC of the vNC runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpbProgram {
+    /// Instruction blocks of PE, ACT, POOL, DVE, SP (in that order).
+    pub blocks: [Vec<u8>; 5],
+    /// Internal buffers.
+    pub buffers: Vec<BufferSpec>,
+    /// I/O ring templates.
+    pub io_rings: Vec<IoRing>,
+}
+
+/// A whole model (the container body).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    /// A name for messages.
+    pub name: String,
+    /// Inputs, in the order the model declares them.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs.
+    pub outputs: Vec<TensorSpec>,
+    /// Physical NCs the model runs on (1, or 2 at LNC=2); equals `tpbs.len()`.
+    pub sg_count: u32,
+    /// The sequencer configuration this model needs (`exec_req_tpb_config_t`, 52 bytes): a
+    /// change from the last executed model's forces `reload_seq_config`.
+    pub exec_req_flags: [u32; 13],
+    /// Activation table hash (32 bytes).
+    pub act_table_hash: [u8; 32],
+    /// DVE table hash (32 bytes).
+    pub dve_table_hash: [u8; 32],
+    /// Whether the model has a collectives context (`cc_ctx.enc_ctx`).
+    pub has_collectives: bool,
+    /// Per TPB programs, `sg_count` of them.
+    pub tpbs: Vec<TpbProgram>,
+}
+
+/// Why a container was refused. Messages name what was wrong.
+#[derive(Debug, Error)]
+pub enum ContainerError {
+    /// A real NEFF file: the simulator cannot run silicon programs.
+    #[error(
+        "this is a NEFF file (neuronx-cc output, {num_tpb} TPBs): NEFFs carry the silicon ISA and cannot run on simdev; build a simdev model container instead"
+    )]
+    Neff {
+        /// TPBs the NEFF header asks for.
+        num_tpb: u32,
+    },
+    /// Too short or the wrong magic.
+    #[error("not a model container (expected magic \"NRTMODEL\")")]
+    BadMagic,
+    /// Another format version.
+    #[error(
+        "model container version {found} is not supported (this runtime reads version {MODEL_FORMAT_VERSION})"
+    )]
+    UnsupportedVersion {
+        /// Version in the header.
+        found: u32,
+    },
+    /// Built for another target.
+    #[error("model was built for {found}, this device is {expected}")]
+    WrongTarget {
+        /// Target word in the header.
+        found: String,
+        /// Target of the device.
+        expected: &'static str,
+    },
+    /// The body length disagrees with the file.
+    #[error("model body is {declared} bytes by its header, the file holds {actual}")]
+    Truncated {
+        /// Declared length.
+        declared: u64,
+        /// Bytes present.
+        actual: u64,
+    },
+    /// The body does not decode.
+    #[error("model body does not decode: {0}")]
+    Body(String),
+    /// The body decodes but breaks a rule.
+    #[error("invalid model: {0}")]
+    Invalid(String),
+}
+
+/// Whether `bytes` start like a NEFF: `pkg_version` 1–2, `header_size` 1024, a payload length
+/// matching the file, and a gzip stream after the header. Returns the header's TPB count.
+pub fn looks_like_neff(bytes: &[u8]) -> Option<u32> {
+    let u64_at = |o: usize| Some(u64::from_le_bytes(bytes.get(o..o + 8)?.try_into().ok()?));
+    let pkg = u64_at(0)?;
+    let header = u64_at(8)?;
+    let data = u64_at(16)?;
+    let gzip = bytes.get(1024..1026)? == [0x1f, 0x8b];
+    let sized = header.checked_add(data) == Some(bytes.len() as u64);
+    if (1..=2).contains(&pkg) && header == 1024 && sized && gzip {
+        Some(u32::from_le_bytes(bytes.get(0xA8..0xAC)?.try_into().ok()?))
+    } else {
+        None
+    }
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard()
+}
+
+impl Model {
+    /// Checks the model's internal rules: `sg_count == tpbs.len()` in 1..=2, tensor sizes match
+    /// their shapes and dtypes, names unique, ring templates refer to known tensors and buffers
+    /// with in-range offsets and lengths, buffers hold their initial bytes.
+    ///
+    /// # Errors
+    /// [`ContainerError::Invalid`] naming the first broken rule.
+    pub fn validate(&self) -> Result<(), ContainerError> {
+        let bad = |m: String| Err(ContainerError::Invalid(m));
+        if !(1..=2).contains(&self.sg_count) || self.tpbs.len() != self.sg_count as usize {
+            return bad(format!(
+                "sg_count {} with {} TPB programs",
+                self.sg_count,
+                self.tpbs.len()
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for t in self.inputs.iter().chain(&self.outputs) {
+            let elems: u64 = t.shape.iter().map(|&d| u64::from(d)).product();
+            if elems.checked_mul(t.dtype.size()) != Some(t.size) || t.size == 0 {
+                return bad(format!(
+                    "tensor {:?}: size {} does not match shape {:?} of {:?}",
+                    t.name, t.size, t.shape, t.dtype
+                ));
+            }
+            if !names.insert(t.name.as_str()) {
+                return bad(format!("tensor name {:?} is used twice", t.name));
+            }
+        }
+        let tensor = |name: &str| {
+            self.inputs
+                .iter()
+                .chain(&self.outputs)
+                .find(|t| t.name == name)
+        };
+        for (i, tpb) in self.tpbs.iter().enumerate() {
+            for b in &tpb.buffers {
+                if b.init.len() as u64 > b.size || b.size == 0 {
+                    return bad(format!(
+                        "TPB {i} buffer {:?}: {} initial bytes for {} bytes",
+                        b.name,
+                        b.init.len(),
+                        b.size
+                    ));
+                }
+            }
+            for ring in &tpb.io_rings {
+                if ring.descs.is_empty()
+                    || (ring.descs.len() as u64) * 2 > u64::from(ring.ring_descs)
+                {
+                    return bad(format!(
+                        "TPB {i} ring ({}, {}): {} descriptors in a ring of {}",
+                        ring.engine,
+                        ring.queue,
+                        ring.descs.len(),
+                        ring.ring_descs
+                    ));
+                }
+                for d in &ring.descs {
+                    if d.len == 0 || d.len > 65536 {
+                        return bad(format!(
+                            "TPB {i} ring ({}, {}): descriptor length {}",
+                            ring.engine, ring.queue, d.len
+                        ));
+                    }
+                    for op in [&d.src, &d.dst] {
+                        let (what, size, offset) = match op {
+                            Operand::Tensor { name, offset } => match tensor(name) {
+                                Some(t) => (format!("tensor {name:?}"), t.size, *offset),
+                                None => {
+                                    return bad(format!(
+                                        "TPB {i}: ring refers to unknown tensor {name:?}"
+                                    ));
+                                }
+                            },
+                            Operand::Buffer { index, offset } => {
+                                match tpb.buffers.get(*index as usize) {
+                                    Some(b) => (format!("buffer {index}"), b.size, *offset),
+                                    None => {
+                                        return bad(format!(
+                                            "TPB {i}: ring refers to unknown buffer {index}"
+                                        ));
+                                    }
+                                }
+                            }
+                        };
+                        if offset
+                            .checked_add(u64::from(d.len))
+                            .is_none_or(|end| end > size)
+                        {
+                            return bad(format!(
+                                "TPB {i}: {what} accessed at {offset}+{} beyond {size} bytes",
+                                d.len
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the model as a container for `target`.
+    ///
+    /// # Errors
+    /// [`ContainerError::Body`] when encoding fails.
+    pub fn to_container(&self, target: Target) -> Result<Vec<u8>, ContainerError> {
+        let body = bincode::serde::encode_to_vec(self, config())
+            .map_err(|e| ContainerError::Body(e.to_string()))?;
+        let header = ContainerHeader {
+            magic: MODEL_MAGIC,
+            version: MODEL_FORMAT_VERSION,
+            target: target as u32,
+            body_len: body.len() as u64,
+        };
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Decodes and validates a container built for `expected`.
+    ///
+    /// # Errors
+    /// [`ContainerError`]: a NEFF, a bad magic, another version or target, a truncated or
+    /// undecodable body, a model breaking [`Model::validate`].
+    pub fn from_container(bytes: &[u8], expected: Target) -> Result<Self, ContainerError> {
+        if let Some(num_tpb) = looks_like_neff(bytes) {
+            return Err(ContainerError::Neff { num_tpb });
+        }
+        let (header, body) =
+            ContainerHeader::read_from_prefix(bytes).map_err(|_| ContainerError::BadMagic)?;
+        if header.magic != MODEL_MAGIC {
+            return Err(ContainerError::BadMagic);
+        }
+        if header.version != MODEL_FORMAT_VERSION {
+            return Err(ContainerError::UnsupportedVersion {
+                found: header.version,
+            });
+        }
+        let target = Target::from_u32(header.target);
+        if target != Some(expected) {
+            let found = target.map_or_else(
+                || format!("unknown target {}", header.target),
+                |t| t.name().to_string(),
+            );
+            return Err(ContainerError::WrongTarget {
+                found,
+                expected: expected.name(),
+            });
+        }
+        if header.body_len != body.len() as u64 || header.body_len > MAX_MODEL_BODY {
+            return Err(ContainerError::Truncated {
+                declared: header.body_len,
+                actual: body.len() as u64,
+            });
+        }
+        let limit = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+        let (model, used): (Model, usize) = bincode::serde::decode_from_slice(body, limit)
+            .map_err(|e| ContainerError::Body(e.to_string()))?;
+        if used != body.len() {
+            return Err(ContainerError::Body(format!(
+                "{} trailing bytes",
+                body.len() - used
+            )));
+        }
+        model.validate()?;
+        Ok(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    fn identity(bytes: u32) -> Model {
+        let t = |name: &str| TensorSpec {
+            name: name.into(),
+            dtype: DType::U8,
+            shape: vec![bytes],
+            size: u64::from(bytes),
+        };
+        Model {
+            name: "identity".into(),
+            inputs: vec![t("in")],
+            outputs: vec![t("out")],
+            sg_count: 1,
+            exec_req_flags: [0; 13],
+            act_table_hash: [0; 32],
+            dve_table_hash: [0; 32],
+            has_collectives: false,
+            tpbs: vec![TpbProgram {
+                blocks: Default::default(),
+                buffers: vec![],
+                io_rings: vec![IoRing {
+                    engine: 1,
+                    queue: 0,
+                    ring_descs: 32,
+                    descs: vec![IoDesc {
+                        src: Operand::Tensor {
+                            name: "in".into(),
+                            offset: 0,
+                        },
+                        dst: Operand::Tensor {
+                            name: "out".into(),
+                            offset: 0,
+                        },
+                        len: bytes,
+                    }],
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn header_layout_and_golden_bytes() {
+        assert_eq!(offset_of!(ContainerHeader, magic), 0);
+        assert_eq!(offset_of!(ContainerHeader, version), 8);
+        assert_eq!(offset_of!(ContainerHeader, target), 12);
+        assert_eq!(offset_of!(ContainerHeader, body_len), 16);
+        let bytes = identity(8).to_container(Target::Simdev).unwrap();
+        assert_eq!(&bytes[..16], b"NRTMODEL\x01\0\0\0\x01\0\0\0");
+        assert_eq!(
+            u64::from_le_bytes(bytes[16..24].try_into().unwrap()),
+            bytes.len() as u64 - 24
+        );
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = identity(64);
+        let bytes = m.to_container(Target::Simdev).unwrap();
+        assert_eq!(Model::from_container(&bytes, Target::Simdev).unwrap(), m);
+    }
+
+    #[test]
+    fn wrong_target_truncation_and_garbage_are_refused() {
+        let bytes = identity(8).to_container(Target::Silicon).unwrap();
+        let e = Model::from_container(&bytes, Target::Simdev)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "model was built for silicon, this device is simdev");
+        let bytes = identity(8).to_container(Target::Simdev).unwrap();
+        assert!(matches!(
+            Model::from_container(&bytes[..bytes.len() - 1], Target::Simdev),
+            Err(ContainerError::Truncated { .. })
+        ));
+        assert!(matches!(
+            Model::from_container(b"hello", Target::Simdev),
+            Err(ContainerError::BadMagic)
+        ));
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        assert!(matches!(
+            Model::from_container(&v2, Target::Simdev),
+            Err(ContainerError::UnsupportedVersion { found: 2 })
+        ));
+    }
+
+    #[test]
+    fn invalid_models_name_the_problem() {
+        let mut m = identity(8);
+        m.tpbs[0].io_rings[0].descs[0].len = 9;
+        let e = m.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("tensor \"in\" accessed at 0+9 beyond 8 bytes"),
+            "{e}"
+        );
+        let mut m = identity(8);
+        m.outputs[0].name = "in".into();
+        assert!(m.validate().unwrap_err().to_string().contains("used twice"));
+        let mut m = identity(8);
+        m.inputs[0].size = 7;
+        assert!(
+            m.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("does not match shape")
+        );
+    }
+
+    #[test]
+    fn a_neff_header_is_recognised() {
+        let mut neff = vec![0u8; 1024 + 16];
+        neff[0] = 2;
+        neff[8..16].copy_from_slice(&1024u64.to_le_bytes());
+        neff[16..24].copy_from_slice(&16u64.to_le_bytes());
+        neff[0xA8] = 2;
+        neff[1024] = 0x1f;
+        neff[1025] = 0x8b;
+        assert_eq!(looks_like_neff(&neff), Some(2));
+        let e = Model::from_container(&neff, Target::Simdev)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NEFF"), "{e}");
+    }
+}

@@ -1,0 +1,50 @@
+//! The execution contract between the runtime's hardware exec queue and simdev's per-NC
+//! sequencer (seed 000 §3, DESIGN §3 steps 4–7). The trigger-pair mechanism is the seed's; where
+//! the seed leaves the hardware's side open, this module fixes a **simulator-defined** reading.
+//!
+//! # The hardware exec queue (`model_exec_desc_q`)
+//! Each NC's exec queue is the DMA queue ([`EXEC_QUEUE_ENGINE`], [`EXEC_QUEUE`]). The runtime
+//! initialises it once (DMA_QUEUE_INIT) when it first loads a model on the NC, and per execution
+//! appends, with plain stores into the ring memory (no DMA doorbell):
+//!
+//! 1. **pair 1** — copy the 52-byte `device_exec_request` from the request buffer to the NC's
+//!    sequencer DMEM ([`AddressMap::dmem_address`](crate::AddressMap::dmem_address), offset 0);
+//! 2. **pair 2** — a 4-byte poke of event [`EVENT_HW_EXEC_QUEUE_REQUEST_LOAD`] (value 1):
+//!    "a new request is ready";
+//! 3. **pair 3** — two 4-byte writes to the exec queue's own RX then TX tail-increment
+//!    registers, each carrying `M`, the number of descriptor pairs that follow in this batch;
+//! 4. then `M` pairs: the cached collectives model-switch chain (first NC of the vNC, on a model
+//!    switch, for a model with a collectives context), whose last pair pokes event
+//!    [`EVENT_COLLECTIVES_CTX_LOAD`]. `M` is 0 otherwise.
+//!
+//! The doorbell is `semaphore_increment(nc, SEM_INFERENCE_START, 1)`.
+//!
+//! # What the sequencer does (simdev)
+//! For each INFERENCE_START count it takes one batch from the exec queue: pairs 1–3 from the
+//! queue's head (ring ids checked, as any DMA), which must be exactly a copy into DMEM, a write
+//! to the request-load event and the two tail increments; the tail increments post the `M`
+//! following pairs, which it runs too. It then decodes the request from DMEM, performs a config
+//! reload when `reload_seq_config` is 1 and a table load when `load_act_dve_tables` is 1
+//! (counting both), runs the five engines' programs from the request's addresses, and posts one
+//! notification of kind `Execution` whose `compute_idx` is the number of batches the exec queue
+//! ran before this one since its DMA_QUEUE_INIT (the runtime's `compute_idx_tail` counts the
+//! same way). A malformed batch ends the execution with an error notification.
+
+/// DMA engine of each NC's hardware exec queue.
+pub const EXEC_QUEUE_ENGINE: u32 = 0;
+/// Queue (on [`EXEC_QUEUE_ENGINE`]) of each NC's hardware exec queue.
+pub const EXEC_QUEUE: u32 = 0;
+/// Descriptors in the exec queue's rings, as the runtime creates them.
+pub const EXEC_QUEUE_DESCS: u32 = 1024;
+/// Semaphore whose increment starts an execution (`tdrv_sync_get_inference_start`).
+pub const SEM_INFERENCE_START: u32 = 250;
+/// Event poked by trigger pair 2 (`tdrv_sync_get_hw_exec_queue_request_load`).
+pub const EVENT_HW_EXEC_QUEUE_REQUEST_LOAD: u32 = 250;
+/// Event poked by the last pair of the collectives model-switch chain
+/// (`tdrv_sync_get_collectives_ctx_load`).
+pub const EVENT_COLLECTIVES_CTX_LOAD: u32 = 251;
+/// Semaphores at or above this index are reserved for the sequencer; programs use the ones
+/// below.
+pub const FIRST_RESERVED_SEMAPHORE: u32 = 248;
+/// Bytes of each NC's sequencer DMEM window.
+pub const SEQ_DMEM_SIZE: u64 = 4096;
