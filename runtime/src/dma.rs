@@ -133,6 +133,13 @@ impl DescRing {
         self.memory.pa() + u64::from(index) * UDMA_DESC_SIZE as u64
     }
 
+    /// Reads back the descriptor in slot `index` (for inspection and tests).
+    pub fn read(&self, index: u32) -> Option<UdmaDesc> {
+        (index < self.count)
+            .then(|| self.memory.read_obj(self.slot_pa(index)).ok())
+            .flatten()
+    }
+
     /// Writes `desc` at the next slot and advances (wrapping, with a ring-id advance).
     ///
     /// # Errors
@@ -294,6 +301,14 @@ impl DmaQueue {
         self.posted_tx += 1;
         self.posted_rx += 1;
         Ok(())
+    }
+
+    /// Hands everything posted since the last doorbell to the device without ringing it: for
+    /// queues the device starts itself (the sequencer's exec queue, I/O queues an SP program
+    /// starts with `DmaStart`). The caller bounds how far it runs ahead of the device.
+    pub fn hand_to_device(&mut self) {
+        self.posted_tx = 0;
+        self.posted_rx = 0;
     }
 
     /// The DMA doorbell for everything posted since the last one (DMA_QUEUE_COPY_START: RX count

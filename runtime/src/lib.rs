@@ -8,10 +8,29 @@
 //! - [`dma`]: UDMA descriptor rings and DMA queues as the runtime writes them.
 //! - [`xu`]: the per-vNC work queue, worker threads and completion hand-off (seed 004).
 //! - [`metrics`]: per-NC execution counters (`kmetric_update_nds_*`).
+//! - [`api`]: `Runtime` (init, load, tensors, execute, close) and the process-global [`nrt`]
+//!   facade with libnrt's lifecycle gates.
+//! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, ring binding),
+//!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
+//!   [`completion`] (notification-queue harvest): the submit path of seed 000.
+//! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
+pub mod api;
 pub mod backend;
+pub mod bind;
+pub mod builder;
+pub mod completion;
+pub mod config;
 pub mod dma;
+pub mod doorbell;
+pub mod error;
+pub mod kmgr;
 pub mod metrics;
+pub mod stage;
+pub mod tensor;
 pub mod xu;
 
+pub use api::{ModelHandle, Runtime, nrt};
 pub use backend::{Device, DeviceError, open};
+pub use error::{NrtError, NrtResult};
+pub use tensor::{Placement, Tensor, TensorSet};

@@ -221,3 +221,141 @@ impl RawClient {
         self.recv()
     }
 }
+
+/// A `Device` wrapper that counts every call by operation and can fail the next doorbell or
+/// DMA-ring setup: the counting backend of the hot-path test and the fault injector of the
+/// poisoning tests.
+#[derive(Debug)]
+pub struct InterposedDevice {
+    inner: Box<dyn runtime::Device>,
+    calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    fail_doorbells: std::sync::atomic::AtomicU32,
+}
+
+impl InterposedDevice {
+    /// Wraps `inner`.
+    pub fn new(inner: Box<dyn runtime::Device>) -> Self {
+        Self {
+            inner,
+            calls: std::sync::Mutex::new(Default::default()),
+            fail_doorbells: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// Calls so far, by operation name.
+    pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Forgets the counts.
+    pub fn reset_calls(&self) {
+        self.calls.lock().unwrap().clear();
+    }
+
+    /// Makes the next `n` semaphore increments fail (an injected doorbell failure).
+    pub fn fail_next_doorbells(&self, n: u32) {
+        self.fail_doorbells.store(n, Ordering::SeqCst);
+    }
+
+    fn count(&self, op: &'static str) {
+        *self.calls.lock().unwrap().entry(op).or_default() += 1;
+    }
+}
+
+use runtime::backend::{
+    Allocation, ClaimedNc, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
+};
+use shared::protocol::{DeviceInfo, MemLocation, NcCounters};
+
+impl runtime::Device for InterposedDevice {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn claim_nc(&self, nc: u32) -> Result<ClaimedNc, DeviceError> {
+        self.count("claim_nc");
+        self.inner.claim_nc(nc)
+    }
+    fn release_nc(&self, nc: u32) -> Result<(), DeviceError> {
+        self.count("release_nc");
+        self.inner.release_nc(nc)
+    }
+    fn mem_alloc(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+    ) -> Result<Allocation, DeviceError> {
+        self.count("mem_alloc");
+        self.inner.mem_alloc(location, size, align)
+    }
+    fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError> {
+        self.count("mem_free");
+        self.inner.mem_free(handle)
+    }
+    fn mem_map(&self, allocation: &Allocation) -> Result<shared::SharedChunk, DeviceError> {
+        self.count("mem_map");
+        self.inner.mem_map(allocation)
+    }
+    fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
+        self.count("dma_queue_init");
+        self.inner.dma_queue_init(queue, rings)
+    }
+    fn dma_queue_release(&self, queue: DmaQueueId) -> Result<(), DeviceError> {
+        self.count("dma_queue_release");
+        self.inner.dma_queue_release(queue)
+    }
+    fn dma_queue_copy_start(&self, queue: DmaQueueId, tx: u32, rx: u32) -> Result<(), DeviceError> {
+        self.count("dma_queue_copy_start");
+        self.inner.dma_queue_copy_start(queue, tx, rx)
+    }
+    fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        self.count("semaphore_increment");
+        let fail = self.fail_doorbells.load(Ordering::SeqCst);
+        if fail > 0 {
+            self.fail_doorbells.store(fail - 1, Ordering::SeqCst);
+            return Err(DeviceError::Disconnected {
+                op: "SemaphoreIncrement (injected)",
+            });
+        }
+        self.inner.semaphore_increment(nc, index, value)
+    }
+    fn semaphore_decrement(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        self.count("semaphore_decrement");
+        self.inner.semaphore_decrement(nc, index, value)
+    }
+    fn semaphore_read(&self, nc: u32, index: u32) -> Result<u32, DeviceError> {
+        self.count("semaphore_read");
+        self.inner.semaphore_read(nc, index)
+    }
+    fn semaphore_write(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        self.count("semaphore_write");
+        self.inner.semaphore_write(nc, index, value)
+    }
+    fn event_set(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
+        self.count("event_set");
+        self.inner.event_set(nc, index, value)
+    }
+    fn event_get(&self, nc: u32, index: u32) -> Result<u32, DeviceError> {
+        self.count("event_get");
+        self.inner.event_get(nc, index)
+    }
+    fn notification_queue_init(
+        &self,
+        nc: u32,
+        entries: u32,
+    ) -> Result<NotificationQueue, DeviceError> {
+        self.count("notification_queue_init");
+        self.inner.notification_queue_init(nc, entries)
+    }
+    fn nc_reset(&self, nc: u32) -> Result<(), DeviceError> {
+        self.count("nc_reset");
+        self.inner.nc_reset(nc)
+    }
+    fn nc_counters(&self, nc: u32) -> Result<NcCounters, DeviceError> {
+        self.count("nc_counters");
+        self.inner.nc_counters(nc)
+    }
+}

@@ -29,6 +29,9 @@ mod tests;
 
 pub use queue::{ExecStatus, XuQueue};
 #[cfg(not(loom))]
-pub use unit::{CompletionEngine, ExecInfo, ExecKind, Progress, Xu, XuConfig, XuHealth, XuTable};
+pub use unit::{
+    CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress, Xu, XuConfig, XuHealth,
+    XuTable,
+};
 #[cfg(not(loom))]
 pub use worker::XuWorkers;

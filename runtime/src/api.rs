@@ -1,0 +1,648 @@
+//! The public API: a [`Runtime`] (one `nrt_init` … `nrt_close` lifetime) and the libnrt-shaped,
+//! process-global facade in [`nrt`] with the seed's state gates (seed 000 §1).
+//!
+//! `execute` is the synchronous path: entry checks (funtime short-circuit, handle, input count),
+//! the fork (sync clones host tensors to device and copies results back), bind, then the XU
+//! funnel — stage under the first TPB's `compute_req_lock`, doorbell every TPB — and the wait
+//! for the worker's completion.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use shared::NrtStatus;
+use shared::model::Target;
+use shared::protocol::MemLocation;
+
+use crate::backend::{ClaimedNc, Device};
+use crate::bind::{ExecMode, build_compute_resources};
+use crate::completion::{ExecRequest, NqEngine, NqReader};
+use crate::config::RuntimeConfig;
+use crate::doorbell::kickoff_exec;
+use crate::error::{NrtError, NrtResult};
+use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
+use crate::metrics::Metrics;
+use crate::stage::{HwExecQueue, StagedProgram};
+use crate::tensor::{Placement, Tensor, TensorSet};
+use crate::xu::{ExecInfo, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers};
+
+/// Entries of each NC's notification queue.
+pub const NQ_ENTRIES: u32 = 1024;
+
+/// A loaded model's handle (`nrt_model_t*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModelHandle {
+    /// The handle id (`h_nn`).
+    pub id: u64,
+    /// The logical core it was loaded on.
+    pub vnc: u32,
+}
+
+/// A logical core of this process.
+#[derive(Clone, Debug)]
+struct Vnc {
+    ncs: Vec<u32>,
+}
+
+/// One initialised runtime: the device, the claimed NCs, their exec queues and notification
+/// queues, one XU and worker per logical core, and the model database.
+#[derive(Debug)]
+pub struct Runtime {
+    device: Arc<dyn Device>,
+    config: RuntimeConfig,
+    vncs: Vec<Vnc>,
+    hw_queues: HashMap<u32, Arc<HwExecQueue>>,
+    xus: XuTable<NqEngine>,
+    xu_list: Vec<Arc<Xu<NqEngine>>>,
+    workers: Option<XuWorkers>,
+    engine: Arc<NqEngine>,
+    models: ModelDb,
+    metrics: Arc<Metrics>,
+    claimed: Vec<ClaimedNc>,
+    target: Target,
+}
+
+fn status_err(status: NrtStatus, message: impl Into<String>) -> NrtError {
+    NrtError::new(status, message)
+}
+
+impl Runtime {
+    /// `nrt_init` on `device` with `config`: claims the selected NCs (LNC=1: one NC per logical
+    /// core), creates their notification queues and exec queues, one XU per logical core and
+    /// its worker thread.
+    ///
+    /// # Errors
+    /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection; the device's
+    /// errors (an NC owned by another process is NRT_EXEC_NC_BUSY, naming it).
+    pub fn init(device: Arc<dyn Device>, config: RuntimeConfig) -> NrtResult<Self> {
+        if config.async_max_inflight > 0 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS > 0 selects the implicit async pool, which this runtime does not provide yet",
+            ));
+        }
+        let nc_count = device.info().nc_count;
+        let (first, count) = config
+            .select_vncs(nc_count)
+            .map_err(|m| status_err(NrtStatus::LoadNotEnoughNc, m))?;
+        let target = if device.backend_name() == "sim" {
+            Target::Simdev
+        } else {
+            Target::Silicon
+        };
+        let vncs: Vec<Vnc> = (first..first + count)
+            .map(|nc| Vnc { ncs: vec![nc] })
+            .collect();
+        let mut claimed = Vec::new();
+        let mut readers = Vec::new();
+        let mut hw_queues = HashMap::new();
+        let slots = u32::try_from(config.xu_capacity + 1).unwrap_or(u32::MAX);
+        let setup = (|| -> NrtResult<()> {
+            for nc in first..first + count {
+                let mut c = device.claim_nc(nc).map_err(|e| {
+                    let mut err = NrtError::from(e);
+                    err.message = format!("claiming NC {nc}: {}", err.message);
+                    err
+                })?;
+                let nq = device.notification_queue_init(nc, NQ_ENTRIES)?;
+                readers.push((nc, NqReader::new(nq, c.notification_fd.take())));
+                claimed.push(c);
+                hw_queues.insert(nc, Arc::new(HwExecQueue::new(device.clone(), nc, slots)?));
+            }
+            Ok(())
+        })();
+        if let Err(e) = setup {
+            for c in &claimed {
+                let _ = device.release_nc(c.nc);
+            }
+            return Err(e);
+        }
+        let metrics = Arc::new(Metrics::new(nc_count as usize));
+        let engine = Arc::new(NqEngine::new(readers));
+        let mut xus = XuTable::new();
+        let mut xu_list = Vec::new();
+        for (i, v) in vncs.iter().enumerate() {
+            let cfg = XuConfig {
+                vnc: u32::try_from(i).unwrap_or(u32::MAX),
+                tpbs: v.ncs.clone(),
+                capacity: config.xu_capacity,
+                efd_pool_size: 8,
+            };
+            let xu = Arc::new(
+                Xu::new(cfg, engine.clone(), metrics.clone())
+                    .map_err(|s| status_err(s, "creating an execution unit"))?,
+            );
+            xus.insert(xu.clone());
+            xu_list.push(xu);
+        }
+        let workers =
+            XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
+        Ok(Self {
+            device,
+            config,
+            vncs,
+            hw_queues,
+            xus,
+            xu_list,
+            workers: Some(workers),
+            engine,
+            models: ModelDb::default(),
+            metrics,
+            claimed,
+            target,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The configuration read at init.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Logical cores available to this process (`nrt_get_visible_vnc_count`).
+    pub fn visible_vnc_count(&self) -> u32 {
+        u32::try_from(self.vncs.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The physical NCs of logical core `vnc`.
+    pub fn vnc_ncs(&self, vnc: u32) -> Option<&[u32]> {
+        self.vncs.get(vnc as usize).map(|v| v.ncs.as_slice())
+    }
+
+    /// Execution metrics per physical NC.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The XU of logical core `vnc`.
+    pub fn xu(&self, vnc: u32) -> Option<&Arc<Xu<NqEngine>>> {
+        self.xus.get_by_vcore(vnc)
+    }
+
+    /// Late notifications the completion engine discarded.
+    pub fn stale_notifications(&self) -> u64 {
+        self.engine.stale_notifications()
+    }
+
+    fn vnc_of(&self, vnc: i32) -> NrtResult<u32> {
+        let v = if vnc < 0 {
+            0
+        } else {
+            u32::try_from(vnc).unwrap_or(u32::MAX)
+        };
+        if (v as usize) < self.vncs.len() {
+            Ok(v)
+        } else {
+            Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "logical core {vnc} is not visible to this process ({} visible)",
+                    self.vncs.len()
+                ),
+            ))
+        }
+    }
+
+    /// `nrt_load`: loads a model container on logical core `vnc` (-1: the first).
+    ///
+    /// # Errors
+    /// NRT_INVALID (bad container, a NEFF, a container for another target, bad core),
+    /// NRT_LOAD_NOT_ENOUGH_NC, NRT_RESOURCE.
+    pub fn load(&self, bytes: &[u8], vnc: i32) -> NrtResult<ModelHandle> {
+        let vnc = self.vnc_of(vnc)?;
+        let ncs = &self.vncs[vnc as usize].ncs;
+        let inflight = u32::try_from(self.config.xu_capacity).unwrap_or(u32::MAX);
+        let ctx = LoadContext {
+            device: &self.device,
+            hw_queues: &self.hw_queues,
+            target: self.target,
+            max_inflight: inflight,
+        };
+        let m = self.models.load(&ctx, bytes, vnc, ncs)?;
+        Ok(ModelHandle { id: m.id(), vnc })
+    }
+
+    /// `nrt_unload`: waits for the model's in-flight executions, then frees it.
+    ///
+    /// # Errors
+    /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
+    pub fn unload(&self, model: ModelHandle) -> NrtResult<()> {
+        self.models.unload(model.id)
+    }
+
+    /// The loaded model behind `model`.
+    ///
+    /// # Errors
+    /// NRT_INVALID_HANDLE.
+    pub fn model(&self, model: ModelHandle) -> NrtResult<Arc<LoadedModel>> {
+        self.models.get(model.id).ok_or_else(|| {
+            status_err(
+                NrtStatus::InvalidHandle,
+                format!("model handle {} is not loaded", model.id),
+            )
+        })
+    }
+
+    /// `nrt_tensor_allocate`: `size` bytes on the device (HBM of the logical core's first NC)
+    /// or in host memory.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a bad core or size 0; NRT_RESOURCE when the device is out of memory.
+    pub fn tensor_allocate(
+        &self,
+        placement: Placement,
+        size: u64,
+        name: &str,
+    ) -> NrtResult<Tensor> {
+        if size == 0 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!("tensor {name:?}: size 0"),
+            ));
+        }
+        match placement {
+            Placement::Host => Tensor::host(name, size),
+            Placement::Device { vnc } => {
+                let v = self.vnc_of(i32::try_from(vnc).unwrap_or(i32::MAX))?;
+                let nc = self.vncs[v as usize].ncs[0];
+                let a = self
+                    .device
+                    .mem_alloc(MemLocation::Hbm { nc }, size, 0)
+                    .map_err(|e| {
+                        let mut err = NrtError::from(e);
+                        err.message = format!("tensor {name:?} ({size} bytes): {}", err.message);
+                        err
+                    })?;
+                match self.device.mem_map(&a) {
+                    Ok(m) => Ok(Tensor::device(name, v, a, m, self.device.clone(), size)),
+                    Err(e) => {
+                        let _ = self.device.mem_free(a.handle);
+                        Err(e.into())
+                    }
+                }
+            }
+        }
+    }
+
+    /// `nrt_execute_repeat`: only `repeat <= 1` is accepted.
+    ///
+    /// # Errors
+    /// NRT_INVALID for `repeat > 1` ("Supports for loops on the host is deprecated"); otherwise
+    /// as [`Runtime::execute`].
+    pub fn execute_repeat(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+        repeat: i32,
+    ) -> NrtResult<()> {
+        if repeat > 1 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                "Supports for loops on the host is deprecated",
+            ));
+        }
+        self.execute(model, inputs, outputs)
+    }
+
+    /// `nrt_execute`, synchronous: runs the model once on its logical core.
+    ///
+    /// # Errors
+    /// The execution's status when it is not NRT_SUCCESS (1003 still delivers the outputs), or
+    /// the entry/bind/funnel refusal: NRT_INVALID_HANDLE, NRT_INVALID ("Incorrect number of
+    /// inputs…", tensor names/sizes), NRT_EXEC_BAD_INPUT (placement), 101 (degraded XU),
+    /// NRT_QUEUE_FULL, NRT_CLOSED.
+    pub fn execute(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<()> {
+        if self.config.funtime {
+            return Ok(());
+        }
+        let m = self.model(model)?;
+        if inputs.len() != m.model().inputs.len() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "Incorrect number of inputs, expected: {}, received: {}",
+                    m.model().inputs.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        // The fork: sync clones host tensors to device memory and copies results back.
+        let clone = |set: &TensorSet,
+                     copy_in: bool|
+         -> NrtResult<(TensorSet, Vec<(Tensor, Tensor)>)> {
+            let mut dev = TensorSet::new();
+            let mut clones = Vec::new();
+            for (name, t) in set.iter() {
+                if t.placement() == Placement::Host {
+                    let d =
+                        self.tensor_allocate(Placement::Device { vnc: m.vnc() }, t.size(), name)?;
+                    if copy_in {
+                        d.copy_from(t)?;
+                    }
+                    clones.push((t.clone(), d.clone()));
+                    dev.add(name, &d);
+                } else {
+                    dev.add(name, t);
+                }
+            }
+            Ok((dev, clones))
+        };
+        let (in_dev, _) = clone(inputs, true)?;
+        let (out_dev, out_clones) = clone(outputs, false)?;
+        let resources = build_compute_resources(
+            &m,
+            &in_dev,
+            &out_dev,
+            ExecMode::from_async_workers_present(false),
+        )?;
+        let status = self.submit_sync(&m, resources)?;
+        if matches!(
+            status,
+            NrtStatus::Success | NrtStatus::ExecCompletedWithNumErr
+        ) {
+            for (host, dev) in &out_clones {
+                host.copy_from(dev)?;
+            }
+        }
+        match status {
+            NrtStatus::Success => Ok(()),
+            s => Err(status_err(
+                s,
+                format!(
+                    "execution of model {:?} on logical core {} ended with {s}",
+                    m.name(),
+                    m.vnc()
+                ),
+            )),
+        }
+    }
+
+    /// The XU funnel for one bound execution; returns the execution's status.
+    fn submit_sync(
+        &self,
+        m: &Arc<LoadedModel>,
+        resources: crate::bind::ExecResources,
+    ) -> NrtResult<NrtStatus> {
+        let xu = self
+            .xus
+            .get_by_vcore(m.vnc())
+            .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
+        let ncs = &self.vncs[m.vnc() as usize].ncs;
+        let mut req = ExecRequest {
+            num_tpbs: ncs.len().min(MAX_TPBS_PER_VNC),
+            ..Default::default()
+        };
+        for (slot, nc) in req.ncs.iter_mut().zip(ncs) {
+            *slot = *nc;
+        }
+        req.inflight = Some(m.begin_execution());
+        req.resources = Some(resources);
+        let info = Box::new(ExecInfo::execute(m.id(), req));
+        let timeout = self.config.exec_timeout;
+        let skip = self.config.skip_config_optimization;
+        let stage =
+            |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
+                self.stage(m, info, model_switch, skip).map_err(|e| {
+                    tracing::error!(error = %e, "stage failed");
+                    e.status
+                })?;
+                info.request.deadline = Some(Instant::now() + timeout);
+                Ok(())
+            };
+        let doorbell = |_: &ExecInfo<ExecRequest>| {
+            kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status)
+        };
+        xu.execute_sync(info, stage, doorbell).map_err(|s| {
+            let msg = match s {
+                NrtStatus::ExecUnitUnrecoverable => format!(
+                    "logical core {} is degraded by an earlier fatal error",
+                    m.vnc()
+                ),
+                NrtStatus::Closed => "the runtime is closing".to_string(),
+                s => format!("submitting to logical core {}: {s}", m.vnc()),
+            };
+            status_err(s, msg)
+        })
+    }
+
+    /// `kbl_compute_setup`: stages every TPB under the first TPB's `compute_req_lock`, one
+    /// compute index for the whole fan-out.
+    fn stage(
+        &self,
+        m: &LoadedModel,
+        info: &mut ExecInfo<ExecRequest>,
+        model_switch: bool,
+        skip: bool,
+    ) -> NrtResult<()> {
+        let tpbs = m.tpbs();
+        let first = self
+            .hw_queues
+            .get(&tpbs[0].nc)
+            .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
+        let mut main = first
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let resources = info
+            .request
+            .resources
+            .as_ref()
+            .ok_or_else(|| status_err(NrtStatus::Failure, "no resources"))?;
+        let model = m.model();
+        for (i, tpb) in tpbs.iter().enumerate() {
+            let program = StagedProgram {
+                engine_addresses: tpb.engine_addresses,
+                exec_req_flags: &model.exec_req_flags,
+                table_hashes: (&model.act_table_hash, &model.dve_table_hash),
+                io: &resources.tdrv.ioqs[i],
+                cc_chain: None,
+            };
+            let staged = if i == 0 {
+                main.add_exec_request(tpb.nc, &program, model_switch, skip)?
+            } else {
+                // Lockstep under the first TPB's lock; this TPB's own state lock is uncontended
+                // because every stage of the vNC holds the first lock.
+                let q = self
+                    .hw_queues
+                    .get(&tpb.nc)
+                    .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
+                let mut st = q
+                    .compute_req_lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                st.add_exec_request(tpb.nc, &program, model_switch, skip)?
+            };
+            info.request.compute_idx[i] = staged.compute_idx;
+        }
+        Ok(())
+    }
+
+    /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
+    /// the exec queues and the NCs. A private simdev stops when the device is dropped.
+    pub fn close(mut self) {
+        crate::xu::unit::shutdown(&self.xu_list, ExecRequest::default);
+        if let Some(w) = self.workers.take() {
+            w.destroy();
+        }
+        self.models.unload_all();
+        for (_, q) in self.hw_queues.drain() {
+            if let Ok(q) = Arc::try_unwrap(q) {
+                q.release();
+            }
+        }
+        for c in self.claimed.drain(..) {
+            let _ = self.device.release_nc(c.nc);
+        }
+    }
+}
+
+/// The libnrt-shaped, process-global API with the seed's lifecycle gates: before `init` every
+/// call answers NRT_UNINITIALIZED (13), after `close` NRT_CLOSED (14).
+pub mod nrt {
+    use std::sync::{Arc, Mutex};
+
+    use shared::NrtStatus;
+
+    use super::{ModelHandle, Runtime};
+    use crate::backend::{OpenOptions, open};
+    use crate::config::RuntimeConfig;
+    use crate::error::{NrtError, NrtResult};
+    use crate::tensor::{Placement, Tensor, TensorSet};
+
+    #[derive(Debug)]
+    enum State {
+        Uninitialized,
+        Initialized(Arc<Runtime>),
+        Closed,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State::Uninitialized);
+
+    fn runtime() -> NrtResult<Arc<Runtime>> {
+        match &*STATE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            State::Initialized(rt) => Ok(rt.clone()),
+            State::Uninitialized => Err(NrtError::new(
+                NrtStatus::Uninitialized,
+                "nrt_init has not been called",
+            )),
+            State::Closed => Err(NrtError::new(
+                NrtStatus::Closed,
+                "nrt_close has been called",
+            )),
+        }
+    }
+
+    /// `nrt_init`: opens the device chosen by `NEURON_RT_BACKEND` and `opts`, reads the
+    /// configuration from the environment.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when already initialised or closed; the device's and configuration's errors.
+    pub fn init_with(opts: &OpenOptions) -> NrtResult<()> {
+        let mut st = STATE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !matches!(*st, State::Uninitialized) {
+            return Err(NrtError::new(
+                NrtStatus::Failure,
+                "nrt_init may be called once per process",
+            ));
+        }
+        let config =
+            RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        let device = open(opts)?;
+        *st = State::Initialized(Arc::new(Runtime::init(Arc::from(device), config)?));
+        Ok(())
+    }
+
+    /// `nrt_init` with options from the environment.
+    ///
+    /// # Errors
+    /// As [`init_with`].
+    pub fn init() -> NrtResult<()> {
+        init_with(&OpenOptions::from_env()?)
+    }
+
+    /// `nrt_close`: closes the runtime; a second call is harmless.
+    pub fn close() {
+        let prev = std::mem::replace(
+            &mut *STATE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            State::Closed,
+        );
+        if let State::Initialized(rt) = prev {
+            match Arc::try_unwrap(rt) {
+                Ok(rt) => rt.close(),
+                Err(_) => tracing::warn!(
+                    "nrt_close while calls are in progress; resources are released when they return"
+                ),
+            }
+        }
+    }
+
+    /// `nrt_load`.
+    ///
+    /// # Errors
+    /// The gates (13, 14), then [`Runtime::load`]'s.
+    pub fn load(bytes: &[u8], vnc: i32) -> NrtResult<ModelHandle> {
+        runtime()?.load(bytes, vnc)
+    }
+
+    /// `nrt_unload`.
+    ///
+    /// # Errors
+    /// The gates, then [`Runtime::unload`]'s.
+    pub fn unload(model: ModelHandle) -> NrtResult<()> {
+        runtime()?.unload(model)
+    }
+
+    /// `nrt_tensor_allocate`.
+    ///
+    /// # Errors
+    /// The gates, then [`Runtime::tensor_allocate`]'s.
+    pub fn tensor_allocate(placement: Placement, size: u64, name: &str) -> NrtResult<Tensor> {
+        runtime()?.tensor_allocate(placement, size, name)
+    }
+
+    /// `nrt_execute`.
+    ///
+    /// # Errors
+    /// The gates (13 before init, 14 after close), then [`Runtime::execute`]'s.
+    pub fn execute(model: ModelHandle, inputs: &TensorSet, outputs: &TensorSet) -> NrtResult<()> {
+        runtime()?.execute(model, inputs, outputs)
+    }
+
+    /// `nrt_execute_repeat`.
+    ///
+    /// # Errors
+    /// The gates, then [`Runtime::execute_repeat`]'s.
+    pub fn execute_repeat(
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+        repeat: i32,
+    ) -> NrtResult<()> {
+        runtime()?.execute_repeat(model, inputs, outputs, repeat)
+    }
+
+    /// The initialised runtime, for calls beyond this facade.
+    ///
+    /// # Errors
+    /// The gates.
+    pub fn current() -> NrtResult<Arc<Runtime>> {
+        runtime()
+    }
+}

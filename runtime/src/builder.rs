@@ -1,0 +1,121 @@
+//! Model builders: assemble model containers for simdev's ISA.
+//!
+//! [`identity`] is the smallest real model: its SP program starts one I/O ring whose descriptor
+//! pairs copy the input tensor to the output tensor (≤ 64 KiB per pair), waits for it and ends;
+//! the other four engines only end.
+
+use shared::isa::{Instruction, Opcode, encode_program, end_program};
+use shared::model::{DType, IoDesc, IoRing, Model, Operand, TensorSpec, TpbProgram};
+
+/// DMA engine of the identity model's I/O ring.
+pub const IDENTITY_ENGINE: u32 = 1;
+/// Queue of the identity model's I/O ring.
+pub const IDENTITY_QUEUE: u32 = 0;
+
+/// An identity model over `bytes` bytes (u8 tensors `input` → `output`). `exec_req_flags` and
+/// the table hashes are parameters so tests can build models that differ in configuration.
+///
+/// # Panics
+/// If `bytes` is 0.
+pub fn identity_with(
+    bytes: u32,
+    name: &str,
+    exec_req_flags: [u32; 13],
+    table_hash: [u8; 32],
+) -> Model {
+    assert!(bytes > 0, "an identity model needs at least one byte");
+    let spec = |n: &str| TensorSpec {
+        name: n.into(),
+        dtype: DType::U8,
+        shape: vec![bytes],
+        size: u64::from(bytes),
+    };
+    let mut descs = Vec::new();
+    let mut off = 0u64;
+    while off < u64::from(bytes) {
+        let len = (u64::from(bytes) - off).min(65536);
+        descs.push(IoDesc {
+            src: Operand::Tensor {
+                name: "input".into(),
+                offset: off,
+            },
+            dst: Operand::Tensor {
+                name: "output".into(),
+                offset: off,
+            },
+            len: u32::try_from(len).unwrap_or(65536),
+        });
+        off += len;
+    }
+    let n = u32::try_from(descs.len()).unwrap_or(u32::MAX);
+    let sp = encode_program(&[
+        Instruction::new(Opcode::DmaStart, &[IDENTITY_ENGINE, IDENTITY_QUEUE, n]),
+        Instruction::new(Opcode::DmaWait, &[IDENTITY_ENGINE, IDENTITY_QUEUE]),
+        Instruction::new(Opcode::End, &[]),
+    ]);
+    let ring_descs = (n * 2).next_multiple_of(16).max(32);
+    Model {
+        name: name.into(),
+        inputs: vec![spec("input")],
+        outputs: vec![spec("output")],
+        sg_count: 1,
+        exec_req_flags,
+        act_table_hash: table_hash,
+        dve_table_hash: [0; 32],
+        has_collectives: false,
+        tpbs: vec![TpbProgram {
+            blocks: [
+                end_program(),
+                end_program(),
+                end_program(),
+                end_program(),
+                sp,
+            ],
+            buffers: vec![],
+            io_rings: vec![IoRing {
+                engine: IDENTITY_ENGINE,
+                queue: IDENTITY_QUEUE,
+                ring_descs,
+                descs,
+            }],
+        }],
+    }
+}
+
+/// The identity model over `bytes` bytes with default configuration.
+pub fn identity(bytes: u32) -> Model {
+    identity_with(bytes, "identity", [0; 13], [0; 32])
+}
+
+/// A model whose SP program waits for event `event` of its NC, which nobody sets: it never
+/// ends (a missing completion, for timeout tests).
+pub fn never_ending(event: u32) -> Model {
+    let mut m = identity_with(1, "never-ending", [0; 13], [0; 32]);
+    m.tpbs[0].blocks[4] = encode_program(&[
+        Instruction::new(Opcode::WaitEvent, &[event]),
+        Instruction::new(Opcode::End, &[]),
+    ]);
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_splits_into_64k_pairs_and_validates() {
+        let m = identity(4 << 20);
+        m.validate().unwrap();
+        assert_eq!(m.tpbs[0].io_rings[0].descs.len(), 64);
+        let odd = identity(65537);
+        assert_eq!(
+            odd.tpbs[0].io_rings[0]
+                .descs
+                .iter()
+                .map(|d| d.len)
+                .collect::<Vec<_>>(),
+            [65536, 1]
+        );
+        never_ending(3).validate().unwrap();
+    }
+}

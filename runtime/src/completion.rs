@@ -1,0 +1,446 @@
+//! The completion engine: `exec_request_progress_one_step` over the NCs' notification queues
+//! (DESIGN §3 step 8).
+//!
+//! Silicon has no completion interrupt, so the engine polls notification memory; on simdev the
+//! worker also sleeps on the NC's notification eventfd between polls (the harvest code is the
+//! same). Each step drains the NQ of every TPB the execution runs on: an `Execution` entry whose
+//! `compute_idx` is this execution's completes that TPB; one with an older index is a late
+//! notification of an execution that already timed out and is discarded — never credited to a
+//! later one; a newer index means a notification was lost (NRT_HW_ERROR, fatal). A `DeviceLost`
+//! entry fails the execution (fatal).
+//!
+//! # Status decode and what is fatal to the XU
+//! Flags are decoded in this order (the first present wins):
+//!
+//! | flag | status | fatal |
+//! |---|---|---|
+//! | DEVICE_LOST | NRT_HW_ERROR (6) | yes: the device is gone |
+//! | OOB | NRT_EXEC_OOB (1006) | only with DMA_ABORT (a stopped queue) |
+//! | DMA_ABORT | NRT_EXEC_HW_ERR_DMA_ABORT (1203) | yes: the queue is stopped |
+//! | NC_UE | NRT_EXEC_HW_ERR_NC_UE (1202) | yes |
+//! | HBM_UE | NRT_EXEC_HW_ERR_HBM_UE (1201) | yes: results can no longer be trusted |
+//! | HBM_UE_REPAIRABLE | NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE (1205) | no |
+//! | GENERIC | NRT_EXEC_COMPLETED_WITH_ERR (1004) | no |
+//! | NUMERICAL | NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003) | no (outputs are delivered) |
+//!
+//! A timeout (`NEURON_RT_EXEC_TIMEOUT`) is NRT_TIMEOUT (5) and fatal: the NC may still be
+//! running the execution, so nothing more can be queued behind it.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use shared::NrtStatus;
+use shared::notification::{
+    NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEAD_OFFSET, NQ_HEADER_SIZE,
+    NotificationEntry, NotificationKind, error_flags, phase_of,
+};
+
+use crate::backend::NotificationQueue;
+use crate::bind::ExecResources;
+use crate::kmgr::InflightGuard;
+use crate::xu::{CompletionEngine, ExecInfo, MAX_TPBS_PER_VNC, Progress};
+
+/// The longest the worker sleeps on a notification eventfd (or between polls on silicon)
+/// before checking the deadline again.
+pub const POLL_SLICE: Duration = Duration::from_millis(2);
+
+/// Decodes notification error flags into the execution's status and whether it is fatal to the
+/// XU (see the module table).
+pub fn decode_flags(flags: u32) -> (NrtStatus, bool) {
+    use error_flags as f;
+    if flags & f::DEVICE_LOST != 0 {
+        (NrtStatus::HwError, true)
+    } else if flags & f::OOB != 0 {
+        (NrtStatus::ExecOob, flags & f::DMA_ABORT != 0)
+    } else if flags & f::DMA_ABORT != 0 {
+        (NrtStatus::ExecHwErrDmaAbort, true)
+    } else if flags & f::NC_UE != 0 {
+        (NrtStatus::ExecHwErrNcUe, true)
+    } else if flags & f::HBM_UE != 0 {
+        (NrtStatus::ExecHwErrHbmUe, true)
+    } else if flags & f::HBM_UE_REPAIRABLE != 0 {
+        (NrtStatus::ExecHwErrRepairableHbmUe, false)
+    } else if flags & f::GENERIC != 0 {
+        (NrtStatus::ExecCompletedWithErr, false)
+    } else if flags & f::NUMERICAL != 0 {
+        (NrtStatus::ExecCompletedWithNumErr, false)
+    } else {
+        (NrtStatus::Success, false)
+    }
+}
+
+/// One NC's notification queue as the engine reads it.
+#[derive(Debug)]
+pub struct NqReader {
+    nq: NotificationQueue,
+    head: u64,
+    notify_fd: Option<OwnedFd>,
+    stale: u64,
+}
+
+impl NqReader {
+    /// A reader at entry 0 of `nq`, sleeping on `notify_fd` between polls when there is one.
+    pub fn new(nq: NotificationQueue, notify_fd: Option<OwnedFd>) -> Self {
+        Self {
+            nq,
+            head: 0,
+            notify_fd,
+            stale: 0,
+        }
+    }
+
+    /// The next entry, if written (acquire on the phase word, then the body; the new head is
+    /// published with release so the device may reuse the slot).
+    pub fn try_next(&mut self) -> Option<NotificationEntry> {
+        let entries = u64::from(self.nq.entries);
+        let base = self.nq.allocation.pa
+            + NQ_HEADER_SIZE as u64
+            + (self.head % entries) * NOTIFICATION_ENTRY_SIZE as u64;
+        let phase = self
+            .nq
+            .memory
+            .load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)
+            .ok()?;
+        if phase != phase_of(self.head / entries) {
+            return None;
+        }
+        let entry = self.nq.memory.read_obj(base).ok()?;
+        self.head += 1;
+        let head = (self.head & 0xFFFF_FFFF) as u32;
+        let _ = self.nq.memory.store_u32(
+            self.nq.allocation.pa + NQ_HEAD_OFFSET as u64,
+            head,
+            Ordering::Release,
+        );
+        Some(entry)
+    }
+
+    /// Late notifications discarded so far.
+    pub fn stale(&self) -> u64 {
+        self.stale
+    }
+
+    fn sleep(&self, max: Duration) {
+        match &self.notify_fd {
+            Some(fd) => {
+                let ms = u16::try_from(max.as_millis().max(1)).unwrap_or(u16::MAX);
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+                    let mut buf = [0u8; 8];
+                    let _ = nix::unistd::read(fd, &mut buf);
+                }
+            }
+            None => std::thread::sleep(max.min(Duration::from_micros(20))),
+        }
+    }
+}
+
+/// The per-execution state the engine keeps in the work item (`exec_request` state).
+#[derive(Debug, Default)]
+pub struct ExecRequest {
+    /// The physical NCs the execution runs on (`num_tpbs` of them).
+    pub ncs: [u32; MAX_TPBS_PER_VNC],
+    /// Number of NCs used.
+    pub num_tpbs: usize,
+    /// This execution's compute index on each NC.
+    pub compute_idx: [u32; MAX_TPBS_PER_VNC],
+    /// Which NCs have reported.
+    pub done: [bool; MAX_TPBS_PER_VNC],
+    /// Error flags reported by each NC.
+    pub flags: [u32; MAX_TPBS_PER_VNC],
+    /// When the execution times out.
+    pub deadline: Option<Instant>,
+    /// The bound resources, released when the work item is freed.
+    pub resources: Option<ExecResources>,
+    /// Keeps the model's in-flight count until the work item is freed.
+    pub inflight: Option<InflightGuard>,
+}
+
+/// The notification-queue completion engine: one [`NqReader`] per claimed NC.
+#[derive(Debug)]
+pub struct NqEngine {
+    readers: Vec<(u32, Mutex<NqReader>)>,
+    stale_total: AtomicU64,
+}
+
+impl NqEngine {
+    /// An engine over `(nc, reader)` pairs.
+    pub fn new(readers: Vec<(u32, NqReader)>) -> Self {
+        Self {
+            readers: readers
+                .into_iter()
+                .map(|(nc, r)| (nc, Mutex::new(r)))
+                .collect(),
+            stale_total: AtomicU64::new(0),
+        }
+    }
+
+    fn reader(&self, nc: u32) -> Option<&Mutex<NqReader>> {
+        self.readers.iter().find(|(n, _)| *n == nc).map(|(_, r)| r)
+    }
+
+    /// Late notifications discarded so far (all NCs).
+    pub fn stale_notifications(&self) -> u64 {
+        self.stale_total.load(Ordering::Relaxed)
+    }
+
+    /// Drains NC `i` of `req`; returns a fatal status if the NQ says so.
+    fn harvest(
+        &self,
+        req: &mut ExecRequest,
+        info_resp: &mut crate::metrics::TpbResponse,
+        i: usize,
+    ) -> Option<NrtStatus> {
+        let nc = req.ncs[i];
+        let Some(reader) = self.reader(nc) else {
+            tracing::error!(nc, "no notification queue for NC");
+            return Some(NrtStatus::Failure);
+        };
+        let mut r = reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !req.done[i] {
+            let Some(e) = r.try_next() else { break };
+            match NotificationKind::from_u16(e.kind) {
+                Some(NotificationKind::Execution) => {
+                    let behind = req.compute_idx[i].wrapping_sub(e.compute_idx) as i32;
+                    if behind > 0 {
+                        r.stale += 1;
+                        self.stale_total.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            nc,
+                            late = e.compute_idx,
+                            current = req.compute_idx[i],
+                            "discarding a late notification"
+                        );
+                    } else if behind < 0 {
+                        tracing::error!(
+                            nc,
+                            got = e.compute_idx,
+                            want = req.compute_idx[i],
+                            "a notification was lost"
+                        );
+                        return Some(NrtStatus::HwError);
+                    } else {
+                        req.done[i] = true;
+                        req.flags[i] = e.error_flags;
+                        *info_resp = crate::metrics::TpbResponse {
+                            device_ns: e.device_ts_ns,
+                            nc_ns: e.nc_ts_ns,
+                            error_flags: e.error_flags,
+                        };
+                    }
+                }
+                Some(NotificationKind::DeviceLost) => {
+                    tracing::error!(nc, "the device was lost");
+                    req.done[i] = true;
+                    req.flags[i] = error_flags::DEVICE_LOST;
+                }
+                Some(NotificationKind::DmaQueueError) => {
+                    tracing::warn!(
+                        nc,
+                        source = e.source,
+                        flags = e.error_flags,
+                        "a DMA queue stopped outside an execution"
+                    );
+                }
+                None => tracing::warn!(nc, kind = e.kind, "unknown notification kind"),
+            }
+        }
+        None
+    }
+}
+
+impl CompletionEngine for NqEngine {
+    type Request = ExecRequest;
+
+    fn progress_one_step(&self, _vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
+        let n = info.request.num_tpbs.min(MAX_TPBS_PER_VNC);
+        for i in 0..n {
+            let req = &mut info.request;
+            if let Some(fatal) = self.harvest(req, &mut info.resp[i], i) {
+                return Progress::Error(fatal);
+            }
+        }
+        let req = &info.request;
+        if req.done[..n].iter().all(|d| *d) {
+            let flags = req.flags[..n].iter().fold(0, |a, f| a | f);
+            let (status, fatal) = decode_flags(flags);
+            return if fatal {
+                Progress::Error(status)
+            } else {
+                Progress::Done(status)
+            };
+        }
+        let now = Instant::now();
+        if let Some(deadline) = req.deadline {
+            if now >= deadline {
+                tracing::error!(ncs = ?&req.ncs[..n], "execution timed out; degrading the execution unit");
+                return Progress::Error(NrtStatus::Timeout);
+            }
+            let first_pending = (0..n).find(|&i| !req.done[i]).unwrap_or(0);
+            if let Some(r) = self.reader(req.ncs[first_pending]) {
+                let r = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                r.sleep((deadline - now).min(POLL_SLICE));
+            }
+        }
+        Progress::InFlight
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Allocation, MemHandle};
+    use crate::xu::ExecInfo;
+    use shared::memory::SharedChunk;
+    use shared::protocol::MemLocation;
+
+    const PA: u64 = 0x1000_0000_0000;
+
+    /// An in-memory NQ of `entries` entries and a writer that posts as simdev does.
+    fn nq(entries: u32) -> (NqReader, SharedChunk) {
+        let len = shared::notification::nq_bytes(entries).next_multiple_of(4096);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(len as u64).unwrap();
+        let reader_map = SharedChunk::map_fd(&file, PA, len, true).unwrap();
+        let writer_map = SharedChunk::map_fd(&file, PA, len, true).unwrap();
+        let allocation = Allocation {
+            handle: MemHandle(1),
+            pa: PA,
+            size: len as u64,
+            location: MemLocation::Host,
+        };
+        (
+            NqReader::new(
+                NotificationQueue {
+                    allocation,
+                    entries,
+                    memory: reader_map,
+                },
+                None,
+            ),
+            writer_map,
+        )
+    }
+
+    fn post(w: &SharedChunk, entries: u32, n: u64, compute_idx: u32, flags: u32) {
+        let base =
+            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
+        let e = NotificationEntry {
+            compute_idx,
+            kind: NotificationKind::Execution as u16,
+            error_flags: flags,
+            device_ts_ns: 1000 * u64::from(compute_idx),
+            ..Default::default()
+        };
+        let mut body = zerocopy::IntoBytes::as_bytes(&e).to_vec();
+        body[NOTIFICATION_PHASE_OFFSET..NOTIFICATION_PHASE_OFFSET + 4].copy_from_slice(&[0; 4]);
+        w.write(base, &body).unwrap();
+        w.store_u32(
+            base + NOTIFICATION_PHASE_OFFSET as u64,
+            phase_of(n / u64::from(entries)),
+            Ordering::Release,
+        )
+        .unwrap();
+    }
+
+    fn info(compute_idx: u32) -> ExecInfo<ExecRequest> {
+        let mut req = ExecRequest {
+            num_tpbs: 1,
+            deadline: Some(Instant::now() + Duration::from_secs(5)),
+            ..Default::default()
+        };
+        req.ncs[0] = 3;
+        req.compute_idx[0] = compute_idx;
+        ExecInfo::execute(1, req)
+    }
+
+    #[test]
+    fn a_late_notification_is_never_credited_to_a_later_execution() {
+        let (reader, w) = nq(4);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        // Execution 0 timed out; its notification arrives while execution 1 waits.
+        let mut second = info(1);
+        post(&w, 4, 0, 0, error_flags::GENERIC);
+        assert_eq!(
+            engine.progress_one_step(0, &mut second),
+            Progress::InFlight,
+            "idx 0 is not ours"
+        );
+        assert_eq!(engine.stale_notifications(), 1);
+        post(&w, 4, 1, 1, 0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut second),
+            Progress::Done(NrtStatus::Success)
+        );
+        assert_eq!(second.resp[0].device_ns, 1000);
+    }
+
+    #[test]
+    fn entries_wrap_with_the_phase_and_a_lost_one_is_fatal() {
+        let (reader, w) = nq(2);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        for n in 0..5u32 {
+            post(&w, 2, u64::from(n), n, 0);
+            assert_eq!(
+                engine.progress_one_step(0, &mut info(n)),
+                Progress::Done(NrtStatus::Success),
+                "entry {n}"
+            );
+        }
+        post(&w, 2, 5, 7, 0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut info(5)),
+            Progress::Error(NrtStatus::HwError)
+        );
+    }
+
+    #[test]
+    fn a_deadline_in_the_past_is_a_fatal_timeout() {
+        let (reader, _w) = nq(2);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        let mut i = info(0);
+        i.request.deadline = Some(Instant::now());
+        assert_eq!(
+            engine.progress_one_step(0, &mut i),
+            Progress::Error(NrtStatus::Timeout)
+        );
+    }
+
+    #[test]
+    fn flags_decode_with_the_documented_priority() {
+        use error_flags as f;
+        assert_eq!(decode_flags(0), (NrtStatus::Success, false));
+        assert_eq!(
+            decode_flags(f::NUMERICAL),
+            (NrtStatus::ExecCompletedWithNumErr, false)
+        );
+        assert_eq!(
+            decode_flags(f::GENERIC | f::NUMERICAL),
+            (NrtStatus::ExecCompletedWithErr, false)
+        );
+        assert_eq!(decode_flags(f::OOB), (NrtStatus::ExecOob, false));
+        assert_eq!(
+            decode_flags(f::OOB | f::DMA_ABORT),
+            (NrtStatus::ExecOob, true)
+        );
+        assert_eq!(
+            decode_flags(f::DMA_ABORT),
+            (NrtStatus::ExecHwErrDmaAbort, true)
+        );
+        assert_eq!(decode_flags(f::HBM_UE), (NrtStatus::ExecHwErrHbmUe, true));
+        assert_eq!(
+            decode_flags(f::HBM_UE_REPAIRABLE),
+            (NrtStatus::ExecHwErrRepairableHbmUe, false)
+        );
+        assert_eq!(decode_flags(f::NC_UE), (NrtStatus::ExecHwErrNcUe, true));
+        assert_eq!(
+            decode_flags(f::DEVICE_LOST | f::GENERIC),
+            (NrtStatus::HwError, true)
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! Runtime configuration from libnrt's environment variables (DESIGN §9,
+//! `reference/nrt-api.md` §3), read once at `nrt_init`.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `NEURON_RT_VISIBLE_CORES` | exact logical cores: `3`, `3-5`, `3-5,6` (contiguous, increasing); wins over NUM_CORES |
+//! | `NEURON_RT_NUM_CORES` | reserve N cores (0 = all) |
+//! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
+//! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (recorded; the pool itself is not built yet) |
+//! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
+//! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
+
+use std::time::Duration;
+
+use shared::NrtStatus;
+
+/// Parsed configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeConfig {
+    /// Logical cores requested by `NEURON_RT_VISIBLE_CORES` (first, count), if set.
+    pub visible_cores: Option<(u32, u32)>,
+    /// `NEURON_RT_NUM_CORES` (0 = all available).
+    pub num_cores: u32,
+    /// Per-execution timeout.
+    pub exec_timeout: Duration,
+    /// `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS`.
+    pub async_max_inflight: u32,
+    /// The skip-config optimisation (`enable_model_switch_skip_tpb_config_optimization`).
+    pub skip_config_optimization: bool,
+    /// The funtime short-circuit.
+    pub funtime: bool,
+    /// Slots of each vNC's XU queue.
+    pub xu_capacity: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            visible_cores: None,
+            num_cores: 0,
+            exec_timeout: Duration::from_secs(30),
+            async_max_inflight: 0,
+            skip_config_optimization: true,
+            funtime: false,
+            xu_capacity: 16,
+        }
+    }
+}
+
+/// A bad configuration value.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}={value:?}: {why}")]
+pub struct ConfigError {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+impl ConfigError {
+    /// `nrt_init` reports configuration errors as NRT_INVALID.
+    pub fn status(&self) -> NrtStatus {
+        NrtStatus::Invalid
+    }
+}
+
+/// Parses a `NEURON_RT_VISIBLE_CORES` value into (first core, count): `"3"`, `"3-6"`, `"3-5,6"`.
+/// The cores must be contiguous and increasing.
+///
+/// # Errors
+/// A message naming the problem.
+pub fn parse_visible_cores(value: &str) -> Result<(u32, u32), String> {
+    let mut cores = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let a: u32 = a
+            .parse()
+            .map_err(|_| format!("{part:?} is not a core index or range"))?;
+        let b: u32 = b
+            .parse()
+            .map_err(|_| format!("{part:?} is not a core index or range"))?;
+        if b < a {
+            return Err(format!("range {part:?} is decreasing"));
+        }
+        cores.extend(a..=b);
+    }
+    let Some(&first) = cores.first() else {
+        return Err("no cores listed".into());
+    };
+    if cores.iter().zip(first..).any(|(&c, want)| c != want) {
+        return Err("cores must be contiguous and increasing".into());
+    }
+    let count = u32::try_from(cores.len()).map_err(|_| "too many cores".to_string())?;
+    Ok((first, count))
+}
+
+fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError {
+            var,
+            value: value.into(),
+            why: "expected 1/0 or true/false".into(),
+        }),
+    }
+}
+
+impl RuntimeConfig {
+    /// Reads the variables above from the environment.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the variable and the problem.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the variables through `get` (the environment, or a map in tests).
+    ///
+    /// # Errors
+    /// [`ConfigError`].
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = Self::default();
+        let err = |var: &'static str, value: &str, why: String| ConfigError {
+            var,
+            value: value.into(),
+            why,
+        };
+        if let Some(v) = get("NEURON_RT_VISIBLE_CORES").filter(|v| !v.trim().is_empty()) {
+            c.visible_cores = Some(
+                parse_visible_cores(&v).map_err(|why| err("NEURON_RT_VISIBLE_CORES", &v, why))?,
+            );
+        }
+        if let Some(v) = get("NEURON_RT_NUM_CORES").filter(|v| !v.trim().is_empty()) {
+            c.num_cores = v
+                .trim()
+                .parse()
+                .map_err(|_| err("NEURON_RT_NUM_CORES", &v, "not a number".into()))?;
+        }
+        if let Some(v) = get("NEURON_RT_EXEC_TIMEOUT").filter(|v| !v.trim().is_empty()) {
+            let secs: f64 = v.trim().parse().map_err(|_| {
+                err(
+                    "NEURON_RT_EXEC_TIMEOUT",
+                    &v,
+                    "not a number of seconds".into(),
+                )
+            })?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(err(
+                    "NEURON_RT_EXEC_TIMEOUT",
+                    &v,
+                    "must be a positive number of seconds".into(),
+                ));
+            }
+            c.exec_timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) =
+            get("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS").filter(|v| !v.trim().is_empty())
+        {
+            c.async_max_inflight = v.trim().parse().map_err(|_| {
+                err(
+                    "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS",
+                    &v,
+                    "not a number".into(),
+                )
+            })?;
+        }
+        if let Some(v) = get("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION") {
+            c.skip_config_optimization =
+                parse_bool("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", &v)?;
+        }
+        if let Some(v) = get("NEURON_RT_FUNTIME") {
+            c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
+        }
+        Ok(c)
+    }
+
+    /// The logical cores to reserve out of `available`: (first, count).
+    ///
+    /// # Errors
+    /// `NRT_LOAD_NOT_ENOUGH_NC`-class problems as a message: more cores asked than exist.
+    pub fn select_vncs(&self, available: u32) -> Result<(u32, u32), String> {
+        match self.visible_cores {
+            Some((first, count))
+                if first.checked_add(count).is_some_and(|end| end <= available) =>
+            {
+                Ok((first, count))
+            }
+            Some((first, count)) => Err(format!(
+                "NEURON_RT_VISIBLE_CORES asks for cores {first}..{} but the device has {available}",
+                u64::from(first) + u64::from(count)
+            )),
+            None if self.num_cores == 0 => Ok((0, available)),
+            None if self.num_cores <= available => Ok((0, self.num_cores)),
+            None => Err(format!(
+                "NEURON_RT_NUM_CORES={} but the device has {available}",
+                self.num_cores
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<RuntimeConfig, ConfigError> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        RuntimeConfig::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn visible_cores_forms() {
+        assert_eq!(parse_visible_cores("3"), Ok((3, 1)));
+        assert_eq!(parse_visible_cores("3-6"), Ok((3, 4)));
+        assert_eq!(parse_visible_cores("3-5,6"), Ok((3, 4)));
+        assert!(parse_visible_cores("3,5").is_err(), "not contiguous");
+        assert!(parse_visible_cores("6-3").is_err());
+        assert!(parse_visible_cores("x").is_err());
+    }
+
+    #[test]
+    fn visible_cores_win_over_num_cores() {
+        let c = cfg(&[
+            ("NEURON_RT_VISIBLE_CORES", "1"),
+            ("NEURON_RT_NUM_CORES", "2"),
+        ])
+        .unwrap();
+        assert_eq!(c.select_vncs(2), Ok((1, 1)));
+        let c = cfg(&[("NEURON_RT_NUM_CORES", "1")]).unwrap();
+        assert_eq!(c.select_vncs(2), Ok((0, 1)));
+        assert!(
+            cfg(&[("NEURON_RT_NUM_CORES", "3")])
+                .unwrap()
+                .select_vncs(2)
+                .is_err()
+        );
+        assert!(
+            cfg(&[("NEURON_RT_VISIBLE_CORES", "1-2")])
+                .unwrap()
+                .select_vncs(2)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn timeouts_and_switches() {
+        let c = cfg(&[
+            ("NEURON_RT_EXEC_TIMEOUT", "0.5"),
+            ("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", "0"),
+        ])
+        .unwrap();
+        assert_eq!(c.exec_timeout, Duration::from_millis(500));
+        assert!(!c.skip_config_optimization);
+        let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("NEURON_RT_EXEC_TIMEOUT=\"-1\""), "{e}");
+    }
+}

@@ -1,0 +1,31 @@
+//! The doorbell (seed 000 §5): `dlr_kickoff_exec` → `kbl_infer_kickoff` →
+//! `ndl_nc_semaphore_increment(nc, INFERENCE_START, 1)`, one per bound TPB, after every TPB was
+//! staged (arm all, then fire all). On silicon it is `ioctl(fd, 0x80084E29, {nc, sem, 1})`; on
+//! simdev a posted message. It is the only device call on the submit hot path.
+
+use shared::NrtStatus;
+use shared::sequencer::SEM_INFERENCE_START;
+
+use crate::backend::Device;
+use crate::error::NrtError;
+
+/// Rings the INFERENCE_START doorbell of each NC in `ncs`, in order; stops at the first
+/// failure ("Failed to post inference request").
+///
+/// # Errors
+/// The backend's error as an NRT status (the caller poisons the XU).
+pub fn kickoff_exec(device: &dyn Device, ncs: &[u32]) -> Result<(), NrtError> {
+    for &nc in ncs {
+        device
+            .semaphore_increment(nc, SEM_INFERENCE_START, 1)
+            .map_err(|e| {
+                tracing::error!(nc, error = %e, "Failed to post inference request");
+                let mut err = NrtError::from(e);
+                if err.status == NrtStatus::Success {
+                    err.status = NrtStatus::Failure;
+                }
+                err
+            })?;
+    }
+    Ok(())
+}

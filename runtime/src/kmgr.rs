@@ -1,0 +1,355 @@
+//! The model manager (`kmgr`): loading a model container onto a vNC, the model database with
+//! handles and in-flight reference counts, and unload that waits for in-flight work
+//! (seed 000 §1 `kmgr_exec`, `db_get_nn_ref_count`).
+//!
+//! Load allocates everything an execution needs, once: per TPB one chunk holding the five
+//! instruction blocks, the internal buffers (weights written here), and the NC's I/O rings the
+//! model uses. The hot path allocates nothing of this.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use shared::NrtStatus;
+use shared::isa;
+use shared::model::{Model, Target};
+use shared::protocol::MemLocation;
+
+use crate::backend::{Allocation, Device};
+use crate::error::NrtError;
+use crate::stage::{HwExecQueue, IO_RING_DESCS};
+
+/// Alignment of each instruction block inside a TPB's block chunk.
+pub const BLOCK_ALIGN: u64 = 256;
+
+/// One TPB's loaded program.
+#[derive(Debug)]
+pub struct LoadedTpb {
+    /// The physical NC.
+    pub nc: u32,
+    /// The chunk holding the five blocks.
+    pub blocks: Allocation,
+    /// Device address of each engine's block (PE, ACT, POOL, DVE, SP).
+    pub engine_addresses: [u64; 5],
+    /// Internal buffers, by index.
+    pub buffers: Vec<Allocation>,
+}
+
+/// A model loaded on a vNC.
+#[derive(Debug)]
+pub struct LoadedModel {
+    id: u64,
+    vnc: u32,
+    model: Model,
+    tpbs: Vec<LoadedTpb>,
+    inflight: Mutex<u32>,
+    idle: Condvar,
+    device: Arc<dyn Device>,
+}
+
+impl LoadedModel {
+    /// The handle id (`h_nn`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.model.name
+    }
+
+    /// The logical core it runs on.
+    pub fn vnc(&self) -> u32 {
+        self.vnc
+    }
+
+    /// The container's metadata and programs.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The loaded TPBs.
+    pub fn tpbs(&self) -> &[LoadedTpb] {
+        &self.tpbs
+    }
+
+    /// Device PA of internal buffer `index` of TPB `tpb`.
+    pub fn buffer_pa(&self, tpb: usize, index: u32) -> Option<u64> {
+        Some(self.tpbs.get(tpb)?.buffers.get(index as usize)?.pa)
+    }
+
+    /// Counts one execution in flight until the guard drops.
+    pub fn begin_execution(self: &Arc<Self>) -> InflightGuard {
+        *self
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        InflightGuard {
+            model: self.clone(),
+        }
+    }
+
+    fn wait_idle(&self) {
+        let mut n = self
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *n > 0 {
+            n = self
+                .idle
+                .wait(n)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    fn free(&self) {
+        for tpb in &self.tpbs {
+            let _ = self.device.mem_free(tpb.blocks.handle);
+            for b in &tpb.buffers {
+                let _ = self.device.mem_free(b.handle);
+            }
+        }
+    }
+}
+
+/// Holds a model's in-flight count for one execution.
+#[derive(Debug)]
+pub struct InflightGuard {
+    model: Arc<LoadedModel>,
+}
+
+impl InflightGuard {
+    /// The model.
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        let mut n = self
+            .model
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *n -= 1;
+        if *n == 0 {
+            self.model.idle.notify_all();
+        }
+    }
+}
+
+/// What loading needs of the runtime.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadContext<'a> {
+    /// The device.
+    pub device: &'a Arc<dyn Device>,
+    /// The claimed NCs' exec queues.
+    pub hw_queues: &'a HashMap<u32, Arc<HwExecQueue>>,
+    /// The ISA the device runs.
+    pub target: Target,
+    /// Executions that may be in flight per logical core (the XU depth).
+    pub max_inflight: u32,
+}
+
+/// The model database: handle id → loaded model.
+#[derive(Debug, Default)]
+pub struct ModelDb {
+    models: Mutex<HashMap<u64, Arc<LoadedModel>>>,
+    next_id: AtomicU64,
+}
+
+fn load_failure(status: NrtStatus, model: &str, what: impl std::fmt::Display) -> NrtError {
+    NrtError::new(status, format!("loading model {model:?}: {what}"))
+}
+
+impl ModelDb {
+    /// `db_get_nn_ref_count`: the model of handle `id`, if loaded.
+    pub fn get(&self, id: u64) -> Option<Arc<LoadedModel>> {
+        self.models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    /// Loaded models.
+    pub fn len(&self) -> usize {
+        self.models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no model is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decodes `bytes` (a NEFF or a container for another target is refused), places the model
+    /// on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks, buffers and I/O
+    /// rings.
+    ///
+    /// # Errors
+    /// NRT_INVALID (bad container, NEFF, wrong target), NRT_LOAD_NOT_ENOUGH_NC (sg_count does
+    /// not match the vNC), NRT_RESOURCE (device memory, rings too small for the XU depth).
+    pub fn load(
+        &self,
+        ctx: &LoadContext<'_>,
+        bytes: &[u8],
+        vnc: u32,
+        ncs: &[u32],
+    ) -> Result<Arc<LoadedModel>, NrtError> {
+        let LoadContext {
+            device,
+            hw_queues,
+            target,
+            max_inflight,
+        } = *ctx;
+        let model = Model::from_container(bytes, target)
+            .map_err(|e| NrtError::new(NrtStatus::Invalid, e.to_string()))?;
+        if model.sg_count as usize != ncs.len() {
+            return Err(load_failure(
+                NrtStatus::LoadNotEnoughNc,
+                &model.name,
+                format!(
+                    "it needs {} NCs per logical core, logical core {vnc} has {}",
+                    model.sg_count,
+                    ncs.len()
+                ),
+            ));
+        }
+        let mut tpbs: Vec<LoadedTpb> = Vec::with_capacity(ncs.len());
+        let result = (|| {
+            for (i, (tpb, &nc)) in model.tpbs.iter().zip(ncs).enumerate() {
+                let hwq = hw_queues.get(&nc).ok_or_else(|| {
+                    load_failure(
+                        NrtStatus::Failure,
+                        &model.name,
+                        format!("NC {nc} is not claimed"),
+                    )
+                })?;
+                for ring in &tpb.io_rings {
+                    let per_exec = ring.descs.len() as u64 * u64::from(max_inflight + 1);
+                    if per_exec > u64::from(IO_RING_DESCS) {
+                        return Err(load_failure(
+                            NrtStatus::Resource,
+                            &model.name,
+                            format!(
+                                "TPB {i} ring ({}, {}) posts {} descriptors per execution; {max_inflight} in flight need more than the {IO_RING_DESCS}-descriptor ring",
+                                ring.engine,
+                                ring.queue,
+                                ring.descs.len()
+                            ),
+                        ));
+                    }
+                    hwq.ensure_io_queue(ring.engine, ring.queue)?;
+                }
+                let blocks: Vec<Vec<u8>> = tpb
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        if b.is_empty() {
+                            isa::end_program()
+                        } else {
+                            b.clone()
+                        }
+                    })
+                    .collect();
+                let mut offsets = [0u64; 5];
+                let mut size = 0u64;
+                for (o, b) in offsets.iter_mut().zip(&blocks) {
+                    *o = size;
+                    size += (b.len() as u64).next_multiple_of(BLOCK_ALIGN);
+                }
+                let chunk = device.mem_alloc(MemLocation::Hbm { nc }, size, 0)?;
+                let mut loaded = LoadedTpb {
+                    nc,
+                    blocks: chunk,
+                    engine_addresses: [0; 5],
+                    buffers: Vec::new(),
+                };
+                let map = device.mem_map(&chunk);
+                let write = || -> Result<(), NrtError> {
+                    let map = map?;
+                    for ((addr, off), b) in
+                        loaded.engine_addresses.iter_mut().zip(offsets).zip(&blocks)
+                    {
+                        *addr = chunk.pa + off;
+                        map.write(*addr, b)
+                            .map_err(|e| load_failure(NrtStatus::Failure, &model.name, e))?;
+                    }
+                    for b in &tpb.buffers {
+                        let a = device.mem_alloc(MemLocation::Hbm { nc }, b.size, 0)?;
+                        loaded.buffers.push(a);
+                        if !b.init.is_empty() {
+                            let m = device.mem_map(&a)?;
+                            m.write(a.pa, &b.init)
+                                .map_err(|e| load_failure(NrtStatus::Failure, &model.name, e))?;
+                        }
+                    }
+                    Ok(())
+                };
+                let r = write();
+                tpbs.push(loaded);
+                r?;
+            }
+            Ok(())
+        })();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let loaded = Arc::new(LoadedModel {
+            id,
+            vnc,
+            model,
+            tpbs,
+            inflight: Mutex::new(0),
+            idle: Condvar::new(),
+            device: device.clone(),
+        });
+        if let Err(e) = result {
+            loaded.free();
+            return Err(e);
+        }
+        self.models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// `nrt_unload`: forgets handle `id`, waits for its in-flight executions, frees its device
+    /// memory.
+    ///
+    /// # Errors
+    /// NRT_INVALID_HANDLE for an unknown (or already unloaded) handle.
+    pub fn unload(&self, id: u64) -> Result<(), NrtError> {
+        let model = self
+            .models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id)
+            .ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::InvalidHandle,
+                    format!("model handle {id} is not loaded"),
+                )
+            })?;
+        model.wait_idle();
+        model.free();
+        Ok(())
+    }
+
+    /// Unloads everything (runtime close).
+    pub fn unload_all(&self) {
+        let ids: Vec<u64> = self
+            .models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .copied()
+            .collect();
+        for id in ids {
+            let _ = self.unload(id);
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Stage: building the `device_exec_request` and appending the trigger descriptors to each NC's
+//! hardware exec queue (seed 000 §3 `hw_exec_queue_add_exec_request_impl`, §4
+//! `kbl_compute_setup`; the device side of the contract is `shared::sequencer`).
+//!
+//! Everything here is allocated once — at runtime init for each claimed NC (request buffer
+//! slots, the exec queue's rings, the I/O rings) — and an execution only writes descriptors and
+//! 56 bytes of request into memory that already exists.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use shared::exec_request::{
+    CC_DMA_INCREMENT_OFFSET, DEVICE_EXEC_REQUEST_SIZE, DeviceExecRequest, Engine,
+};
+use shared::memory::SharedChunk;
+use shared::protocol::MemLocation;
+use shared::sequencer::{
+    EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_DESCS, EXEC_QUEUE_ENGINE,
+};
+use shared::udma;
+use shared::{AddressMap, NrtStatus, Register};
+use zerocopy::IntoBytes;
+
+use crate::backend::{Allocation, Device, DmaQueueId};
+use crate::dma::DmaQueue;
+use crate::error::NrtError;
+
+/// Bytes of one request-buffer slot: the 52-byte request, the 4-byte `cc_dma_increment`
+/// trailer at 0x34, the event-poke source word (1) at 0x38 and the tail-increment value word at
+/// 0x3C.
+pub const REQUEST_SLOT_SIZE: u64 = 64;
+/// Offset of the word holding 1, the value trigger pair 2 writes to the request-load event.
+pub const EVENT_POKE_WORD: u64 = 0x38;
+/// Offset of the word holding `M`, the value trigger pair 3 writes to the tail increments.
+pub const TAIL_INC_WORD: u64 = 0x3C;
+/// Descriptors in each I/O ring the runtime creates per (engine, queue) of an NC.
+pub const IO_RING_DESCS: u32 = 4096;
+
+/// A cached collectives model-switch chain: descriptor pairs built once per model and reused on
+/// every switch to it (seed 000 §3 GOTCHA).
+#[derive(Debug, Clone)]
+pub struct CcChain {
+    /// (src PA, dst PA, bytes) of each pair; every pair ≤ 64 KiB; the last pokes the
+    /// collectives-context-load event.
+    pub pairs: Vec<(u64, u64, u64)>,
+}
+
+/// What the stage needs of one model on one TPB.
+#[derive(Debug)]
+pub struct StagedProgram<'a> {
+    /// Device address of each engine's instruction block (`_pa + align_offset + offset`).
+    pub engine_addresses: [u64; 5],
+    /// The model's `exec_req_flags`.
+    pub exec_req_flags: &'a [u32; 13],
+    /// The model's activation and DVE table hashes.
+    pub table_hashes: (&'a [u8; 32], &'a [u8; 32]),
+    /// I/O descriptor pairs of this execution, by ring.
+    pub io: &'a [crate::bind::RingIo],
+    /// The collectives chain to append on a model switch (first NC only), if any.
+    pub cc_chain: Option<&'a CcChain>,
+}
+
+/// What one staged request looked like (for tests and traces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagedRequest {
+    /// The request as written.
+    pub request: DeviceExecRequest,
+    /// The execution's compute index on this NC.
+    pub compute_idx: u32,
+    /// Descriptor pairs appended to the exec queue (4 + chain).
+    pub exec_pairs: u32,
+}
+
+/// The per-NC state behind `compute_req_lock`.
+#[derive(Debug)]
+pub struct HwExecState {
+    exec_queue: DmaQueue,
+    req_buf: SharedChunk,
+    req_alloc: Allocation,
+    slots: u32,
+    compute_idx_tail: u32,
+    last_exec_req_flags: Option<[u32; 13]>,
+    last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
+    io_queues: HashMap<(u32, u32), DmaQueue>,
+    map: AddressMap,
+}
+
+/// One NC's hardware exec queue (`hw_exec_queue_t`): its `compute_req_lock` and the state
+/// behind it.
+#[derive(Debug)]
+pub struct HwExecQueue {
+    /// The physical NC.
+    pub nc: u32,
+    /// `compute_req_lock`: taken on the first TPB of a vNC for the whole fan-out.
+    pub compute_req_lock: Mutex<HwExecState>,
+    device: Arc<dyn Device>,
+}
+
+fn fail(what: impl std::fmt::Display) -> NrtError {
+    NrtError::new(NrtStatus::Failure, what.to_string())
+}
+
+impl HwExecQueue {
+    /// Allocates and initialises NC `nc`'s exec queue (rings in its HBM, DMA_QUEUE_INIT) and a
+    /// request buffer of `slots` slots (one per execution that may be in flight).
+    ///
+    /// # Errors
+    /// The device's allocation or init error.
+    pub fn new(device: Arc<dyn Device>, nc: u32, slots: u32) -> Result<Self, NrtError> {
+        let info = device.info();
+        let map = AddressMap {
+            arch: info.arch,
+            nc_count: info.nc_count,
+            hbm_bytes_per_nc: info.hbm_bytes_per_nc,
+        };
+        let id = DmaQueueId {
+            nc,
+            engine: EXEC_QUEUE_ENGINE,
+            queue: EXEC_QUEUE,
+        };
+        let exec_queue = DmaQueue::create(
+            device.as_ref(),
+            id,
+            EXEC_QUEUE_DESCS,
+            MemLocation::Hbm { nc },
+        )
+        .map_err(|e| fail(format!("NC {nc}: creating the hardware exec queue: {e}")))?;
+        let req_alloc = device.mem_alloc(
+            MemLocation::Hbm { nc },
+            u64::from(slots) * REQUEST_SLOT_SIZE,
+            0,
+        )?;
+        let req_buf = device.mem_map(&req_alloc)?;
+        for s in 0..u64::from(slots) {
+            req_buf
+                .store_u32(
+                    req_alloc.pa + s * REQUEST_SLOT_SIZE + EVENT_POKE_WORD,
+                    1,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .map_err(fail)?;
+        }
+        Ok(Self {
+            nc,
+            compute_req_lock: Mutex::new(HwExecState {
+                exec_queue,
+                req_buf,
+                req_alloc,
+                slots,
+                compute_idx_tail: 0,
+                last_exec_req_flags: None,
+                last_exec_req_tbl_hashes: None,
+                io_queues: HashMap::new(),
+                map,
+            }),
+            device,
+        })
+    }
+
+    /// Creates the I/O ring (engine, queue) of this NC if it does not exist yet (at model load).
+    ///
+    /// # Errors
+    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue).
+    pub fn ensure_io_queue(&self, engine: u32, queue: u32) -> Result<(), NrtError> {
+        if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
+            ));
+        }
+        let mut st = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.io_queues.contains_key(&(engine, queue)) {
+            return Ok(());
+        }
+        let id = DmaQueueId {
+            nc: self.nc,
+            engine,
+            queue,
+        };
+        let q = DmaQueue::create(
+            self.device.as_ref(),
+            id,
+            IO_RING_DESCS,
+            MemLocation::Hbm { nc: self.nc },
+        )
+        .map_err(|e| {
+            fail(format!(
+                "NC {}: creating I/O ring ({engine}, {queue}): {e}",
+                self.nc
+            ))
+        })?;
+        st.io_queues.insert((engine, queue), q);
+        Ok(())
+    }
+
+    /// Releases the exec queue, the I/O rings and the request buffer (runtime close).
+    pub fn release(self) {
+        let st = self
+            .compute_req_lock
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dev = self.device.as_ref();
+        let _ = st.exec_queue.release(dev);
+        for (_, q) in st.io_queues {
+            let _ = q.release(dev);
+        }
+        drop(st.req_buf);
+        let _ = dev.mem_free(st.req_alloc.handle);
+    }
+}
+
+impl HwExecState {
+    /// The exec queue (its rings hold the trigger pairs).
+    pub fn exec_queue(&self) -> &DmaQueue {
+        &self.exec_queue
+    }
+
+    /// The next execution's compute index on this NC.
+    pub fn compute_idx_tail(&self) -> u32 {
+        self.compute_idx_tail
+    }
+
+    /// `hw_exec_queue_add_exec_request_impl`: writes this execution's I/O descriptors into the
+    /// I/O rings, builds the request (engine addresses split lo/hi; `reload_seq_config` from the
+    /// `exec_req_flags` diff — always 1 when the optimisation is off; `load_act_dve_tables` from
+    /// the table-hash diff), copies it into the request slot then the `cc_dma_increment` trailer
+    /// at 0x34, appends trigger pair 1 (52-byte request → DMEM), pair 2 (4-byte event poke),
+    /// pair 3 (two 4-byte tail increments carrying the chain length) and the chain, in that
+    /// order, then updates the caches and `compute_idx_tail`.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when a ring or the request buffer cannot be written (the caller poisons the
+    /// XU).
+    pub fn add_exec_request(
+        &mut self,
+        nc: u32,
+        program: &StagedProgram<'_>,
+        model_switch: bool,
+        skip_config_optimization: bool,
+    ) -> Result<StagedRequest, NrtError> {
+        for ring in program.io {
+            let (engine, queue) = (ring.engine, ring.queue);
+            let q = self.io_queues.get_mut(&(engine, queue)).ok_or_else(|| {
+                fail(format!(
+                    "NC {nc}: I/O ring ({engine}, {queue}) was not created at load"
+                ))
+            })?;
+            for p in &ring.pairs {
+                q.push_copy(p.src, p.dst, u64::from(p.len))
+                    .map_err(|e| fail(format!("NC {nc}: I/O ring ({engine}, {queue}): {e}")))?;
+            }
+            q.hand_to_device();
+        }
+        let mut request = DeviceExecRequest {
+            do_model_switch: u32::from(model_switch),
+            ..Default::default()
+        };
+        request.reload_seq_config = if skip_config_optimization {
+            u32::from(self.last_exec_req_flags.as_ref() != Some(program.exec_req_flags))
+        } else {
+            1
+        };
+        let hashes = (*program.table_hashes.0, *program.table_hashes.1);
+        request.load_act_dve_tables = u32::from(self.last_exec_req_tbl_hashes != Some(hashes));
+        for (engine, addr) in Engine::ALL.iter().zip(program.engine_addresses) {
+            request.set_engine_address(*engine, addr);
+        }
+        let compute_idx = self.compute_idx_tail;
+        let slot_pa = self.req_alloc.pa + u64::from(compute_idx % self.slots) * REQUEST_SLOT_SIZE;
+        let chain_len = program.cc_chain.map_or(0, |c| c.pairs.len());
+        let m = u32::try_from(chain_len).map_err(fail)?;
+        self.req_buf
+            .write(slot_pa, request.as_bytes())
+            .map_err(|e| fail(format!("Unable to copy execution request to device: {e}")))?;
+        self.req_buf
+            .write(
+                slot_pa + CC_DMA_INCREMENT_OFFSET as u64,
+                &0u32.to_le_bytes(),
+            )
+            .map_err(|e| fail(format!("Unable to copy CC DMA increment to device: {e}")))?;
+        self.req_buf
+            .write(slot_pa + TAIL_INC_WORD, &m.to_le_bytes())
+            .map_err(fail)?;
+        let dmem = self.map.dmem_address(nc, 0);
+        let event = self.map.register_address(Register::Event {
+            nc,
+            index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+        });
+        let rx_inc = self.map.register_address(Register::RxTailIncrement {
+            nc,
+            engine: EXEC_QUEUE_ENGINE,
+            queue: EXEC_QUEUE,
+        });
+        let tx_inc = self.map.register_address(Register::TxTailIncrement {
+            nc,
+            engine: EXEC_QUEUE_ENGINE,
+            queue: EXEC_QUEUE,
+        });
+        let q = &mut self.exec_queue;
+        let mut push = |src: u64, dst: u64, len: u64| {
+            q.push_copy(src, dst, len)
+                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))
+        };
+        push(slot_pa, dmem, DEVICE_EXEC_REQUEST_SIZE as u64)?; // pair 1
+        push(slot_pa + EVENT_POKE_WORD, event, 4)?; // pair 2
+        push(slot_pa + TAIL_INC_WORD, rx_inc, 4)?; // pair 3, RX tail increment
+        push(slot_pa + TAIL_INC_WORD, tx_inc, 4)?; // pair 3, TX tail increment
+        if let Some(chain) = program.cc_chain {
+            for &(src, dst, len) in &chain.pairs {
+                push(src, dst, len)?;
+            }
+        }
+        self.exec_queue.hand_to_device();
+        self.last_exec_req_flags = Some(*program.exec_req_flags);
+        self.last_exec_req_tbl_hashes = Some(hashes);
+        self.compute_idx_tail = self.compute_idx_tail.wrapping_add(1);
+        Ok(StagedRequest {
+            request,
+            compute_idx,
+            exec_pairs: 4 + m,
+        })
+    }
+}
+
+/// Builds raw descriptor pairs for a collectives chain, checking each ≤ 64 KiB (used when the
+/// chain is built, once per model).
+///
+/// # Errors
+/// NRT_INVALID for a pair over 64 KiB.
+pub fn check_cc_chain(chain: &CcChain) -> Result<(), NrtError> {
+    for &(src, dst, len) in &chain.pairs {
+        udma::m2m_copy_descriptors(src, dst, len, shared::RingId::INITIAL, false)
+            .map_err(|e| NrtError::new(NrtStatus::Invalid, format!("collectives chain: {e}")))?;
+    }
+    Ok(())
+}

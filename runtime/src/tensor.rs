@@ -1,0 +1,279 @@
+//! Tensors and tensor sets (`nrt_tensor_*`, `nrt_*_tensor_set`, `reference/nrt-api.md` §2.5–2.6).
+//!
+//! A device tensor is one chunk in the HBM of its vNC's first NC, mapped whole; reads and
+//! writes go through the bounds-checked mapping. A host tensor is plain process memory: the sync
+//! execute path clones it to device memory and copies results back (seed 000 §1 GOTCHA), the
+//! implicit-async path refuses it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use shared::NrtStatus;
+use shared::memory::SharedChunk;
+
+use crate::backend::{Allocation, Device};
+use crate::error::NrtError;
+
+/// Where a tensor lives (`nrt_tensor_placement_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// HBM of logical core `vnc` (`NRT_TENSOR_PLACEMENT_DEVICE`).
+    Device {
+        /// The logical core (process-relative).
+        vnc: u32,
+    },
+    /// Host memory (`NRT_TENSOR_PLACEMENT_HOST`).
+    Host,
+}
+
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Device {
+        allocation: Allocation,
+        memory: SharedChunk,
+        device: Arc<dyn Device>,
+    },
+    Host(Mutex<Vec<u8>>),
+}
+
+/// A tensor: a named byte buffer on the device or the host. Cloning shares the storage.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub(crate) inner: Arc<TensorInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct TensorInner {
+    pub(crate) name: String,
+    pub(crate) size: u64,
+    pub(crate) placement: Placement,
+    pub(crate) storage: Storage,
+}
+
+impl Drop for TensorInner {
+    fn drop(&mut self) {
+        if let Storage::Device {
+            allocation, device, ..
+        } = &self.storage
+            && let Err(e) = device.mem_free(allocation.handle)
+        {
+            tracing::warn!(tensor = %self.name, error = %e, "freeing a tensor's device memory");
+        }
+    }
+}
+
+impl Tensor {
+    pub(crate) fn device(
+        name: &str,
+        vnc: u32,
+        allocation: Allocation,
+        memory: SharedChunk,
+        device: Arc<dyn Device>,
+        size: u64,
+    ) -> Self {
+        Self {
+            inner: Arc::new(TensorInner {
+                name: name.into(),
+                size,
+                placement: Placement::Device { vnc },
+                storage: Storage::Device {
+                    allocation,
+                    memory,
+                    device,
+                },
+            }),
+        }
+    }
+
+    /// A host tensor of `size` zero bytes.
+    pub fn host(name: &str, size: u64) -> Result<Self, NrtError> {
+        let len = usize::try_from(size).map_err(|_| {
+            NrtError::new(
+                NrtStatus::Resource,
+                format!("tensor {name:?}: {size} bytes"),
+            )
+        })?;
+        Ok(Self {
+            inner: Arc::new(TensorInner {
+                name: name.into(),
+                size,
+                placement: Placement::Host,
+                storage: Storage::Host(Mutex::new(vec![0; len])),
+            }),
+        })
+    }
+
+    /// The tensor's own name (for logs).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Size in bytes (`nrt_tensor_get_size`).
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Where it lives.
+    pub fn placement(&self) -> Placement {
+        self.inner.placement
+    }
+
+    /// The device PA of byte 0 (device tensors only).
+    pub fn device_pa(&self) -> Option<u64> {
+        match &self.inner.storage {
+            Storage::Device { allocation, .. } => Some(allocation.pa),
+            Storage::Host(_) => None,
+        }
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<(), NrtError> {
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > self.inner.size) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "tensor {:?}: access {offset}+{len} beyond its {} bytes",
+                    self.inner.name, self.inner.size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies `buf.len()` bytes from byte `offset` of the tensor (`nrt_tensor_read`).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a range outside the tensor.
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), NrtError> {
+        self.check(offset, buf.len())?;
+        match &self.inner.storage {
+            Storage::Device {
+                allocation, memory, ..
+            } => memory.read(allocation.pa + offset, buf).map_err(|e| {
+                NrtError::new(
+                    NrtStatus::Failure,
+                    format!("tensor {:?}: {e}", self.inner.name),
+                )
+            }),
+            Storage::Host(v) => {
+                let v = v.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                buf.copy_from_slice(&v[start..start + buf.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies `data` to byte `offset` of the tensor (`nrt_tensor_write`).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a range outside the tensor.
+    pub fn write(&self, data: &[u8], offset: u64) -> Result<(), NrtError> {
+        self.check(offset, data.len())?;
+        match &self.inner.storage {
+            Storage::Device {
+                allocation, memory, ..
+            } => memory.write(allocation.pa + offset, data).map_err(|e| {
+                NrtError::new(
+                    NrtStatus::Failure,
+                    format!("tensor {:?}: {e}", self.inner.name),
+                )
+            }),
+            Storage::Host(v) => {
+                let mut v = v.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                v[start..start + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies all of `src` into this tensor (same size).
+    pub(crate) fn copy_from(&self, src: &Tensor) -> Result<(), NrtError> {
+        let len = usize::try_from(src.size()).unwrap_or(usize::MAX);
+        let mut buf = vec![0u8; len];
+        src.read(&mut buf, 0)?;
+        self.write(&buf, 0)
+    }
+
+    /// Whether two handles share storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// A name → tensor map (`nrt_tensor_set_t`). Names are the model's I/O names and need not
+/// equal the tensors' own names.
+#[derive(Clone, Debug, Default)]
+pub struct TensorSet {
+    tensors: HashMap<String, Tensor>,
+}
+
+impl TensorSet {
+    /// An empty set (`nrt_allocate_tensor_set`).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces `name` (`nrt_add_tensor_to_tensor_set`).
+    pub fn add(&mut self, name: &str, tensor: &Tensor) {
+        self.tensors.insert(name.to_string(), tensor.clone());
+    }
+
+    /// Looks `name` up (`nrt_get_tensor_from_tensor_set`).
+    ///
+    /// # Errors
+    /// NRT_FAILURE when absent, as libnrt does.
+    pub fn get(&self, name: &str) -> Result<&Tensor, NrtError> {
+        self.tensors.get(name).ok_or_else(|| {
+            NrtError::new(
+                NrtStatus::Failure,
+                format!("no tensor named {name:?} in the set"),
+            )
+        })
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// (name, tensor) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.tensors.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_tensors_read_and_write_in_bounds_only() {
+        let t = Tensor::host("t", 8).unwrap();
+        t.write(&[1, 2, 3], 5).unwrap();
+        let mut b = [0u8; 8];
+        t.read(&mut b, 0).unwrap();
+        assert_eq!(b, [0, 0, 0, 0, 0, 1, 2, 3]);
+        let e = t.write(&[1, 2, 3, 4], 5).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid);
+        assert!(e.message.contains("beyond its 8 bytes"));
+    }
+
+    #[test]
+    fn sets_replace_by_name_and_miss_with_failure() {
+        let a = Tensor::host("a", 1).unwrap();
+        let b = Tensor::host("b", 1).unwrap();
+        let mut s = TensorSet::new();
+        s.add("x", &a);
+        s.add("x", &b);
+        assert_eq!(s.len(), 1);
+        assert!(s.get("x").unwrap().same_storage(&b));
+        assert_eq!(s.get("y").unwrap_err().status, NrtStatus::Failure);
+    }
+}
