@@ -26,6 +26,16 @@ pub struct Counters {
     pub posted_errors: AtomicU64,
     /// NC resets.
     pub resets: AtomicU64,
+    /// Executions that posted an `Execution` notification.
+    pub executions: AtomicU64,
+    /// Executions that ended with error flags.
+    pub exec_errors: AtomicU64,
+    /// Sequencer config reloads.
+    pub config_reloads: AtomicU64,
+    /// Activation/DVE table loads.
+    pub table_loads: AtomicU64,
+    /// Collectives model-switch chains run.
+    pub cc_chains: AtomicU64,
 }
 
 /// Adds `n` to a counter (relaxed: counters order nothing).
@@ -48,6 +58,11 @@ impl Counters {
             nq_overflows: get(&self.nq_overflows),
             posted_errors: get(&self.posted_errors),
             resets: get(&self.resets),
+            executions: get(&self.executions),
+            exec_errors: get(&self.exec_errors),
+            config_reloads: get(&self.config_reloads),
+            table_loads: get(&self.table_loads),
+            cc_chains: get(&self.cc_chains),
         }
     }
 }
@@ -62,7 +77,8 @@ impl fmt::Display for CountersLine {
         write!(
             f,
             "dma_descriptors {}, dma_bytes {}, dma_aborts {}, register_writes {}, doorbells {}, \
-             notifications {}, nq_overflows {}, posted_errors {}, resets {}",
+             notifications {}, nq_overflows {}, posted_errors {}, resets {}, executions {}, \
+             exec_errors {}, config_reloads {}, table_loads {}, cc_chains {}",
             c.dma_descriptors,
             c.dma_bytes,
             c.dma_aborts,
@@ -71,7 +87,12 @@ impl fmt::Display for CountersLine {
             c.notifications,
             c.nq_overflows,
             c.posted_errors,
-            c.resets
+            c.resets,
+            c.executions,
+            c.exec_errors,
+            c.config_reloads,
+            c.table_loads,
+            c.cc_chains
         )
     }
 }

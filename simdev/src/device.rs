@@ -10,21 +10,29 @@
 //! allocated them; DMA on a client's queues may touch only that client's chunks and the
 //! registers of its own NCs.
 //!
+//! Executions run on one sequencer thread per NC ([`crate::sequencer`]); the device's state
+//! lives in an `Arc` shared with those threads, and dropping the [`Device`] stops and joins
+//! them.
+//!
 //! # Locking
-//! Each NC has two locks: `state` (its DMA queues and notification queue) and `claim` (its
-//! owner and register file). `memory` guards the address space and `clients` the pids of
-//! connected clients. The order is `state` → `claim` and `state` → `memory`; `claim`, `memory`
-//! and `clients` are leaves, held only for a lookup or an update. No thread holds two NCs'
-//! `state` locks at once: a DMA write into another NC's tail-increment register is applied
-//! after the first NC's lock is released ([`crate::dma::Outcome::Deferred`]). Locks are taken
-//! through poison-ignoring helpers, so a request handler that panicked (caught and answered as
-//! an error) does not wedge the device.
+//! Each NC has two locks: `state` (its DMA queues, notification queue and exec-batch count)
+//! and `claim` (its owner and register file), plus two leaf locks: `dmem` (its sequencer DMEM)
+//! and the sequencer's wake-up state. `memory` guards the address space and `clients` the pids
+//! of connected clients. The order is `state` → `claim` and `state` → `memory`; `claim`,
+//! `memory`, `clients`, `dmem` and the sequencer lock are leaves, held only for a lookup or an
+//! update (the sequencer thread sleeps on its lock's condition variable holding nothing else).
+//! No thread holds two NCs' `state` locks at once: a DMA write into another NC's
+//! tail-increment register is applied after the first NC's lock is released
+//! ([`crate::dma::Outcome::Deferred`]). Locks are taken through poison-ignoring helpers, so a
+//! request handler that panicked (caught and answered as an error) does not wedge the device.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{
+    Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 use std::time::Instant;
 
 use shared::address_map::{AddressMap, REG_WINDOW_BASE, Register};
@@ -34,6 +42,7 @@ use shared::notification::{
 use shared::protocol::{
     DeviceInfo, ErrorKind, MemLocation, NcCounters, PROTOCOL_VERSION, RemoteError, Reply, Request,
 };
+use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START, SEQ_DMEM_SIZE};
 use shared::udma::Direction;
 
 use crate::config::{Config, ConfigError};
@@ -66,6 +75,9 @@ struct Claim {
 struct NcState {
     queues: DmaQueues,
     nq: Option<NotificationQueue>,
+    /// Batches the exec queue ran since its DMA_QUEUE_INIT, or the NC's reset, release or
+    /// reclaim: the next execution's `compute_idx`.
+    exec_batches: u32,
 }
 
 /// One NC.
@@ -75,6 +87,13 @@ struct Nc {
     counters: Counters,
     claim: Mutex<Option<Arc<Claim>>>,
     state: Mutex<NcState>,
+    /// The sequencer DMEM ([`SEQ_DMEM_SIZE`] bytes), written by DMA.
+    dmem: Mutex<Vec<u8>>,
+    /// Bumped (under `state`) by every reset, release and reclaim: an execution that started
+    /// in an older epoch is abandoned.
+    epoch: AtomicU64,
+    /// The sequencer thread's wake-up state.
+    seq: exec::SeqSync,
 }
 
 /// What the device knows of a connected client.
@@ -84,9 +103,18 @@ struct ClientInfo {
 }
 
 /// The emulated device (see the module doc). `Send + Sync`: share it in an `Arc` between
-/// connection threads.
+/// connection threads. Dropping it stops and joins the NCs' sequencer threads.
 #[derive(Debug)]
 pub struct Device {
+    core: Arc<Core>,
+}
+
+/// The device's state, shared by the connection threads (through [`Device`]) and the
+/// sequencer threads.
+#[derive(Debug)]
+struct Core {
+    /// This core, for starting sequencer threads.
+    me: Weak<Core>,
     map: AddressMap,
     info: DeviceInfo,
     ncs: Vec<Nc>,
@@ -94,7 +122,10 @@ pub struct Device {
     clients: Mutex<HashMap<ClientId, ClientInfo>>,
     next_client: AtomicU64,
     start: Instant,
-    budget: Budget,
+    budget_pairs: AtomicU64,
+    budget_bytes: AtomicU64,
+    /// [`Device::device_lost`] ran: no execution starts or posts any more.
+    lost: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -200,6 +231,76 @@ impl Device {
     /// [`ConfigError`] when the configuration is out of range.
     pub fn new(config: &Config) -> Result<Self, ConfigError> {
         config.validate()?;
+        Ok(Self {
+            core: Arc::new_cyclic(|me| Core::new(config, me.clone())),
+        })
+    }
+
+    /// Bounds the DMA work of one doorbell (or one execution) to `pairs` descriptor pairs and
+    /// `bytes` bytes (defaults: [`dma::DEFAULT_BUDGET_PAIRS`], [`dma::DEFAULT_BUDGET_BYTES`]).
+    /// A queue that exceeds it is stopped with a DMA abort.
+    #[must_use]
+    pub fn with_dma_budget(self, pairs: u64, bytes: u64) -> Self {
+        self.core.budget_pairs.store(pairs, Ordering::Relaxed);
+        self.core.budget_bytes.store(bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// The device's static facts (the handshake's answer).
+    pub fn info(&self) -> &DeviceInfo {
+        &self.core.info
+    }
+
+    /// The device's address map.
+    pub fn address_map(&self) -> &AddressMap {
+        &self.core.map
+    }
+
+    /// Registers a new client (a connection from process `pid`).
+    pub fn connect(&self, pid: u32) -> ClientId {
+        self.core.connect(pid)
+    }
+
+    /// The client went away (EOF, reset, kill -9): stops and forgets the queues and
+    /// notification queues of its NCs, abandons their executions, zeroes their registers and
+    /// DMEM, clears their ownership, and frees all its memory chunks.
+    pub fn disconnect(&self, client: ClientId) {
+        self.core.disconnect(client);
+    }
+
+    /// The counters of NC `nc`, `None` when it does not exist.
+    pub fn counters(&self, nc: u32) -> Option<NcCounters> {
+        self.core.counters(nc)
+    }
+
+    /// The device is going away: posts a DeviceLost notification (error flag
+    /// [`error_flags::DEVICE_LOST`]) to every claimed NC's notification queue and signals its
+    /// eventfd. Executions in progress or parked are abandoned without a notification of their
+    /// own, and no execution starts afterwards.
+    pub fn device_lost(&self) {
+        self.core.device_lost();
+    }
+
+    /// Answers `request` of `client`: the reply and the fds it carries (see
+    /// [`Reply::fd_count`]). Never panics on client input; a panic inside a handler (a simdev
+    /// bug) is caught and answered as an error. Posted requests ([`Request::is_posted`]) are
+    /// handled the same way, but the caller sends no reply: a failure is logged and counted in
+    /// the NC's `posted_errors`. A doorbell (SemaphoreIncrement of
+    /// [`SEM_INFERENCE_START`]) only wakes the NC's sequencer thread; it never waits for the
+    /// execution.
+    pub fn handle(&self, client: ClientId, request: Request) -> (Reply, Vec<OwnedFd>) {
+        self.core.handle(client, request)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.core.stop_sequencers();
+    }
+}
+
+impl Core {
+    fn new(config: &Config, me: Weak<Core>) -> Self {
         let map = config.address_map();
         let arch = map.arch;
         let info = DeviceInfo {
@@ -221,6 +322,7 @@ impl Device {
                 std::process::id()
             ),
         };
+        let dmem_bytes = usize::try_from(SEQ_DMEM_SIZE).unwrap_or(4096);
         let ncs = (0..map.nc_count)
             .map(|index| Nc {
                 index,
@@ -229,10 +331,15 @@ impl Device {
                 state: Mutex::new(NcState {
                     queues: DmaQueues::new(map, index),
                     nq: None,
+                    exec_batches: 0,
                 }),
+                dmem: Mutex::new(vec![0; dmem_bytes]),
+                epoch: AtomicU64::new(0),
+                seq: exec::SeqSync::default(),
             })
             .collect();
-        Ok(Self {
+        Self {
+            me,
             map,
             info,
             ncs,
@@ -240,40 +347,27 @@ impl Device {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             start: Instant::now(),
-            budget: Budget::default(),
-        })
+            budget_pairs: AtomicU64::new(dma::DEFAULT_BUDGET_PAIRS),
+            budget_bytes: AtomicU64::new(dma::DEFAULT_BUDGET_BYTES),
+            lost: AtomicBool::new(false),
+        }
     }
 
-    /// Bounds the DMA work of one doorbell to `pairs` descriptor pairs and `bytes` bytes
-    /// (defaults: [`dma::DEFAULT_BUDGET_PAIRS`], [`dma::DEFAULT_BUDGET_BYTES`]). A queue that
-    /// exceeds it is stopped with a DMA abort.
-    #[must_use]
-    pub const fn with_dma_budget(mut self, pairs: u64, bytes: u64) -> Self {
-        self.budget = Budget::new(pairs, bytes);
-        self
+    /// A fresh budget for one doorbell or one execution.
+    fn budget(&self) -> Budget {
+        Budget::new(
+            self.budget_pairs.load(Ordering::Relaxed),
+            self.budget_bytes.load(Ordering::Relaxed),
+        )
     }
 
-    /// The device's static facts (the handshake's answer).
-    pub const fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    /// The device's address map.
-    pub const fn address_map(&self) -> &AddressMap {
-        &self.map
-    }
-
-    /// Registers a new client (a connection from process `pid`).
-    pub fn connect(&self, pid: u32) -> ClientId {
+    fn connect(&self, pid: u32) -> ClientId {
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
         lock(&self.clients).insert(client, ClientInfo { pid });
         client
     }
 
-    /// The client went away (EOF, reset, kill -9): stops and forgets the queues and
-    /// notification queues of its NCs, zeroes their registers, clears their ownership, and frees
-    /// all its memory chunks.
-    pub fn disconnect(&self, client: ClientId) {
+    fn disconnect(&self, client: ClientId) {
         let mut ncs = 0;
         for nc in &self.ncs {
             if self.owned_by(nc, client) {
@@ -289,15 +383,16 @@ impl Device {
         );
     }
 
-    /// The counters of NC `nc`, `None` when it does not exist.
-    pub fn counters(&self, nc: u32) -> Option<NcCounters> {
+    fn counters(&self, nc: u32) -> Option<NcCounters> {
         self.nc_ref(nc).map(|n| n.counters.snapshot())
     }
 
-    /// The device is going away: posts a DeviceLost notification (error flag
-    /// [`error_flags::DEVICE_LOST`]) to every claimed NC's notification queue and signals its
-    /// eventfd.
-    pub fn device_lost(&self) {
+    fn device_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        for nc in &self.ncs {
+            // Wakes a parked execution, which sees `lost` and ends without a notification.
+            nc.seq.changed();
+        }
         for nc in &self.ncs {
             if self.owner(nc).is_none() {
                 continue;
@@ -308,12 +403,7 @@ impl Device {
         }
     }
 
-    /// Answers `request` of `client`: the reply and the fds it carries (see
-    /// [`Reply::fd_count`]). Never panics on client input; a panic inside a handler (a simdev
-    /// bug) is caught and answered as an error. Posted requests ([`Request::is_posted`]) are
-    /// handled the same way, but the caller sends no reply: a failure is logged and counted in
-    /// the NC's `posted_errors`.
-    pub fn handle(&self, client: ClientId, request: Request) -> (Reply, Vec<OwnedFd>) {
+    fn handle(&self, client: ClientId, request: Request) -> (Reply, Vec<OwnedFd>) {
         let name = request.name();
         let posted = request.is_posted();
         let nc = request_nc(&request);
@@ -407,13 +497,15 @@ impl Device {
                 if let Some(n) = self.nc_ref(nc) {
                     bump(&n.counters.doorbells, 1);
                 }
-                let (_, c) = self.owned(client, nc)?;
+                let (n, c) = self.owned(client, nc)?;
                 c.registers.semaphore_add(index, value).map_err(range)?;
+                self.registers_changed(n, index == SEM_INFERENCE_START);
                 ok()
             }
             Request::SemaphoreDecrement { nc, index, value } => {
-                let (_, c) = self.owned(client, nc)?;
+                let (n, c) = self.owned(client, nc)?;
                 c.registers.semaphore_sub(index, value).map_err(range)?;
+                self.registers_changed(n, false);
                 ok()
             }
             Request::SemaphoreRead { nc, index } => {
@@ -421,13 +513,15 @@ impl Device {
                 reply(Reply::Value(c.registers.semaphore(index).map_err(range)?))
             }
             Request::SemaphoreWrite { nc, index, value } => {
-                let (_, c) = self.owned(client, nc)?;
+                let (n, c) = self.owned(client, nc)?;
                 c.registers.semaphore_set(index, value).map_err(range)?;
+                self.registers_changed(n, index == SEM_INFERENCE_START);
                 ok()
             }
             Request::EventSet { nc, index, value } => {
-                let (_, c) = self.owned(client, nc)?;
+                let (n, c) = self.owned(client, nc)?;
                 c.registers.event_set(index, value).map_err(range)?;
+                self.registers_changed(n, false);
                 ok()
             }
             Request::EventGet { nc, index } => {
@@ -538,13 +632,18 @@ impl Device {
     }
 
     /// Stops and forgets `nc`'s queues, drops its notification queue (freeing its chunk),
-    /// zeroes its registers and, when `release`, clears its owner.
+    /// abandons its execution (parked or running) and restarts its `compute_idx` count, zeroes
+    /// its registers and DMEM and, when `release`, clears its owner.
     fn reset_nc(&self, nc: &Nc, owner: ClientId, release: bool) {
         let nq = {
             let mut state = lock(&nc.state);
+            nc.epoch.fetch_add(1, Ordering::AcqRel);
             state.queues.clear();
+            state.exec_batches = 0;
+            lock(&nc.dmem).fill(0);
             state.nq.take()
         };
+        nc.seq.changed();
         if let Some(nq) = nq {
             // The client may have freed the chunk itself; then there is nothing left to free.
             let _ = write(&self.memory).free(owner, nq.chunk().handle());
@@ -617,6 +716,9 @@ impl Device {
         queues
             .init(id.engine, id.queue, (tx_chunk, tx.1), (rx_chunk, rx.1))
             .map_err(|e| queue_refusal(&e))?;
+        if (id.engine, id.queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
+            state.exec_batches = 0;
+        }
         ok()
     }
 
@@ -657,9 +759,21 @@ impl Device {
     }
 
     /// Processes queue `first` and every queue its descriptors start, one at a time, within one
-    /// [`Budget`].
+    /// [`Budget`]; aborts post DmaQueueError notifications.
     fn run_dma(&self, client: ClientId, first: QueueId) {
-        let mut budget = self.budget;
+        let mut budget = self.budget();
+        self.run_dma_with(client, first, &mut budget, &mut Aborts::Notify);
+    }
+
+    /// Processes queue `first` and every queue its descriptors start, one at a time, within
+    /// `budget`; each abort goes to `aborts`.
+    fn run_dma_with(
+        &self,
+        client: ClientId,
+        first: QueueId,
+        budget: &mut Budget,
+        aborts: &mut Aborts<'_>,
+    ) {
         let mut worklist = VecDeque::from([first]);
         while let Some(id) = worklist.pop_front() {
             let Some(nc) = self.nc_ref(id.nc) else {
@@ -678,11 +792,11 @@ impl Device {
                 let outcome =
                     state
                         .queues
-                        .process(id.engine, id.queue, &mut bus, &mut budget, &nc.counters);
+                        .process(id.engine, id.queue, &mut bus, budget, &nc.counters);
                 match outcome {
                     Outcome::Idle => break,
                     Outcome::Aborted(abort) => {
-                        self.report_abort(nc, &mut state, &abort);
+                        self.on_abort(nc, &mut state, abort, aborts);
                         break;
                     }
                     Outcome::Deferred(deferred) => {
@@ -693,7 +807,7 @@ impl Device {
                             .queues
                             .finish_deferred(&deferred, result, &nc.counters);
                         if let Some(abort) = abort {
-                            self.report_abort(nc, &mut state, &abort);
+                            self.on_abort(nc, &mut state, abort, aborts);
                             break;
                         }
                     }
@@ -733,6 +847,16 @@ impl Device {
             .map_err(|source| Fault::TailIncrement { reg, value, source })?;
         schedule(worklist, QueueId { nc, engine, queue });
         Ok(())
+    }
+
+    fn on_abort(&self, nc: &Nc, state: &mut NcState, abort: Abort, aborts: &mut Aborts<'_>) {
+        match aborts {
+            Aborts::Notify => self.report_abort(nc, state, &abort),
+            Aborts::Capture(list) => {
+                tracing::warn!("{} (during an execution)", abort.reason);
+                list.push(abort);
+            }
+        }
     }
 
     fn report_abort(&self, nc: &Nc, state: &mut NcState, abort: &Abort) {
@@ -801,6 +925,14 @@ impl Device {
     }
 }
 
+/// Where the aborts of a DMA run go.
+enum Aborts<'a> {
+    /// A DmaQueueError notification each (a doorbell's DMA).
+    Notify,
+    /// Collected for the execution that started the DMA, which reports them itself.
+    Capture(&'a mut Vec<Abort>),
+}
+
 fn range(err: crate::registers::BadIndex) -> RemoteError {
     refuse(ErrorKind::OutOfRange, err.to_string())
 }
@@ -813,7 +945,7 @@ fn schedule(worklist: &mut VecDeque<QueueId>, queue: QueueId) {
 
 /// One client's view of the device for its DMA.
 struct ClientBus<'a> {
-    device: &'a Device,
+    device: &'a Core,
     client: ClientId,
     worklist: &'a mut VecDeque<QueueId>,
 }
@@ -848,15 +980,43 @@ impl Bus for ClientBus<'_> {
                     .registers
                     .write(reg, value)
                     .map_err(|source| Fault::Register { reg, source })?;
+                let starts = matches!(
+                    reg,
+                    Register::SemaphoreIncrement { index, .. } | Register::SemaphoreSet { index, .. }
+                        if index == SEM_INFERENCE_START
+                );
+                if let Some(n) = self.device.nc_ref(nc) {
+                    self.device.registers_changed(n, starts);
+                }
                 Ok(RegisterWrite::Done)
             }
         }
+    }
+
+    fn write_dmem(&mut self, nc: u32, offset: u64, data: &[u8]) -> Result<(), Fault> {
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let pa = self.device.map.dmem_address(nc, offset);
+        let foreign = || Fault::ForeignDmem { pa, len, nc };
+        let n = self.device.nc_ref(nc).ok_or_else(foreign)?;
+        if !self.device.owned_by(n, self.client) {
+            return Err(foreign());
+        }
+        let start = usize::try_from(offset).map_err(|_| foreign())?;
+        let mut dmem = lock(&n.dmem);
+        let slot = start
+            .checked_add(data.len())
+            .and_then(|end| dmem.get_mut(start..end))
+            .ok_or_else(foreign)?;
+        slot.copy_from_slice(data);
+        Ok(())
     }
 
     fn schedule(&mut self, queue: QueueId) {
         schedule(self.worklist, queue);
     }
 }
+
+mod exec;
 
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,9 @@
 //! the descriptors posted past its head (the tail increments of DMA_QUEUE_COPY_START, or a DMA
 //! write into a DRTP_INC register) and not yet processed. Processing takes pairs while both
 //! rings have pending descriptors: the TX descriptor names a source, the RX descriptor a
-//! destination of the same length, which is either client memory (a copy) or a register (a
-//! 4-byte write: semaphore, event, or another queue's tail increment).
+//! destination of the same length, which is either client memory (a copy), a range of the
+//! sequencer DMEM of an NC the client owns (any length that fits the DMEM window), or a register
+//! (a 4-byte write: semaphore, event, or another queue's tail increment).
 //!
 //! Every pair is checked completely before anything is written, so a bad pair stops the queue
 //! with all earlier pairs done and nothing of itself or later ones: the queue becomes
@@ -190,6 +191,16 @@ pub enum Fault {
         /// Length in bytes.
         len: u32,
     },
+    /// A DMEM range of an NC the client does not own.
+    #[error("DMEM destination {pa:#x}+{len} is on NC {nc}, which this client does not own")]
+    ForeignDmem {
+        /// Destination PA.
+        pa: u64,
+        /// Length in bytes.
+        len: u32,
+        /// The DMEM's NC.
+        nc: u32,
+    },
     /// A register of an NC the client does not own.
     #[error("register {reg:?} is on NC {nc}, which this client does not own")]
     ForeignRegister {
@@ -244,6 +255,7 @@ impl Fault {
                 | Self::DestinationOutOfBounds { .. }
                 | Self::UnknownRegister { .. }
                 | Self::ForeignRegister { .. }
+                | Self::ForeignDmem { .. }
         )
     }
 }
@@ -322,9 +334,63 @@ pub trait Bus {
     /// [`Fault::Register`] when the register file refuses the write.
     fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault>;
 
+    /// Writes `data` at byte `offset` of NC `nc`'s sequencer DMEM (`offset + data.len()` is
+    /// inside the window: [`AddressMap::decode_dmem`] checked it).
+    ///
+    /// # Errors
+    /// [`Fault::ForeignDmem`] when the NC is not the client's.
+    fn write_dmem(&mut self, nc: u32, offset: u64, data: &[u8]) -> Result<(), Fault>;
+
     /// Queue `queue` (of this NC) got work from a tail increment: process it after the current
     /// one.
     fn schedule(&mut self, queue: QueueId);
+}
+
+/// What a checked descriptor pair does, as [`DmaQueues::peek`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PairEffect {
+    /// A copy into client memory at `dst`.
+    Copy {
+        /// Destination PA.
+        dst: u64,
+    },
+    /// A write of `data` into NC `nc`'s sequencer DMEM at `offset`.
+    Dmem {
+        /// The DMEM's NC.
+        nc: u32,
+        /// Byte offset in the DMEM.
+        offset: u64,
+        /// The source bytes (read when the pair was checked).
+        data: Vec<u8>,
+    },
+    /// A 4-byte register write.
+    Register {
+        /// The register.
+        reg: Register,
+        /// The value the source holds.
+        value: u32,
+    },
+}
+
+/// A descriptor pair read and checked without being executed ([`DmaQueues::peek`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeekedPair {
+    /// Length in bytes (both sides).
+    pub len: u32,
+    /// What the pair would do.
+    pub effect: PairEffect,
+}
+
+/// Why [`DmaQueues::peek`] found no valid pair.
+#[derive(Debug, Error)]
+pub enum PeekError {
+    /// The queue is not initialised or is stopped.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The pair breaks a descriptor rule, exactly as processing would find it (a stale ring id
+    /// when nothing was staged there).
+    #[error(transparent)]
+    Fault(#[from] Fault),
 }
 
 /// The result of [`DmaQueues::process`].
@@ -410,13 +476,30 @@ impl Ring {
         }
     }
 
-    fn read_head(&self) -> Result<UdmaDesc, Fault> {
-        let pa = self.chunk.pa() + u64::from(self.head) * UDMA_DESC_SIZE as u64;
+    /// The slot `ahead` descriptors past the head and the ring id of the pass it is on.
+    fn slot(&self, ahead: u32) -> (u32, RingId) {
+        let pos = u64::from(self.head) + u64::from(ahead);
+        let size = u64::from(self.size);
+        let index = u32::try_from(pos % size).unwrap_or(0);
+        let mut ring_id = self.ring_id;
+        for _ in 0..(pos / size) % 4 {
+            ring_id = ring_id.next();
+        }
+        (index, ring_id)
+    }
+
+    fn read(&self, index: u32) -> Result<UdmaDesc, Fault> {
+        let pa = self.chunk.pa() + u64::from(index) * UDMA_DESC_SIZE as u64;
         self.chunk.memory().read_obj(pa).map_err(Fault::RingRead)
     }
 
     fn advance(&mut self) {
         self.pending = self.pending.saturating_sub(1);
+        self.step_head();
+    }
+
+    /// Moves the head past one slot (a new pass, with the next ring id, after the last slot).
+    fn step_head(&mut self) {
         self.head += 1;
         if self.head == self.size {
             self.head = 0;
@@ -443,6 +526,12 @@ enum Action {
         src_pa: u64,
         dst: Arc<Chunk>,
         dst_pa: u64,
+    },
+    Dmem {
+        nc: u32,
+        offset: u64,
+        src: Arc<Chunk>,
+        src_pa: u64,
     },
     Register {
         reg: Register,
@@ -683,6 +772,13 @@ impl DmaQueues {
                     dst_pa,
                 } => copy(src.memory(), src_pa, dst.memory(), dst_pa, len_usize(len))
                     .map_err(Fault::Copy),
+                Action::Dmem {
+                    nc,
+                    offset,
+                    src,
+                    src_pa,
+                } => read_source(&src, src_pa, len)
+                    .and_then(|data| bus.write_dmem(nc, offset, &data)),
                 Action::Register { reg, value } => {
                     match self.write_register(engine, queue, reg, value, bus) {
                         Ok(RegisterWrite::Done) => Ok(()),
@@ -707,6 +803,123 @@ impl DmaQueues {
             }
             budget.charge(len);
             self.complete(index, len, register, counters);
+        }
+    }
+
+    /// Descriptors pending `(tx, rx)` on a queue and whether a deferred register write of its
+    /// head pair is in flight; `None` when it is not initialised.
+    pub fn pending(&self, engine: u32, queue: u32) -> Option<(u32, u32, bool)> {
+        let index = self.index(engine, queue).ok()?;
+        let q = self.slots.get(index)?.as_ref()?;
+        Some((q.tx.pending, q.rx.pending, q.in_flight))
+    }
+
+    /// Ring sizes `(tx, rx)` in descriptors of a queue; `None` when it is not initialised.
+    pub fn ring_sizes(&self, engine: u32, queue: u32) -> Option<(u32, u32)> {
+        let index = self.index(engine, queue).ok()?;
+        let q = self.slots.get(index)?.as_ref()?;
+        Some((q.tx.size, q.rx.size))
+    }
+
+    /// Reads and checks, without executing or consuming it, the pair `ahead` slots past the
+    /// heads of a running queue, whether or not it was posted: the descriptors must carry the
+    /// ring id of the pass their slots are on and pass every rule processing applies (lengths,
+    /// source in the client's memory, destination in its memory, a DMEM it owns or a register).
+    /// This is how the sequencer fetches the exec queue's staged batch.
+    ///
+    /// # Errors
+    /// [`PeekError::Queue`] when the queue is not initialised or stopped, [`PeekError::Fault`]
+    /// naming the broken rule.
+    pub fn peek(
+        &self,
+        engine: u32,
+        queue: u32,
+        ahead: u32,
+        bus: &impl Bus,
+    ) -> Result<PeekedPair, PeekError> {
+        let index = self.index(engine, queue)?;
+        let q = self
+            .slots
+            .get(index)
+            .and_then(Option::as_ref)
+            .ok_or(QueueError::NotInitialized { engine, queue })?;
+        if let QueueStatus::Stopped(reason) = &q.status {
+            return Err(QueueError::Stopped {
+                engine,
+                queue,
+                reason: reason.clone(),
+            }
+            .into());
+        }
+        let (action, len) = self.check_pair_at(q, ahead, bus)?;
+        let effect = match action {
+            Action::Copy { dst_pa, .. } => PairEffect::Copy { dst: dst_pa },
+            Action::Dmem {
+                nc,
+                offset,
+                src,
+                src_pa,
+            } => PairEffect::Dmem {
+                nc,
+                offset,
+                data: read_source(&src, src_pa, len)?,
+            },
+            Action::Register { reg, value } => PairEffect::Register { reg, value },
+        };
+        Ok(PeekedPair { len, effect })
+    }
+
+    /// Consumes the pair at the heads of a queue that the caller executed itself (the
+    /// sequencer's fetch of pairs nobody posted): advances both heads without touching the
+    /// pending counts, and counts the pair like a processed one.
+    pub fn consume_head(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        len: u32,
+        register: bool,
+        counters: &Counters,
+    ) {
+        let Ok(index) = self.index(engine, queue) else {
+            return;
+        };
+        if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
+            q.tx.step_head();
+            q.rx.step_head();
+        }
+        bump(&counters.dma_descriptors, 1);
+        bump(&counters.dma_bytes, u64::from(len));
+        if register {
+            bump(&counters.register_writes, 1);
+        }
+    }
+
+    /// Stops a queue on `fault` found outside [`DmaQueues::process`] (the sequencer's fetch):
+    /// a DMA abort, counted, with the usual reason text. `None` when the queue is not
+    /// initialised.
+    pub fn abort(
+        &mut self,
+        engine: u32,
+        queue: u32,
+        fault: &Fault,
+        counters: &Counters,
+    ) -> Option<Abort> {
+        let index = self.index(engine, queue).ok()?;
+        self.slots.get(index)?.as_ref()?;
+        Some(self.stop(index, engine, queue, fault, counters))
+    }
+
+    /// Stops a running queue with `reason` without a DMA abort (the sequencer refusing a
+    /// malformed batch); a new DMA_QUEUE_INIT restarts it.
+    pub fn stop_with(&mut self, engine: u32, queue: u32, reason: String) {
+        let Ok(index) = self.index(engine, queue) else {
+            return;
+        };
+        if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut)
+            && q.status == QueueStatus::Running
+        {
+            q.status = QueueStatus::Stopped(reason);
+            q.in_flight = false;
         }
     }
 
@@ -737,8 +950,21 @@ impl DmaQueues {
 
     /// Reads and checks the pair at the heads of `q`; resolves both sides.
     fn check_pair(&self, q: &DmaQueue, bus: &impl Bus) -> Result<(Action, u32), Fault> {
-        let tx = q.tx.read_head()?.decode_tx(q.tx.ring_id)?;
-        let rx = q.rx.read_head()?.decode_rx(q.rx.ring_id)?;
+        self.check_pair_at(q, 0, bus)
+    }
+
+    /// Reads and checks the pair `ahead` slots past the heads of `q` (with the ring ids of the
+    /// pass those slots are on); resolves both sides.
+    fn check_pair_at(
+        &self,
+        q: &DmaQueue,
+        ahead: u32,
+        bus: &impl Bus,
+    ) -> Result<(Action, u32), Fault> {
+        let (tx_index, tx_ring_id) = q.tx.slot(ahead);
+        let (rx_index, rx_ring_id) = q.rx.slot(ahead);
+        let tx = q.tx.read(tx_index)?.decode_tx(tx_ring_id)?;
+        let rx = q.rx.read(rx_index)?.decode_rx(rx_ring_id)?;
         check_pair(&tx, &rx)?;
         let len = tx.len;
         if self.map.register_range().contains(&tx.src) {
@@ -747,6 +973,17 @@ impl DmaQueues {
         let src = bus
             .resolve(tx.src, len_usize(len))
             .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?;
+        if let Some((nc, offset)) = self.map.decode_dmem(rx.dst, u64::from(len)) {
+            return Ok((
+                Action::Dmem {
+                    nc,
+                    offset,
+                    src,
+                    src_pa: tx.src,
+                },
+                len,
+            ));
+        }
         if self.map.register_range().contains(&rx.dst) {
             let reg = self
                 .map
@@ -847,6 +1084,13 @@ impl DmaQueues {
             reason,
         }
     }
+}
+
+/// Reads the `len` source bytes of a pair.
+fn read_source(src: &Chunk, src_pa: u64, len: u32) -> Result<Vec<u8>, Fault> {
+    let mut data = vec![0u8; len_usize(len)];
+    src.memory().read(src_pa, &mut data).map_err(Fault::Copy)?;
+    Ok(data)
 }
 
 /// A descriptor length (at most 65536) as a `usize`.

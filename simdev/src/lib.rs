@@ -19,22 +19,26 @@
 //! - [`device`]: [`Device`], request dispatch, NC ownership and reclaim.
 //! - [`memory`]: memfd-backed chunks and the per-region first-fit allocator.
 //! - [`dma`]: DMA queues, their rings, and descriptor processing.
+//! - [`sequencer`]: the per-NC sequencer: exec-queue batches, executions, their errors.
+//! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
 //! - [`notify`]: the notification queue writer.
 //! - [`counters`]: per-NC counters.
 //!
 //! Everything below [`server`] works in-process: `Device::new(&config)` then
 //! [`Device::handle`] answers requests exactly as the socket would, which is how the unit
-//! tests drive DMA, memory, registers and notifications.
+//! tests drive DMA, memory, registers, notifications and executions.
 
 pub mod cli;
 pub mod config;
 pub mod counters;
 pub mod device;
 pub mod dma;
+pub mod engines;
 pub mod memory;
 pub mod notify;
 pub mod registers;
+pub mod sequencer;
 pub mod server;
 
 pub use config::Config;

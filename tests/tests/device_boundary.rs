@@ -33,7 +33,11 @@ fn remote_kind(e: &DeviceError) -> Option<ErrorKind> {
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i.to_le_bytes()[0] ^ i.to_le_bytes()[1]).wrapping_mul(31).wrapping_add(seed))
+        .map(|i| {
+            (i.to_le_bytes()[0] ^ i.to_le_bytes()[1])
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+        })
         .collect()
 }
 

@@ -50,8 +50,13 @@ fn io(rt: &Runtime, bytes: u64, placement: Placement) -> (Tensor, Tensor, Tensor
 fn pattern(len: u64, seed: u32) -> Vec<u8> {
     (0..len)
         .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
+            let word = u32::from_le_bytes([
+                i.to_le_bytes()[0],
+                i.to_le_bytes()[1],
+                i.to_le_bytes()[2],
+                0,
+            ]);
+            word.wrapping_mul(2_654_435_761)
                 .wrapping_add(seed)
                 .to_le_bytes()[3]
         })

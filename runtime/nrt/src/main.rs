@@ -273,7 +273,7 @@ fn bench(model: &str, bytes: u32, iterations: u32) -> Result<BenchReport, String
     let warmup = iterations.min(100);
     for k in 0..warmup + iterations {
         for (j, b) in data.iter_mut().enumerate() {
-            *b = (j as u32 ^ k).to_le_bytes()[0];
+            *b = j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ k.to_le_bytes()[0];
         }
         i.write(&data, 0).map_err(|e| e.to_string())?;
         let t = std::time::Instant::now();

@@ -16,6 +16,8 @@ use shared::udma::{RingId, UDMA_DESC_SIZE, UdmaDesc, m2m_copy_descriptors};
 use super::*;
 use crate::server::{Response, Session, check_peer};
 
+mod exec;
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
@@ -364,7 +366,7 @@ fn the_ring_wraps_and_its_ring_id_advances_over_four_passes() {
     assert_eq!(q.ring_id, RingId::INITIAL, "1, 2, 3, 0 and back to 1");
     assert_eq!(dst.read(0, 512), src.read(0, 512));
     assert_eq!(a.counters(0).dma_descriptors, pairs);
-    let state = lock(&dev.ncs[0].state);
+    let state = lock(&dev.core.ncs[0].state);
     assert_eq!(state.queues.heads(3, 7), Some((0, 0)));
     assert_eq!(state.queues.status(3, 7), Some(&dma::QueueStatus::Running));
 }
@@ -433,7 +435,7 @@ fn a_tx_rx_length_mismatch_stops_the_queue() {
     q.start(&a, 1);
     let posted = entries(&nq, 4);
     assert_eq!(posted[0].error_flags, error_flags::DMA_ABORT, "not an OOB");
-    let status = lock(&dev.ncs[0].state).queues.status(0, 0).cloned();
+    let status = lock(&dev.core.ncs[0].state).queues.status(0, 0).cloned();
     let Some(dma::QueueStatus::Stopped(reason)) = status else {
         panic!("queue not stopped: {status:?}");
     };
@@ -469,7 +471,10 @@ fn out_of_bounds_sources_and_destinations_abort_with_oob() {
         let mut q = Queue::new(&a, 0, 1, queue, 32);
         q.push(src, dst, 6);
         q.start(&a, 1);
-        let status = lock(&dev.ncs[0].state).queues.status(1, queue).cloned();
+        let status = lock(&dev.core.ncs[0].state)
+            .queues
+            .status(1, queue)
+            .cloned();
         assert!(
             matches!(status, Some(dma::QueueStatus::Stopped(_))),
             "{what}: {status:?}"
@@ -700,7 +705,7 @@ fn a_self_re_arming_queue_is_stopped_by_the_doorbell_budget() {
     let posted = entries(&nq, 4);
     assert_eq!(posted.len(), 1);
     assert_eq!(posted[0].error_flags, error_flags::DMA_ABORT);
-    let status = lock(&dev.ncs[0].state).queues.status(0, 0).cloned();
+    let status = lock(&dev.core.ncs[0].state).queues.status(0, 0).cloned();
     let Some(dma::QueueStatus::Stopped(reason)) = status else {
         panic!("queue not stopped: {status:?}");
     };
@@ -802,7 +807,7 @@ fn a_gone_client_loses_its_ncs_memory_and_queues() {
     let q = Queue::new(&a, 0, 0, 0, 32);
     drop(q);
     dev.disconnect(a.id);
-    assert_eq!(read(&dev.memory).chunk_count(), 0);
+    assert_eq!(read(&dev.core.memory).chunk_count(), 0);
     let old_window = SharedChunk::map_fd(&fds[0], 0, SEM_WINDOW_SIZE, false).unwrap();
     assert_eq!(
         old_window

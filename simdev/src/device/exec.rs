@@ -1,0 +1,577 @@
+//! The device side of executions: each NC's sequencer thread, its batch fetch from the exec
+//! queue, and the [`engines::Host`] through which the engines' programs reach the NC's
+//! registers, DMA queues and the client's memory. The behaviour is documented in
+//! [`crate::sequencer`]; this module is the glue to the device's state and locks.
+//!
+//! Wake-ups: every change of an NC's semaphores or events (a message, or a DMA register write)
+//! bumps the NC's change counter under [`SeqSync`]'s lock and notifies its condition variable;
+//! so do reset, release, reclaim, [`Core::device_lost`] and the device's drop. The sequencer
+//! thread takes a token (the counter) before looking for work or running a scheduling round,
+//! and sleeps only while the counter still equals it, so no change is missed and nothing
+//! busy-waits.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use shared::address_map::Register;
+use shared::exec_request::{DeviceExecRequest, Engine};
+use shared::isa::{INSTRUCTION_SIZE, Instruction};
+use shared::notification::{NotificationEntry, NotificationKind, error_flags};
+use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
+use shared::udma::Direction;
+
+use super::{Aborts, Claim, ClientBus, Core, Nc, NcState, lock, panic_text, read};
+use crate::counters::bump;
+use crate::dma::{
+    Abort, Budget, PairEffect, PeekError, QueueError, QueueId, QueueStatus, error_chain,
+};
+use crate::engines::{self, Limits, Stats, Stop};
+use crate::sequencer::{self, BATCH_HEAD_PAIRS};
+
+/// An NC's sequencer wake-up state: the change counter, the shutdown flag and the thread.
+#[derive(Debug, Default)]
+pub(super) struct SeqSync {
+    state: Mutex<SeqState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SeqState {
+    /// Bumped by every change the sequencer may be waiting for.
+    changes: u64,
+    /// The device is being dropped: the thread exits.
+    shutdown: bool,
+    /// The thread, once started.
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SeqSync {
+    /// A semaphore or event of the NC changed, or the NC was reset, released or reclaimed, or
+    /// the device is going away: wakes the sequencer.
+    pub(super) fn changed(&self) {
+        let mut state = lock(&self.state);
+        state.changes = state.changes.wrapping_add(1);
+        drop(state);
+        self.cv.notify_all();
+    }
+
+    /// The current change token; `None` once the device is shutting down.
+    fn token(&self) -> Option<u64> {
+        let state = lock(&self.state);
+        (!state.shutdown).then_some(state.changes)
+    }
+
+    fn is_shutdown(&self) -> bool {
+        lock(&self.state).shutdown
+    }
+
+    /// Sleeps until the change counter moves past `token` or the device shuts down.
+    fn wait_change(&self, token: u64) {
+        let mut state = lock(&self.state);
+        while state.changes == token && !state.shutdown {
+            state = self.cv.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// One INFERENCE_START count taken: the NC's owner when it was taken and the NC's epoch.
+struct Work {
+    claim: Arc<Claim>,
+    epoch: u64,
+}
+
+/// DMA aborts collected during an execution as one failure: DMA_ABORT, plus OOB when any of
+/// them was an access outside the client's memory.
+fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
+    let first = aborts.first()?;
+    let mut flags = error_flags::DMA_ABORT;
+    if aborts.iter().any(|a| a.oob) {
+        flags |= error_flags::OOB;
+    }
+    let more = match aborts.len() {
+        1 => String::new(),
+        n => format!(" (and {} more aborts)", n - 1),
+    };
+    Some(Stop::failed(flags, format!("{}{more}", first.reason)))
+}
+
+impl Core {
+    /// A semaphore or event of `nc` changed: wakes its sequencer, starting its thread first
+    /// when `starts` (a write of [`SEM_INFERENCE_START`]).
+    pub(super) fn registers_changed(&self, nc: &Nc, starts: bool) {
+        if starts {
+            self.start_sequencer(nc);
+        }
+        nc.seq.changed();
+    }
+
+    /// Starts `nc`'s sequencer thread unless it runs or the device is shutting down.
+    fn start_sequencer(&self, nc: &Nc) {
+        let mut state = lock(&nc.seq.state);
+        if state.thread.is_some() || state.shutdown {
+            return;
+        }
+        let Some(core) = self.me.upgrade() else {
+            return;
+        };
+        let index = nc.index;
+        let spawned = std::thread::Builder::new()
+            .name(format!("simdev-seq-nc{index}"))
+            .spawn(move || core.sequencer_main(index));
+        match spawned {
+            Ok(thread) => state.thread = Some(thread),
+            Err(e) => tracing::error!(
+                "starting NC {index}'s sequencer thread: {e}; the next doorbell retries"
+            ),
+        }
+    }
+
+    /// Stops and joins every sequencer thread (the device is being dropped). An execution in
+    /// progress or parked is abandoned without a notification.
+    pub(super) fn stop_sequencers(&self) {
+        for nc in &self.ncs {
+            lock(&nc.seq.state).shutdown = true;
+            nc.seq.cv.notify_all();
+        }
+        for nc in &self.ncs {
+            let thread = lock(&nc.seq.state).thread.take();
+            if let Some(thread) = thread
+                && thread.join().is_err()
+            {
+                tracing::error!("NC {}'s sequencer thread panicked", nc.index);
+            }
+        }
+    }
+
+    /// Whether an execution of `nc` that started in `epoch` must end without a notification.
+    fn abandoned(&self, nc: &Nc, epoch: u64) -> bool {
+        self.lost.load(Ordering::SeqCst)
+            || nc.epoch.load(Ordering::Acquire) != epoch
+            || nc.seq.is_shutdown()
+    }
+
+    /// The sequencer thread of NC `index`: runs one execution per INFERENCE_START count, in
+    /// order, and sleeps in between.
+    fn sequencer_main(&self, index: u32) {
+        let Some(nc) = self.nc_ref(index) else {
+            return;
+        };
+        tracing::debug!("NC {index}: sequencer started");
+        while let Some(token) = nc.seq.token() {
+            match self.take_start(nc) {
+                Some(work) => self.execute(nc, work),
+                None => nc.seq.wait_change(token),
+            }
+        }
+        tracing::debug!("NC {index}: sequencer stopped");
+    }
+
+    /// Takes one INFERENCE_START count of `nc`, if its semaphore is positive (read as an i32).
+    /// The check and the subtraction are two atomic steps; the sequencer is the semaphore's
+    /// only consumer, so only a client decrementing it at the same time could race (and then
+    /// only with itself).
+    fn take_start(&self, nc: &Nc) -> Option<Work> {
+        if self.lost.load(Ordering::SeqCst) {
+            return None;
+        }
+        let claim = self.owner(nc)?;
+        let epoch = nc.epoch.load(Ordering::Acquire);
+        let value = claim.registers.semaphore(SEM_INFERENCE_START).ok()?;
+        if i32::from_ne_bytes(value.to_ne_bytes()) <= 0 {
+            return None;
+        }
+        claim.registers.semaphore_sub(SEM_INFERENCE_START, 1).ok()?;
+        Some(Work { claim, epoch })
+    }
+
+    /// Runs one execution and posts its notification (unless it is abandoned).
+    fn execute(&self, nc: &Nc, work: Work) {
+        let started = Instant::now();
+        let compute_idx = {
+            let mut state = lock(&nc.state);
+            if self.abandoned(nc, work.epoch) {
+                return;
+            }
+            let idx = state.exec_batches;
+            state.exec_batches = idx.wrapping_add(1);
+            idx
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, &work)))
+            .unwrap_or_else(|payload| {
+                Err(Stop::generic(format!(
+                    "simdev failed internally running the execution (a simdev bug): {}",
+                    panic_text(payload.as_ref())
+                )))
+            });
+        let flags = match outcome {
+            Ok(stats) => {
+                tracing::debug!(
+                    "NC {} execution {compute_idx} done: {:?} instructions, {} rounds, {} parks",
+                    nc.index,
+                    stats.instructions,
+                    stats.rounds,
+                    stats.parks
+                );
+                0
+            }
+            Err(Stop::Failed { flags, reason }) => {
+                tracing::warn!(
+                    "NC {} execution {compute_idx} failed (error flags {flags:#x}): {reason}",
+                    nc.index
+                );
+                flags
+            }
+            Err(Stop::Abandoned) => {
+                tracing::info!(
+                    "NC {} execution {compute_idx} abandoned (NC reset, released or reclaimed, \
+                     or the device is going away)",
+                    nc.index
+                );
+                return;
+            }
+        };
+        self.finish_execution(nc, work.epoch, compute_idx, flags, started.elapsed());
+    }
+
+    /// Counts the execution and posts its notification, unless it was abandoned meanwhile.
+    fn finish_execution(
+        &self,
+        nc: &Nc,
+        epoch: u64,
+        compute_idx: u32,
+        flags: u32,
+        duration: Duration,
+    ) {
+        let mut state = lock(&nc.state);
+        if self.abandoned(nc, epoch) {
+            return;
+        }
+        bump(&nc.counters.executions, 1);
+        if flags != 0 {
+            bump(&nc.counters.exec_errors, 1);
+        }
+        let entry = NotificationEntry {
+            compute_idx,
+            kind: NotificationKind::Execution as u16,
+            source: 0,
+            error_flags: flags,
+            phase: 0,
+            device_ts_ns: self.now_ns(),
+            nc_ts_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+        };
+        self.post(nc, &mut state, &entry);
+    }
+
+    /// The batch, the request, the programs.
+    fn run_execution(&self, nc: &Nc, work: &Work) -> Result<Stats, Stop> {
+        let mut budget = self.budget();
+        self.run_batch(nc, work, &mut budget)?;
+        let request = DeviceExecRequest::decode(&lock(&nc.dmem))
+            .ok_or_else(|| Stop::generic("the DMEM is smaller than a request"))?;
+        if request.reload_seq_config == 1 {
+            bump(&nc.counters.config_reloads, 1);
+        }
+        if request.load_act_dve_tables == 1 {
+            bump(&nc.counters.table_loads, 1);
+        }
+        let addresses = Engine::ALL.map(|e| request.engine_address(e));
+        let mut host = ExecHost {
+            core: self,
+            nc,
+            claim: &work.claim,
+            epoch: work.epoch,
+            budget: &mut budget,
+        };
+        engines::run(addresses, &Limits::for_arch(self.map.arch), &mut host)
+    }
+
+    /// Fetches, checks and runs one batch of the exec queue (see [`crate::sequencer`]).
+    fn run_batch(&self, nc: &Nc, work: &Work, budget: &mut Budget) -> Result<(), Stop> {
+        let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
+        let client = work.claim.client;
+        let (m, cc) = {
+            let mut state = lock(&nc.state);
+            if self.abandoned(nc, work.epoch) {
+                return Err(Stop::Abandoned);
+            }
+            let m = self.stage_batch(nc, &mut state, work)?;
+            let mut worklist = VecDeque::new();
+            let bus = ClientBus {
+                device: self,
+                client,
+                worklist: &mut worklist,
+            };
+            // Pairs 1–3 are consumed: the chain starts at the heads.
+            let cc = m > 0
+                && state
+                    .queues
+                    .peek(engine, queue, m - 1, &bus)
+                    .is_ok_and(|last| sequencer::is_cc_poke(nc.index, &last));
+            (m, cc)
+        };
+        if m == 0 {
+            return Ok(());
+        }
+        let mut aborts = Vec::new();
+        let exec_queue = QueueId {
+            nc: nc.index,
+            engine,
+            queue,
+        };
+        self.run_dma_with(
+            client,
+            exec_queue,
+            budget,
+            &mut Aborts::Capture(&mut aborts),
+        );
+        if let Some(Stop::Failed { reason, .. }) = dma_failure(&aborts) {
+            return Err(Stop::generic(format!(
+                "the exec batch's chain of {m} pairs aborted: {reason}"
+            )));
+        }
+        if cc {
+            bump(&nc.counters.cc_chains, 1);
+        }
+        Ok(())
+    }
+
+    /// Reads and checks pairs 1–3 of the batch at the head of the exec queue and, when they are
+    /// right, executes and consumes them (posting the chain's `M` pairs); returns `M`. A batch
+    /// that is missing or malformed stops the exec queue.
+    fn stage_batch(&self, nc: &Nc, state: &mut NcState, work: &Work) -> Result<u32, Stop> {
+        let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
+        let malformed = |state: &mut NcState, why: String| {
+            let reason = format!("malformed exec batch on NC {}: {why}", nc.index);
+            state.queues.stop_with(engine, queue, reason.clone());
+            Stop::generic(reason)
+        };
+        match state.queues.pending(engine, queue) {
+            None => {
+                return Err(Stop::generic(format!(
+                    "NC {}: the exec queue (DMA engine {engine} queue {queue}) is not initialised",
+                    nc.index
+                )));
+            }
+            Some((0, 0, false)) => {}
+            Some((tx, rx, _)) => {
+                return Err(malformed(
+                    state,
+                    format!(
+                        "{tx} TX and {rx} RX descriptors were already posted on the exec queue \
+                         (the sequencer fetches its batches itself)"
+                    ),
+                ));
+            }
+        }
+        let mut pairs = Vec::new();
+        {
+            let mut worklist = VecDeque::new();
+            let bus = ClientBus {
+                device: self,
+                client: work.claim.client,
+                worklist: &mut worklist,
+            };
+            for k in 0..BATCH_HEAD_PAIRS {
+                match state.queues.peek(engine, queue, k, &bus) {
+                    Ok(pair) => {
+                        pairs.push(pair);
+                        // Check each pair before reading the next slot, so a missing pair is
+                        // reported as what stands in its place.
+                        if let Err(why) = sequencer::check_batch(nc.index, &pairs) {
+                            return Err(malformed(state, why));
+                        }
+                    }
+                    Err(PeekError::Queue(e)) => {
+                        return Err(Stop::generic(format!(
+                            "NC {}: no exec batch: {e}",
+                            nc.index
+                        )));
+                    }
+                    Err(PeekError::Fault(fault)) => {
+                        let reason = state
+                            .queues
+                            .abort(engine, queue, &fault, &nc.counters)
+                            .map_or_else(|| error_chain(&fault), |abort| abort.reason);
+                        return Err(Stop::generic(format!(
+                            "exec batch descriptor pair {} of 4: {reason}",
+                            k + 1
+                        )));
+                    }
+                }
+            }
+        }
+        let m = match sequencer::check_batch(nc.index, &pairs) {
+            Ok(Some(m)) => m,
+            Ok(None) => return Err(malformed(state, "an incomplete batch".to_owned())),
+            Err(why) => return Err(malformed(state, why)),
+        };
+        let (tx_size, rx_size) = state.queues.ring_sizes(engine, queue).unwrap_or((0, 0));
+        if m > tx_size.min(rx_size) {
+            return Err(malformed(
+                state,
+                format!("a chain of {m} pairs does not fit the exec queue's rings"),
+            ));
+        }
+        for pair in &pairs {
+            let register = match &pair.effect {
+                PairEffect::Dmem { offset, data, .. } => {
+                    let start = usize::try_from(*offset).unwrap_or(usize::MAX);
+                    let mut dmem = lock(&nc.dmem);
+                    if let Some(slot) = start
+                        .checked_add(data.len())
+                        .and_then(|end| dmem.get_mut(start..end))
+                    {
+                        slot.copy_from_slice(data);
+                    }
+                    false
+                }
+                PairEffect::Register {
+                    reg: Register::Event { index, .. },
+                    value,
+                } => {
+                    if let Err(e) = work.claim.registers.event_set(*index, *value) {
+                        tracing::error!("NC {}: request-load event: {e}", nc.index);
+                    }
+                    true
+                }
+                // The tail increments: applied below, as one post of M on both rings.
+                PairEffect::Register { .. } | PairEffect::Copy { .. } => true,
+            };
+            state
+                .queues
+                .consume_head(engine, queue, pair.len, register, &nc.counters);
+        }
+        if m > 0 {
+            state
+                .queues
+                .tail_increment(engine, queue, Direction::Rx, m)
+                .and_then(|()| state.queues.tail_increment(engine, queue, Direction::Tx, m))
+                .map_err(|e| malformed(state, e.to_string()))?;
+        }
+        Ok(m)
+    }
+}
+
+/// The device as one execution's engines see it.
+struct ExecHost<'a> {
+    core: &'a Core,
+    nc: &'a Nc,
+    claim: &'a Claim,
+    epoch: u64,
+    budget: &'a mut Budget,
+}
+
+impl ExecHost<'_> {
+    fn abandoned(&self) -> bool {
+        self.core.abandoned(self.nc, self.epoch)
+    }
+}
+
+impl engines::Host for ExecHost<'_> {
+    fn fetch(&mut self, engine: Engine, pa: u64) -> Result<Instruction, Stop> {
+        let oob = || {
+            Stop::failed(
+                error_flags::OOB | error_flags::GENERIC,
+                format!(
+                    "{} fetches an instruction at {pa:#x}, which is not inside one chunk of the \
+                     NC's owner",
+                    engine.name()
+                ),
+            )
+        };
+        let chunk = read(&self.core.memory)
+            .resolve(self.claim.client, pa, INSTRUCTION_SIZE)
+            .map_err(|_| oob())?;
+        chunk
+            .memory()
+            .read_obj::<Instruction>(pa)
+            .map_err(|_| oob())
+    }
+
+    fn semaphore(&mut self, index: u32) -> u32 {
+        self.claim.registers.semaphore(index).unwrap_or(0)
+    }
+
+    fn signal(&mut self, index: u32, value: u32) {
+        if let Err(e) = self.claim.registers.semaphore_add(index, value) {
+            tracing::error!("NC {}: signal: {e}", self.nc.index);
+        }
+    }
+
+    fn event(&mut self, index: u32) -> u32 {
+        self.claim.registers.event(index).unwrap_or(0)
+    }
+
+    fn dma_start(&mut self, engine: u32, queue: u32, count: u32) -> Result<(), Stop> {
+        {
+            let mut state = lock(&self.nc.state);
+            if self.abandoned() {
+                return Err(Stop::Abandoned);
+            }
+            state
+                .queues
+                .post(engine, queue, count, count)
+                .map_err(|e| {
+                    let flags = match e {
+                        QueueError::Stopped { .. } => error_flags::DMA_ABORT,
+                        _ => error_flags::GENERIC,
+                    };
+                    Stop::failed(
+                        flags,
+                        format!("SP DmaStart of {count} descriptors: {}", error_chain(&e)),
+                    )
+                })?;
+        }
+        let mut aborts = Vec::new();
+        let id = QueueId {
+            nc: self.nc.index,
+            engine,
+            queue,
+        };
+        self.core.run_dma_with(
+            self.claim.client,
+            id,
+            self.budget,
+            &mut Aborts::Capture(&mut aborts),
+        );
+        dma_failure(&aborts).map_or(Ok(()), Err)
+    }
+
+    fn dma_wait(&mut self, engine: u32, queue: u32) -> Result<(), Stop> {
+        let state = lock(&self.nc.state);
+        match state.queues.status(engine, queue) {
+            Some(QueueStatus::Running) => Ok(()),
+            Some(QueueStatus::Stopped(reason)) => Err(Stop::failed(
+                error_flags::DMA_ABORT,
+                format!("SP DmaWait: {reason}"),
+            )),
+            None => Err(Stop::generic(format!(
+                "SP DmaWait of DMA engine {engine} queue {queue}, which is not initialised"
+            ))),
+        }
+    }
+
+    fn round(&mut self) -> Result<u64, Stop> {
+        let token = self.nc.seq.token().ok_or(Stop::Abandoned)?;
+        if self.abandoned() {
+            return Err(Stop::Abandoned);
+        }
+        Ok(token)
+    }
+
+    fn park(&mut self, token: u64) -> Result<(), Stop> {
+        tracing::debug!(
+            "NC {}: execution parked, waiting for an event",
+            self.nc.index
+        );
+        self.nc.seq.wait_change(token);
+        if self.abandoned() {
+            return Err(Stop::Abandoned);
+        }
+        Ok(())
+    }
+}

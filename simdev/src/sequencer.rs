@@ -1,0 +1,247 @@
+//! The per-NC sequencer: what one INFERENCE_START count makes the device do (the contract is
+//! [`shared::sequencer`]; DESIGN §3 step 7, §5).
+//!
+//! Each NC has one sequencer thread, started the first time semaphore
+//! [`SEM_INFERENCE_START`](shared::sequencer::SEM_INFERENCE_START) of the NC is written, so
+//! the connection thread that delivered the posted doorbell never waits for an execution.
+//! The thread sleeps on a condition variable and wakes whenever a semaphore or event of its NC
+//! changes (a message or a DMA register write). While the semaphore is positive it takes one
+//! count (subtracting 1) and runs one execution, to its end, before looking again: executions
+//! of one NC are serial and in order; other NCs have their own threads.
+//!
+//! One execution:
+//!
+//! 1. **Batch fetch.** The sequencer reads the four pairs at the head of the exec queue
+//!    ([`EXEC_QUEUE_ENGINE`], [`EXEC_QUEUE`]) without any DMA_QUEUE_COPY_START (nobody posts
+//!    them) and checks each one exactly as DMA processing would (ring id of the pass, lengths,
+//!    the source in the client's memory, the destination in its memory, a DMEM it owns or a
+//!    register). [`check_batch`] then requires the staged shape: a 52-byte copy into this NC's
+//!    DMEM at offset 0, a 4-byte write of event
+//!    [`EVENT_HW_EXEC_QUEUE_REQUEST_LOAD`] of this NC, and writes of the same `M` into the
+//!    exec queue's own RX then TX tail-increment registers. Only when all four are right does
+//!    it execute them (request into DMEM, event poke, `M` posted on both rings; `M` = 0 posts
+//!    nothing) and consume them (heads advance, pending counts untouched). The `M` posted
+//!    pairs (the collectives chain) are then processed like any posted pairs; a chain whose
+//!    last pair pokes [`EVENT_COLLECTIVES_CTX_LOAD`] of this NC counts in `cc_chains`.
+//! 2. **Request.** The 52-byte `device_exec_request` is decoded from DMEM; `reload_seq_config`
+//!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load.
+//! 3. **Programs.** The five engines run from the request's addresses ([`crate::engines`]).
+//! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
+//!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
+//!    flags (0 on success), `device_ts_ns` (ns since simdev started) and `nc_ts_ns` (the
+//!    execution's duration in ns).
+//!
+//! # Errors
+//! - A batch that is not there or not well formed (the exec queue not initialised or stopped,
+//!   descriptors already pending on it, a pair breaking a descriptor rule, a pair of the wrong
+//!   kind or destination, RX and TX increments that differ, `M` larger than a ring) ends the
+//!   execution with GENERIC, and **stops the exec queue** (a DMA abort, counted in
+//!   `dma_aborts`, when a descriptor broke a DMA rule; otherwise a stop with a "malformed exec
+//!   batch" reason). The sequencer cannot know where the next batch starts, so the exec
+//!   queue needs a new DMA_QUEUE_INIT; until then every count ends with GENERIC at once.
+//!   A DMA abort inside the `M` chain ends the execution with GENERIC too (the chain's queue
+//!   stays stopped).
+//! - Program failures ([`crate::engines`]) end the execution with their flags; the batch was
+//!   consumed completely, so the next execution on the NC runs normally.
+//! - DMA aborts during an execution post no DmaQueueError notification of their own: they
+//!   end the execution, whose notification carries them.
+//!
+//! # Parking and abandoning
+//! An execution whose engines all wait and at least one waits on an event parks: the
+//! sequencer thread sleeps on its condition variable until a semaphore or event of the NC
+//! changes, then runs the scheduler again. Later counts wait behind it. NC reset, release and
+//! reclaim abandon it (and any execution in progress) without a notification; simdev's
+//! shutdown ([`crate::Device::device_lost`]) posts DeviceLost to the NC and abandons it.
+
+use shared::address_map::Register;
+use shared::exec_request::DEVICE_EXEC_REQUEST_SIZE;
+use shared::sequencer::{
+    EVENT_COLLECTIVES_CTX_LOAD, EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_ENGINE,
+};
+
+use crate::dma::{PairEffect, PeekedPair};
+
+/// Pairs of a batch before its chain: the request copy, the event poke and the two tail
+/// increments.
+pub const BATCH_HEAD_PAIRS: u32 = 4;
+
+/// Checks the head pairs of a batch for NC `nc` (see the module doc), in order: `pairs` may
+/// be the first 1 to 4 of them, so a deviation is reported before later slots are read.
+/// Returns `M`, the number of chain pairs they post, once all four are given.
+///
+/// # Errors
+/// A sentence naming the first pair that breaks the shape and what it does instead.
+pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String> {
+    if pairs.is_empty() || pairs.len() > 4 {
+        return Err(format!(
+            "{} pairs given, a batch starts with {BATCH_HEAD_PAIRS}",
+            pairs.len()
+        ));
+    }
+    let request_len = u32::try_from(DEVICE_EXEC_REQUEST_SIZE).unwrap_or(u32::MAX);
+    let exec_rx = Register::RxTailIncrement {
+        nc,
+        engine: EXEC_QUEUE_ENGINE,
+        queue: EXEC_QUEUE,
+    };
+    let exec_tx = Register::TxTailIncrement {
+        nc,
+        engine: EXEC_QUEUE_ENGINE,
+        queue: EXEC_QUEUE,
+    };
+    let mut m = None;
+    for (position, pair) in pairs.iter().enumerate() {
+        let what = describe(pair.len, &pair.effect);
+        match (position, &pair.effect) {
+            (
+                0,
+                PairEffect::Dmem {
+                    nc: n, offset: 0, ..
+                },
+            ) if *n == nc && pair.len == request_len => {}
+            (0, _) => {
+                return Err(format!(
+                    "pair 1 must copy the {request_len}-byte request into NC {nc}'s DMEM at \
+                     offset 0; it {what}"
+                ));
+            }
+            (
+                1,
+                PairEffect::Register {
+                    reg: Register::Event { nc: n, index },
+                    ..
+                },
+            ) if *n == nc && *index == EVENT_HW_EXEC_QUEUE_REQUEST_LOAD => {}
+            (1, _) => {
+                return Err(format!(
+                    "pair 2 must write event {EVENT_HW_EXEC_QUEUE_REQUEST_LOAD} of NC {nc}; it \
+                     {what}"
+                ));
+            }
+            (2, PairEffect::Register { reg, value }) if *reg == exec_rx => m = Some(*value),
+            (2, _) => {
+                return Err(format!(
+                    "pair 3 must first write the exec queue's RX tail increment; it {what}"
+                ));
+            }
+            (_, PairEffect::Register { reg, value }) if *reg == exec_tx => {
+                let rx = m.unwrap_or_default();
+                if *value != rx {
+                    return Err(format!(
+                        "pair 3 posts {rx} chain pairs on the exec queue's RX ring but {value} \
+                         on its TX ring"
+                    ));
+                }
+                return Ok(Some(rx));
+            }
+            (_, _) => {
+                return Err(format!(
+                    "pair 3 must then write the exec queue's TX tail increment; it {what}"
+                ));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether `pair` (the last of a chain) pokes NC `nc`'s collectives-context-load event.
+pub fn is_cc_poke(nc: u32, pair: &PeekedPair) -> bool {
+    matches!(
+        pair.effect,
+        PairEffect::Register {
+            reg: Register::Event { nc: n, index },
+            ..
+        } if n == nc && index == EVENT_COLLECTIVES_CTX_LOAD
+    )
+}
+
+fn describe(len: u32, effect: &PairEffect) -> String {
+    match effect {
+        PairEffect::Copy { dst } => format!("copies {len} bytes to memory at {dst:#x}"),
+        PairEffect::Dmem { nc, offset, .. } => {
+            format!("copies {len} bytes into NC {nc}'s DMEM at offset {offset}")
+        }
+        PairEffect::Register { reg, value } => format!("writes {value} to {reg:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(len: u32, effect: PairEffect) -> PeekedPair {
+        PeekedPair { len, effect }
+    }
+
+    fn reg(reg: Register, value: u32) -> PeekedPair {
+        pair(4, PairEffect::Register { reg, value })
+    }
+
+    fn batch(nc: u32, m_rx: u32, m_tx: u32) -> Vec<PeekedPair> {
+        let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
+        vec![
+            pair(
+                52,
+                PairEffect::Dmem {
+                    nc,
+                    offset: 0,
+                    data: vec![0; 52],
+                },
+            ),
+            reg(
+                Register::Event {
+                    nc,
+                    index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+                },
+                1,
+            ),
+            reg(Register::RxTailIncrement { nc, engine, queue }, m_rx),
+            reg(Register::TxTailIncrement { nc, engine, queue }, m_tx),
+        ]
+    }
+
+    #[test]
+    fn the_staged_shape_passes_and_gives_m() {
+        assert_eq!(check_batch(1, &batch(1, 0, 0)), Ok(Some(0)));
+        assert_eq!(check_batch(0, &batch(0, 3, 3)), Ok(Some(3)));
+        assert_eq!(
+            check_batch(0, &batch(0, 3, 3)[..3]),
+            Ok(None),
+            "a good prefix"
+        );
+    }
+
+    #[test]
+    fn every_deviation_is_named() {
+        let err = check_batch(0, &batch(1, 0, 0)[..1]).unwrap_err();
+        assert!(err.starts_with("pair 1"), "another NC's DMEM: {err}");
+        let mut b = batch(0, 2, 1);
+        assert!(check_batch(0, &b).unwrap_err().contains("2 chain pairs"));
+        b.swap(2, 3);
+        assert!(
+            check_batch(0, &b)
+                .unwrap_err()
+                .starts_with("pair 3 must first")
+        );
+        let mut b = batch(0, 0, 0);
+        b.remove(1);
+        let err = check_batch(0, &b[..2]).unwrap_err();
+        assert!(err.starts_with("pair 2 must"), "pair 2 missing: {err}");
+        assert!(check_batch(0, &[]).unwrap_err().contains("0 pairs given"));
+        let mut b = batch(0, 0, 0);
+        b[1] = reg(Register::Event { nc: 0, index: 9 }, 1);
+        assert!(check_batch(0, &b).unwrap_err().starts_with("pair 2"));
+        let mut b = batch(0, 0, 0);
+        b[0] = pair(48, b[0].effect.clone());
+        assert!(check_batch(0, &b).unwrap_err().contains("copies 48 bytes"));
+        let cc = reg(
+            Register::Event {
+                nc: 0,
+                index: EVENT_COLLECTIVES_CTX_LOAD,
+            },
+            1,
+        );
+        assert!(is_cc_poke(0, &cc));
+        assert!(!is_cc_poke(1, &cc));
+    }
+}
