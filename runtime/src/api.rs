@@ -357,14 +357,21 @@ impl Runtime {
             }
             Ok((dev, clones))
         };
-        let (in_dev, _) = clone(inputs, true)?;
-        let (out_dev, out_clones) = clone(outputs, false)?;
-        let resources = build_compute_resources(
-            &m,
-            &in_dev,
-            &out_dev,
-            ExecMode::from_async_workers_present(false),
-        )?;
+        let has_host = |set: &TensorSet| set.iter().any(|(_, t)| t.placement() == Placement::Host);
+        let mode = ExecMode::from_async_workers_present(false);
+        let (resources, out_clones) = if has_host(inputs) || has_host(outputs) {
+            let (in_dev, _) = clone(inputs, true)?;
+            let (out_dev, out_clones) = clone(outputs, false)?;
+            (
+                build_compute_resources(&m, &in_dev, &out_dev, mode)?,
+                out_clones,
+            )
+        } else {
+            (
+                build_compute_resources(&m, inputs, outputs, mode)?,
+                Vec::new(),
+            )
+        };
         let status = self.submit_sync(&m, resources)?;
         if matches!(
             status,

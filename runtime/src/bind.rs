@@ -7,6 +7,8 @@
 //! tensor that is not in device memory of the model's vNC is NRT_EXEC_BAD_INPUT. Every message
 //! names the tensor.
 
+use std::sync::Arc;
+
 use shared::NrtStatus;
 use shared::model::Operand;
 
@@ -74,6 +76,21 @@ pub struct ExecResources {
     pub tdrv: TdrvComputeResources,
     /// The bound tensors, kept alive until the execution completes.
     pub bound: Vec<Tensor>,
+    /// The model whose tracker pool this came from (returned there on drop).
+    home: Option<Arc<LoadedModel>>,
+}
+
+impl Drop for ExecResources {
+    fn drop(&mut self) {
+        // kmgr_exec_resources_free: hand the tracker back to the model for the next execution.
+        self.bound.clear();
+        if let Some(home) = self.home.take() {
+            home.return_tracker(
+                std::mem::take(&mut self.tdrv),
+                std::mem::take(&mut self.bound),
+            );
+        }
+    }
 }
 
 fn check_set(
@@ -160,7 +177,7 @@ pub fn check_valid_io_sets(
 /// # Errors
 /// As [`check_valid_io_sets`].
 pub fn build_compute_resources(
-    model: &LoadedModel,
+    model: &Arc<LoadedModel>,
     inputs: &TensorSet,
     outputs: &TensorSet,
     exec_mode: ExecMode,
@@ -169,7 +186,12 @@ pub fn build_compute_resources(
     let pa_of = |op: &Operand, tpb: usize| -> Result<u64, NrtError> {
         match op {
             Operand::Tensor { name, offset } => {
-                let t = inputs.get(name).or_else(|_| outputs.get(name))?;
+                let t = inputs
+                    .find(name)
+                    .or_else(|| outputs.find(name))
+                    .ok_or_else(|| {
+                        NrtError::new(NrtStatus::Invalid, format!("tensor {name:?} is not bound"))
+                    })?;
                 let base = t.device_pa().ok_or_else(|| {
                     NrtError::new(
                         NrtStatus::ExecBadInput,
@@ -189,35 +211,38 @@ pub fn build_compute_resources(
                 }),
         }
     };
-    let mut ioqs = Vec::with_capacity(model.model().tpbs.len());
-    for (i, tpb) in model.model().tpbs.iter().enumerate() {
-        let mut rings = Vec::with_capacity(tpb.io_rings.len());
-        for ring in &tpb.io_rings {
-            let mut pairs = Vec::with_capacity(ring.descs.len());
+    // A pooled tracker of this model: same shape every time, so refilling it allocates nothing.
+    let (mut tdrv, mut bound) = model.take_tracker();
+    let tpbs = &model.model().tpbs;
+    tdrv.ioqs.truncate(tpbs.len());
+    tdrv.ioqs.resize_with(tpbs.len(), Vec::new);
+    for (i, (tpb, rings)) in tpbs.iter().zip(tdrv.ioqs.iter_mut()).enumerate() {
+        rings.truncate(tpb.io_rings.len());
+        rings.resize_with(tpb.io_rings.len(), || RingIo {
+            engine: 0,
+            queue: 0,
+            pairs: Vec::new(),
+        });
+        for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
+            out.engine = ring.engine;
+            out.queue = ring.queue;
+            out.pairs.clear();
             for d in &ring.descs {
-                pairs.push(IoPair {
+                out.pairs.push(IoPair {
                     src: pa_of(&d.src, i)?,
                     dst: pa_of(&d.dst, i)?,
                     len: d.len,
                 });
             }
-            rings.push(RingIo {
-                engine: ring.engine,
-                queue: ring.queue,
-                pairs,
-            });
         }
-        ioqs.push(rings);
     }
-    let bound = inputs
-        .iter()
-        .chain(outputs.iter())
-        .map(|(_, t)| t.clone())
-        .collect();
+    bound.clear();
+    bound.extend(inputs.iter().chain(outputs.iter()).map(|(_, t)| t.clone()));
     Ok(ExecResources {
         exec_mode,
-        tdrv: TdrvComputeResources { ioqs },
+        tdrv,
         bound,
+        home: Some(model.clone()),
     })
 }
 

@@ -16,8 +16,10 @@ use shared::model::{Model, Target};
 use shared::protocol::MemLocation;
 
 use crate::backend::{Allocation, Device};
+use crate::bind::TdrvComputeResources;
 use crate::error::NrtError;
 use crate::stage::{HwExecQueue, IO_RING_DESCS};
+use crate::tensor::Tensor;
 
 /// Alignment of each instruction block inside a TPB's block chunk.
 pub const BLOCK_ALIGN: u64 = 256;
@@ -44,6 +46,7 @@ pub struct LoadedModel {
     tpbs: Vec<LoadedTpb>,
     inflight: Mutex<u32>,
     idle: Condvar,
+    trackers: Mutex<Vec<(TdrvComputeResources, Vec<Tensor>)>>,
     device: Arc<dyn Device>,
 }
 
@@ -76,6 +79,24 @@ impl LoadedModel {
     /// Device PA of internal buffer `index` of TPB `tpb`.
     pub fn buffer_pa(&self, tpb: usize, index: u32) -> Option<u64> {
         Some(self.tpbs.get(tpb)?.buffers.get(index as usize)?.pa)
+    }
+
+    /// A resource tracker from the model's pool (empty ones are made on first use): bind refills
+    /// it in place, so steady-state executions allocate no tracker.
+    pub fn take_tracker(&self) -> (TdrvComputeResources, Vec<Tensor>) {
+        self.trackers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Returns a tracker to the pool (`kmgr_exec_resources_free`).
+    pub fn return_tracker(&self, tdrv: TdrvComputeResources, bound: Vec<Tensor>) {
+        self.trackers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((tdrv, bound));
     }
 
     /// Counts one execution in flight until the guard drops.
@@ -304,6 +325,7 @@ impl ModelDb {
             tpbs,
             inflight: Mutex::new(0),
             idle: Condvar::new(),
+            trackers: Mutex::new(Vec::new()),
             device: device.clone(),
         });
         if let Err(e) = result {

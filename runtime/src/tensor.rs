@@ -233,6 +233,11 @@ impl TensorSet {
         })
     }
 
+    /// Looks `name` up without building an error (the hot path's lookup).
+    pub fn find(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
     /// Number of tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()
