@@ -41,6 +41,11 @@ pub const REG_DMA_QUEUE_STRIDE: u64 = 0x1000;
 /// Offset of the sequencer DMEM window in an NC block ([`crate::sequencer::SEQ_DMEM_SIZE`]
 /// bytes; DMA may write any bytes of it).
 pub const REG_SEQ_DMEM: u64 = 0x280_0000;
+/// Offset of the SBUF DMA window in an NC block: partition `p` at `+ p · REG_SBUF_STRIDE`, each
+/// [`crate::isa::SBUF_PARTITION_BYTES`] long (one DMA descriptor stays inside one partition).
+pub const REG_SBUF: u64 = 0x300_0000;
+/// Bytes between two partitions in the SBUF window.
+pub const REG_SBUF_STRIDE: u64 = 0x2_0000;
 /// Size of the semaphore/event window a claiming client maps read-only: events at +0,
 /// semaphore values at [`SEM_WINDOW_SEMAPHORES`] (the RESOURCE_MMAP_INFO SEMAPHORE layout).
 pub const SEM_WINDOW_SIZE: usize = 0x2000;
@@ -283,6 +288,33 @@ impl AddressMap {
         REG_WINDOW_BASE + u64::from(nc) * REG_NC_STRIDE + REG_SEQ_DMEM + offset
     }
 
+    /// The PA of byte `offset` of SBUF partition `partition` of NC `nc` (the SBUF DMA window).
+    pub fn sbuf_address(&self, nc: u32, partition: u32, offset: u64) -> u64 {
+        REG_WINDOW_BASE
+            + u64::from(nc) * REG_NC_STRIDE
+            + REG_SBUF
+            + u64::from(partition) * REG_SBUF_STRIDE
+            + offset
+    }
+
+    /// Decodes `pa..pa+len` as a range inside one SBUF partition of an existing NC:
+    /// `(nc, partition, offset)`; `None` when it is not in the window or crosses a partition's
+    /// end.
+    pub fn decode_sbuf(&self, pa: u64, len: u64) -> Option<(u32, u32, u64)> {
+        if !self.register_range().contains(&pa) {
+            return None;
+        }
+        let rel = pa - REG_WINDOW_BASE;
+        let nc = u32::try_from(rel / REG_NC_STRIDE).ok()?;
+        let off = (rel % REG_NC_STRIDE).checked_sub(REG_SBUF)?;
+        let partition = u32::try_from(off / REG_SBUF_STRIDE).ok()?;
+        let offset = off % REG_SBUF_STRIDE;
+        let end = offset.checked_add(len)?;
+        (partition < crate::isa::SBUF_PARTITIONS
+            && end <= u64::from(crate::isa::SBUF_PARTITION_BYTES))
+        .then_some((nc, partition, offset))
+    }
+
     /// Decodes `pa..pa+len` as a range inside one NC's sequencer DMEM: `(nc, offset)`, or
     /// `None` when any byte falls outside the DMEM of an existing NC.
     pub fn decode_dmem(&self, pa: u64, len: u64) -> Option<(u32, u64)> {
@@ -470,6 +502,25 @@ mod tests {
         assert_eq!(map.decode_dmem(pa + 4093, 4), None, "runs past the window");
         assert_eq!(map.decode_dmem(pa - 4, 4), None);
         assert_eq!(map.decode_register(pa), None, "DMEM is not a register");
+    }
+
+    #[test]
+    fn sbuf_ranges_stay_inside_one_partition() {
+        let map = trn1();
+        let pa = map.sbuf_address(1, 127, 0);
+        assert_eq!(map.decode_sbuf(pa, 65536), Some((1, 127, 0)));
+        assert_eq!(map.decode_sbuf(pa + 100, 65436), Some((1, 127, 100)));
+        assert_eq!(
+            map.decode_sbuf(pa + 100, 65437),
+            None,
+            "crosses the partition's end"
+        );
+        assert_eq!(
+            map.decode_sbuf(map.sbuf_address(0, 3, 0), 4),
+            Some((0, 3, 0))
+        );
+        assert_eq!(map.decode_register(pa), None);
+        assert_eq!(map.decode_dmem(pa, 4), None);
     }
 
     #[test]
