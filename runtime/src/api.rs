@@ -15,7 +15,7 @@ use shared::model::Target;
 use shared::protocol::MemLocation;
 
 use crate::backend::{ClaimedNc, Device};
-use crate::bind::{ExecMode, build_compute_resources};
+use crate::bind::{ExecMode, ExecResources, build_compute_resources};
 use crate::completion::{ExecRequest, NqEngine, NqReader};
 use crate::config::RuntimeConfig;
 use crate::doorbell::kickoff_exec;
@@ -24,7 +24,8 @@ use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::stage::{HwExecQueue, StagedProgram};
 use crate::tensor::{Placement, Tensor, TensorSet};
-use crate::xu::{ExecInfo, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers};
+use crate::xu::{ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers};
+use shared::ids::SeqId;
 
 /// Entries of each NC's notification queue.
 pub const NQ_ENTRIES: u32 = 1024;
@@ -36,6 +37,31 @@ pub struct ModelHandle {
     pub id: u64,
     /// The logical core it was loaded on.
     pub vnc: u32,
+}
+
+/// A request scheduled with [`Runtime::execute_schedule`].
+#[derive(Debug, Clone)]
+pub struct ScheduledExecution {
+    seq_id: SeqId,
+    status: Arc<ExecStatus>,
+    vnc: u32,
+}
+
+impl ScheduledExecution {
+    /// Its sequence id (`xu_id << 48 | seq_num`).
+    pub fn seq_id(&self) -> SeqId {
+        self.seq_id
+    }
+
+    /// Its status once completed (`None` while in flight).
+    pub fn status(&self) -> Option<NrtStatus> {
+        self.status.get()
+    }
+
+    /// The logical core it runs on.
+    pub fn vnc(&self) -> u32 {
+        self.vnc
+    }
 }
 
 /// A logical core of this process.
@@ -394,16 +420,12 @@ impl Runtime {
         }
     }
 
-    /// The XU funnel for one bound execution; returns the execution's status.
-    fn submit_sync(
+    /// The work item of one bound execution on `m`'s logical core.
+    fn work_item(
         &self,
         m: &Arc<LoadedModel>,
-        resources: crate::bind::ExecResources,
-    ) -> NrtResult<NrtStatus> {
-        let xu = self
-            .xus
-            .get_by_vcore(m.vnc())
-            .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
+        resources: ExecResources,
+    ) -> Box<ExecInfo<ExecRequest>> {
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let mut req = ExecRequest {
             num_tpbs: ncs.len().min(MAX_TPBS_PER_VNC),
@@ -414,7 +436,44 @@ impl Runtime {
         }
         req.inflight = Some(m.begin_execution());
         req.resources = Some(resources);
-        let info = Box::new(ExecInfo::execute(m.id(), req));
+        Box::new(ExecInfo::execute(m.id(), req))
+    }
+
+    fn refusal(m: &LoadedModel, s: NrtStatus) -> NrtError {
+        let msg = match s {
+            NrtStatus::ExecUnitUnrecoverable => format!(
+                "logical core {} is degraded by an earlier fatal error",
+                m.vnc()
+            ),
+            NrtStatus::Closed => "the runtime is closing".to_string(),
+            NrtStatus::QueueFull => format!(
+                "the execution queue of logical core {} is full; nothing was scheduled",
+                m.vnc()
+            ),
+            s => format!("submitting to logical core {}: {s}", m.vnc()),
+        };
+        status_err(s, msg)
+    }
+
+    /// Runs the XU funnel (`tpb_xu_schedule_request`) with this runtime's stage and doorbell:
+    /// `f` gets the XU, the work item and the two closures.
+    fn funnel<T>(
+        &self,
+        m: &Arc<LoadedModel>,
+        resources: ExecResources,
+        f: impl FnOnce(
+            &Xu<NqEngine>,
+            Box<ExecInfo<ExecRequest>>,
+            &dyn Fn(&mut ExecInfo<ExecRequest>, bool) -> Result<(), NrtStatus>,
+            &dyn Fn(&ExecInfo<ExecRequest>) -> Result<(), NrtStatus>,
+        ) -> Result<T, NrtStatus>,
+    ) -> NrtResult<T> {
+        let xu = self
+            .xus
+            .get_by_vcore(m.vnc())
+            .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
+        let ncs = &self.vncs[m.vnc() as usize].ncs;
+        let info = self.work_item(m, resources);
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
         let stage =
@@ -429,17 +488,116 @@ impl Runtime {
         let doorbell = |_: &ExecInfo<ExecRequest>| {
             kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status)
         };
-        xu.execute_sync(info, stage, doorbell).map_err(|s| {
-            let msg = match s {
-                NrtStatus::ExecUnitUnrecoverable => format!(
-                    "logical core {} is degraded by an earlier fatal error",
-                    m.vnc()
-                ),
-                NrtStatus::Closed => "the runtime is closing".to_string(),
-                s => format!("submitting to logical core {}: {s}", m.vnc()),
-            };
-            status_err(s, msg)
+        f(xu, info, &stage, &doorbell).map_err(|s| Self::refusal(m, s))
+    }
+
+    /// The synchronous submit: funnel, then block until the worker completes it; returns the
+    /// execution's status.
+    fn submit_sync(&self, m: &Arc<LoadedModel>, resources: ExecResources) -> NrtResult<NrtStatus> {
+        self.funnel(m, resources, |xu, info, stage, doorbell| {
+            xu.execute_sync(info, stage, doorbell)
         })
+    }
+
+    /// `nrta_execute_schedule` (async 3.x, through the XU ring): binds and schedules one
+    /// execution without blocking and returns its handle (`seq_id = xu_id << 48 | seq`). The
+    /// status is written before the request shows as completed. Device tensors only.
+    ///
+    /// # Errors
+    /// NRT_QUEUE_FULL when the XU queue is full (nothing changed; retry later), 101 after a fatal
+    /// error on the logical core, NRT_INVALID for host tensors or bad I/O sets.
+    pub fn execute_schedule(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<ScheduledExecution> {
+        let m = self.model(model)?;
+        if let Some((name, _)) = inputs
+            .iter()
+            .chain(outputs.iter())
+            .find(|(_, t)| t.placement() == Placement::Host)
+        {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "tensor {name:?} is in host memory: asynchronous execution takes device tensors only"
+                ),
+            ));
+        }
+        if inputs.len() != m.model().inputs.len() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "Incorrect number of inputs, expected: {}, received: {}",
+                    m.model().inputs.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        let resources = build_compute_resources(
+            &m,
+            inputs,
+            outputs,
+            ExecMode::from_async_workers_present(false),
+        )?;
+        let status = Arc::new(ExecStatus::new());
+        let cell = status.clone();
+        let seq_id = self.funnel(&m, resources, move |xu, info, stage, doorbell| {
+            xu.schedule_request(info, Some(cell), stage, doorbell)
+        })?;
+        Ok(ScheduledExecution {
+            seq_id,
+            status,
+            vnc: m.vnc(),
+        })
+    }
+
+    fn xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<Xu<NqEngine>>> {
+        self.xus.get(seq_id.xu_id()).ok_or_else(|| {
+            status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "sequence id {:#x} names no compute execution unit of this process",
+                    seq_id.raw()
+                ),
+            )
+        })
+    }
+
+    /// `nrta_is_completed`: whether request `seq_id` completed (its XU's last completed ≥ it).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a sequence id of no XU of this process.
+    pub fn is_completed(&self, seq_id: SeqId) -> NrtResult<bool> {
+        Ok(self.xu_of(seq_id)?.queue().is_completed(seq_id))
+    }
+
+    /// Blocks until `req` completes; returns its status.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a foreign sequence id.
+    pub fn wait(&self, req: &ScheduledExecution) -> NrtResult<NrtStatus> {
+        self.xu_of(req.seq_id)?
+            .wait_for_completion(req.seq_id, None)
+            .map_err(|s| status_err(s, "waiting for a scheduled execution"))?;
+        Ok(req.status().unwrap_or(NrtStatus::Failure))
+    }
+
+    /// Registers an eventfd the runtime writes 1 to after every completion on logical core
+    /// `vnc`'s XU queue (replacing an earlier one).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a logical core not visible to this process.
+    pub fn register_completion_eventfd(&self, vnc: u32, fd: std::os::fd::OwnedFd) -> NrtResult<()> {
+        let xu = self.xus.get_by_vcore(vnc).ok_or_else(|| {
+            status_err(
+                NrtStatus::Invalid,
+                format!("logical core {vnc} is not visible"),
+            )
+        })?;
+        xu.register_completion_fd(Some(fd));
+        Ok(())
     }
 
     /// `kbl_compute_setup`: stages every TPB under the first TPB's `compute_req_lock`, one

@@ -209,6 +209,14 @@ pub fn build_compute_resources(
                         format!("model {:?}: buffer {index} of TPB {tpb}", model.name()),
                     )
                 }),
+            Operand::Sbuf { partition, offset } => {
+                model.sbuf_pa(tpb, *partition, *offset).ok_or_else(|| {
+                    NrtError::new(
+                        NrtStatus::Invalid,
+                        format!("model {:?}: SBUF operand of TPB {tpb}", model.name()),
+                    )
+                })
+            }
         }
     };
     // A pooled tracker of this model: same shape every time, so refilling it allocates nothing.

@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use shared::NrtStatus;
 use shared::isa;
 use shared::model::{Model, Target};
 use shared::protocol::MemLocation;
+use shared::{AddressMap, NrtStatus};
 
 use crate::backend::{Allocation, Device};
 use crate::bind::TdrvComputeResources;
@@ -47,6 +47,7 @@ pub struct LoadedModel {
     inflight: Mutex<u32>,
     idle: Condvar,
     trackers: Mutex<Vec<(TdrvComputeResources, Vec<Tensor>)>>,
+    map: AddressMap,
     device: Arc<dyn Device>,
 }
 
@@ -79,6 +80,14 @@ impl LoadedModel {
     /// Device PA of internal buffer `index` of TPB `tpb`.
     pub fn buffer_pa(&self, tpb: usize, index: u32) -> Option<u64> {
         Some(self.tpbs.get(tpb)?.buffers.get(index as usize)?.pa)
+    }
+
+    /// Device PA of byte `offset` of SBUF partition `partition` on TPB `tpb`'s NC.
+    pub fn sbuf_pa(&self, tpb: usize, partition: u32, offset: u64) -> Option<u64> {
+        Some(
+            self.map
+                .sbuf_address(self.tpbs.get(tpb)?.nc, partition, offset),
+        )
     }
 
     /// A resource tracker from the model's pool (empty ones are made on first use): bind refills
@@ -326,6 +335,11 @@ impl ModelDb {
             inflight: Mutex::new(0),
             idle: Condvar::new(),
             trackers: Mutex::new(Vec::new()),
+            map: AddressMap {
+                arch: device.info().arch,
+                nc_count: device.info().nc_count,
+                hbm_bytes_per_nc: device.info().hbm_bytes_per_nc,
+            },
             device: device.clone(),
         });
         if let Err(e) = result {

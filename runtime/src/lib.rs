@@ -15,10 +15,12 @@
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
+#[cfg(not(loom))]
 pub mod api;
 pub mod backend;
 pub mod bind;
 pub mod builder;
+#[cfg(not(loom))]
 pub mod completion;
 pub mod config;
 pub mod dma;
@@ -30,7 +32,8 @@ pub mod stage;
 pub mod tensor;
 pub mod xu;
 
-pub use api::{ModelHandle, Runtime, nrt};
+#[cfg(not(loom))]
+pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};
 pub use tensor::{Placement, Tensor, TensorSet};

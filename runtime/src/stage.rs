@@ -34,7 +34,7 @@ pub const EVENT_POKE_WORD: u64 = 0x38;
 /// Offset of the word holding `M`, the value trigger pair 3 writes to the tail increments.
 pub const TAIL_INC_WORD: u64 = 0x3C;
 /// Descriptors in each I/O ring the runtime creates per (engine, queue) of an NC.
-pub const IO_RING_DESCS: u32 = 4096;
+pub const IO_RING_DESCS: u32 = 16384;
 
 /// A cached collectives model-switch chain: descriptor pairs built once per model and reused on
 /// every switch to it (seed 000 §3 GOTCHA).

@@ -125,6 +125,14 @@ pub enum Operand {
         /// Byte offset in the buffer.
         offset: u64,
     },
+    /// Byte `offset` of SBUF partition `partition` of this TPB's NC (through the NC's SBUF DMA
+    /// window; one descriptor stays inside one partition).
+    Sbuf {
+        /// Partition (0..128).
+        partition: u32,
+        /// Byte offset in the partition.
+        offset: u64,
+    },
 }
 
 /// One descriptor pair of an I/O ring template: copy `len` bytes from `src` to `dst`.
@@ -348,6 +356,19 @@ impl Model {
                                         ));
                                     }
                                 }
+                            }
+                            Operand::Sbuf { partition, offset } => {
+                                if *partition >= crate::isa::SBUF_PARTITIONS {
+                                    return bad(format!(
+                                        "TPB {i}: ring refers to SBUF partition {partition} (there are {})",
+                                        crate::isa::SBUF_PARTITIONS
+                                    ));
+                                }
+                                (
+                                    format!("SBUF partition {partition}"),
+                                    u64::from(crate::isa::SBUF_PARTITION_BYTES),
+                                    *offset,
+                                )
                             }
                         };
                         if offset

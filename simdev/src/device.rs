@@ -16,11 +16,14 @@
 //!
 //! # Locking
 //! Each NC has two locks: `state` (its DMA queues, notification queue and exec-batch count)
-//! and `claim` (its owner and register file), plus two leaf locks: `dmem` (its sequencer DMEM)
-//! and the sequencer's wake-up state. `memory` guards the address space and `clients` the pids
-//! of connected clients. The order is `state` → `claim` and `state` → `memory`; `claim`,
-//! `memory`, `clients`, `dmem` and the sequencer lock are leaves, held only for a lookup or an
-//! update (the sequencer thread sleeps on its lock's condition variable holding nothing else).
+//! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
+//! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
+//! state. `memory` guards the address space and `clients` the pids of connected clients. The
+//! order is `state` → `claim` and `state` → `memory`; `claim`, `memory`, `clients`, `dmem`,
+//! `compute` and the sequencer lock are leaves, held only for a lookup, an update or one
+//! compute instruction (the sequencer thread sleeps on its lock's condition variable holding
+//! nothing else). A DMA of one NC's queue into another NC's SBUF takes that NC's `compute`
+//! lock under its own `state` lock, which the leaf rule allows.
 //! No thread holds two NCs' `state` locks at once: a DMA write into another NC's
 //! tail-increment register is applied after the first NC's lock is released
 //! ([`crate::dma::Outcome::Deferred`]). Locks are taken through poison-ignoring helpers, so a
@@ -45,6 +48,7 @@ use shared::protocol::{
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START, SEQ_DMEM_SIZE};
 use shared::udma::Direction;
 
+use crate::compute::ComputeState;
 use crate::config::{Config, ConfigError};
 use crate::counters::{Counters, bump};
 use crate::dma::{
@@ -89,6 +93,9 @@ struct Nc {
     state: Mutex<NcState>,
     /// The sequencer DMEM ([`SEQ_DMEM_SIZE`] bytes), written by DMA.
     dmem: Mutex<Vec<u8>>,
+    /// SBUF, PSUM and the activation-tables flag: zeroed at claim, reset, release and
+    /// reclaim (not between executions).
+    compute: Mutex<ComputeState>,
     /// Bumped (under `state`) by every reset, release and reclaim: an execution that started
     /// in an older epoch is abandoned.
     epoch: AtomicU64,
@@ -334,6 +341,7 @@ impl Core {
                     exec_batches: 0,
                 }),
                 dmem: Mutex::new(vec![0; dmem_bytes]),
+                compute: Mutex::new(ComputeState::new()),
                 epoch: AtomicU64::new(0),
                 seq: exec::SeqSync::default(),
             })
@@ -619,6 +627,7 @@ impl Core {
         }
         let registers =
             Registers::new(&self.map, nc).map_err(|e| os_refusal("claiming the NC", &e))?;
+        lock(&n.compute).clear();
         let fds = registers
             .client_fds()
             .map_err(|e| os_refusal("claiming the NC", &e))?;
@@ -633,14 +642,18 @@ impl Core {
 
     /// Stops and forgets `nc`'s queues, drops its notification queue (freeing its chunk),
     /// abandons its execution (parked or running) and restarts its `compute_idx` count, zeroes
-    /// its registers and DMEM and, when `release`, clears its owner.
+    /// its registers, DMEM, SBUF and PSUM, forgets its activation tables and, when `release`,
+    /// clears its owner.
     fn reset_nc(&self, nc: &Nc, owner: ClientId, release: bool) {
         let nq = {
             let mut state = lock(&nc.state);
+            // The epoch moves before the compute state is cleared: an engine checks it under
+            // the `compute` lock, so nothing an abandoned execution computes survives.
             nc.epoch.fetch_add(1, Ordering::AcqRel);
             state.queues.clear();
             state.exec_batches = 0;
             lock(&nc.dmem).fill(0);
+            lock(&nc.compute).clear();
             state.nq.take()
         };
         nc.seq.changed();
@@ -718,6 +731,7 @@ impl Core {
             .map_err(|e| queue_refusal(&e))?;
         if (id.engine, id.queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
             state.exec_batches = 0;
+            lock(&n.compute).set_tables_loaded(false);
         }
         ok()
     }
@@ -1011,8 +1025,56 @@ impl Bus for ClientBus<'_> {
         Ok(())
     }
 
+    fn owns_nc(&self, nc: u32) -> bool {
+        self.device
+            .nc_ref(nc)
+            .is_some_and(|n| self.device.owned_by(n, self.client))
+    }
+
+    fn read_sbuf(&self, nc: u32, partition: u32, offset: u64, out: &mut [u8]) -> Result<(), Fault> {
+        let n = self.sbuf_nc(nc, partition, offset, out.len())?;
+        if lock(&n.compute).read_sbuf(partition, offset, out) {
+            Ok(())
+        } else {
+            Err(self.sbuf_fault(nc, partition, offset, out.len()))
+        }
+    }
+
+    fn write_sbuf(
+        &mut self,
+        nc: u32,
+        partition: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Fault> {
+        let n = self.sbuf_nc(nc, partition, offset, data.len())?;
+        if lock(&n.compute).write_sbuf(partition, offset, data) {
+            Ok(())
+        } else {
+            Err(self.sbuf_fault(nc, partition, offset, data.len()))
+        }
+    }
+
     fn schedule(&mut self, queue: QueueId) {
         schedule(self.worklist, queue);
+    }
+}
+
+impl ClientBus<'_> {
+    fn sbuf_fault(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Fault {
+        Fault::ForeignSbuf {
+            pa: self.device.map.sbuf_address(nc, partition, offset),
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            nc,
+        }
+    }
+
+    /// NC `nc`, when the client owns it.
+    fn sbuf_nc(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Result<&Nc, Fault> {
+        self.device
+            .nc_ref(nc)
+            .filter(|n| self.device.owned_by(n, self.client))
+            .ok_or_else(|| self.sbuf_fault(nc, partition, offset, len))
     }
 }
 

@@ -7,8 +7,12 @@
 //! write into a DRTP_INC register) and not yet processed. Processing takes pairs while both
 //! rings have pending descriptors: the TX descriptor names a source, the RX descriptor a
 //! destination of the same length, which is either client memory (a copy), a range of the
-//! sequencer DMEM of an NC the client owns (any length that fits the DMEM window), or a register
-//! (a 4-byte write: semaphore, event, or another queue's tail increment).
+//! sequencer DMEM of an NC the client owns (any length that fits the DMEM window), a range of
+//! one SBUF partition of an NC the client owns (the SBUF window,
+//! [`AddressMap::decode_sbuf`]), or a register (a 4-byte write: semaphore, event, or another
+//! queue's tail increment). A source is client memory or one SBUF partition of an NC the client
+//! owns; the rest of the register window cannot be read. A descriptor that runs past the end of
+//! an SBUF partition decodes as no SBUF range, and so as an out-of-bounds register access.
 //!
 //! Every pair is checked completely before anything is written, so a bad pair stops the queue
 //! with all earlier pairs done and nothing of itself or later ones: the queue becomes
@@ -163,11 +167,24 @@ pub enum Fault {
         /// Length in bytes.
         len: u32,
     },
-    /// The source is in the register window, which DMA cannot read.
-    #[error("TX source {pa:#x} is in the register window; DMA cannot read registers")]
+    /// The source is in the register window (outside an SBUF partition), which DMA cannot
+    /// read.
+    #[error(
+        "TX source {pa:#x} is in the register window outside an SBUF partition; DMA cannot read registers"
+    )]
     RegisterSource {
         /// Source PA.
         pa: u64,
+    },
+    /// An SBUF range of an NC the client does not own.
+    #[error("SBUF range {pa:#x}+{len} is on NC {nc}, which this client does not own")]
+    ForeignSbuf {
+        /// The range's PA.
+        pa: u64,
+        /// Length in bytes.
+        len: u32,
+        /// The SBUF's NC.
+        nc: u32,
     },
     /// The destination is not inside one chunk of the queue's client.
     #[error("RX destination {pa:#x}+{len} is not in this client's memory")]
@@ -256,6 +273,7 @@ impl Fault {
                 | Self::UnknownRegister { .. }
                 | Self::ForeignRegister { .. }
                 | Self::ForeignDmem { .. }
+                | Self::ForeignSbuf { .. }
         )
     }
 }
@@ -341,6 +359,29 @@ pub trait Bus {
     /// [`Fault::ForeignDmem`] when the NC is not the client's.
     fn write_dmem(&mut self, nc: u32, offset: u64, data: &[u8]) -> Result<(), Fault>;
 
+    /// Whether the client owns NC `nc` (an SBUF range of another NC is out of bounds).
+    fn owns_nc(&self, nc: u32) -> bool;
+
+    /// Reads `out.len()` bytes at `offset` of SBUF partition `partition` of NC `nc` (inside
+    /// the partition: [`AddressMap::decode_sbuf`] checked it).
+    ///
+    /// # Errors
+    /// [`Fault::ForeignSbuf`] when the NC is not the client's.
+    fn read_sbuf(&self, nc: u32, partition: u32, offset: u64, out: &mut [u8]) -> Result<(), Fault>;
+
+    /// Writes `data` at `offset` of SBUF partition `partition` of NC `nc` (inside the
+    /// partition: [`AddressMap::decode_sbuf`] checked it).
+    ///
+    /// # Errors
+    /// [`Fault::ForeignSbuf`] when the NC is not the client's.
+    fn write_sbuf(
+        &mut self,
+        nc: u32,
+        partition: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Fault>;
+
     /// Queue `queue` (of this NC) got work from a tail increment: process it after the current
     /// one.
     fn schedule(&mut self, queue: QueueId);
@@ -353,6 +394,15 @@ pub enum PairEffect {
     Copy {
         /// Destination PA.
         dst: u64,
+    },
+    /// A write into SBUF partition `partition` of NC `nc` at `offset`.
+    Sbuf {
+        /// The SBUF's NC.
+        nc: u32,
+        /// The partition.
+        partition: u32,
+        /// Byte offset in the partition.
+        offset: u64,
     },
     /// A write of `data` into NC `nc`'s sequencer DMEM at `offset`.
     Dmem {
@@ -519,19 +569,53 @@ struct DmaQueue {
     in_flight: bool,
 }
 
+/// Where a checked pair's bytes come from.
+enum Source {
+    /// Client memory.
+    Memory { chunk: Arc<Chunk>, pa: u64 },
+    /// One SBUF partition of an NC the client owns.
+    Sbuf {
+        nc: u32,
+        partition: u32,
+        offset: u64,
+    },
+}
+
+impl Source {
+    /// Reads the `len` source bytes.
+    fn read(&self, len: u32, bus: &impl Bus) -> Result<Vec<u8>, Fault> {
+        match self {
+            Self::Memory { chunk, pa } => read_source(chunk, *pa, len),
+            Self::Sbuf {
+                nc,
+                partition,
+                offset,
+            } => {
+                let mut data = vec![0u8; len_usize(len)];
+                bus.read_sbuf(*nc, *partition, *offset, &mut data)?;
+                Ok(data)
+            }
+        }
+    }
+}
+
 /// What a checked pair will do.
 enum Action {
     Copy {
-        src: Arc<Chunk>,
-        src_pa: u64,
+        src: Source,
         dst: Arc<Chunk>,
         dst_pa: u64,
     },
     Dmem {
         nc: u32,
         offset: u64,
-        src: Arc<Chunk>,
-        src_pa: u64,
+        src: Source,
+    },
+    Sbuf {
+        nc: u32,
+        partition: u32,
+        offset: u64,
+        src: Source,
     },
     Register {
         reg: Register,
@@ -766,19 +850,25 @@ impl DmaQueues {
             let register = matches!(action, Action::Register { .. });
             let done = match action {
                 Action::Copy {
-                    src,
-                    src_pa,
+                    src: Source::Memory { chunk, pa },
                     dst,
                     dst_pa,
-                } => copy(src.memory(), src_pa, dst.memory(), dst_pa, len_usize(len))
+                } => copy(chunk.memory(), pa, dst.memory(), dst_pa, len_usize(len))
                     .map_err(Fault::Copy),
-                Action::Dmem {
+                Action::Copy { src, dst, dst_pa } => src
+                    .read(len, bus)
+                    .and_then(|data| dst.memory().write(dst_pa, &data).map_err(Fault::Copy)),
+                Action::Dmem { nc, offset, src } => src
+                    .read(len, bus)
+                    .and_then(|data| bus.write_dmem(nc, offset, &data)),
+                Action::Sbuf {
                     nc,
+                    partition,
                     offset,
                     src,
-                    src_pa,
-                } => read_source(&src, src_pa, len)
-                    .and_then(|data| bus.write_dmem(nc, offset, &data)),
+                } => src
+                    .read(len, bus)
+                    .and_then(|data| bus.write_sbuf(nc, partition, offset, &data)),
                 Action::Register { reg, value } => {
                     match self.write_register(engine, queue, reg, value, bus) {
                         Ok(RegisterWrite::Done) => Ok(()),
@@ -854,15 +944,20 @@ impl DmaQueues {
         let (action, len) = self.check_pair_at(q, ahead, bus)?;
         let effect = match action {
             Action::Copy { dst_pa, .. } => PairEffect::Copy { dst: dst_pa },
-            Action::Dmem {
+            Action::Sbuf {
+                nc,
+                partition,
+                offset,
+                ..
+            } => PairEffect::Sbuf {
+                nc,
+                partition,
+                offset,
+            },
+            Action::Dmem { nc, offset, src } => PairEffect::Dmem {
                 nc,
                 offset,
-                src,
-                src_pa,
-            } => PairEffect::Dmem {
-                nc,
-                offset,
-                data: read_source(&src, src_pa, len)?,
+                data: src.read(len, bus)?,
             },
             Action::Register { reg, value } => PairEffect::Register { reg, value },
         };
@@ -967,19 +1062,47 @@ impl DmaQueues {
         let rx = q.rx.read(rx_index)?.decode_rx(rx_ring_id)?;
         check_pair(&tx, &rx)?;
         let len = tx.len;
-        if self.map.register_range().contains(&tx.src) {
-            return Err(Fault::RegisterSource { pa: tx.src });
-        }
-        let src = bus
-            .resolve(tx.src, len_usize(len))
-            .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?;
-        if let Some((nc, offset)) = self.map.decode_dmem(rx.dst, u64::from(len)) {
-            return Ok((
-                Action::Dmem {
+        let src =
+            if let Some((nc, partition, offset)) = self.map.decode_sbuf(tx.src, u64::from(len)) {
+                if !bus.owns_nc(nc) {
+                    return Err(Fault::ForeignSbuf {
+                        pa: tx.src,
+                        len,
+                        nc,
+                    });
+                }
+                Source::Sbuf {
                     nc,
+                    partition,
+                    offset,
+                }
+            } else if self.map.register_range().contains(&tx.src) {
+                return Err(Fault::RegisterSource { pa: tx.src });
+            } else {
+                Source::Memory {
+                    chunk: bus
+                        .resolve(tx.src, len_usize(len))
+                        .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
+                    pa: tx.src,
+                }
+            };
+        if let Some((nc, offset)) = self.map.decode_dmem(rx.dst, u64::from(len)) {
+            return Ok((Action::Dmem { nc, offset, src }, len));
+        }
+        if let Some((nc, partition, offset)) = self.map.decode_sbuf(rx.dst, u64::from(len)) {
+            if !bus.owns_nc(nc) {
+                return Err(Fault::ForeignSbuf {
+                    pa: rx.dst,
+                    len,
+                    nc,
+                });
+            }
+            return Ok((
+                Action::Sbuf {
+                    nc,
+                    partition,
                     offset,
                     src,
-                    src_pa: tx.src,
                 },
                 len,
             ));
@@ -992,9 +1115,10 @@ impl DmaQueues {
             if len != 4 {
                 return Err(Fault::RegisterLength { pa: rx.dst, len });
             }
-            let mut word = [0u8; 4];
-            src.memory().read(tx.src, &mut word).map_err(Fault::Copy)?;
-            let value = u32::from_le_bytes(word);
+            let data = src.read(len, bus)?;
+            let value = <[u8; 4]>::try_from(data.as_slice())
+                .map(u32::from_le_bytes)
+                .map_err(|_| Fault::RegisterLength { pa: rx.dst, len })?;
             return Ok((Action::Register { reg, value }, len));
         }
         let dst = bus
@@ -1003,7 +1127,6 @@ impl DmaQueues {
         Ok((
             Action::Copy {
                 src,
-                src_pa: tx.src,
                 dst,
                 dst_pa: rx.dst,
             },

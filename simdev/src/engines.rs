@@ -12,13 +12,21 @@
 //!    `DmaWait` and `WaitEvent` are SP-only), semaphore indices below
 //!    [`FIRST_RESERVED_SEMAPHORE`] (the rest belong to the sequencer), engine/queue/event
 //!    operands inside the arch's counts, `DmaStart` of at least one descriptor and not of the
-//!    exec queue, and at most [`MAX_PROGRAM_INSTRUCTIONS`] executed by the engine;
+//!    exec queue, a compute instruction passing every check of [`compute::decode`] (its
+//!    engine, tiles, shapes and operand words), and at most [`MAX_PROGRAM_INSTRUCTIONS`]
+//!    executed by the engine;
 //! 3. with [`FLAG_WAIT`], the engine is *blocked* while `semaphore < wait_value` (the
 //!    semaphore read as the i32 it is on silicon, `wait_value` as an unsigned threshold); a
 //!    `WaitEvent` is blocked while its event register is zero (it does not clear it);
-//! 4. otherwise execute it (`Nop`; `End`; `DmaStart`/`DmaWait` through the [`Host`]), then
-//!    apply [`FLAG_SIGNAL`] (`semaphore += signal_value`, wrapping) and advance (an `End`
-//!    finishes the engine instead).
+//! 4. otherwise execute it (`Nop`; `End`; `DmaStart`/`DmaWait` through the [`Host`]; a
+//!    compute instruction with [`compute::execute`] on the NC's [`ComputeState`], which
+//!    [`Host::compute`] lends), then apply [`FLAG_SIGNAL`] (`semaphore += signal_value`,
+//!    wrapping) and advance (an `End` finishes the engine instead).
+//!
+//! A compute instruction that writes a NaN or an infinity does not stop the execution: it is
+//! counted in [`Stats::non_finite`], and the execution's notification carries
+//! [`error_flags::NUMERICAL`] (added to the flags of a failure that ends it later, too). An
+//! `Activation` while the NC's activation tables are not loaded fails with GENERIC.
 //!
 //! A round in which no engine made progress ends the execution: with GENERIC ("deadlock")
 //! when no blocked engine waits on an event, or parks it ([`Host::park`]) until a semaphore or
@@ -36,6 +44,8 @@ use shared::isa::{
 };
 use shared::notification::error_flags;
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, FIRST_RESERVED_SEMAPHORE};
+
+use crate::compute::{self, ComputeState};
 
 /// Why an execution stopped before every engine ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,6 +147,13 @@ pub trait Host {
     /// initialised.
     fn dma_wait(&mut self, engine: u32, queue: u32) -> Result<(), Stop>;
 
+    /// Runs `f` on the NC's compute state (SBUF, PSUM, activation-tables flag), exclusively.
+    ///
+    /// # Errors
+    /// [`Stop::Abandoned`] when the execution must end now without a notification (the NC's
+    /// state may already be cleared for its next owner; `f` did not run).
+    fn compute<R>(&mut self, f: impl FnOnce(&mut ComputeState) -> R) -> Result<R, Stop>;
+
     /// Called before every scheduling round: a token that changes whenever a semaphore or
     /// event of the NC changes from outside the execution (compared by [`Host::park`]).
     ///
@@ -162,6 +179,9 @@ pub struct Stats {
     pub rounds: u64,
     /// Times the execution parked waiting for the outside world.
     pub parks: u64,
+    /// Compute instructions that wrote a NaN or an infinity (the execution's notification
+    /// carries [`error_flags::NUMERICAL`] when this is not 0).
+    pub non_finite: u64,
 }
 
 /// What blocks an engine.
@@ -186,6 +206,7 @@ struct EngineState {
     executed: u32,
     current: Option<Instruction>,
     done: bool,
+    non_finite: u64,
 }
 
 /// Whether `semaphore >= wait_value`, the semaphore read as the i32 it is on silicon and the
@@ -198,7 +219,9 @@ fn wait_holds(semaphore: u32, wait_value: u32) -> bool {
 /// all of them.
 ///
 /// # Errors
-/// The [`Stop`] that ended the execution early (see the module doc for every cause).
+/// The [`Stop`] that ended the execution early (see the module doc for every cause), with
+/// [`error_flags::NUMERICAL`] added when a compute instruction wrote a NaN or an infinity
+/// before it.
 pub fn run(addresses: [u64; 5], limits: &Limits, host: &mut impl Host) -> Result<Stats, Stop> {
     let mut engines = Engine::ALL.map(|engine| EngineState {
         engine,
@@ -206,8 +229,29 @@ pub fn run(addresses: [u64; 5], limits: &Limits, host: &mut impl Host) -> Result
         executed: 0,
         current: None,
         done: false,
+        non_finite: 0,
     });
     let mut stats = Stats::default();
+    let result = schedule(&mut engines, &mut stats, limits, host);
+    let non_finite: u64 = engines.iter().map(|e| e.non_finite).sum();
+    stats.non_finite = non_finite;
+    match result {
+        Ok(()) => Ok(stats),
+        Err(Stop::Failed { flags, reason }) if non_finite > 0 => Err(Stop::Failed {
+            flags: flags | error_flags::NUMERICAL,
+            reason,
+        }),
+        Err(stop) => Err(stop),
+    }
+}
+
+/// The scheduling rounds of [`run`].
+fn schedule(
+    engines: &mut [EngineState; 5],
+    stats: &mut Stats,
+    limits: &Limits,
+    host: &mut impl Host,
+) -> Result<(), Stop> {
     loop {
         let token = host.round()?;
         stats.rounds += 1;
@@ -219,11 +263,11 @@ pub fn run(addresses: [u64; 5], limits: &Limits, host: &mut impl Host) -> Result
                 Step::Blocked(block) => blocked.push((state.engine, block)),
             }
         }
-        for state in &engines {
+        for state in engines.iter() {
             stats.instructions[state.engine.index()] = state.executed;
         }
         if engines.iter().all(|e| e.done) {
-            return Ok(stats);
+            return Ok(());
         }
         if progressed {
             continue;
@@ -258,8 +302,14 @@ fn deadlock(blocked: &[(Engine, Block)]) -> String {
     )
 }
 
-/// Checks an instruction before it runs; the reason names the rule it breaks.
-fn check(engine: Engine, pc: u64, inst: &Instruction, limits: &Limits) -> Result<Opcode, Stop> {
+/// Checks an instruction before it runs; the reason names the rule it breaks. Returns the
+/// opcode and, for a compute instruction, its decoded operands.
+fn check(
+    engine: Engine,
+    pc: u64,
+    inst: &Instruction,
+    limits: &Limits,
+) -> Result<(Opcode, Option<compute::Op>), Stop> {
     let at = || format!("{} instruction at {pc:#x}", engine.name());
     let op = inst
         .op()
@@ -326,8 +376,20 @@ fn check(engine: Engine, pc: u64, inst: &Instruction, limits: &Limits) -> Result
             }
         }
         Opcode::Nop | Opcode::End => {}
+        Opcode::Matmul
+        | Opcode::Activation
+        | Opcode::TensorTensor
+        | Opcode::TensorScalar
+        | Opcode::Reduce
+        | Opcode::Copy
+        | Opcode::Transpose
+        | Opcode::Iota => {
+            let decoded = compute::decode(engine, op, inst)
+                .map_err(|rule| Stop::generic(format!("{}: {rule}", at())))?;
+            return Ok((op, decoded));
+        }
     }
-    Ok(op)
+    Ok((op, None))
 }
 
 /// One step of one engine.
@@ -340,7 +402,7 @@ fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Resul
             inst
         }
     };
-    let op = check(state.engine, state.pc, &inst, limits)?;
+    let (op, compute_op) = check(state.engine, state.pc, &inst, limits)?;
     if state.executed >= limits.max_instructions {
         return Err(Stop::generic(format!(
             "{} executed more than {} instructions",
@@ -369,6 +431,34 @@ fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Resul
         Opcode::DmaStart => host.dma_start(a0, a1, a2)?,
         Opcode::DmaWait => host.dma_wait(a0, a1)?,
         Opcode::Nop | Opcode::End => {}
+        Opcode::Matmul
+        | Opcode::Activation
+        | Opcode::TensorTensor
+        | Opcode::TensorScalar
+        | Opcode::Reduce
+        | Opcode::Copy
+        | Opcode::Transpose
+        | Opcode::Iota => {
+            let (engine, pc) = (state.engine, state.pc);
+            let Some(compute_op) = compute_op else {
+                return Err(Stop::generic(format!(
+                    "{} instruction at {pc:#x}: {op:?} was not decoded (a simdev bug)",
+                    engine.name()
+                )));
+            };
+            let effect = host
+                .compute(|cs| compute::execute(cs, &compute_op))?
+                .map_err(|e| {
+                    Stop::generic(format!("{} instruction at {pc:#x}: {e}", engine.name()))
+                })?;
+            if effect.non_finite {
+                state.non_finite += 1;
+                tracing::debug!(
+                    "{} instruction at {pc:#x}: {op:?} wrote a NaN or an infinity",
+                    engine.name()
+                );
+            }
+        }
     }
     state.executed += 1;
     if inst.flags & FLAG_SIGNAL != 0 {
@@ -411,6 +501,7 @@ mod tests {
         on_park: Vec<(u32, u32)>,
         parks: usize,
         order: Vec<Engine>,
+        compute: ComputeState,
     }
 
     impl Fake {
@@ -449,6 +540,9 @@ mod tests {
                 return Err(Stop::failed(error_flags::DMA_ABORT, "stopped"));
             }
             Ok(())
+        }
+        fn compute<R>(&mut self, f: impl FnOnce(&mut ComputeState) -> R) -> Result<R, Stop> {
+            Ok(f(&mut self.compute))
         }
         fn round(&mut self) -> Result<u64, Stop> {
             Ok(0)
@@ -640,6 +734,80 @@ mod tests {
         assert!(matches!(
             run(BASES, &limits(), &mut f),
             Err(Stop::Failed { flags, .. }) if flags == error_flags::DMA_ABORT
+        ));
+    }
+
+    #[test]
+    fn compute_instructions_run_on_the_hosts_compute_state() {
+        use shared::isa::{AluOp, Tile};
+        let t = Tile::sbuf(0, 2, 0, 4);
+        let iota = Instruction::with_tiles(Opcode::Iota, &[t], &[1, 10, 1]).signal(1, 1);
+        let double =
+            Instruction::with_tiles(Opcode::TensorTensor, &[t, t, t], &[AluOp::Add as u32])
+                .wait(1, 1);
+        let mut f = fake(&[
+            (Engine::Pool, vec![iota, end()]),
+            (Engine::Dve, vec![double, end()]),
+        ]);
+        let stats = run(BASES, &limits(), &mut f).unwrap();
+        assert_eq!(stats.non_finite, 0);
+        let mut out = [0u8; 16];
+        assert!(f.compute.read_sbuf(1, 0, &mut out));
+        let got: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, [22.0, 24.0, 26.0, 28.0], "DVE waited for POOL's iota");
+    }
+
+    #[test]
+    fn bad_compute_instructions_end_with_generic_naming_engine_and_pc() {
+        use shared::isa::{ActFunc, Tile};
+        let t = Tile::sbuf(0, 2, 0, 4);
+        let act = Instruction::with_tiles(Opcode::Activation, &[t, t], &[ActFunc::Relu as u32]);
+        let cases: Vec<(Engine, Instruction, &str)> = vec![
+            (
+                Engine::Dve,
+                Instruction::with_tiles(Opcode::Iota, &[t], &[]),
+                "DVE instruction at 0x4040: Iota runs on POOL only, not on DVE",
+            ),
+            (
+                Engine::Pool,
+                Instruction::with_tiles(Opcode::Copy, &[t, Tile::sbuf(127, 2, 0, 4)], &[]),
+                "POOL instruction at 0x3040: src tile covers partitions 127..129",
+            ),
+            (
+                Engine::Act,
+                act,
+                "ACT instruction at 0x2040: activation tables not loaded",
+            ),
+        ];
+        for (engine, inst, expected) in cases {
+            let nop = Instruction::new(Opcode::Nop, &[]);
+            let mut f = fake(&[(engine, vec![nop, inst, end()])]);
+            let reason = generic_reason(run(BASES, &limits(), &mut f));
+            assert!(reason.contains(expected), "{expected}: {reason}");
+        }
+        // With the tables loaded the activation runs.
+        let mut f = fake(&[(Engine::Act, vec![act, end()])]);
+        f.compute.set_tables_loaded(true);
+        assert!(run(BASES, &limits(), &mut f).is_ok());
+    }
+
+    #[test]
+    fn non_finite_writes_mark_the_execution_numerical() {
+        use shared::isa::{AluOp, Tile};
+        let t = Tile::sbuf(0, 1, 0, 1);
+        let nan =
+            Instruction::with_tiles(Opcode::TensorTensor, &[t, t, t], &[AluOp::Divide as u32]);
+        let mut f = fake(&[(Engine::Dve, vec![nan, nan, end()])]);
+        let stats = run(BASES, &limits(), &mut f).unwrap();
+        assert_eq!(stats.non_finite, 2, "0/0 twice");
+        // A later failure carries NUMERICAL too.
+        let mut f = fake(&[(Engine::Dve, vec![nan, end().wait(9, 1)])]);
+        assert!(matches!(
+            run(BASES, &limits(), &mut f),
+            Err(Stop::Failed { flags, .. }) if flags == error_flags::GENERIC | error_flags::NUMERICAL
         ));
     }
 

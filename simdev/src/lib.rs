@@ -21,6 +21,8 @@
 //! - [`dma`]: DMA queues, their rings, and descriptor processing.
 //! - [`sequencer`]: the per-NC sequencer: exec-queue batches, executions, their errors.
 //! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
+//! - [`compute`]: each NC's SBUF and PSUM, and the compute instructions (matmul, activation,
+//!   tensor ops, reduce, copy, transpose, iota) the engines run on them.
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
 //! - [`notify`]: the notification queue writer.
 //! - [`counters`]: per-NC counters.
@@ -30,6 +32,7 @@
 //! tests drive DMA, memory, registers, notifications and executions.
 
 pub mod cli;
+pub mod compute;
 pub mod config;
 pub mod counters;
 pub mod device;

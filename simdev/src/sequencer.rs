@@ -24,12 +24,16 @@
 //!    pairs (the collectives chain) are then processed like any posted pairs; a chain whose
 //!    last pair pokes [`EVENT_COLLECTIVES_CTX_LOAD`] of this NC counts in `cc_chains`.
 //! 2. **Request.** The 52-byte `device_exec_request` is decoded from DMEM; `reload_seq_config`
-//!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load.
+//!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load and marks the NC's
+//!    activation tables loaded (until the NC's reset, release or reclaim, or a DMA_QUEUE_INIT
+//!    of the exec queue; an `Activation` without them fails with GENERIC).
 //! 3. **Programs.** The five engines run from the request's addresses ([`crate::engines`]).
 //! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
 //!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
-//!    flags (0 on success), `device_ts_ns` (ns since simdev started) and `nc_ts_ns` (the
-//!    execution's duration in ns).
+//!    flags (0 on success; NUMERICAL when a compute instruction wrote a NaN or an infinity, the
+//!    results being delivered all the same), `device_ts_ns` (ns since simdev started) and
+//!    `nc_ts_ns` (the execution's duration in ns). A numerical error counts in `exec_errors`
+//!    like any non-zero flags.
 //!
 //! # Errors
 //! - A batch that is not there or not well formed (the exec queue not initialised or stopped,
@@ -158,6 +162,11 @@ pub fn is_cc_poke(nc: u32, pair: &PeekedPair) -> bool {
 fn describe(len: u32, effect: &PairEffect) -> String {
     match effect {
         PairEffect::Copy { dst } => format!("copies {len} bytes to memory at {dst:#x}"),
+        PairEffect::Sbuf {
+            nc,
+            partition,
+            offset,
+        } => format!("copies {len} bytes into NC {nc}'s SBUF partition {partition} at {offset}"),
         PairEffect::Dmem { nc, offset, .. } => {
             format!("copies {len} bytes into NC {nc}'s DMEM at offset {offset}")
         }

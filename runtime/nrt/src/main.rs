@@ -1,8 +1,9 @@
 //! `nrt`: the Neuron runtime's command-line tool.
 //!
 //! - `nrt ls [--json]`: the device, its NCs and their resources.
-//! - `nrt bench [--model identity] [--bytes N] [--iterations K] [--json]`: load a model, run it
-//!   K times with every output checked, report latency percentiles and executions per second.
+//! - `nrt bench [--model digits|identity] [--batch B] [--ncs N] [--iterations K] [--json]`: run
+//!   the digits MLP over the UCI test set (or the identity model), report accuracy, logit error,
+//!   latency percentiles and throughput.
 //! - `nrt simdev [simdev options]`: run as the simdev device process. `nrt` re-executes itself
 //!   this way to start a private device when none is present, so one binary works on a fresh
 //!   clone.
@@ -14,6 +15,9 @@ use clap::{Parser, Subcommand};
 use runtime::backend::sim::SimdevCommand;
 use runtime::backend::{Device, OpenOptions};
 use serde::Serialize;
+
+mod bench;
+use bench::BenchOptions;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,18 +38,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Load a model, run it K times with every output checked, report latency percentiles and
-    /// executions per second.
+    /// Load a model (by default the digits MLP, built on the fly), run it over the whole test set
+    /// (or K executions) with every output checked, and report accuracy, max |logit - reference|,
+    /// latency percentiles and throughput.
     Bench {
-        /// The model to build: `identity` (output = input, moved by the I/O rings).
-        #[arg(long, default_value = "identity")]
+        /// `digits` (the trained MLP on the UCI digits test set) or `identity`.
+        #[arg(long, default_value = "digits")]
         model: String,
+        /// Images per execution (digits).
+        #[arg(long, default_value_t = 1)]
+        batch: u32,
         /// Tensor size in bytes (identity).
         #[arg(long, default_value_t = 64)]
         bytes: u32,
-        /// Executions to time.
-        #[arg(long, default_value_t = 1000)]
-        iterations: u32,
+        /// Executions to time (default: one pass over the test set; identity: 1000).
+        #[arg(long)]
+        iterations: Option<u32>,
+        /// Logical cores to run on, one thread each.
+        #[arg(long, default_value_t = 1)]
+        ncs: u32,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -204,127 +215,47 @@ fn main() -> ExitCode {
         }
         Command::Bench {
             model,
+            batch,
             bytes,
             iterations,
+            ncs,
             json,
-        } => match bench(&model, bytes, iterations) {
-            Ok(report) => {
-                if json {
-                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
-                } else {
-                    print_bench(&report);
+        } => {
+            let opts = BenchOptions {
+                model,
+                batch,
+                bytes,
+                iterations,
+                ncs,
+                progress: !json,
+            };
+            match bench::run(&opts, open_device) {
+                Ok(report) => {
+                    if json {
+                        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                    } else {
+                        bench::print(&report);
+                    }
+                    if report.failures == 0 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
                 }
-                ExitCode::SUCCESS
+                Err(e) => {
+                    eprintln!("nrt bench: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("nrt bench: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Simdev { args } => {
             simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
         }
     }
 }
 
-/// What `bench` measured.
-#[derive(Serialize, Debug)]
-struct BenchReport {
-    model: String,
-    backend: &'static str,
-    bytes: u32,
-    iterations: u32,
-    outputs_checked: u32,
-    p50_us: f64,
-    p90_us: f64,
-    p99_us: f64,
-    executions_per_second: f64,
-}
-
-fn bench(model: &str, bytes: u32, iterations: u32) -> Result<BenchReport, String> {
-    use runtime::{Placement, Runtime, TensorSet};
-    if model != "identity" {
-        return Err(format!("unknown model {model:?} (available: identity)"));
-    }
-    if bytes == 0 || iterations == 0 {
-        return Err("--bytes and --iterations must be at least 1".into());
-    }
-    let dev = open_device().map_err(|e| error_chain(&e))?;
-    let backend = dev.backend_name();
-    let config = runtime::config::RuntimeConfig::from_env().map_err(|e| e.to_string())?;
-    let rt = Runtime::init(std::sync::Arc::from(dev), config).map_err(|e| e.to_string())?;
-    let container = runtime::builder::identity(bytes)
-        .to_container(shared::model::Target::Simdev)
-        .map_err(|e| e.to_string())?;
-    let m = rt.load(&container, 0).map_err(|e| e.to_string())?;
-    let i = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, u64::from(bytes), "input")
-        .map_err(|e| e.to_string())?;
-    let o = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, u64::from(bytes), "output")
-        .map_err(|e| e.to_string())?;
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
-    let len = bytes as usize;
-    let mut data = vec![0u8; len];
-    let mut out = vec![0u8; len];
-    let mut samples = Vec::with_capacity(iterations as usize);
-    let warmup = iterations.min(100);
-    for k in 0..warmup + iterations {
-        for (j, b) in data.iter_mut().enumerate() {
-            *b = j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ k.to_le_bytes()[0];
-        }
-        i.write(&data, 0).map_err(|e| e.to_string())?;
-        let t = std::time::Instant::now();
-        rt.execute(m, &ins, &outs)
-            .map_err(|e| format!("execution {k}: {e}"))?;
-        let dt = t.elapsed();
-        o.read(&mut out, 0).map_err(|e| e.to_string())?;
-        if out != data {
-            return Err(format!("execution {k}: the output differs from the input"));
-        }
-        if k >= warmup {
-            samples.push(dt);
-        }
-    }
-    let total: f64 = samples.iter().map(std::time::Duration::as_secs_f64).sum();
-    samples.sort();
-    let pct =
-        |per_mille: usize| samples[(samples.len() - 1) * per_mille / 1000].as_secs_f64() * 1e6;
-    let report = BenchReport {
-        model: model.into(),
-        backend,
-        bytes,
-        iterations,
-        outputs_checked: warmup + iterations,
-        p50_us: pct(500),
-        p90_us: pct(900),
-        p99_us: pct(990),
-        executions_per_second: f64::from(iterations) / total,
-    };
-    drop((i, o, ins, outs));
-    rt.close();
-    Ok(report)
-}
-
-fn print_bench(r: &BenchReport) {
-    println!(
-        "model {} ({} bytes) on {} — {} executions timed, {} outputs checked",
-        r.model, r.bytes, r.backend, r.iterations, r.outputs_checked
-    );
-    println!(
-        "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us",
-        r.p50_us, r.p90_us, r.p99_us
-    );
-    println!(
-        "throughput {:.0} executions/s (sync, one thread)",
-        r.executions_per_second
-    );
-}
-
 /// An error and its sources, joined with ": ".
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

@@ -209,6 +209,7 @@ pub struct Xu<E: CompletionEngine> {
     engine: Arc<E>,
     metrics: Arc<Metrics>,
     steps: std::sync::atomic::AtomicU64,
+    completion_fd: Mutex<Option<OwnedFd>>,
 }
 
 /// Writes 1 to a completion eventfd and closes it unless it belongs to the pool.
@@ -262,6 +263,7 @@ impl<E: CompletionEngine> Xu<E> {
             engine,
             metrics,
             steps: std::sync::atomic::AtomicU64::new(0),
+            completion_fd: Mutex::new(None),
         })
     }
 
@@ -292,6 +294,12 @@ impl<E: CompletionEngine> Xu<E> {
 
     fn set_health(&self, h: XuHealth) {
         self.health.store(h as u8, Ordering::Release);
+    }
+
+    /// Registers (or clears) an eventfd written with 1 after every completion of this XU's
+    /// queue, after the slot is popped (the async API's per-queue completion fd).
+    pub fn register_completion_fd(&self, fd: Option<OwnedFd>) {
+        *lock(&self.completion_fd) = fd;
     }
 
     /// Writes every pooled completion eventfd without a completion (tests only).
@@ -493,7 +501,12 @@ impl<E: CompletionEngine> Xu<E> {
         }
         match pop_and_signal(&self.work_queue, &self.mark_comp_lock, signal_completion) {
             Ok(p) => {
-                tracing::debug!(vnc = self.vnc, seq = p.seq_id.raw(), status = %exec_status, "completed")
+                tracing::debug!(vnc = self.vnc, seq = p.seq_id.raw(), status = %exec_status, "completed");
+                if let Some(fd) = lock(&self.completion_fd).as_ref()
+                    && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
+                {
+                    tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered completion eventfd");
+                }
             }
             Err(rc) => {
                 tracing::error!(vnc = self.vnc, %rc, "Failed to complete request");

@@ -25,6 +25,7 @@ use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
 use shared::udma::Direction;
 
 use super::{Aborts, Claim, ClientBus, Core, Nc, NcState, lock, panic_text, read};
+use crate::compute::ComputeState;
 use crate::counters::bump;
 use crate::dma::{
     Abort, Budget, PairEffect, PeekError, QueueError, QueueId, QueueStatus, error_chain,
@@ -149,9 +150,13 @@ impl Core {
 
     /// Whether an execution of `nc` that started in `epoch` must end without a notification.
     fn abandoned(&self, nc: &Nc, epoch: u64) -> bool {
-        self.lost.load(Ordering::SeqCst)
-            || nc.epoch.load(Ordering::Acquire) != epoch
-            || nc.seq.is_shutdown()
+        self.epoch_moved(nc, epoch) || nc.seq.is_shutdown()
+    }
+
+    /// Whether the device was lost or `nc` was reset, released or reclaimed since `epoch`
+    /// (atomics only: safe under any lock, the leaf `compute` lock included).
+    fn epoch_moved(&self, nc: &Nc, epoch: u64) -> bool {
+        self.lost.load(Ordering::SeqCst) || nc.epoch.load(Ordering::Acquire) != epoch
     }
 
     /// The sequencer thread of NC `index`: runs one execution per INFERENCE_START count, in
@@ -208,6 +213,15 @@ impl Core {
                 )))
             });
         let flags = match outcome {
+            Ok(stats) if stats.non_finite > 0 => {
+                tracing::warn!(
+                    "NC {} execution {compute_idx} done with a numerical error: {} compute \
+                     instructions wrote a NaN or an infinity",
+                    nc.index,
+                    stats.non_finite
+                );
+                error_flags::NUMERICAL
+            }
             Ok(stats) => {
                 tracing::debug!(
                     "NC {} execution {compute_idx} done: {:?} instructions, {} rounds, {} parks",
@@ -277,6 +291,11 @@ impl Core {
         }
         if request.load_act_dve_tables == 1 {
             bump(&nc.counters.table_loads, 1);
+            let mut compute = lock(&nc.compute);
+            if self.epoch_moved(nc, work.epoch) {
+                return Err(Stop::Abandoned);
+            }
+            compute.set_tables_loaded(true);
         }
         let addresses = Engine::ALL.map(|e| request.engine_address(e));
         let mut host = ExecHost {
@@ -439,7 +458,9 @@ impl Core {
                     true
                 }
                 // The tail increments: applied below, as one post of M on both rings.
-                PairEffect::Register { .. } | PairEffect::Copy { .. } => true,
+                PairEffect::Register { .. } | PairEffect::Copy { .. } | PairEffect::Sbuf { .. } => {
+                    true
+                }
             };
             state
                 .queues
@@ -553,6 +574,15 @@ impl engines::Host for ExecHost<'_> {
                 "SP DmaWait of DMA engine {engine} queue {queue}, which is not initialised"
             ))),
         }
+    }
+
+    fn compute<R>(&mut self, f: impl FnOnce(&mut ComputeState) -> R) -> Result<R, Stop> {
+        let mut compute = lock(&self.nc.compute);
+        // Checked under the lock: a reset moves the epoch before it clears the state.
+        if self.core.epoch_moved(self.nc, self.epoch) {
+            return Err(Stop::Abandoned);
+        }
+        Ok(f(&mut compute))
     }
 
     fn round(&mut self) -> Result<u64, Stop> {

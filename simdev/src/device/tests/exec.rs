@@ -790,3 +790,5 @@ fn dma_writes_into_the_dmem_of_owned_ncs_only() {
         "nothing written by the refused pair"
     );
 }
+
+mod compute;

@@ -4,6 +4,11 @@
 //! pairs copy the input tensor to the output tensor (≤ 64 KiB per pair), waits for it and ends;
 //! the other four engines only end.
 
+pub mod digits;
+pub mod mlp;
+
+pub use mlp::{Layer, MlpBuilder};
+
 use shared::isa::{Instruction, Opcode, encode_program, end_program};
 use shared::model::{DType, IoDesc, IoRing, Model, Operand, TensorSpec, TpbProgram};
 

@@ -1,0 +1,368 @@
+//! `nrt bench`: load a model, run it with every output checked, report accuracy, the largest
+//! logit error against the reference, latency percentiles and throughput.
+//!
+//! The digits model runs the 360 held-out UCI digits through the trained MLP in batches of
+//! `--batch` images (the last batch of a pass is zero-padded and its padding ignored), on
+//! `--ncs` logical cores at once, one thread each. The identity model copies `--bytes` bytes and
+//! checks them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
+use runtime::config::RuntimeConfig;
+use runtime::{Device, DeviceError, ModelHandle, Placement, Runtime, Tensor, TensorSet};
+use serde::Serialize;
+use shared::model::Target;
+
+/// What to run.
+#[derive(Debug)]
+pub struct BenchOptions {
+    /// `digits` or `identity`.
+    pub model: String,
+    /// Images per execution (digits).
+    pub batch: u32,
+    /// Bytes (identity).
+    pub bytes: u32,
+    /// Executions to time.
+    pub iterations: Option<u32>,
+    /// Logical cores.
+    pub ncs: u32,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What `bench` measured (the `--json` object).
+#[derive(Serialize, Debug)]
+pub struct BenchReport {
+    model: String,
+    backend: &'static str,
+    batch: u32,
+    nc_count: u32,
+    executions: u64,
+    images: u64,
+    /// Correct / classified (digits; null for identity).
+    accuracy: Option<f64>,
+    /// max |logit − reference| over the test set (digits).
+    max_abs_logit_diff: Option<f32>,
+    /// Outputs that did not match (identity) — 0 on success.
+    pub failures: u64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    executions_per_second: f64,
+    images_per_second: f64,
+}
+
+struct Core {
+    model: ModelHandle,
+    input: Tensor,
+    output: Tensor,
+    ins: TensorSet,
+    outs: TensorSet,
+}
+
+fn core(
+    rt: &Runtime,
+    vnc: u32,
+    container: &[u8],
+    in_bytes: u64,
+    out_bytes: u64,
+) -> Result<Core, String> {
+    let model = rt
+        .load(container, i32::try_from(vnc).unwrap_or(0))
+        .map_err(|e| e.to_string())?;
+    let input = rt
+        .tensor_allocate(Placement::Device { vnc }, in_bytes, "input")
+        .map_err(|e| e.to_string())?;
+    let output = rt
+        .tensor_allocate(Placement::Device { vnc }, out_bytes, "output")
+        .map_err(|e| e.to_string())?;
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &input);
+    outs.add("output", &output);
+    Ok(Core {
+        model,
+        input,
+        output,
+        ins,
+        outs,
+    })
+}
+
+fn bar(total: u64, show: bool) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} executions {elapsed_precise} {per_sec}",
+    ) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Runs the benchmark on the device `open` returns.
+///
+/// # Errors
+/// A message naming the failing step.
+pub fn run(
+    opts: &BenchOptions,
+    open: impl FnOnce() -> Result<Box<dyn Device>, DeviceError>,
+) -> Result<BenchReport, String> {
+    if opts.ncs == 0 {
+        return Err("--ncs must be at least 1".into());
+    }
+    let mut config = RuntimeConfig::from_env().map_err(|e| e.to_string())?;
+    if config.visible_cores.is_none() {
+        config.num_cores = opts.ncs;
+    }
+    let dev = open().map_err(|e| crate::error_chain(&e))?;
+    let backend = dev.backend_name();
+    let rt = Runtime::init(Arc::from(dev), config).map_err(|e| e.to_string())?;
+    let ncs = rt.visible_vnc_count().min(opts.ncs);
+    let result = match opts.model.as_str() {
+        "digits" => run_digits(&rt, opts, ncs, backend),
+        "identity" => run_identity(&rt, opts, ncs, backend),
+        other => Err(format!(
+            "unknown model {other:?} (available: digits, identity)"
+        )),
+    };
+    rt.close();
+    result
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+    samples.sort();
+    let pct =
+        |per_mille: usize| samples[(samples.len() - 1) * per_mille / 1000].as_secs_f64() * 1e6;
+    (pct(500), pct(900), pct(990))
+}
+
+fn run_digits(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    ncs: u32,
+    backend: &'static str,
+) -> Result<BenchReport, String> {
+    let data = Digits::load(&digits::default_path())?;
+    let batch = opts.batch;
+    let model = data.mlp().build(batch).map_err(|e| e.to_string())?;
+    let container = model
+        .to_container(Target::Simdev)
+        .map_err(|e| e.to_string())?;
+    let count = data.count();
+    let per_pass = count.div_ceil(batch as usize) as u64;
+    let executions = opts.iterations.map_or(per_pass, u64::from);
+    let b = batch as usize;
+    let cores: Vec<Core> = (0..ncs)
+        .map(|v| {
+            core(
+                rt,
+                v,
+                &container,
+                (b * FEATURES * 4) as u64,
+                (b * CLASSES * 4) as u64,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let pb = bar(executions, opts.progress);
+    let logits = std::sync::Mutex::new(vec![f32::NAN; count * CLASSES]);
+    let started = Instant::now();
+    let samples: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = cores
+            .iter()
+            .enumerate()
+            .map(|(v, c)| {
+                let (data, logits, pb) = (&data, &logits, &pb);
+                s.spawn(move || -> Result<Vec<Duration>, String> {
+                    let mut times = Vec::new();
+                    let mut input = vec![0f32; b * FEATURES];
+                    let mut out = vec![0u8; b * CLASSES * 4];
+                    for e in (v as u64..executions).step_by(ncs as usize) {
+                        let first = usize::try_from(e % per_pass).unwrap_or(0) * b;
+                        let rows = b.min(count - first);
+                        input.fill(0.0);
+                        input[..rows * FEATURES].copy_from_slice(
+                            &data.inputs[first * FEATURES..(first + rows) * FEATURES],
+                        );
+                        c.input
+                            .write(&to_bytes(&input), 0)
+                            .map_err(|e| e.to_string())?;
+                        let t = Instant::now();
+                        rt.execute(c.model, &c.ins, &c.outs)
+                            .map_err(|err| format!("execution {e}: {err}"))?;
+                        times.push(t.elapsed());
+                        c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
+                        if e < per_pass {
+                            let mut l = logits
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            for (i, chunk) in out[..rows * CLASSES * 4].chunks_exact(4).enumerate()
+                            {
+                                l[first * CLASSES + i] =
+                                    f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                            }
+                        }
+                        pb.inc(1);
+                    }
+                    Ok(times)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(
+                h.join()
+                    .map_err(|_| "a bench thread panicked".to_string())??,
+            );
+        }
+        Ok::<_, String>(all)
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let logits = logits
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let covered = executions >= per_pass;
+    let (accuracy, max_diff) = if covered {
+        let predicted = digits::argmax_rows(&logits);
+        let correct = predicted
+            .iter()
+            .zip(&data.labels)
+            .filter(|(p, l)| i32::try_from(**p).ok() == Some(**l))
+            .count();
+        let diff = logits
+            .iter()
+            .zip(&data.logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+        (Some(correct as f64 / count as f64), Some(diff))
+    } else {
+        (None, None)
+    };
+    let (p50, p90, p99) = percentiles(samples);
+    let images = (executions.min(per_pass) * batch as u64).min(count as u64)
+        + executions.saturating_sub(per_pass) * batch as u64;
+    Ok(BenchReport {
+        model: "digits".into(),
+        backend,
+        batch,
+        nc_count: ncs,
+        executions,
+        images,
+        accuracy,
+        max_abs_logit_diff: max_diff,
+        failures: 0,
+        p50_us: p50,
+        p90_us: p90,
+        p99_us: p99,
+        executions_per_second: executions as f64 / wall,
+        images_per_second: images as f64 / wall,
+    })
+}
+
+fn run_identity(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    ncs: u32,
+    backend: &'static str,
+) -> Result<BenchReport, String> {
+    if opts.bytes == 0 {
+        return Err("--bytes must be at least 1".into());
+    }
+    let container = runtime::builder::identity(opts.bytes)
+        .to_container(Target::Simdev)
+        .map_err(|e| e.to_string())?;
+    let executions = u64::from(opts.iterations.unwrap_or(1000));
+    let len = opts.bytes as usize;
+    let cores: Vec<Core> = (0..ncs)
+        .map(|v| core(rt, v, &container, len as u64, len as u64))
+        .collect::<Result<_, _>>()?;
+    let pb = bar(executions, opts.progress);
+    let failures = std::sync::atomic::AtomicU64::new(0);
+    let started = Instant::now();
+    let samples: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = cores
+            .iter()
+            .enumerate()
+            .map(|(v, c)| {
+                let (pb, failures) = (&pb, &failures);
+                s.spawn(move || -> Result<Vec<Duration>, String> {
+                    let mut times = Vec::new();
+                    let (mut data, mut out) = (vec![0u8; len], vec![0u8; len]);
+                    for e in (v as u64..executions).step_by(ncs as usize) {
+                        for (j, b) in data.iter_mut().enumerate() {
+                            *b = j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0];
+                        }
+                        c.input.write(&data, 0).map_err(|e| e.to_string())?;
+                        let t = Instant::now();
+                        rt.execute(c.model, &c.ins, &c.outs)
+                            .map_err(|err| format!("execution {e}: {err}"))?;
+                        times.push(t.elapsed());
+                        c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
+                        if out != data {
+                            failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        pb.inc(1);
+                    }
+                    Ok(times)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(
+                h.join()
+                    .map_err(|_| "a bench thread panicked".to_string())??,
+            );
+        }
+        Ok::<_, String>(all)
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let (p50, p90, p99) = percentiles(samples);
+    Ok(BenchReport {
+        model: "identity".into(),
+        backend,
+        batch: 1,
+        nc_count: ncs,
+        executions,
+        images: executions,
+        accuracy: None,
+        max_abs_logit_diff: None,
+        failures: failures.into_inner(),
+        p50_us: p50,
+        p90_us: p90,
+        p99_us: p99,
+        executions_per_second: executions as f64 / wall,
+        images_per_second: executions as f64 / wall,
+    })
+}
+
+/// Prints a report as text.
+pub fn print(r: &BenchReport) {
+    println!(
+        "model {} on {} — batch {}, {} NC(s), {} executions, {} images",
+        r.model, r.backend, r.batch, r.nc_count, r.executions, r.images
+    );
+    if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
+        println!("accuracy {acc:.6}   max |logit - reference| {diff:.3e}");
+    }
+    if r.failures > 0 {
+        println!("{} outputs did not match", r.failures);
+    }
+    println!(
+        "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us",
+        r.p50_us, r.p90_us, r.p99_us
+    );
+    println!(
+        "throughput {:.0} executions/s, {:.0} images/s",
+        r.executions_per_second, r.images_per_second
+    );
+}
