@@ -257,6 +257,108 @@ pub enum Request {
         /// NC index.
         nc: u32,
     },
+    /// Arm a fault (scenario control; any client may send it). Reply: [`Reply::Ok`].
+    InjectFault(FaultSpec),
+    /// Disarm every fault not yet fired. Reply: [`Reply::Ok`].
+    ClearFaults,
+    /// Set the latency model of every NC. Reply: [`Reply::Ok`].
+    SetLatency(LatencyModel),
+    /// Device-wide usage. Reply: [`Reply::DeviceStats`].
+    DeviceStats,
+}
+
+/// A fault simdev injects into an execution (scenario control).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultKind {
+    /// NeuronCore uncorrectable (parity) error: the notification carries `NC_UE` (→ 1202).
+    NcUncorrectable,
+    /// Unrepairable HBM uncorrectable error: `HBM_UE` (→ 1201).
+    HbmUncorrectable,
+    /// Repairable HBM uncorrectable error: `HBM_UE_REPAIRABLE` (→ 1205).
+    HbmRepairable,
+    /// DMA engine abort: the NC's exec queue stops and the execution carries `DMA_ABORT` (→ 1203).
+    DmaAbort,
+    /// An out-of-bounds access: `OOB` (→ 1006).
+    OutOfBounds,
+    /// A numerical error (NaN/Inf): `NUMERICAL` (→ 1003), results still written.
+    Numerical,
+    /// An execution that completes with a generic error: `GENERIC` (→ 1004).
+    GenericError,
+    /// The execution runs but its notification is never posted (a hang as the runtime sees it).
+    MissingCompletion,
+    /// The notification is posted `delay_ms` of wall-clock time late.
+    LateCompletion {
+        /// Wall-clock delay in milliseconds.
+        delay_ms: u32,
+    },
+    /// The execution takes `ns` more simulated time (and wall time when pacing).
+    ExtraLatency {
+        /// Simulated nanoseconds.
+        ns: u64,
+    },
+    /// The device is lost: simdev posts DeviceLost to every claimed NC and exits.
+    DeviceLost,
+}
+
+/// When an armed fault fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultWhen {
+    /// At the Nth execution on the NC counted from when the fault was armed (1 = the next).
+    NthExecution(u64),
+    /// On each execution with probability `per_million` / 1e6, from a generator seeded with
+    /// `seed` (deterministic for a given execution order).
+    Probability {
+        /// Chance per execution, in millionths.
+        per_million: u32,
+        /// Generator seed.
+        seed: u64,
+    },
+}
+
+/// An armed fault: what, on which NC (any NC when `None`), when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultSpec {
+    /// The fault.
+    pub kind: FaultKind,
+    /// The NC; `None` = every NC.
+    pub nc: Option<u32>,
+    /// When it fires. An `NthExecution` fault fires once; a `Probability` fault stays armed.
+    pub when: FaultWhen,
+}
+
+/// simdev's timing model, in simulated nanoseconds. With every field 0 (the default) an
+/// execution's device timestamps follow the wall clock; otherwise they follow the model
+/// exactly: an execution lasts `per_execution_ns + instructions · per_instruction_ns +
+/// reloads · per_config_reload_ns + table loads · per_table_load_ns` (plus any ExtraLatency).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyModel {
+    /// Fixed cost of every execution.
+    pub per_execution_ns: u64,
+    /// Cost of each instruction an engine executes.
+    pub per_instruction_ns: u64,
+    /// Cost of a sequencer config reload (`reload_seq_config` = 1).
+    pub per_config_reload_ns: u64,
+    /// Cost of an activation/DVE table load (`load_act_dve_tables` = 1).
+    pub per_table_load_ns: u64,
+    /// Also sleep the simulated duration in wall-clock time.
+    pub wall_clock_pacing: bool,
+}
+
+/// Device-wide usage (for leak checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    /// Bytes of client memory chunks allocated (HBM and host), NQ rings included.
+    pub memory_in_use: u64,
+    /// Chunks allocated.
+    pub chunks: u64,
+    /// Connected clients.
+    pub clients: u32,
+    /// NCs claimed.
+    pub claimed_ncs: u32,
+    /// DMA queues initialised.
+    pub dma_queues: u32,
+    /// Faults armed and not yet fired.
+    pub armed_faults: u32,
 }
 
 impl Request {
@@ -287,6 +389,10 @@ impl Request {
             Self::NotificationInit { .. } => "NotificationInit",
             Self::NcReset { .. } => "NcReset",
             Self::Counters { .. } => "Counters",
+            Self::InjectFault(_) => "InjectFault",
+            Self::ClearFaults => "ClearFaults",
+            Self::SetLatency(_) => "SetLatency",
+            Self::DeviceStats => "DeviceStats",
         }
     }
 }
@@ -318,6 +424,8 @@ pub enum ErrorKind {
     Unsupported,
     /// Bad arguments not covered above (e.g. an invalid size or alignment).
     InvalidArgument,
+    /// simdev failed internally (a simdev bug), or could not get an OS resource.
+    Internal,
 }
 
 /// An error reply: what failed and why, in words.
@@ -385,6 +493,8 @@ pub enum Reply {
     },
     /// An NC's counters.
     Counters(NcCounters),
+    /// Device-wide usage.
+    DeviceStats(DeviceStats),
     /// The request failed.
     Error(RemoteError),
 }

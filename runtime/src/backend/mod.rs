@@ -194,7 +194,7 @@ impl DeviceError {
                     NrtStatus::Invalid
                 }
                 K::QueueStopped => NrtStatus::ExecHwErrDmaAbort,
-                K::Handshake | K::PermissionDenied | K::NotOwner | K::Unsupported => {
+                K::Handshake | K::PermissionDenied | K::NotOwner | K::Unsupported | K::Internal => {
                     NrtStatus::Failure
                 }
             },

@@ -28,8 +28,8 @@ use nix::sys::socket::{
 use shared::address_map::SEM_WINDOW_SIZE;
 use shared::memory::SharedChunk;
 use shared::protocol::{
-    self, DeviceInfo, MAX_FDS_PER_MSG, MAX_MSG_SIZE, MemLocation, NcCounters, PROTOCOL_VERSION,
-    Reply, Request,
+    self, DeviceInfo, DeviceStats, FaultSpec, LatencyModel, MAX_FDS_PER_MSG, MAX_MSG_SIZE,
+    MemLocation, NcCounters, PROTOCOL_VERSION, Reply, Request,
 };
 
 use super::{
@@ -131,6 +131,41 @@ impl SimDevice {
     /// The socket this device is connected to.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// Arms a fault in simdev (scenario control; not a driver operation).
+    ///
+    /// # Errors
+    /// simdev's refusal (e.g. an NC out of range).
+    pub fn inject_fault(&self, fault: FaultSpec) -> Result<(), DeviceError> {
+        self.request_ok("InjectFault", &Request::InjectFault(fault))
+    }
+
+    /// Disarms every pending fault.
+    ///
+    /// # Errors
+    /// A dead simdev.
+    pub fn clear_faults(&self) -> Result<(), DeviceError> {
+        self.request_ok("ClearFaults", &Request::ClearFaults)
+    }
+
+    /// Sets simdev's latency model.
+    ///
+    /// # Errors
+    /// A dead simdev.
+    pub fn set_latency(&self, model: LatencyModel) -> Result<(), DeviceError> {
+        self.request_ok("SetLatency", &Request::SetLatency(model))
+    }
+
+    /// Device-wide usage (memory in use, clients, claimed NCs, ...).
+    ///
+    /// # Errors
+    /// A dead simdev.
+    pub fn device_stats(&self) -> Result<DeviceStats, DeviceError> {
+        match self.request("DeviceStats", &Request::DeviceStats)?.0 {
+            Reply::DeviceStats(s) => Ok(s),
+            other => Err(unexpected("DeviceStats", &other)),
+        }
     }
 
     /// Whether this device started its own simdev (stopped at drop).
