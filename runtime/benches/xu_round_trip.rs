@@ -97,6 +97,7 @@ fn main() {
         tpbs: vec![0],
         capacity: 64,
         efd_pool_size: 4,
+        ..XuConfig::default()
     };
     let xu = Arc::new(Xu::new(cfg, Arc::new(Immediate), metrics).unwrap());
     let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();

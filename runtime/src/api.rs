@@ -14,6 +14,7 @@ use shared::NrtStatus;
 use shared::model::Target;
 use shared::protocol::MemLocation;
 
+use crate::async_pool::{AsyncCallback, AsyncPool};
 use crate::backend::{ClaimedNc, Device};
 use crate::bind::{ExecMode, ExecResources, build_compute_resources};
 use crate::completion::{ExecRequest, NqEngine, NqReader};
@@ -86,6 +87,7 @@ pub struct Runtime {
     metrics: Arc<Metrics>,
     claimed: Vec<ClaimedNc>,
     target: Target,
+    pool: Option<AsyncPool>,
 }
 
 fn status_err(status: NrtStatus, message: impl Into<String>) -> NrtError {
@@ -101,15 +103,21 @@ impl Runtime {
     /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection; the device's
     /// errors (an NC owned by another process is NRT_EXEC_NC_BUSY, naming it).
     pub fn init(device: Arc<dyn Device>, config: RuntimeConfig) -> NrtResult<Self> {
-        if config.async_max_inflight > 0 {
+        let info = device.info();
+        let nc_count = info.nc_count;
+        let lnc = config.lnc.max(1);
+        if lnc == 2 && info.arch != shared::Arch::Trn2 {
             return Err(status_err(
                 NrtStatus::Invalid,
-                "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS > 0 selects the implicit async pool, which this runtime does not provide yet",
+                format!(
+                    "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
+                    info.arch.name()
+                ),
             ));
         }
-        let nc_count = device.info().nc_count;
+        let logical = nc_count / lnc;
         let (first, count) = config
-            .select_vncs(nc_count)
+            .select_vncs(logical)
             .map_err(|m| status_err(NrtStatus::LoadNotEnoughNc, m))?;
         let target = if device.backend_name() == "sim" {
             Target::Simdev
@@ -117,14 +125,17 @@ impl Runtime {
             Target::Silicon
         };
         let vncs: Vec<Vnc> = (first..first + count)
-            .map(|nc| Vnc { ncs: vec![nc] })
+            .map(|v| Vnc {
+                ncs: (v * lnc..(v + 1) * lnc).collect(),
+            })
             .collect();
+        let physical: Vec<u32> = vncs.iter().flat_map(|v| v.ncs.iter().copied()).collect();
         let mut claimed = Vec::new();
         let mut readers = Vec::new();
         let mut hw_queues = HashMap::new();
-        let slots = u32::try_from(config.xu_capacity + 1).unwrap_or(u32::MAX);
+        let slots = config.max_inflight().saturating_add(1);
         let setup = (|| -> NrtResult<()> {
-            for nc in first..first + count {
+            for &nc in &physical {
                 let mut c = device.claim_nc(nc).map_err(|e| {
                     let mut err = NrtError::from(e);
                     err.message = format!("claiming NC {nc}: {}", err.message);
@@ -153,6 +164,7 @@ impl Runtime {
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
                 efd_pool_size: 8,
+                implicit_async_mode: config.async_max_inflight > 0,
             };
             let xu = Arc::new(
                 Xu::new(cfg, engine.clone(), metrics.clone())
@@ -163,6 +175,15 @@ impl Runtime {
         }
         let workers =
             XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
+        let pool = if config.async_max_inflight > 0 {
+            Some(AsyncPool::start(
+                count,
+                config.async_max_inflight,
+                engine.clone(),
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             device,
             config,
@@ -176,6 +197,7 @@ impl Runtime {
             metrics,
             claimed,
             target,
+            pool,
         })
     }
 
@@ -241,7 +263,7 @@ impl Runtime {
     pub fn load(&self, bytes: &[u8], vnc: i32) -> NrtResult<ModelHandle> {
         let vnc = self.vnc_of(vnc)?;
         let ncs = &self.vncs[vnc as usize].ncs;
-        let inflight = u32::try_from(self.config.xu_capacity).unwrap_or(u32::MAX);
+        let inflight = self.config.max_inflight();
         let ctx = LoadContext {
             device: &self.device,
             hw_queues: &self.hw_queues,
@@ -383,6 +405,9 @@ impl Runtime {
             }
             Ok((dev, clones))
         };
+        if self.pool.is_some() {
+            return self.execute_implicit_async(&m, inputs, outputs).map(|_| ());
+        }
         let has_host = |set: &TensorSet| set.iter().any(|(_, t)| t.placement() == Placement::Host);
         let mode = ExecMode::from_async_workers_present(false);
         let (resources, out_clones) = if has_host(inputs) || has_host(outputs) {
@@ -499,6 +524,80 @@ impl Runtime {
         })
     }
 
+    /// The implicit-async fork of `kmgr_exec`: host tensors are refused (the seed's GOTCHA:
+    /// async is device-tensor-only), bind runs with exec mode 0, and `kaew_post_request` stages,
+    /// rings and queues the request, returning its job id without waiting.
+    fn execute_implicit_async(
+        &self,
+        m: &Arc<LoadedModel>,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<u64> {
+        let pool = self
+            .pool
+            .as_ref()
+            .ok_or_else(|| status_err(NrtStatus::Failure, "no async pool"))?;
+        if inputs
+            .iter()
+            .chain(outputs.iter())
+            .any(|(_, t)| t.placement() == Placement::Host)
+        {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                "Async exec mode only supports device allocated tensors",
+            ));
+        }
+        let resources = build_compute_resources(
+            m,
+            inputs,
+            outputs,
+            ExecMode::from_async_workers_present(true),
+        )?;
+        let ncs = &self.vncs[m.vnc() as usize].ncs;
+        let info = self.work_item(m, resources);
+        let timeout = self.config.exec_timeout;
+        let skip = self.config.skip_config_optimization;
+        let stage =
+            |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
+                self.stage(m, info, model_switch, skip)
+                    .map_err(|e| e.status)?;
+                info.request.deadline = Some(Instant::now() + timeout);
+                Ok(())
+            };
+        let doorbell = |_: &ExecInfo<ExecRequest>| {
+            kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status)
+        };
+        pool.post(m.vnc(), info, stage, doorbell)
+            .map_err(|s| Self::refusal(m, s))
+    }
+
+    /// `nrt_register_async_exec_callback`: `cb(model_id, vnc, job_id, status)` runs on the pool's
+    /// worker after each implicit-async execution.
+    ///
+    /// # Errors
+    /// NRT_INVALID when the implicit async pool is off.
+    pub fn register_async_exec_callback(&self, cb: AsyncCallback) -> NrtResult<()> {
+        let pool = self
+            .pool
+            .as_ref()
+            .ok_or_else(|| status_err(NrtStatus::Invalid, "the implicit async pool is off"))?;
+        pool.register_callback(cb);
+        Ok(())
+    }
+
+    /// `nrt_async_drain_queued_execs`: blocks until logical core `vnc` has no queued
+    /// implicit-async execution.
+    pub fn async_drain(&self, vnc: u32) {
+        if let Some(pool) = &self.pool {
+            pool.drain(vnc);
+        }
+    }
+
+    /// Whether the implicit async pool serves executions.
+    pub fn implicit_async(&self) -> bool {
+        self.pool.is_some()
+    }
+
     /// `nrta_execute_schedule` (async 3.x, through the XU ring): binds and schedules one
     /// execution without blocking and returns its handle (`seq_id = xu_id << 48 | seq`). The
     /// status is written before the request shows as completed. Device tensors only.
@@ -513,6 +612,12 @@ impl Runtime {
         outputs: &TensorSet,
     ) -> NrtResult<ScheduledExecution> {
         let m = self.model(model)?;
+        if self.pool.is_some() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                "the explicit async API uses the XU ring, which is off while the implicit async pool is on (NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS)",
+            ));
+        }
         if let Some((name, _)) = inputs
             .iter()
             .chain(outputs.iter())
@@ -624,13 +729,19 @@ impl Runtime {
             .as_ref()
             .ok_or_else(|| status_err(NrtStatus::Failure, "no resources"))?;
         let model = m.model();
+        // The collectives chain rides only on the first NC of the vcore, only on a switch.
+        let chain = if model_switch && model.has_collectives {
+            Some(m.cc_chain()?)
+        } else {
+            None
+        };
         for (i, tpb) in tpbs.iter().enumerate() {
             let program = StagedProgram {
                 engine_addresses: tpb.engine_addresses,
                 exec_req_flags: &model.exec_req_flags,
                 table_hashes: (&model.act_table_hash, &model.dve_table_hash),
                 io: &resources.tdrv.ioqs[i],
-                cc_chain: None,
+                cc_chain: if i == 0 { chain } else { None },
             };
             let staged = if i == 0 {
                 main.add_exec_request(tpb.nc, &program, model_switch, skip)?
@@ -648,6 +759,7 @@ impl Runtime {
                 st.add_exec_request(tpb.nc, &program, model_switch, skip)?
             };
             info.request.compute_idx[i] = staged.compute_idx;
+            tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx = staged.compute_idx, "staged");
         }
         Ok(())
     }
@@ -655,6 +767,9 @@ impl Runtime {
     /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
     /// the exec queues and the NCs. A private simdev stops when the device is dropped.
     pub fn close(mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.shutdown();
+        }
         crate::xu::unit::shutdown(&self.xu_list, ExecRequest::default);
         if let Some(w) = self.workers.take() {
             w.destroy();

@@ -6,6 +6,7 @@
 //! | `NEURON_RT_VISIBLE_CORES` | exact logical cores: `3`, `3-5`, `3-5,6` (contiguous, increasing); wins over NUM_CORES |
 //! | `NEURON_RT_NUM_CORES` | reserve N cores (0 = all) |
 //! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
+//! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default 1 here (libnrt defaults to 2 on Trn2) |
 //! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (recorded; the pool itself is not built yet) |
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
@@ -31,6 +32,8 @@ pub struct RuntimeConfig {
     pub funtime: bool,
     /// Slots of each vNC's XU queue.
     pub xu_capacity: usize,
+    /// Physical NCs per logical core (`NEURON_LOGICAL_NC_CONFIG`): 1 or 2.
+    pub lnc: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -43,6 +46,7 @@ impl Default for RuntimeConfig {
             skip_config_optimization: true,
             funtime: false,
             xu_capacity: 16,
+            lnc: 1,
         }
     }
 }
@@ -169,15 +173,37 @@ impl RuntimeConfig {
                     "not a number".into(),
                 )
             })?;
+            if c.async_max_inflight > 63 {
+                tracing::warn!(
+                    requested = c.async_max_inflight,
+                    "the implicit async in-flight limit is 63"
+                );
+                c.async_max_inflight = 63;
+            }
         }
         if let Some(v) = get("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION") {
             c.skip_config_optimization =
                 parse_bool("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", &v)?;
         }
+        if let Some(v) = get("NEURON_LOGICAL_NC_CONFIG").filter(|v| !v.trim().is_empty()) {
+            c.lnc = match v.trim() {
+                "1" => 1,
+                "2" => 2,
+                _ => return Err(err("NEURON_LOGICAL_NC_CONFIG", &v, "must be 1 or 2".into())),
+            };
+        }
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }
         Ok(c)
+    }
+
+    /// Executions that may be outstanding on one logical core at once: the XU depth or the
+    /// implicit-async in-flight limit, whichever is larger (sizes request slots and I/O rings).
+    pub fn max_inflight(&self) -> u32 {
+        u32::try_from(self.xu_capacity)
+            .unwrap_or(u32::MAX)
+            .max(self.async_max_inflight)
     }
 
     /// The logical cores to reserve out of `available`: (first, count).

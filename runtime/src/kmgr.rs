@@ -18,7 +18,7 @@ use shared::{AddressMap, NrtStatus};
 use crate::backend::{Allocation, Device};
 use crate::bind::TdrvComputeResources;
 use crate::error::NrtError;
-use crate::stage::{HwExecQueue, IO_RING_DESCS};
+use crate::stage::{CcChain, HwExecQueue, IO_RING_DESCS};
 use crate::tensor::Tensor;
 
 /// Alignment of each instruction block inside a TPB's block chunk.
@@ -48,6 +48,8 @@ pub struct LoadedModel {
     idle: Condvar,
     trackers: Mutex<Vec<(TdrvComputeResources, Vec<Tensor>)>>,
     map: AddressMap,
+    cc_chain: std::sync::OnceLock<Result<CcChain, NrtError>>,
+    cc_builds: AtomicU64,
     device: Arc<dyn Device>,
 }
 
@@ -88,6 +90,67 @@ impl LoadedModel {
             self.map
                 .sbuf_address(self.tpbs.get(tpb)?.nc, partition, offset),
         )
+    }
+
+    /// The collectives model-switch chain, built on first use and cached on the model (seed 000
+    /// §3 GOTCHA: never rebuilt, never built on a second NC). A model with a collectives context
+    /// carries, on its first TPB, buffers named `cc_ctx` (the context), `cc_ctx_dst` (where the
+    /// switch loads it, same size) and `cc_one` (a word holding 1); the chain copies the context
+    /// in pieces of at most 64 KiB and its last pair pokes the first NC's
+    /// collectives-context-load event with that word.
+    ///
+    /// # Errors
+    /// NRT_INVALID when the model lacks those buffers.
+    pub fn cc_chain(&self) -> Result<&CcChain, NrtError> {
+        self.cc_chain
+            .get_or_init(|| {
+                self.cc_builds.fetch_add(1, Ordering::Relaxed);
+                self.build_cc_chain()
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// How many times the collectives chain was built (at most once).
+    pub fn cc_chain_builds(&self) -> u64 {
+        self.cc_builds.load(Ordering::Relaxed)
+    }
+
+    fn build_cc_chain(&self) -> Result<CcChain, NrtError> {
+        let tpb = &self.tpbs[0];
+        let spec = &self.model.tpbs[0];
+        let find = |name: &str| {
+            spec.buffers
+                .iter()
+                .position(|b| b.name == name)
+                .and_then(|i| tpb.buffers.get(i))
+                .ok_or_else(|| {
+                    NrtError::new(
+                        NrtStatus::Invalid,
+                        format!(
+                            "model {:?} has a collectives context but no buffer {name:?}",
+                            self.name()
+                        ),
+                    )
+                })
+        };
+        let (src, dst, one) = (find("cc_ctx")?, find("cc_ctx_dst")?, find("cc_one")?);
+        let len = src.size.min(dst.size);
+        let mut pairs = Vec::new();
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(65536);
+            pairs.push((src.pa + off, dst.pa + off, n));
+            off += n;
+        }
+        let event = self.map.register_address(shared::Register::Event {
+            nc: tpb.nc,
+            index: shared::sequencer::EVENT_COLLECTIVES_CTX_LOAD,
+        });
+        pairs.push((one.pa, event, 4));
+        let chain = CcChain { pairs };
+        crate::stage::check_cc_chain(&chain)?;
+        Ok(chain)
     }
 
     /// A resource tracker from the model's pool (empty ones are made on first use): bind refills
@@ -340,6 +403,8 @@ impl ModelDb {
                 nc_count: device.info().nc_count,
                 hbm_bytes_per_nc: device.info().hbm_bytes_per_nc,
             },
+            cc_chain: std::sync::OnceLock::new(),
+            cc_builds: AtomicU64::new(0),
             device: device.clone(),
         });
         if let Err(e) = result {

@@ -17,6 +17,8 @@
 
 #[cfg(not(loom))]
 pub mod api;
+#[cfg(not(loom))]
+pub mod async_pool;
 pub mod backend;
 pub mod bind;
 pub mod builder;

@@ -199,10 +199,66 @@ impl MlpBuilder {
     /// [`BuildError`] for a malformed stack, features above 128, a batch outside
     /// `1..=MAX_BATCH`, or state that does not fit one NC's SBUF.
     pub fn build(&self, batch: u32) -> Result<Model, BuildError> {
+        self.build_split(batch, 1)
+    }
+
+    /// Compiles the stack for `batch` rows split over `lnc` physical NCs (1 or 2, LNC=2): NC `i`
+    /// takes a contiguous half of the rows (the first NC the larger half) and runs the whole
+    /// stack on it; both read the same `input` tensor and write their rows of `output`.
+    ///
+    /// # Errors
+    /// As [`MlpBuilder::build`]; an `lnc` other than 1 or 2; fewer rows than NCs.
+    pub fn build_split(&self, batch: u32, lnc: u32) -> Result<Model, BuildError> {
         let (stages, softmax) = self.stages()?;
         if batch == 0 || batch > MAX_BATCH {
             return Err(self.err(format!("batch {batch} (1..={MAX_BATCH})")));
         }
+        if !(1..=2).contains(&lnc) || batch < lnc {
+            return Err(self.err(format!(
+                "{batch} rows over {lnc} NCs (LNC must be 1 or 2, at least one row each)"
+            )));
+        }
+        let first = batch.div_ceil(lnc);
+        let splits: Vec<(u32, u32)> = if lnc == 1 {
+            vec![(0, batch)]
+        } else {
+            vec![(0, first), (first, batch - first)]
+        };
+        let tpbs = splits
+            .iter()
+            .map(|&(row0, rows)| self.tpb_program(&stages, softmax, rows, row0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let in0 = self.input_features;
+        let out_last = stages.last().map_or(in0, |s| s.outputs);
+        let tensor = |name: &str, features: u32| TensorSpec {
+            name: name.into(),
+            dtype: DType::F32,
+            shape: vec![batch, features],
+            size: u64::from(batch) * u64::from(features) * 4,
+        };
+        let mut flags = [0u32; 13];
+        flags[0] = 0x4D4C_5001; // "MLP" sequencer configuration, version 1
+        Ok(Model {
+            name: self.name.clone(),
+            inputs: vec![tensor("input", in0)],
+            outputs: vec![tensor("output", out_last)],
+            sg_count: lnc,
+            exec_req_flags: flags,
+            act_table_hash: *b"simdev activation tables v1.....",
+            dve_table_hash: [0; 32],
+            has_collectives: false,
+            tpbs,
+        })
+    }
+
+    /// One NC's program for `batch` rows starting at row `row0` of the I/O tensors.
+    fn tpb_program(
+        &self,
+        stages: &[Stage],
+        softmax: bool,
+        batch: u32,
+        row0: u32,
+    ) -> Result<TpbProgram, BuildError> {
         let in0 = self.input_features;
         let out_last = stages.last().map_or(in0, |s| s.outputs);
         let tiles = batch.div_ceil(ROWS_PER_TILE);
@@ -282,7 +338,7 @@ impl MlpBuilder {
         let row_in = |r: u32| IoDesc {
             src: Operand::Tensor {
                 name: "input".into(),
-                offset: u64::from(r * in0 * 4),
+                offset: u64::from((row0 + r) * in0 * 4),
             },
             dst: Operand::Sbuf {
                 partition: r % ROWS_PER_TILE,
@@ -297,7 +353,7 @@ impl MlpBuilder {
             },
             dst: Operand::Tensor {
                 name: "output".into(),
-                offset: u64::from(r * out_last * 4),
+                offset: u64::from((row0 + r) * out_last * 4),
             },
             len: out_last * 4,
         };
@@ -441,34 +497,16 @@ impl MlpBuilder {
         }
         act.push(Instruction::new(Opcode::End, &[]));
 
-        let tensor = |name: &str, features: u32| TensorSpec {
-            name: name.into(),
-            dtype: DType::F32,
-            shape: vec![batch, features],
-            size: u64::from(batch) * u64::from(features) * 4,
-        };
-        let mut flags = [0u32; 13];
-        flags[0] = 0x4D4C_5001; // "MLP" sequencer configuration, version 1
-        Ok(Model {
-            name: self.name.clone(),
-            inputs: vec![tensor("input", in0)],
-            outputs: vec![tensor("output", out_last)],
-            sg_count: 1,
-            exec_req_flags: flags,
-            act_table_hash: *b"simdev activation tables v1.....",
-            dve_table_hash: [0; 32],
-            has_collectives: false,
-            tpbs: vec![TpbProgram {
-                blocks: [
-                    encode_program(&pe),
-                    encode_program(&act),
-                    end_program(),
-                    encode_program(&dve),
-                    encode_program(&sp),
-                ],
-                buffers,
-                io_rings,
-            }],
+        Ok(TpbProgram {
+            blocks: [
+                encode_program(&pe),
+                encode_program(&act),
+                end_program(),
+                encode_program(&dve),
+                encode_program(&sp),
+            ],
+            buffers,
+            io_rings,
         })
     }
 

@@ -10,7 +10,7 @@ pub mod mlp;
 pub use mlp::{Layer, MlpBuilder};
 
 use shared::isa::{Instruction, Opcode, encode_program, end_program};
-use shared::model::{DType, IoDesc, IoRing, Model, Operand, TensorSpec, TpbProgram};
+use shared::model::{BufferSpec, DType, IoDesc, IoRing, Model, Operand, TensorSpec, TpbProgram};
 
 /// DMA engine of the identity model's I/O ring.
 pub const IDENTITY_ENGINE: u32 = 1;
@@ -90,6 +90,58 @@ pub fn identity_with(
 /// The identity model over `bytes` bytes with default configuration.
 pub fn identity(bytes: u32) -> Model {
     identity_with(bytes, "identity", [0; 13], [0; 32])
+}
+
+/// An identity model for LNC=2: each of the two NCs copies its half of the bytes (the first NC
+/// the larger half).
+///
+/// # Panics
+/// If `bytes` is below 2.
+pub fn identity_split(bytes: u32) -> Model {
+    assert!(bytes >= 2, "two NCs need at least one byte each");
+    let mut m = identity_with(bytes, "identity-lnc2", [0; 13], [0; 32]);
+    let first = bytes.div_ceil(2);
+    let half = |from: u32, len: u32| {
+        let mut t = identity_with(len, "half", [0; 13], [0; 32]).tpbs.remove(0);
+        for d in &mut t.io_rings[0].descs {
+            for op in [&mut d.src, &mut d.dst] {
+                if let Operand::Tensor { offset, .. } = op {
+                    *offset += u64::from(from);
+                }
+            }
+        }
+        t
+    };
+    m.tpbs = vec![half(0, first), half(first, bytes - first)];
+    m.sg_count = 2;
+    m
+}
+
+/// An identity model with a collectives context of `ctx_bytes` bytes (buffers `cc_ctx`,
+/// `cc_ctx_dst`, `cc_one`): a model switch to it loads the context through the cached
+/// model-switch chain.
+pub fn identity_with_collectives(bytes: u32, ctx_bytes: u64) -> Model {
+    let mut m = identity_with(bytes, "identity-cc", [3; 13], [3; 32]);
+    m.has_collectives = true;
+    let ctx: Vec<u8> = (0..ctx_bytes).map(|i| i.to_le_bytes()[0] ^ 0x5A).collect();
+    m.tpbs[0].buffers = vec![
+        BufferSpec {
+            name: "cc_ctx".into(),
+            size: ctx_bytes,
+            init: ctx,
+        },
+        BufferSpec {
+            name: "cc_ctx_dst".into(),
+            size: ctx_bytes,
+            init: Vec::new(),
+        },
+        BufferSpec {
+            name: "cc_one".into(),
+            size: 4,
+            init: 1u32.to_le_bytes().to_vec(),
+        },
+    ];
+    m
 }
 
 /// A model whose SP program waits for event `event` of its NC, which nobody sets: it never

@@ -70,6 +70,7 @@ fn xu_with(
         tpbs: vec![vnc],
         capacity,
         efd_pool_size: pool,
+        ..XuConfig::default()
     };
     (
         Arc::new(Xu::new(cfg, engine, metrics.clone()).unwrap()),
@@ -372,6 +373,21 @@ fn deferred_unstage_runs_after_the_last_execution_of_the_model() {
     step_while_has_work(&xu);
     assert_eq!(*engine.unstaged.lock().unwrap(), [3]);
     assert!(!xu.defer_unstage(3), "idle: unstage now");
+}
+
+#[test]
+#[should_panic(expected = "implicit_async_mode")]
+fn an_execution_reaching_the_step_in_implicit_async_mode_trips_the_assert() {
+    let cfg = XuConfig {
+        vnc: 0,
+        tpbs: vec![0],
+        capacity: 4,
+        efd_pool_size: 1,
+        implicit_async_mode: true,
+    };
+    let xu = Xu::new(cfg, Script::with(&[]), Arc::new(Metrics::new(1))).unwrap();
+    submit(&xu, 1).unwrap();
+    xu.step();
 }
 
 #[test]

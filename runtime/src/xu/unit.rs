@@ -181,7 +181,7 @@ impl EfdPool {
 }
 
 /// Configuration of one XU.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct XuConfig {
     /// The vNC (index into the XU table).
     pub vnc: u32,
@@ -191,6 +191,9 @@ pub struct XuConfig {
     pub capacity: usize,
     /// Completion eventfds in the pool for synchronous waiters.
     pub efd_pool_size: usize,
+    /// The process runs the implicit-async pool: this XU must never run a request (seed 004
+    /// §7: `tpb_xu_step` asserts `!implicit_async_mode`).
+    pub implicit_async_mode: bool,
 }
 
 /// One XU. Producer side: [`Xu::schedule_request`] (any thread; serialised by
@@ -210,6 +213,7 @@ pub struct Xu<E: CompletionEngine> {
     metrics: Arc<Metrics>,
     steps: std::sync::atomic::AtomicU64,
     completion_fd: Mutex<Option<OwnedFd>>,
+    implicit_async_mode: bool,
 }
 
 /// Writes 1 to a completion eventfd and closes it unless it belongs to the pool.
@@ -264,6 +268,7 @@ impl<E: CompletionEngine> Xu<E> {
             metrics,
             steps: std::sync::atomic::AtomicU64::new(0),
             completion_fd: Mutex::new(None),
+            implicit_async_mode: config.implicit_async_mode,
         })
     }
 
@@ -415,6 +420,17 @@ impl<E: CompletionEngine> Xu<E> {
                 }
             }
         } else {
+            // Seed 004 §7 GOTCHA: the XU ring and the implicit-async pool never serve one
+            // process together; a request reaching the step in pool mode is a runtime bug.
+            if self.implicit_async_mode {
+                tracing::error!(
+                    vnc = self.vnc,
+                    "an execution reached tpb_xu_step in implicit async mode"
+                );
+                panic!(
+                    "tpb_xu_step: implicit_async_mode is set (the XU ring and the async pool are exclusive)"
+                );
+            }
             let engine = &self.engine;
             let vnc = self.vnc;
             match self

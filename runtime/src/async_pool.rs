@@ -1,0 +1,251 @@
+//! The implicit-async pool (`kmgr_async_exec_*`, `kaew_post_request`; seed 000 §6 "The async
+//! submit boundary", seed 004 §7): selected by `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS > 0`.
+//!
+//! One worker per logical core with a deque and an in-flight semaphore. Posting a request takes
+//! an in-flight count (blocking when `max_inflight` are outstanding: the backpressure), then —
+//! under `work_queue_lock` — decides the model switch, stages, rings the doorbells, pushes the
+//! request on the deque and wakes the worker, and returns a handle at once. The worker drives the
+//! same completion engine over the front request, pops it, calls the completion callback and
+//! releases the in-flight count. The pool never uses the XU ring: in this mode the XUs refuse to
+//! step (`tpb_xu_step` asserts `!implicit_async_mode`), and the explicit async API is refused.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use shared::NrtStatus;
+
+use crate::completion::{ExecRequest, NqEngine};
+use crate::error::NrtError;
+use crate::xu::{CompletionEngine, ExecInfo, Progress};
+
+/// The completion callback (`nrt_register_async_exec_callback`): (model id, logical core, job
+/// id, status), run on the pool's worker thread.
+pub type AsyncCallback = Arc<dyn Fn(u64, u32, u64, NrtStatus) + Send + Sync>;
+
+/// One posted request (`kmgr_async_exec_req`).
+#[derive(Debug)]
+struct AsyncReq {
+    req_id: u64,
+    info: Box<ExecInfo<ExecRequest>>,
+}
+
+#[derive(Debug, Default)]
+struct WorkQueue {
+    deque: VecDeque<AsyncReq>,
+    last_posted_model: Option<u64>,
+    stopping: bool,
+    /// The worker holds a request taken off the deque.
+    busy: bool,
+}
+
+/// The worker of one logical core.
+struct Worker {
+    vnc: u32,
+    work_queue_lock: Mutex<WorkQueue>,
+    has_work: Condvar,
+    inflight: Mutex<u32>,
+    inflight_freed: Condvar,
+    max_inflight: u32,
+    degraded: AtomicBool,
+    drained: Condvar,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("vnc", &self.vnc)
+            .field("max_inflight", &self.max_inflight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The implicit-async pool: one worker thread per logical core.
+pub struct AsyncPool {
+    workers: Vec<Arc<Worker>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    callback: Arc<Mutex<Option<AsyncCallback>>>,
+    id_tracker: AtomicU64,
+}
+
+impl std::fmt::Debug for AsyncPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncPool")
+            .field("workers", &self.workers)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl AsyncPool {
+    /// Starts one worker per logical core (`vnc_count`), each allowing `max_inflight` requests
+    /// in flight, harvesting through `engine`.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when a thread cannot be started.
+    pub fn start(
+        vnc_count: u32,
+        max_inflight: u32,
+        engine: Arc<NqEngine>,
+    ) -> Result<Self, NrtError> {
+        let callback: Arc<Mutex<Option<AsyncCallback>>> = Arc::new(Mutex::new(None));
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for vnc in 0..vnc_count {
+            let w = Arc::new(Worker {
+                vnc,
+                work_queue_lock: Mutex::new(WorkQueue::default()),
+                has_work: Condvar::new(),
+                inflight: Mutex::new(0),
+                inflight_freed: Condvar::new(),
+                max_inflight: max_inflight.max(1),
+                degraded: AtomicBool::new(false),
+                drained: Condvar::new(),
+            });
+            let (w2, e2, cb) = (w.clone(), engine.clone(), callback.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("kaew-{vnc}"))
+                .spawn(move || worker_loop(&w2, &e2, &cb))
+                .map_err(|e| {
+                    NrtError::new(
+                        NrtStatus::Failure,
+                        format!("starting the async worker of logical core {vnc}: {e}"),
+                    )
+                })?;
+            workers.push(w);
+            threads.push(t);
+        }
+        Ok(Self {
+            workers,
+            threads: Mutex::new(threads),
+            callback,
+            id_tracker: AtomicU64::new(0),
+        })
+    }
+
+    /// Replaces the completion callback.
+    pub fn register_callback(&self, cb: AsyncCallback) {
+        *lock(&self.callback) = Some(cb);
+    }
+
+    /// `kaew_post_request`: backpressure on the in-flight count, then under `work_queue_lock`
+    /// the switch decision, `stage(info, model_switch)`, `doorbell(info)`, the push; returns the
+    /// job id at once.
+    ///
+    /// # Errors
+    /// 101 on a degraded core; the stage/doorbell error (which degrades the core).
+    pub fn post(
+        &self,
+        vnc: u32,
+        mut info: Box<ExecInfo<ExecRequest>>,
+        stage: impl FnOnce(&mut ExecInfo<ExecRequest>, bool) -> Result<(), NrtStatus>,
+        doorbell: impl FnOnce(&ExecInfo<ExecRequest>) -> Result<(), NrtStatus>,
+    ) -> Result<u64, NrtStatus> {
+        let w = self.workers.get(vnc as usize).ok_or(NrtStatus::Invalid)?;
+        if w.degraded.load(Ordering::Acquire) {
+            return Err(NrtStatus::ExecUnitUnrecoverable);
+        }
+        {
+            let mut n = lock(&w.inflight);
+            while *n >= w.max_inflight {
+                n = w
+                    .inflight_freed
+                    .wait(n)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            *n += 1;
+        }
+        let release = || {
+            *lock(&w.inflight) -= 1;
+            w.inflight_freed.notify_one();
+        };
+        let mut q = lock(&w.work_queue_lock);
+        let is_switch = q.last_posted_model != Some(info.model_id);
+        if let Err(rc) = stage(&mut info, is_switch).and_then(|()| doorbell(&info)) {
+            w.degraded.store(true, Ordering::Release);
+            drop(q);
+            release();
+            return Err(rc);
+        }
+        q.last_posted_model = Some(info.model_id);
+        let req_id = self.id_tracker.fetch_add(1, Ordering::Relaxed);
+        q.deque.push_back(AsyncReq { req_id, info });
+        drop(q);
+        w.has_work.notify_one();
+        Ok(req_id)
+    }
+
+    /// `nrt_async_drain_queued_execs`: blocks until logical core `vnc` has nothing queued.
+    pub fn drain(&self, vnc: u32) {
+        if let Some(w) = self.workers.get(vnc as usize) {
+            let mut q = lock(&w.work_queue_lock);
+            while !q.deque.is_empty() || q.busy {
+                q = w
+                    .drained
+                    .wait(q)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+    }
+
+    /// Drains every core, stops the workers and joins them.
+    pub fn shutdown(&self) {
+        for w in &self.workers {
+            self.drain(w.vnc);
+            lock(&w.work_queue_lock).stopping = true;
+            w.has_work.notify_all();
+        }
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn worker_loop(w: &Worker, engine: &NqEngine, callback: &Mutex<Option<AsyncCallback>>) {
+    loop {
+        // The front request, in submission order; `busy` keeps drains waiting until it is done.
+        let mut req = {
+            let mut q = lock(&w.work_queue_lock);
+            loop {
+                if let Some(r) = q.deque.pop_front() {
+                    q.busy = true;
+                    break r;
+                }
+                if q.stopping {
+                    return;
+                }
+                q = w
+                    .has_work
+                    .wait(q)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        };
+        let status = loop {
+            match engine.progress_one_step(w.vnc, &mut req.info) {
+                Progress::InFlight => continue,
+                Progress::Done(s) => break s,
+                Progress::Error(s) => {
+                    w.degraded.store(true, Ordering::Release);
+                    break s;
+                }
+            }
+        };
+        let (model_id, req_id) = (req.info.model_id, req.req_id);
+        drop(req);
+        let cb = lock(callback).clone();
+        if let Some(cb) = cb {
+            cb(model_id, w.vnc, req_id, status);
+        }
+        *lock(&w.inflight) -= 1;
+        w.inflight_freed.notify_one();
+        let mut q = lock(&w.work_queue_lock);
+        q.busy = false;
+        if q.deque.is_empty() {
+            w.drained.notify_all();
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! LNC=2 lockstep (seed 000 §4–5), the collectives model-switch chain (seed 000 §3 GOTCHA) and
+//! many clients at once, against the real simdev binary.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
+use runtime::builder::{identity, identity_split, identity_with_collectives};
+use runtime::config::RuntimeConfig;
+use runtime::{Device, ModelHandle, Placement, Runtime, TensorSet};
+use shared::NrtStatus;
+use shared::model::{Model, Target};
+use tests::{connect, start_simdev};
+
+fn runtime(
+    arch: &str,
+    lnc: u32,
+) -> (
+    Runtime,
+    Arc<runtime::backend::sim::SimDevice>,
+    runtime::backend::sim::PrivateSimdev,
+) {
+    let sim = start_simdev(&["--arch", arch, "--hbm", "64M"]);
+    let dev = Arc::new(connect(&sim));
+    let cfg = RuntimeConfig {
+        lnc,
+        exec_timeout: Duration::from_secs(20),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
+    (rt, dev, sim)
+}
+
+fn load(rt: &Runtime, m: &Model, vnc: i32) -> ModelHandle {
+    rt.load(&m.to_container(Target::Simdev).unwrap(), vnc)
+        .unwrap()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn digits_logits(rt: &Runtime, lnc: u32, batch: usize) -> Vec<f32> {
+    let data = Digits::load(&digits::default_path()).unwrap();
+    let model = data
+        .mlp()
+        .build_split(u32::try_from(batch).unwrap(), lnc)
+        .unwrap();
+    let m = load(rt, &model, 0);
+    let i = rt
+        .tensor_allocate(
+            Placement::Device { vnc: 0 },
+            (batch * FEATURES * 4) as u64,
+            "x",
+        )
+        .unwrap();
+    let o = rt
+        .tensor_allocate(
+            Placement::Device { vnc: 0 },
+            (batch * CLASSES * 4) as u64,
+            "y",
+        )
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    let mut all = Vec::new();
+    for first in (0..data.count()).step_by(batch) {
+        let n = batch.min(data.count() - first);
+        let mut x = vec![0f32; batch * FEATURES];
+        x[..n * FEATURES].copy_from_slice(&data.inputs[first * FEATURES..(first + n) * FEATURES]);
+        i.write(&f32_bytes(&x), 0).unwrap();
+        rt.execute(m, &ins, &outs).unwrap();
+        let mut out = vec![0u8; batch * CLASSES * 4];
+        o.read(&mut out, 0).unwrap();
+        all.extend(
+            out.chunks_exact(4)
+                .take(n * CLASSES)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    all
+}
+
+#[test]
+fn the_digits_mlp_at_lnc2_gives_the_lnc1_results() {
+    let (rt1, _d1, _s1) = runtime("trn2", 1);
+    let lnc1 = digits_logits(&rt1, 1, 360);
+    rt1.close();
+    let (rt2, _d2, _s2) = runtime("trn2", 2);
+    assert_eq!(
+        rt2.visible_vnc_count(),
+        4,
+        "8 physical NCs, 2 per logical core"
+    );
+    assert_eq!(rt2.vnc_ncs(1), Some(&[2u32, 3][..]));
+    for batch in [360, 90] {
+        let lnc2 = digits_logits(&rt2, 2, batch);
+        assert_eq!(lnc2, lnc1, "LNC=2 at batch {batch} equals LNC=1");
+    }
+    let data = Digits::load(&digits::default_path()).unwrap();
+    let correct = digits::argmax_rows(&lnc1)
+        .iter()
+        .zip(&data.labels)
+        .filter(|(p, l)| i32::try_from(**p).ok() == Some(**l))
+        .count();
+    assert_eq!(correct, 355);
+    // One work item per logical core, metrics per TPB: both NCs counted every execution.
+    let (m0, m1) = (
+        rt2.metrics().snapshot(0).unwrap(),
+        rt2.metrics().snapshot(1).unwrap(),
+    );
+    assert_eq!(m0.executions_with(NrtStatus::Success), 1 + 4);
+    assert_eq!(m1.executions_with(NrtStatus::Success), 1 + 4);
+    assert_eq!(
+        rt2.xu(0).unwrap().queue().last_completed().seq_num(),
+        5,
+        "one XU slot per execution, not per NC"
+    );
+    rt2.close();
+}
+
+#[test]
+fn lnc2_is_refused_off_trn2() {
+    let sim = start_simdev(&["--hbm", "16M"]);
+    let e = Runtime::init(
+        Arc::new(connect(&sim)),
+        RuntimeConfig {
+            lnc: 2,
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid);
+    assert!(
+        e.message.contains("trn2") && e.message.contains("trn1"),
+        "{e}"
+    );
+}
+
+/// Captures this thread's `nrt::submit` trace events as "staged N" / "doorbell N".
+#[derive(Default)]
+struct Recorder(Mutex<Vec<String>>);
+
+struct Fields(Option<u64>, String);
+
+impl tracing::field::Visit for Fields {
+    fn record_u64(&mut self, f: &tracing::field::Field, v: u64) {
+        if f.name() == "nc" {
+            self.0 = Some(v);
+        }
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        if f.name() == "message" {
+            self.1 = format!("{v:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Arc<Recorder> {
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        m.target() == "nrt::submit"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        let mut f = Fields(None, String::new());
+        e.record(&mut f);
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{} {}", f.1, f.0.unwrap_or(u64::MAX)));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn lnc2_arms_every_nc_before_firing_any_doorbell() {
+    let (rt, dev, _sim) = runtime("trn2", 2);
+    let m = load(&rt, &identity_split(4096), 1);
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    let data: Vec<u8> = (0..4096u32).map(|k| k.to_le_bytes()[0] ^ 0x33).collect();
+    i.write(&data, 0).unwrap();
+    let rec = Arc::new(Recorder::default());
+    tracing::subscriber::with_default(rec.clone(), || rt.execute(m, &ins, &outs)).unwrap();
+    assert_eq!(
+        *rec.0.lock().unwrap(),
+        ["staged 2", "staged 3", "doorbell 2", "doorbell 3"]
+    );
+    let mut out = vec![0u8; 4096];
+    o.read(&mut out, 0).unwrap();
+    assert_eq!(out, data, "both halves moved, each by its own NC");
+    assert_eq!(
+        (
+            dev.nc_counters(2).unwrap().executions,
+            dev.nc_counters(3).unwrap().executions
+        ),
+        (1, 1)
+    );
+    rt.close();
+}
+
+#[test]
+fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc() {
+    let (rt, dev, _sim) = runtime("trn2", 2);
+    let mut cc = identity_split(256);
+    let with_ctx = identity_with_collectives(128, 200_000);
+    cc.has_collectives = true;
+    cc.tpbs[0].buffers = with_ctx.tpbs[0].buffers.clone();
+    cc.exec_req_flags = [7; 13];
+    let a = load(&rt, &cc, 0);
+    let b = load(&rt, &identity_split(256), 0);
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 256, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 256, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    for m in [a, a, a] {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    assert_eq!(
+        dev.nc_counters(0).unwrap().cc_chains,
+        1,
+        "A, A, A: one switch, one chain"
+    );
+    for m in [b, a, b, a, b, a] {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    assert_eq!(
+        dev.nc_counters(0).unwrap().cc_chains,
+        4,
+        "three more switches to A"
+    );
+    assert_eq!(
+        dev.nc_counters(1).unwrap().cc_chains,
+        0,
+        "never on the second NC"
+    );
+    assert_eq!(
+        rt.model(a).unwrap().cc_chain_builds(),
+        1,
+        "built once, cached on the model"
+    );
+    assert_eq!(
+        rt.model(b).unwrap().cc_chain_builds(),
+        0,
+        "no collectives context, no chain"
+    );
+    let chain = rt.model(a).unwrap().cc_chain().unwrap().pairs.clone();
+    assert_eq!(
+        chain.len(),
+        4 + 1,
+        "200000 bytes in 64 KiB pieces, then the event poke"
+    );
+    assert!(chain.iter().all(|&(_, _, len)| len <= 65536));
+    rt.close();
+}
+
+#[test]
+fn many_threads_on_several_cores_and_models_get_exactly_their_own_results() {
+    let (rt, _dev, _sim) = runtime("trn1", 1);
+    let models: Vec<(ModelHandle, u32)> = (0..2u32)
+        .flat_map(|vnc| {
+            [identity(512), identity(2048)]
+                .into_iter()
+                .map(move |m| (m, vnc))
+        })
+        .map(|(m, vnc)| {
+            (
+                load(&rt, &m, i32::try_from(vnc).unwrap()),
+                u32::try_from(m.inputs[0].size).unwrap(),
+            )
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..8u32 {
+            let (rt, models) = (&rt, &models);
+            s.spawn(move || {
+                let (m, bytes) = models[t as usize % models.len()];
+                let i = rt
+                    .tensor_allocate(Placement::Device { vnc: m.vnc }, u64::from(bytes), "i")
+                    .unwrap();
+                let o = rt
+                    .tensor_allocate(Placement::Device { vnc: m.vnc }, u64::from(bytes), "o")
+                    .unwrap();
+                let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+                ins.add("input", &i);
+                outs.add("output", &o);
+                for k in 0..150u32 {
+                    let data: Vec<u8> = (0..bytes)
+                        .map(|j| (j ^ (t << 4) ^ k).to_le_bytes()[0])
+                        .collect();
+                    i.write(&data, 0).unwrap();
+                    rt.execute(m, &ins, &outs).unwrap();
+                    let mut out = vec![0u8; bytes as usize];
+                    o.read(&mut out, 0).unwrap();
+                    assert!(
+                        out == data,
+                        "thread {t} execution {k}: another request's output"
+                    );
+                }
+            });
+        }
+    });
+    let total: u64 = (0..2)
+        .map(|nc| rt.metrics().snapshot(nc).unwrap().executions())
+        .sum();
+    assert_eq!(total, 8 * 150, "no lost or duplicated completions");
+    rt.close();
+}
