@@ -177,9 +177,10 @@ impl Runtime {
             XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
         let pool = if config.async_max_inflight > 0 {
             Some(AsyncPool::start(
-                count,
+                &vncs.iter().map(|v| v.ncs.clone()).collect::<Vec<_>>(),
                 config.async_max_inflight,
                 engine.clone(),
+                metrics.clone(),
             )?)
         } else {
             None

@@ -18,6 +18,7 @@ use shared::NrtStatus;
 
 use crate::completion::{ExecRequest, NqEngine};
 use crate::error::NrtError;
+use crate::metrics::Metrics;
 use crate::xu::{CompletionEngine, ExecInfo, Progress};
 
 /// The completion callback (`nrt_register_async_exec_callback`): (model id, logical core, job
@@ -50,6 +51,8 @@ struct Worker {
     max_inflight: u32,
     degraded: AtomicBool,
     drained: Condvar,
+    /// The logical core's physical NCs (for per-TPB metrics).
+    tpbs: Vec<u32>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -82,20 +85,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl AsyncPool {
-    /// Starts one worker per logical core (`vnc_count`), each allowing `max_inflight` requests
+    /// Starts one worker per logical core (`tpbs[vnc]` are its physical NCs), each allowing `max_inflight` requests
     /// in flight, harvesting through `engine`.
     ///
     /// # Errors
     /// NRT_FAILURE when a thread cannot be started.
     pub fn start(
-        vnc_count: u32,
+        tpbs: &[Vec<u32>],
         max_inflight: u32,
         engine: Arc<NqEngine>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, NrtError> {
         let callback: Arc<Mutex<Option<AsyncCallback>>> = Arc::new(Mutex::new(None));
         let mut workers = Vec::new();
         let mut threads = Vec::new();
-        for vnc in 0..vnc_count {
+        for (vnc, ncs) in tpbs.iter().enumerate() {
+            let vnc = u32::try_from(vnc).unwrap_or(u32::MAX);
             let w = Arc::new(Worker {
                 vnc,
                 work_queue_lock: Mutex::new(WorkQueue::default()),
@@ -105,11 +110,12 @@ impl AsyncPool {
                 max_inflight: max_inflight.max(1),
                 degraded: AtomicBool::new(false),
                 drained: Condvar::new(),
+                tpbs: ncs.clone(),
             });
-            let (w2, e2, cb) = (w.clone(), engine.clone(), callback.clone());
+            let (w2, e2, cb, m2) = (w.clone(), engine.clone(), callback.clone(), metrics.clone());
             let t = std::thread::Builder::new()
                 .name(format!("kaew-{vnc}"))
-                .spawn(move || worker_loop(&w2, &e2, &cb))
+                .spawn(move || worker_loop(&w2, &e2, &cb, &m2))
                 .map_err(|e| {
                     NrtError::new(
                         NrtStatus::Failure,
@@ -205,7 +211,12 @@ impl AsyncPool {
     }
 }
 
-fn worker_loop(w: &Worker, engine: &NqEngine, callback: &Mutex<Option<AsyncCallback>>) {
+fn worker_loop(
+    w: &Worker,
+    engine: &NqEngine,
+    callback: &Mutex<Option<AsyncCallback>>,
+    metrics: &Metrics,
+) {
     loop {
         // The front request, in submission order; `busy` keeps drains waiting until it is done.
         let mut req = {
@@ -234,6 +245,11 @@ fn worker_loop(w: &Worker, engine: &NqEngine, callback: &Mutex<Option<AsyncCallb
                 }
             }
         };
+        let e2e_us =
+            u64::try_from(req.info.submission_ts.elapsed().as_micros()).unwrap_or(u64::MAX);
+        for (i, nc) in w.tpbs.iter().enumerate() {
+            metrics.record_execution(*nc as usize, status, e2e_us, &req.info.resp[i]);
+        }
         let (model_id, req_id) = (req.info.model_id, req.req_id);
         drop(req);
         let cb = lock(callback).clone();

@@ -1,0 +1,147 @@
+//! The implicit-async pool (seed 000 §6, seed 004 §7): immediate return, completion callback,
+//! drain, in-flight backpressure, host tensors refused, and exclusivity with the XU ring.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runtime::builder::{identity, never_ending};
+use runtime::config::RuntimeConfig;
+use runtime::{Device, Placement, Runtime, TensorSet};
+use shared::NrtStatus;
+use shared::model::Target;
+use tests::{connect, start_simdev};
+
+fn pool(
+    max_inflight: u32,
+) -> (
+    Runtime,
+    Arc<runtime::backend::sim::SimDevice>,
+    runtime::backend::sim::PrivateSimdev,
+) {
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = Arc::new(connect(&sim));
+    let cfg = RuntimeConfig {
+        async_max_inflight: max_inflight,
+        exec_timeout: Duration::from_secs(10),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
+    (rt, dev, sim)
+}
+
+#[test]
+fn executions_return_at_once_and_complete_through_the_callback() {
+    let (rt, _dev, _sim) = pool(4);
+    assert!(rt.implicit_async());
+    let m = rt
+        .load(&identity(1024).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    rt.register_async_exec_callback(Arc::new(move |model, vnc, job, status| {
+        s2.lock().unwrap().push((model, vnc, job, status))
+    }))
+    .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1024, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1024, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    i.write(&[0xC3; 1024], 0).unwrap();
+    for _ in 0..20 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    rt.async_drain(0);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 20);
+    assert!(
+        seen.iter()
+            .enumerate()
+            .all(|(k, &(model, vnc, job, st))| model == m.id
+                && vnc == 0
+                && job == k as u64
+                && st == NrtStatus::Success)
+    );
+    let mut out = [0u8; 1024];
+    o.read(&mut out, 0).unwrap();
+    assert_eq!(out, [0xC3; 1024]);
+    rt.close();
+}
+
+#[test]
+fn host_tensors_are_refused_and_the_xu_ring_is_off() {
+    let (rt, _dev, _sim) = pool(2);
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let h = rt.tensor_allocate(Placement::Host, 64, "h").unwrap();
+    let d = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "d")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &h);
+    outs.add("output", &d);
+    let e = rt.execute(m, &ins, &outs).unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid);
+    assert_eq!(
+        e.message,
+        "Async exec mode only supports device allocated tensors"
+    );
+    let mut dev_in = TensorSet::new();
+    dev_in.add("input", &d);
+    assert_eq!(
+        rt.execute_schedule(m, &dev_in, &outs).unwrap_err().status,
+        NrtStatus::Invalid,
+        "explicit async needs the XU ring"
+    );
+    rt.close();
+}
+
+#[test]
+fn the_inflight_limit_holds_back_a_third_request() {
+    let (rt, dev, _sim) = pool(2);
+    let m = rt
+        .load(&never_ending(11).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    rt.execute(m, &ins, &outs).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    let third_done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            rt.execute(m, &ins, &outs).unwrap();
+            third_done.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !third_done.load(Ordering::SeqCst),
+            "two in flight: the third post waits"
+        );
+        dev.event_set(0, 11, 1).unwrap();
+    });
+    assert!(third_done.load(Ordering::SeqCst));
+    rt.async_drain(0);
+    assert_eq!(
+        rt.metrics()
+            .snapshot(0)
+            .unwrap()
+            .executions_with(NrtStatus::Success),
+        0,
+        "metrics come from the XU only"
+    );
+    assert_eq!(dev.nc_counters(0).unwrap().executions, 3);
+    rt.close();
+}
