@@ -16,6 +16,7 @@ use crate::error::NrtError;
 /// The backend's error as an NRT status (the caller poisons the XU).
 pub fn kickoff_exec(device: &dyn Device, ncs: &[u32]) -> Result<(), NrtError> {
     for &nc in ncs {
+        tracing::trace!(target: "nrt::submit", nc, "doorbell");
         device
             .semaphore_increment(nc, SEM_INFERENCE_START, 1)
             .map_err(|e| {

@@ -1,5 +1,5 @@
 //! The `simdev` command line: `simdev [--socket PATH] [--arch trn1|inf2|trn2] [--ncs N]
-//! [--hbm SIZE] [--allow-uid UID]...`.
+//! [--hbm SIZE] [--allow-uid UID]... [--trace FILE]`.
 //!
 //! [`main_with_args`] is the whole program, callable from any binary: the `nrt` tool
 //! re-executes itself as simdev through it.
@@ -15,7 +15,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{Config, DEFAULT_HBM_BYTES_PER_NC, MAX_NCS, default_socket_path};
 use crate::dma::error_chain;
-use crate::server::run;
+use crate::server::{SimdevError, run};
+
+/// The exit status after an injected DeviceLost fault.
+pub const EXIT_DEVICE_LOST: u8 = 3;
 
 /// The emulated device generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -63,6 +66,10 @@ pub struct Args {
     /// Also accept clients running as this uid (simdev's own effective uid is always allowed).
     #[arg(long = "allow-uid", value_name = "UID")]
     pub allow_uid: Vec<u32>,
+    /// Write a Chrome trace-event JSON trace (Perfetto, chrome://tracing) of instructions, DMA
+    /// transfers, doorbells and notifications to FILE when simdev stops.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 impl Args {
@@ -75,6 +82,7 @@ impl Args {
             ncs: self.ncs.unwrap_or_else(|| arch.default_nc_count()),
             hbm_bytes_per_nc: self.hbm,
             allow_uids: self.allow_uid.clone(),
+            trace: self.trace.clone(),
         }
     }
 }
@@ -121,7 +129,8 @@ const _: () = assert!(
 /// Runs simdev with `args` (the first item is the program name, as in `std::env::args_os`):
 /// parses them, sets up logging (`RUST_LOG`, default `warn`, to stderr), and serves until
 /// SIGINT or SIGTERM. Exit codes: 0 after a clean stop (and for `--help`/`--version`), 1 when
-/// simdev cannot start or fails, 2 for bad arguments.
+/// simdev cannot start or fails, 2 for bad arguments, [`EXIT_DEVICE_LOST`] (3) after an
+/// injected DeviceLost fault.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let args = match Args::try_parse_from(args) {
         Ok(args) => args,
@@ -138,6 +147,14 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         .try_init();
     match run(args.config()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(SimdevError::DeviceLost) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "simdev: the device was lost (an injected DeviceLost fault); exiting with status \
+                 {EXIT_DEVICE_LOST}"
+            );
+            ExitCode::from(EXIT_DEVICE_LOST)
+        }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "simdev: {}", error_chain(&e));
             ExitCode::FAILURE
@@ -180,6 +197,9 @@ mod tests {
         assert_eq!((trn2.ncs, trn2.hbm_bytes_per_nc), (8, 1 << 30));
         let inf2 = parse(&["simdev", "--arch", "inf2", "--ncs", "8", "--allow-uid", "7"]).unwrap();
         assert_eq!((inf2.ncs, inf2.allow_uids), (8, vec![7]));
+        assert_eq!(inf2.trace, None);
+        let traced = parse(&["simdev", "--trace", "/tmp/t.json"]).unwrap();
+        assert_eq!(traced.trace, Some(PathBuf::from("/tmp/t.json")));
         assert!(parse(&["simdev", "--ncs", "0"]).is_err());
         assert!(parse(&["simdev", "--ncs", "9"]).is_err());
         assert!(parse(&["simdev", "--arch", "inf1"]).is_err());

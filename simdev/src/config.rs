@@ -27,10 +27,13 @@ pub struct Config {
     pub hbm_bytes_per_nc: u64,
     /// Peer uids allowed besides simdev's own effective uid.
     pub allow_uids: Vec<u32>,
+    /// Where to write a Chrome trace-event JSON trace when simdev stops; `None`: no trace.
+    pub trace: Option<PathBuf>,
 }
 
 impl Default for Config {
-    /// trn1 with its two NCs, 256 MiB of HBM per NC, [`default_socket_path`], no extra uids.
+    /// trn1 with its two NCs, 256 MiB of HBM per NC, [`default_socket_path`], no extra uids,
+    /// no trace.
     fn default() -> Self {
         Self {
             socket: default_socket_path(),
@@ -38,6 +41,7 @@ impl Default for Config {
             ncs: Arch::Trn1.default_nc_count(),
             hbm_bytes_per_nc: DEFAULT_HBM_BYTES_PER_NC,
             allow_uids: Vec::new(),
+            trace: None,
         }
     }
 }

@@ -36,6 +36,9 @@ pub struct Counters {
     pub table_loads: AtomicU64,
     /// Collectives model-switch chains run.
     pub cc_chains: AtomicU64,
+    /// Injected faults that fired on the NC's executions (not in [`NcCounters`]: reported in
+    /// the exit report and by [`crate::Device::faults_fired`]).
+    pub faults_fired: AtomicU64,
 }
 
 /// Adds `n` to a counter (relaxed: counters order nothing).

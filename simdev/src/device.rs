@@ -14,13 +14,19 @@
 //! lives in an `Arc` shared with those threads, and dropping the [`Device`] stops and joins
 //! them.
 //!
+//! Scenario control: any client may arm faults ([`crate::faults`]), set the latency model
+//! ([`crate::timing`]) or read [`DeviceStats`]; faults apply to an NC whatever its owner.
+//! A configured trace ([`crate::trace`]) records instructions, DMA runs, doorbells and
+//! notifications; with no trace every recording site costs one branch.
+//!
 //! # Locking
 //! Each NC has two locks: `state` (its DMA queues, notification queue and exec-batch count)
 //! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
 //! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
 //! state. `memory` guards the address space and `clients` the pids of connected clients. The
 //! order is `state` → `claim` and `state` → `memory`; `claim`, `memory`, `clients`, `dmem`,
-//! `compute` and the sequencer lock are leaves, held only for a lookup, an update or one
+//! `compute`, the sequencer lock, `faults`, `latency`, the lost hook and the trace buffer are
+//! leaves, held only for a lookup, an update or one
 //! compute instruction (the sequencer thread sleeps on its lock's condition variable holding
 //! nothing else). A DMA of one NC's queue into another NC's SBUF takes that NC's `compute`
 //! lock under its own `state` lock, which the leaf rule allows.
@@ -30,6 +36,7 @@
 //! request handler that panicked (caught and answered as an error) does not wedge the device.
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::os::fd::OwnedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +50,8 @@ use shared::notification::{
     NQ_MAX_ENTRIES, NotificationEntry, NotificationKind, error_flags, nq_bytes,
 };
 use shared::protocol::{
-    DeviceInfo, ErrorKind, MemLocation, NcCounters, PROTOCOL_VERSION, RemoteError, Reply, Request,
+    DeviceInfo, DeviceStats, ErrorKind, FaultSpec, LatencyModel, MemLocation, NcCounters,
+    PROTOCOL_VERSION, RemoteError, Reply, Request,
 };
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START, SEQ_DMEM_SIZE};
 use shared::udma::Direction;
@@ -55,9 +63,12 @@ use crate::dma::{
     self, Abort, Budget, Bus, Deferred, DmaQueues, Fault, Outcome, QueueError, QueueId,
     RegisterWrite, error_chain,
 };
+use crate::faults::FaultTable;
 use crate::memory::{AddressSpace, AllocError, Chunk, Region};
 use crate::notify::{NotificationQueue, PostError};
 use crate::registers::Registers;
+use crate::timing::{self, SimClock};
+use crate::trace::{self, DEFAULT_MAX_EVENTS, Detail, Event, Tracer};
 
 /// `NQ_TYPE` NOTIFY, the only notification queue type simdev emulates.
 pub const NQ_TYPE_NOTIFY: u32 = 1;
@@ -101,12 +112,25 @@ struct Nc {
     epoch: AtomicU64,
     /// The sequencer thread's wake-up state.
     seq: exec::SeqSync,
+    /// The simulated clock (used while a latency model is set).
+    clock: SimClock,
 }
 
 /// What the device knows of a connected client.
 #[derive(Clone, Copy, Debug)]
 struct ClientInfo {
     pid: u32,
+}
+
+/// What the device does when an injected DeviceLost fault fires, after posting DeviceLost to
+/// every claimed NC ([`Device::on_device_lost`]).
+#[derive(Clone)]
+struct LostHook(Arc<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for LostHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LostHook")
+    }
 }
 
 /// The emulated device (see the module doc). `Send + Sync`: share it in an `Arc` between
@@ -133,6 +157,17 @@ struct Core {
     budget_bytes: AtomicU64,
     /// [`Device::device_lost`] ran: no execution starts or posts any more.
     lost: AtomicBool,
+    /// Armed faults.
+    faults: Mutex<FaultTable>,
+    /// The latency model of every NC.
+    latency: Mutex<LatencyModel>,
+    /// Whether `latency` is not the default (device time is simulated), readable without the
+    /// lock.
+    simulated: AtomicBool,
+    /// Called when an injected DeviceLost fault fires.
+    lost_hook: Mutex<Option<LostHook>>,
+    /// The trace (disabled unless configured).
+    tracer: Tracer,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -158,10 +193,17 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
     let kind = match err {
         AllocError::BadSize { .. } | AllocError::BadAlign { .. } => ErrorKind::InvalidArgument,
         AllocError::NoSuchNc { .. } => ErrorKind::OutOfRange,
-        AllocError::OutOfMemory { .. }
-        | AllocError::CreateMemfd { .. }
-        | AllocError::SizeMemfd { .. }
-        | AllocError::MapChunk { .. } => ErrorKind::OutOfMemory,
+        AllocError::OutOfMemory { .. } | AllocError::MapChunk { .. } => ErrorKind::OutOfMemory,
+        AllocError::CreateMemfd { source, .. } | AllocError::SizeMemfd { source, .. } => {
+            if matches!(
+                source,
+                nix::Error::ENOMEM | nix::Error::ENOSPC | nix::Error::EFBIG
+            ) {
+                ErrorKind::OutOfMemory
+            } else {
+                ErrorKind::Internal
+            }
+        }
     };
     refuse(kind, error_chain(err))
 }
@@ -177,10 +219,7 @@ fn queue_refusal(err: &QueueError) -> RemoteError {
 }
 
 fn os_refusal(what: &str, err: &dyn std::error::Error) -> RemoteError {
-    refuse(
-        ErrorKind::OutOfMemory,
-        format!("{what}: {}", error_chain(err)),
-    )
+    refuse(ErrorKind::Internal, format!("{what}: {}", error_chain(err)))
 }
 
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
@@ -207,7 +246,8 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::EventGet { nc, .. }
         | Request::NotificationInit { nc, .. }
         | Request::NcReset { nc }
-        | Request::Counters { nc } => Some(nc),
+        | Request::Counters { nc }
+        | Request::InjectFault(FaultSpec { nc: Some(nc), .. }) => Some(nc),
         Request::MemAlloc {
             location: MemLocation::Hbm { nc },
             ..
@@ -216,7 +256,11 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::DeviceInfo
         | Request::MemAlloc { .. }
         | Request::MemFree { .. }
-        | Request::MemMap { .. } => None,
+        | Request::MemMap { .. }
+        | Request::InjectFault(_)
+        | Request::ClearFaults
+        | Request::SetLatency(_)
+        | Request::DeviceStats => None,
     }
 }
 
@@ -283,9 +327,53 @@ impl Device {
     /// The device is going away: posts a DeviceLost notification (error flag
     /// [`error_flags::DEVICE_LOST`]) to every claimed NC's notification queue and signals its
     /// eventfd. Executions in progress or parked are abandoned without a notification of their
-    /// own, and no execution starts afterwards.
+    /// own, and no execution starts afterwards. Only the first call posts.
     pub fn device_lost(&self) {
         self.core.device_lost();
+    }
+
+    /// Whether the device is lost ([`Device::device_lost`] ran, or a DeviceLost fault fired).
+    pub fn is_lost(&self) -> bool {
+        self.core.lost.load(Ordering::SeqCst)
+    }
+
+    /// Sets what happens when an injected DeviceLost fault fires, after the device posted
+    /// DeviceLost to every claimed NC: the server removes its socket and stops, so that the
+    /// `simdev` process exits with status 3. Without a hook the device just stays lost. The
+    /// hook runs on the sequencer thread of the NC whose execution fired the fault.
+    pub fn on_device_lost(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *lock(&self.core.lost_hook) = Some(LostHook(Arc::new(hook)));
+    }
+
+    /// Device-wide usage (what [`Request::DeviceStats`] answers).
+    pub fn stats(&self) -> DeviceStats {
+        self.core.stats()
+    }
+
+    /// How many injected faults fired on NC `nc`'s executions, `None` when it does not exist.
+    pub fn faults_fired(&self, nc: u32) -> Option<u64> {
+        self.core
+            .nc_ref(nc)
+            .map(|n| n.counters.faults_fired.load(Ordering::Relaxed))
+    }
+
+    /// Writes the trace file (every event so far) when a trace is configured; `None` when not.
+    /// simdev calls it once at start (to fail early on an unwritable path) and when it stops.
+    ///
+    /// # Errors
+    /// Creating or writing the file.
+    pub fn write_trace(&self) -> std::io::Result<Option<trace::Summary>> {
+        let clock = if self.core.simulated() {
+            "simulated"
+        } else {
+            "wall"
+        };
+        self.core.tracer.write(clock)
+    }
+
+    /// What the trace holds (its file, events kept and dropped); `None` without a trace.
+    pub fn trace_summary(&self) -> Option<trace::Summary> {
+        self.core.tracer.summary()
     }
 
     /// Answers `request` of `client`: the reply and the fds it carries (see
@@ -343,6 +431,7 @@ impl Core {
                 dmem: Mutex::new(vec![0; dmem_bytes]),
                 compute: Mutex::new(ComputeState::new()),
                 epoch: AtomicU64::new(0),
+                clock: SimClock::default(),
                 seq: exec::SeqSync::default(),
             })
             .collect();
@@ -358,6 +447,13 @@ impl Core {
             budget_pairs: AtomicU64::new(dma::DEFAULT_BUDGET_PAIRS),
             budget_bytes: AtomicU64::new(dma::DEFAULT_BUDGET_BYTES),
             lost: AtomicBool::new(false),
+            faults: Mutex::new(FaultTable::default()),
+            latency: Mutex::new(LatencyModel::default()),
+            simulated: AtomicBool::new(false),
+            lost_hook: Mutex::new(None),
+            tracer: config.trace.clone().map_or_else(Tracer::disabled, |path| {
+                Tracer::to_file(path, map.nc_count, DEFAULT_MAX_EVENTS)
+            }),
         }
     }
 
@@ -396,7 +492,9 @@ impl Core {
     }
 
     fn device_lost(&self) {
-        self.lost.store(true, Ordering::SeqCst);
+        if self.lost.swap(true, Ordering::SeqCst) {
+            return;
+        }
         for nc in &self.ncs {
             // Wakes a parked execution, which sees `lost` and ends without a notification.
             nc.seq.changed();
@@ -406,7 +504,12 @@ impl Core {
                 continue;
             }
             let mut state = lock(&nc.state);
-            let entry = self.entry(NotificationKind::DeviceLost, 0, error_flags::DEVICE_LOST);
+            let entry = self.entry(
+                nc,
+                NotificationKind::DeviceLost,
+                0,
+                error_flags::DEVICE_LOST,
+            );
             self.post(nc, &mut state, &entry);
         }
     }
@@ -423,7 +526,7 @@ impl Core {
                 let what = panic_text(payload.as_ref());
                 tracing::error!("handling {name} panicked: {what}");
                 let err = refuse(
-                    ErrorKind::InvalidArgument,
+                    ErrorKind::Internal,
                     format!("simdev failed internally handling {name} (a simdev bug): {what}"),
                 );
                 (Reply::Error(err), Vec::new())
@@ -507,6 +610,9 @@ impl Core {
                 }
                 let (n, c) = self.owned(client, nc)?;
                 c.registers.semaphore_add(index, value).map_err(range)?;
+                if self.tracer.enabled() {
+                    self.trace_doorbell(n, index, value);
+                }
                 self.registers_changed(n, index == SEM_INFERENCE_START);
                 ok()
             }
@@ -548,6 +654,74 @@ impl Core {
                 ok()
             }
             Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters.snapshot())),
+            Request::InjectFault(spec) => self.inject_fault(spec),
+            Request::ClearFaults => {
+                let disarmed = lock(&self.faults).clear();
+                tracing::info!("{disarmed} armed faults cleared");
+                ok()
+            }
+            Request::SetLatency(model) => {
+                self.set_latency(model);
+                ok()
+            }
+            Request::DeviceStats => reply(Reply::DeviceStats(self.stats())),
+        }
+    }
+
+    fn inject_fault(&self, spec: FaultSpec) -> Handled {
+        if let Some(nc) = spec.nc {
+            self.nc(nc)?;
+        }
+        lock(&self.faults)
+            .arm(spec)
+            .map_err(|e| refuse(ErrorKind::InvalidArgument, e.to_string()))?;
+        tracing::info!("fault armed: {spec:?}");
+        ok()
+    }
+
+    /// Sets the latency model; every NC's simulated clock restarts at 0.
+    fn set_latency(&self, model: LatencyModel) {
+        let mut current = lock(&self.latency);
+        *current = model;
+        for nc in &self.ncs {
+            nc.clock.reset();
+        }
+        self.simulated
+            .store(!timing::is_wall_clock(&model), Ordering::SeqCst);
+        drop(current);
+        tracing::info!("latency model set: {model:?}");
+    }
+
+    /// The latency model, `None` when device time follows the wall clock.
+    fn latency_model(&self) -> Option<LatencyModel> {
+        let model = *lock(&self.latency);
+        (!timing::is_wall_clock(&model)).then_some(model)
+    }
+
+    /// Whether device time is simulated (a latency model is set).
+    fn simulated(&self) -> bool {
+        self.simulated.load(Ordering::Relaxed)
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let (memory_in_use, chunks) = {
+            let memory = read(&self.memory);
+            (memory.bytes_in_use(), memory.chunk_count())
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let claimed = self.ncs.iter().filter(|n| self.owner(n).is_some()).count();
+        let queues: usize = self
+            .ncs
+            .iter()
+            .map(|n| lock(&n.state).queues.initialised())
+            .sum();
+        DeviceStats {
+            memory_in_use,
+            chunks: u64::try_from(chunks).unwrap_or(u64::MAX),
+            clients: count(lock(&self.clients).len()),
+            claimed_ncs: count(claimed),
+            dma_queues: count(queues),
+            armed_faults: count(lock(&self.faults).len()),
         }
     }
 
@@ -776,17 +950,24 @@ impl Core {
     /// [`Budget`]; aborts post DmaQueueError notifications.
     fn run_dma(&self, client: ClientId, first: QueueId) {
         let mut budget = self.budget();
-        self.run_dma_with(client, first, &mut budget, &mut Aborts::Notify);
+        self.run_dma_with(
+            client,
+            first,
+            &mut budget,
+            &mut Aborts::Notify,
+            TraceAt::Now,
+        );
     }
 
     /// Processes queue `first` and every queue its descriptors start, one at a time, within
-    /// `budget`; each abort goes to `aborts`.
+    /// `budget`; each abort goes to `aborts`. Each run of a queue is traced at `at`.
     fn run_dma_with(
         &self,
         client: ClientId,
         first: QueueId,
         budget: &mut Budget,
         aborts: &mut Aborts<'_>,
+        at: TraceAt,
     ) {
         let mut worklist = VecDeque::from([first]);
         while let Some(id) = worklist.pop_front() {
@@ -798,6 +979,7 @@ impl Core {
             }
             let mut state = lock(&nc.state);
             loop {
+                let mark = self.tracer.enabled().then(|| DmaMark::take(self, nc));
                 let mut bus = ClientBus {
                     device: self,
                     client,
@@ -807,11 +989,11 @@ impl Core {
                     state
                         .queues
                         .process(id.engine, id.queue, &mut bus, budget, &nc.counters);
-                match outcome {
-                    Outcome::Idle => break,
+                let done = match outcome {
+                    Outcome::Idle => true,
                     Outcome::Aborted(abort) => {
                         self.on_abort(nc, &mut state, abort, aborts);
-                        break;
+                        true
                     }
                     Outcome::Deferred(deferred) => {
                         drop(state);
@@ -820,11 +1002,21 @@ impl Core {
                         let abort = state
                             .queues
                             .finish_deferred(&deferred, result, &nc.counters);
-                        if let Some(abort) = abort {
+                        abort.is_some_and(|abort| {
                             self.on_abort(nc, &mut state, abort, aborts);
-                            break;
-                        }
+                            true
+                        })
                     }
+                };
+                if let Some(mark) = mark {
+                    let pairs = (nc.counters.dma_descriptors.load(Ordering::Relaxed))
+                        .saturating_sub(mark.pairs);
+                    let bytes =
+                        (nc.counters.dma_bytes.load(Ordering::Relaxed)).saturating_sub(mark.bytes);
+                    self.trace_dma(nc, id, pairs, bytes, false, at, mark.wall_ns);
+                }
+                if done {
+                    break;
                 }
             }
         }
@@ -881,6 +1073,7 @@ impl Core {
             flags |= error_flags::OOB;
         }
         let entry = self.entry(
+            nc,
             NotificationKind::DmaQueueError,
             u16::try_from(source).unwrap_or(u16::MAX),
             flags,
@@ -888,26 +1081,104 @@ impl Core {
         self.post(nc, state, &entry);
     }
 
-    /// Nanoseconds since simdev started (the device timestamp of notifications).
+    /// Nanoseconds since simdev started (the wall-clock device timestamp of notifications).
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.since_start_ns(Instant::now())
     }
 
-    fn entry(&self, kind: NotificationKind, source: u16, flags: u32) -> NotificationEntry {
+    /// Nanoseconds from simdev's start to `t`.
+    fn since_start_ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// `nc`'s device time: its simulated clock while a latency model is set, else the wall
+    /// clock.
+    fn device_time_ns(&self, nc: &Nc) -> u64 {
+        if self.simulated() {
+            nc.clock.now()
+        } else {
+            self.now_ns()
+        }
+    }
+
+    fn entry(&self, nc: &Nc, kind: NotificationKind, source: u16, flags: u32) -> NotificationEntry {
         NotificationEntry {
             compute_idx: 0,
             kind: kind as u16,
             source,
             error_flags: flags,
             phase: 0,
-            device_ts_ns: self.now_ns(),
+            device_ts_ns: self.device_time_ns(nc),
             nc_ts_ns: 0,
         }
+    }
+
+    fn trace_doorbell(&self, nc: &Nc, semaphore: u32, value: u32) {
+        self.tracer.record(Event {
+            nc: nc.index,
+            ts_ns: self.device_time_ns(nc),
+            dur_ns: None,
+            detail: Detail::Doorbell { semaphore, value },
+        });
+    }
+
+    /// Records a run of queue `id` that completed `pairs` pairs of `bytes` bytes (nothing when
+    /// it completed none); `wall_ns` is when it began on the wall clock.
+    #[expect(clippy::too_many_arguments, reason = "one event's fields")]
+    fn trace_dma(
+        &self,
+        nc: &Nc,
+        id: QueueId,
+        pairs: u64,
+        bytes: u64,
+        batch: bool,
+        at: TraceAt,
+        wall_ns: u64,
+    ) {
+        if pairs == 0 {
+            return;
+        }
+        let (ts_ns, dur_ns) = match at {
+            TraceAt::Sim(ts) => (ts, 0),
+            TraceAt::Now if self.simulated() => (nc.clock.now(), 0),
+            TraceAt::Now => (wall_ns, self.now_ns().saturating_sub(wall_ns)),
+        };
+        self.tracer.record(Event {
+            nc: nc.index,
+            ts_ns,
+            dur_ns: Some(dur_ns),
+            detail: Detail::Dma {
+                engine: id.engine,
+                queue: id.queue,
+                pairs,
+                bytes,
+                batch,
+            },
+        });
     }
 
     /// Posts `entry` to `nc`'s notification queue and signals the NC's eventfd; counts a drop
     /// when the queue is full or absent.
     fn post(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
+        let posted = self.post_entry(nc, state, entry);
+        if self.tracer.enabled() {
+            self.tracer.record(Event {
+                nc: nc.index,
+                ts_ns: entry.device_ts_ns,
+                dur_ns: None,
+                detail: Detail::Notification {
+                    kind: entry.kind,
+                    compute_idx: entry.compute_idx,
+                    flags: entry.error_flags,
+                    source: entry.source,
+                    dropped: !posted,
+                },
+            });
+        }
+    }
+
+    /// [`Core::post`] without the trace; whether the entry was written.
+    fn post_entry(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) -> bool {
         let Some(nq) = state.nq.as_mut() else {
             bump(&nc.counters.nq_overflows, 1);
             tracing::info!(
@@ -915,7 +1186,7 @@ impl Core {
                 nc.index,
                 entry.kind
             );
-            return;
+            return false;
         };
         match nq.post(entry) {
             Ok(()) => {
@@ -923,6 +1194,7 @@ impl Core {
                 if let Some(claim) = self.owner(nc) {
                     claim.registers.signal();
                 }
+                true
             }
             Err(PostError::Full { entries }) => {
                 bump(&nc.counters.nq_overflows, 1);
@@ -930,11 +1202,39 @@ impl Core {
                     "NC {} notification queue full ({entries} entries unconsumed); notification dropped",
                     nc.index
                 );
+                false
             }
             Err(e @ PostError::Memory(_)) => {
                 bump(&nc.counters.nq_overflows, 1);
                 tracing::error!("NC {}: {}", nc.index, error_chain(&e));
+                false
             }
+        }
+    }
+}
+
+/// The trace time of a DMA run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TraceAt {
+    /// The NC's device time when it runs (measured on the wall clock without a latency model).
+    Now,
+    /// This simulated time (inside an execution, under a latency model).
+    Sim(u64),
+}
+
+/// Counters and time at the start of a traced DMA run.
+struct DmaMark {
+    wall_ns: u64,
+    pairs: u64,
+    bytes: u64,
+}
+
+impl DmaMark {
+    fn take(core: &Core, nc: &Nc) -> Self {
+        Self {
+            wall_ns: core.now_ns(),
+            pairs: nc.counters.dma_descriptors.load(Ordering::Relaxed),
+            bytes: nc.counters.dma_bytes.load(Ordering::Relaxed),
         }
     }
 }

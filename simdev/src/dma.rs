@@ -731,6 +731,11 @@ impl DmaQueues {
         self.slots.iter_mut().for_each(|slot| *slot = None);
     }
 
+    /// Queues initialised (stopped ones included, until released or reset).
+    pub fn initialised(&self) -> usize {
+        self.slots.iter().filter(|slot| slot.is_some()).count()
+    }
+
     /// The status of a queue, `None` when it is not initialised.
     pub fn status(&self, engine: u32, queue: u32) -> Option<&QueueStatus> {
         let index = self.index(engine, queue).ok()?;

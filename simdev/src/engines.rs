@@ -36,6 +36,7 @@
 //! for one execution and the unit tests fake.
 
 use std::fmt;
+use std::time::Instant;
 
 use shared::address_map::Arch;
 use shared::exec_request::Engine;
@@ -168,6 +169,19 @@ pub trait Host {
     /// [`Stop::Abandoned`] when the NC was reset, released or reclaimed, or the device is
     /// going away, while parked.
     fn park(&mut self, token: u64) -> Result<(), Stop>;
+
+    /// Whether [`Host::retired`] wants the wall-clock time each step began (a trace on the
+    /// wall clock); asked once per step.
+    fn timed(&self) -> bool {
+        false
+    }
+
+    /// `engine` executed `op` at `pc` (a step that was not blocked); `began` is when the step
+    /// began, if [`Host::timed`] asked for it. Called for every executed instruction, so the
+    /// host can count them (the latency model) and trace them.
+    fn retired(&mut self, engine: Engine, op: Opcode, pc: u64, began: Option<Instant>) {
+        let _ = (engine, op, pc, began);
+    }
 }
 
 /// What a finished execution did.
@@ -394,6 +408,7 @@ fn check(
 
 /// One step of one engine.
 fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Result<Step, Stop> {
+    let began = host.timed().then(Instant::now);
     let inst = match state.current {
         Some(inst) => inst,
         None => {
@@ -461,6 +476,7 @@ fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Resul
         }
     }
     state.executed += 1;
+    host.retired(state.engine, op, state.pc, began);
     if inst.flags & FLAG_SIGNAL != 0 {
         host.signal(u32::from(inst.signal_sem), inst.signal_value);
     }
@@ -502,6 +518,7 @@ mod tests {
         parks: usize,
         order: Vec<Engine>,
         compute: ComputeState,
+        retired: Vec<(Engine, Opcode, u64)>,
     }
 
     impl Fake {
@@ -555,6 +572,13 @@ mod tests {
             self.events.insert(index, value);
             Ok(())
         }
+        fn timed(&self) -> bool {
+            true
+        }
+        fn retired(&mut self, engine: Engine, op: Opcode, pc: u64, began: Option<Instant>) {
+            assert!(began.is_some(), "timed() asked for the start of each step");
+            self.retired.push((engine, op, pc));
+        }
     }
 
     const BASES: [u64; 5] = [0x1000, 0x2000, 0x3000, 0x4000, 0x5000];
@@ -606,6 +630,20 @@ mod tests {
         let stats = run(BASES, &limits(), &mut f).unwrap();
         assert_eq!(f.dma, [("start", 1, 2, 5), ("wait", 1, 2, 0)]);
         assert_eq!(stats.instructions, [1, 1, 1, 1, 3]);
+        let sp = BASES[Engine::Sp.index()];
+        assert_eq!(
+            f.retired,
+            [
+                (Engine::Act, Opcode::End, BASES[1]),
+                (Engine::Pool, Opcode::End, BASES[2]),
+                (Engine::Dve, Opcode::End, BASES[3]),
+                (Engine::Sp, Opcode::DmaStart, sp),
+                (Engine::Sp, Opcode::DmaWait, sp + 64),
+                (Engine::Pe, Opcode::End, BASES[0]),
+                (Engine::Sp, Opcode::End, sp + 128),
+            ],
+            "every executed instruction is retired once, blocked steps are not"
+        );
         assert_eq!(f.semaphores[&3], 1);
         assert_eq!(f.semaphores[&4], 1);
         assert_eq!(

@@ -26,6 +26,9 @@
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
 //! - [`notify`]: the notification queue writer.
 //! - [`counters`]: per-NC counters.
+//! - [`faults`]: fault injection: armed faults, their triggers and effects.
+//! - [`timing`]: the latency model and the NCs' simulated clocks.
+//! - [`trace`]: the Chrome trace-event JSON trace.
 //!
 //! Everything below [`server`] works in-process: `Device::new(&config)` then
 //! [`Device::handle`] answers requests exactly as the socket would, which is how the unit
@@ -38,11 +41,14 @@ pub mod counters;
 pub mod device;
 pub mod dma;
 pub mod engines;
+pub mod faults;
 pub mod memory;
 pub mod notify;
 pub mod registers;
 pub mod sequencer;
 pub mod server;
+pub mod timing;
+pub mod trace;
 
 pub use config::Config;
 pub use device::{ClientId, Device};

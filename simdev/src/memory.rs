@@ -413,6 +413,11 @@ impl AddressSpace {
         self.by_handle.len()
     }
 
+    /// Bytes of live chunks (all clients, notification-queue rings included).
+    pub fn bytes_in_use(&self) -> u64 {
+        self.by_handle.values().map(|c| c.size()).sum()
+    }
+
     /// The free ranges of `region`, in address order (for tests and diagnostics).
     pub fn free_ranges(&self, region: Region) -> Vec<(u64, u64)> {
         match region {

@@ -31,9 +31,22 @@
 //! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
 //!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
 //!    flags (0 on success; NUMERICAL when a compute instruction wrote a NaN or an infinity, the
-//!    results being delivered all the same), `device_ts_ns` (ns since simdev started) and
-//!    `nc_ts_ns` (the execution's duration in ns). A numerical error counts in `exec_errors`
-//!    like any non-zero flags.
+//!    results being delivered all the same), `device_ts_ns` and `nc_ts_ns`: with the default
+//!    latency model the wall-clock ns since simdev started and the execution's wall-clock
+//!    duration, under a model ([`crate::timing`]) the NC's simulated clock after the execution
+//!    and its simulated duration (slept first when the model paces). A numerical error counts
+//!    in `exec_errors` like any non-zero flags.
+//!
+//! # Injected faults
+//! Every execution that takes a count (and a `compute_idx`) asks the fault table once, before
+//! anything runs ([`crate::faults`]). Error faults add their flag to the notification (the
+//! execution still runs and writes its results); DmaAbort also stops the exec queue (counted
+//! in `dma_aborts`) before the notification is posted, so later counts fail fast as for any
+//! stopped exec queue; MissingCompletion posts nothing; LateCompletion posts from another
+//! thread after the delay while the NC goes on (the stale notification arrives out of order,
+//! and not at all if the NC is reset, released or reclaimed meanwhile); ExtraLatency lengthens
+//! the execution (simulated time under a model, a real sleep without one); DeviceLost posts
+//! DeviceLost to every claimed NC instead of running, and stops simdev (exit status 3).
 //!
 //! # Errors
 //! - A batch that is not there or not well formed (the exec queue not initialised or stopped,

@@ -9,14 +9,18 @@
 //! process killed) the device reclaims everything the client owned.
 //!
 //! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a
-//! DeviceLost notification on every claimed NC, shuts every connection down (clients see EOF)
-//! and waits for the connection threads to reclaim their clients.
+//! DeviceLost notification on every claimed NC, shuts every connection down (clients see EOF),
+//! waits for the connection threads to reclaim their clients and writes the trace file, if
+//! one is configured. An injected DeviceLost fault does the same (the device has already
+//! posted DeviceLost and the socket is removed at once), and [`Server::serve`] then returns
+//! [`SimdevError::DeviceLost`], which the `simdev` command turns into exit status 3.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -130,6 +134,19 @@ pub enum SimdevError {
     /// Installing the SIGINT/SIGTERM handler failed.
     #[error("installing the SIGINT/SIGTERM handler")]
     SignalHandler(#[source] ctrlc::Error),
+    /// The trace file cannot be written.
+    #[error("writing the trace file {}", path.display())]
+    Trace {
+        /// The trace path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// An injected DeviceLost fault fired: the device posted DeviceLost to every claimed NC
+    /// and the server stopped (the `simdev` process exits with status 3).
+    #[error("the device was lost (an injected DeviceLost fault)")]
+    DeviceLost,
 }
 
 /// Asks a running [`Server::serve`] to stop. Cheap to clone; safe to call from any thread and
@@ -186,15 +203,20 @@ struct Connection {
 
 type Connections = Arc<Mutex<HashMap<u64, Connection>>>;
 
+/// The socket file, shared with the device-lost hook, which removes it at once.
+type SharedSocketFile = Arc<Mutex<Option<SocketFile>>>;
+
 /// A listening simdev: the device, its control socket and its connections.
 #[derive(Debug)]
 pub struct Server {
     device: Arc<Device>,
     listener: OwnedFd,
-    socket_file: Option<SocketFile>,
+    socket_file: SharedSocketFile,
     allow_uids: Arc<[u32]>,
     stop: StopHandle,
     connections: Connections,
+    /// An injected DeviceLost fault fired.
+    lost: Arc<AtomicBool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,13 +229,18 @@ enum Token {
 impl Server {
     /// Builds the device of `config` and listens on `config.socket` (mode 0600). A stale socket
     /// file with no listener is replaced; a live simdev there is refused. `stop` ends
-    /// [`Server::serve`].
+    /// [`Server::serve`]; so does an injected DeviceLost fault. A configured trace file is
+    /// created at once (an empty trace), so an unwritable path fails here.
     ///
     /// # Errors
     /// [`SimdevError`] naming the failing step ([`SimdevError::AlreadyListening`] when another
     /// simdev answers on the path).
     pub fn bind(config: &Config, stop: StopHandle) -> Result<Self, SimdevError> {
         let device = Device::new(config)?;
+        device.write_trace().map_err(|source| SimdevError::Trace {
+            path: config.trace.clone().unwrap_or_default(),
+            source,
+        })?;
         let path = config.socket.clone();
         replace_stale(&path)?;
         let listener = socket(
@@ -254,13 +281,31 @@ impl Server {
             path: path.clone(),
             source,
         })?;
+        let socket_file: SharedSocketFile = Arc::new(Mutex::new(Some(socket_file)));
+        let lost = Arc::new(AtomicBool::new(false));
+        {
+            let socket_file = Arc::clone(&socket_file);
+            let lost = Arc::clone(&lost);
+            let stop = stop.clone();
+            device.on_device_lost(move || {
+                lost.store(true, Ordering::SeqCst);
+                drop(
+                    socket_file
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(),
+                );
+                stop.stop();
+            });
+        }
         Ok(Self {
             device: Arc::new(device),
             listener,
-            socket_file: Some(socket_file),
+            socket_file,
             allow_uids: config.allow_uids.clone().into(),
             stop,
             connections: Arc::default(),
+            lost,
         })
     }
 
@@ -269,15 +314,22 @@ impl Server {
         &self.device
     }
 
-    /// Accepts and serves connections until the [`StopHandle`] fires, then shuts down: removes
-    /// the socket, posts DeviceLost notifications, shuts every connection down and waits for
-    /// the connection threads to reclaim their clients.
+    /// Accepts and serves connections until the [`StopHandle`] fires or an injected DeviceLost
+    /// fault fires, then shuts down: removes the socket, posts DeviceLost notifications, shuts
+    /// every connection down, waits for the connection threads to reclaim their clients, and
+    /// writes the trace file (if configured).
     ///
     /// # Errors
-    /// [`SimdevError::Epoll`] or [`SimdevError::Wait`]; the shutdown steps run either way.
-    pub fn serve(mut self) -> Result<(), SimdevError> {
+    /// [`SimdevError::Epoll`] or [`SimdevError::Wait`]; [`SimdevError::DeviceLost`] after a
+    /// DeviceLost fault. The shutdown steps run either way.
+    pub fn serve(self) -> Result<(), SimdevError> {
         let result = self.accept_loop();
-        drop(self.socket_file.take());
+        drop(
+            self.socket_file
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         self.device.device_lost();
         let connections = std::mem::take(
             &mut *self
@@ -294,6 +346,19 @@ impl Server {
             {
                 tracing::error!("a connection thread panicked");
             }
+        }
+        match self.device.write_trace() {
+            Ok(Some(summary)) => tracing::info!(
+                "trace: {} events written to {} ({} dropped)",
+                summary.events,
+                summary.path.display(),
+                summary.dropped
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!("writing the trace file: {e}"),
+        }
+        if result.is_ok() && self.lost.load(Ordering::SeqCst) {
+            return Err(SimdevError::DeviceLost);
         }
         result
     }
@@ -584,7 +649,7 @@ fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
         Ok(len) => len,
         Err(e) => {
             tracing::error!("encoding a reply: {}", error_chain(&e));
-            let fallback = Reply::error(ErrorKind::BadMessage, "simdev could not encode its reply");
+            let fallback = Reply::error(ErrorKind::Internal, "simdev could not encode its reply");
             encode(&fallback, &mut buf).map_err(|_| Errno::EMSGSIZE)?
         }
     };
@@ -652,9 +717,10 @@ fn replace_stale(path: &Path) -> Result<(), SimdevError> {
     }
 }
 
-/// Runs a simdev until SIGINT or SIGTERM: listens on `config.socket`, prints the ready line
-/// `simdev listening on <path> (arch <arch>, <n> NCs, <hbm> HBM per NC)` to stdout, serves,
-/// then shuts down (see [`Server::serve`]) and prints each NC's counters to stderr.
+/// Runs a simdev until SIGINT or SIGTERM (or an injected DeviceLost fault): listens on
+/// `config.socket`, prints the ready line `simdev listening on <path> (arch <arch>, <n> NCs,
+/// <hbm> HBM per NC)` to stdout, serves, then shuts down (see [`Server::serve`]) and prints
+/// each NC's counters (with the faults that fired on it) and the trace's summary to stderr.
 ///
 /// Installs a process-wide signal handler, so call it at most once per process.
 ///
@@ -683,8 +749,22 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
     let mut err = io::stderr().lock();
     for nc in 0..config.ncs {
         if let Some(counters) = device.counters(nc) {
-            let _ = writeln!(err, "simdev: NC {nc}: {}", CountersLine(counters));
+            let fired = device.faults_fired(nc).unwrap_or(0);
+            let _ = writeln!(
+                err,
+                "simdev: NC {nc}: {}, faults_fired {fired}",
+                CountersLine(counters)
+            );
         }
+    }
+    if let Some(trace) = device.trace_summary() {
+        let _ = writeln!(
+            err,
+            "simdev: trace: {} events written to {} ({} dropped)",
+            trace.events,
+            trace.path.display(),
+            trace.dropped
+        );
     }
     result
 }

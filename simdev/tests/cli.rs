@@ -17,7 +17,14 @@ fn help_lists_the_options() {
         .unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for option in ["--socket", "--arch", "--ncs", "--hbm", "--allow-uid"] {
+    for option in [
+        "--socket",
+        "--arch",
+        "--ncs",
+        "--hbm",
+        "--allow-uid",
+        "--trace",
+    ] {
         assert!(help.contains(option), "{option} missing from:\n{help}");
     }
 }
@@ -85,4 +92,41 @@ fn a_path_that_is_not_a_socket_is_never_removed() {
     assert_eq!(status.code(), Some(1));
     assert!(stderr.contains("is not a socket"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+}
+
+#[test]
+fn sigterm_writes_a_valid_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("simdev.sock");
+    let trace = dir.path().join("trace.json");
+    let trace_arg = trace.to_str().unwrap();
+    let mut simdev = Simdev::start(&path, &["--ncs", "2", "--trace", trace_arg]);
+    simdev.signal(Signal::SIGTERM);
+    let (status, stderr) = simdev.wait();
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.contains("trace: 0 events written to"), "{stderr}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    for nc in 0..2 {
+        assert!(
+            events.iter().any(|e| e["ph"] == "M"
+                && e["pid"] == nc
+                && e["args"]["name"] == format!("NC {nc}")),
+            "NC {nc} is named: {text}"
+        );
+    }
+    assert!(events.iter().all(|e| e["ph"] == "M"), "nothing ran: {text}");
+    assert_eq!(json["otherData"]["dropped_events"], 0);
+}
+
+#[test]
+fn an_unwritable_trace_path_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("simdev.sock");
+    let mut simdev = Simdev::spawn(&path, &["--trace", "/nonexistent/dir/trace.json"]);
+    let (status, stderr) = simdev.wait();
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("writing the trace file"), "{stderr}");
+    assert!(!path.exists());
 }

@@ -139,8 +139,8 @@ fn the_inflight_limit_holds_back_a_third_request() {
             .snapshot(0)
             .unwrap()
             .executions_with(NrtStatus::Success),
-        0,
-        "metrics come from the XU only"
+        3,
+        "per-TPB metrics come from the pool too"
     );
     assert_eq!(dev.nc_counters(0).unwrap().executions, 3);
     rt.close();

@@ -139,8 +139,8 @@ fn lnc2_is_refused_off_trn2() {
 }
 
 /// Captures this thread's `nrt::submit` trace events as "staged N" / "doorbell N".
-#[derive(Default)]
-struct Recorder(Mutex<Vec<String>>);
+#[derive(Default, Clone)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
 
 struct Fields(Option<u64>, String);
 
@@ -157,7 +157,7 @@ impl tracing::field::Visit for Fields {
     }
 }
 
-impl tracing::Subscriber for Arc<Recorder> {
+impl tracing::Subscriber for Recorder {
     fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
         m.target() == "nrt::submit"
     }
@@ -193,7 +193,7 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
     outs.add("output", &o);
     let data: Vec<u8> = (0..4096u32).map(|k| k.to_le_bytes()[0] ^ 0x33).collect();
     i.write(&data, 0).unwrap();
-    let rec = Arc::new(Recorder::default());
+    let rec = Recorder::default();
     tracing::subscriber::with_default(rec.clone(), || rt.execute(m, &ins, &outs)).unwrap();
     assert_eq!(
         *rec.0.lock().unwrap(),

@@ -28,6 +28,8 @@ pub struct BenchOptions {
     pub iterations: Option<u32>,
     /// Logical cores.
     pub ncs: u32,
+    /// Executions kept in flight per core through the explicit async API (0: synchronous).
+    pub in_flight: u32,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -39,6 +41,8 @@ pub struct BenchReport {
     backend: &'static str,
     batch: u32,
     nc_count: u32,
+    /// Executions in flight per core (0 = synchronous).
+    in_flight: u32,
     executions: u64,
     images: u64,
     /// Correct / classified (digits; null for identity).
@@ -62,16 +66,14 @@ struct Core {
     outs: TensorSet,
 }
 
+/// One tensor pair of a loaded model on one core.
 fn core(
     rt: &Runtime,
     vnc: u32,
-    container: &[u8],
+    model: ModelHandle,
     in_bytes: u64,
     out_bytes: u64,
 ) -> Result<Core, String> {
-    let model = rt
-        .load(container, i32::try_from(vnc).unwrap_or(0))
-        .map_err(|e| e.to_string())?;
     let input = rt
         .tensor_allocate(Placement::Device { vnc }, in_bytes, "input")
         .map_err(|e| e.to_string())?;
@@ -88,6 +90,27 @@ fn core(
         ins,
         outs,
     })
+}
+
+/// Loads `container` on each of `ncs` cores and allocates `slots` tensor pairs per core.
+fn cores(
+    rt: &Runtime,
+    ncs: u32,
+    slots: u32,
+    container: &[u8],
+    in_bytes: u64,
+    out_bytes: u64,
+) -> Result<Vec<Vec<Core>>, String> {
+    (0..ncs)
+        .map(|v| {
+            let m = rt
+                .load(container, i32::try_from(v).unwrap_or(0))
+                .map_err(|e| e.to_string())?;
+            (0..slots.max(1))
+                .map(|_| core(rt, v, m, in_bytes, out_bytes))
+                .collect()
+        })
+        .collect()
 }
 
 fn bar(total: u64, show: bool) -> indicatif::ProgressBar {
@@ -137,6 +160,74 @@ pub fn run(
     result
 }
 
+/// Runs executions `es` of one core through `slots` (tensor sets): synchronously with one slot,
+/// or keeping `slots.len()` in flight through the explicit async API. `prepare` writes slot
+/// inputs for execution `e`; `finish` checks its outputs. Returns each execution's latency
+/// (schedule to observed completion).
+fn pipeline(
+    rt: &Runtime,
+    slots: &[Core],
+    asynchronous: bool,
+    es: impl Iterator<Item = u64>,
+    mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
+    mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<Duration>, String> {
+    let mut times = Vec::new();
+    if !asynchronous {
+        let c = &slots[0];
+        for e in es {
+            prepare(e, c)?;
+            let t = Instant::now();
+            rt.execute(c.model, &c.ins, &c.outs)
+                .map_err(|err| format!("execution {e}: {err}"))?;
+            times.push(t.elapsed());
+            finish(e, c)?;
+            pb.inc(1);
+        }
+        return Ok(times);
+    }
+    type Pending = std::collections::VecDeque<(u64, usize, Instant, runtime::ScheduledExecution)>;
+    let mut pending: Pending = std::collections::VecDeque::new();
+    let mut free: Vec<usize> = (0..slots.len()).rev().collect();
+    let mut complete = |pending: &mut Pending,
+                        free: &mut Vec<usize>,
+                        times: &mut Vec<Duration>|
+     -> Result<(), String> {
+        let Some((e, slot, t, req)) = pending.pop_front() else {
+            return Ok(());
+        };
+        let status = rt
+            .wait(&req)
+            .map_err(|err| format!("execution {e}: {err}"))?;
+        times.push(t.elapsed());
+        if status != shared::NrtStatus::Success {
+            return Err(format!("execution {e} ended with {status}"));
+        }
+        finish(e, &slots[slot])?;
+        free.push(slot);
+        pb.inc(1);
+        Ok(())
+    };
+    for e in es {
+        if free.is_empty() {
+            complete(&mut pending, &mut free, &mut times)?;
+        }
+        let slot = free.pop().ok_or("no free slot")?;
+        let c = &slots[slot];
+        prepare(e, c)?;
+        let t = Instant::now();
+        let req = rt
+            .execute_schedule(c.model, &c.ins, &c.outs)
+            .map_err(|err| format!("execution {e}: {err}"))?;
+        pending.push_back((e, slot, t, req));
+    }
+    while !pending.is_empty() {
+        complete(&mut pending, &mut free, &mut times)?;
+    }
+    Ok(times)
+}
+
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64, f64) {
     samples.sort();
     let pct =
@@ -160,46 +251,44 @@ fn run_digits(
     let per_pass = count.div_ceil(batch as usize) as u64;
     let executions = opts.iterations.map_or(per_pass, u64::from);
     let b = batch as usize;
-    let cores: Vec<Core> = (0..ncs)
-        .map(|v| {
-            core(
-                rt,
-                v,
-                &container,
-                (b * FEATURES * 4) as u64,
-                (b * CLASSES * 4) as u64,
-            )
-        })
-        .collect::<Result<_, _>>()?;
+    let all = cores(
+        rt,
+        ncs,
+        opts.in_flight,
+        &container,
+        (b * FEATURES * 4) as u64,
+        (b * CLASSES * 4) as u64,
+    )?;
     let pb = bar(executions, opts.progress);
     let logits = std::sync::Mutex::new(vec![f32::NAN; count * CLASSES]);
     let started = Instant::now();
     let samples: Vec<Duration> = std::thread::scope(|s| {
-        let handles: Vec<_> = cores
+        let handles: Vec<_> = all
             .iter()
             .enumerate()
-            .map(|(v, c)| {
+            .map(|(v, slots)| {
                 let (data, logits, pb) = (&data, &logits, &pb);
                 s.spawn(move || -> Result<Vec<Duration>, String> {
-                    let mut times = Vec::new();
                     let mut input = vec![0f32; b * FEATURES];
                     let mut out = vec![0u8; b * CLASSES * 4];
-                    for e in (v as u64..executions).step_by(ncs as usize) {
+                    let rows_of = |e: u64| {
                         let first = usize::try_from(e % per_pass).unwrap_or(0) * b;
-                        let rows = b.min(count - first);
+                        (first, b.min(count - first))
+                    };
+                    let prepare = |e: u64, c: &Core| {
+                        let (first, rows) = rows_of(e);
                         input.fill(0.0);
                         input[..rows * FEATURES].copy_from_slice(
                             &data.inputs[first * FEATURES..(first + rows) * FEATURES],
                         );
                         c.input
                             .write(&to_bytes(&input), 0)
-                            .map_err(|e| e.to_string())?;
-                        let t = Instant::now();
-                        rt.execute(c.model, &c.ins, &c.outs)
-                            .map_err(|err| format!("execution {e}: {err}"))?;
-                        times.push(t.elapsed());
+                            .map_err(|e| e.to_string())
+                    };
+                    let finish = |e: u64, c: &Core| {
                         c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
                         if e < per_pass {
+                            let (first, rows) = rows_of(e);
                             let mut l = logits
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -209,9 +298,10 @@ fn run_digits(
                                     f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
                             }
                         }
-                        pb.inc(1);
-                    }
-                    Ok(times)
+                        Ok(())
+                    };
+                    let es = (v as u64..executions).step_by(ncs as usize);
+                    pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, pb)
                 })
             })
             .collect();
@@ -254,6 +344,7 @@ fn run_digits(
         backend,
         batch,
         nc_count: ncs,
+        in_flight: opts.in_flight,
         executions,
         images,
         accuracy,
@@ -281,37 +372,34 @@ fn run_identity(
         .map_err(|e| e.to_string())?;
     let executions = u64::from(opts.iterations.unwrap_or(1000));
     let len = opts.bytes as usize;
-    let cores: Vec<Core> = (0..ncs)
-        .map(|v| core(rt, v, &container, len as u64, len as u64))
-        .collect::<Result<_, _>>()?;
+    let all = cores(rt, ncs, opts.in_flight, &container, len as u64, len as u64)?;
     let pb = bar(executions, opts.progress);
     let failures = std::sync::atomic::AtomicU64::new(0);
     let started = Instant::now();
     let samples: Vec<Duration> = std::thread::scope(|s| {
-        let handles: Vec<_> = cores
+        let handles: Vec<_> = all
             .iter()
             .enumerate()
-            .map(|(v, c)| {
+            .map(|(v, slots)| {
                 let (pb, failures) = (&pb, &failures);
                 s.spawn(move || -> Result<Vec<Duration>, String> {
-                    let mut times = Vec::new();
-                    let (mut data, mut out) = (vec![0u8; len], vec![0u8; len]);
-                    for e in (v as u64..executions).step_by(ncs as usize) {
-                        for (j, b) in data.iter_mut().enumerate() {
-                            *b = j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0];
-                        }
-                        c.input.write(&data, 0).map_err(|e| e.to_string())?;
-                        let t = Instant::now();
-                        rt.execute(c.model, &c.ins, &c.outs)
-                            .map_err(|err| format!("execution {e}: {err}"))?;
-                        times.push(t.elapsed());
+                    let pattern = |e: u64| -> Vec<u8> {
+                        (0..len)
+                            .map(|j| j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0])
+                            .collect()
+                    };
+                    let mut out = vec![0u8; len];
+                    let prepare =
+                        |e: u64, c: &Core| c.input.write(&pattern(e), 0).map_err(|e| e.to_string());
+                    let finish = |e: u64, c: &Core| {
                         c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
-                        if out != data {
+                        if out != pattern(e) {
                             failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        pb.inc(1);
-                    }
-                    Ok(times)
+                        Ok(())
+                    };
+                    let es = (v as u64..executions).step_by(ncs as usize);
+                    pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, pb)
                 })
             })
             .collect();
@@ -332,6 +420,7 @@ fn run_identity(
         backend,
         batch: 1,
         nc_count: ncs,
+        in_flight: opts.in_flight,
         executions,
         images: executions,
         accuracy: None,

@@ -57,6 +57,9 @@ enum Command {
         /// Logical cores to run on, one thread each.
         #[arg(long, default_value_t = 1)]
         ncs: u32,
+        /// Keep N executions in flight per core through the explicit async API (0: synchronous).
+        #[arg(long = "async", default_value_t = 0)]
+        in_flight: u32,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -219,9 +222,11 @@ fn main() -> ExitCode {
             bytes,
             iterations,
             ncs,
+            in_flight,
             json,
         } => {
             let opts = BenchOptions {
+                in_flight,
                 model,
                 batch,
                 bytes,

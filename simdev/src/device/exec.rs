@@ -9,6 +9,11 @@
 //! thread takes a token (the counter) before looking for work or running a scheduling round,
 //! and sleeps only while the counter still equals it, so no change is missed and nothing
 //! busy-waits.
+//!
+//! Faults, timing and trace: each execution asks the fault table once, when it takes its
+//! `compute_idx` ([`crate::faults`]); an [`Account`] follows it through the batch, the request
+//! and the programs, counting what the latency model charges ([`crate::timing`]) and buffering
+//! its trace events, which are handed to the tracer in one go when it ends.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -17,6 +22,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use shared::isa::Opcode;
+use shared::protocol::LatencyModel;
+
 use shared::address_map::Register;
 use shared::exec_request::{DeviceExecRequest, Engine};
 use shared::isa::{INSTRUCTION_SIZE, Instruction};
@@ -24,14 +32,17 @@ use shared::notification::{NotificationEntry, NotificationKind, error_flags};
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
 use shared::udma::Direction;
 
-use super::{Aborts, Claim, ClientBus, Core, Nc, NcState, lock, panic_text, read};
+use super::{Aborts, Claim, ClientBus, Core, Nc, NcState, TraceAt, lock, panic_text, read};
 use crate::compute::ComputeState;
 use crate::counters::bump;
 use crate::dma::{
     Abort, Budget, PairEffect, PeekError, QueueError, QueueId, QueueStatus, error_chain,
 };
 use crate::engines::{self, Limits, Stats, Stop};
+use crate::faults::{Delivery, Effects};
 use crate::sequencer::{self, BATCH_HEAD_PAIRS};
+use crate::timing::{self, Charge};
+use crate::trace::{Detail, Event};
 
 /// An NC's sequencer wake-up state: the change counter, the shutdown flag and the thread.
 #[derive(Debug, Default)]
@@ -77,6 +88,108 @@ impl SeqSync {
             state = self.cv.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
     }
+
+    /// Sleeps for `duration`, or less when the device shuts down or `cut` (checked at every
+    /// wake-up; it must take no lock of this `SeqSync`) becomes true.
+    fn sleep(&self, duration: Duration, cut: impl Fn() -> bool) {
+        let start = Instant::now();
+        let mut state = lock(&self.state);
+        loop {
+            let left = duration.saturating_sub(start.elapsed());
+            if state.shutdown || cut() || left.is_zero() {
+                return;
+            }
+            state = match self.cv.wait_timeout(state, left) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+}
+
+/// Nanoseconds of a duration, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One execution's bookkeeping: what the latency model charges, where the trace's simulated
+/// cursor is, and the trace events it buffers.
+pub(super) struct Account {
+    compute_idx: u32,
+    /// The latency model, `None` while device time follows the wall clock.
+    model: Option<LatencyModel>,
+    charge: Charge,
+    /// Under a model, the simulated time at which the next traced step starts.
+    cursor: u64,
+    /// The execution's trace events (`None` without a trace), at most `room` of them.
+    events: Option<Vec<Event>>,
+    room: usize,
+    /// Events beyond `room`.
+    dropped: u64,
+}
+
+impl Account {
+    fn record(&mut self, nc: u32, ts_ns: u64, dur_ns: Option<u64>, detail: Detail) {
+        if let Some(events) = &mut self.events {
+            if events.len() < self.room {
+                events.push(Event {
+                    nc,
+                    ts_ns,
+                    dur_ns,
+                    detail,
+                });
+            } else {
+                self.dropped += 1;
+            }
+        }
+    }
+
+    /// Where a DMA run of this execution is traced.
+    fn trace_at(&self) -> TraceAt {
+        if self.model.is_some() {
+            TraceAt::Sim(self.cursor)
+        } else {
+            TraceAt::Now
+        }
+    }
+
+    /// Charges a config reload (`config`) or a table load, and traces it: under a model as a
+    /// span of its cost at the cursor, on the wall clock as a zero-length span at `wall_ns`.
+    fn reload(&mut self, nc: u32, config: bool, wall_ns: u64) {
+        if config {
+            self.charge.config_reload = true;
+        } else {
+            self.charge.table_load = true;
+        }
+        if self.events.is_none() {
+            return;
+        }
+        let detail = Detail::Reload {
+            config,
+            compute_idx: self.compute_idx,
+        };
+        match self.model {
+            Some(model) => {
+                let cost = if config {
+                    model.per_config_reload_ns
+                } else {
+                    model.per_table_load_ns
+                };
+                let ts = self.cursor;
+                self.cursor = ts.saturating_add(cost);
+                self.record(nc, ts, Some(cost), detail);
+            }
+            None => self.record(nc, wall_ns, Some(0), detail),
+        }
+    }
+}
+
+/// An execution's duration and, under a latency model, its device timestamp.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    nc_ts_ns: u64,
+    /// `None`: the wall-clock time when the notification is written.
+    device_ts_ns: Option<u64>,
 }
 
 /// One INFERENCE_START count taken: the NC's owner when it was taken and the NC's epoch.
@@ -193,7 +306,8 @@ impl Core {
         Some(Work { claim, epoch })
     }
 
-    /// Runs one execution and posts its notification (unless it is abandoned).
+    /// Runs one execution and posts its notification (unless it is abandoned), applying the
+    /// faults that fire on it, the latency model, and tracing it.
     fn execute(&self, nc: &Nc, work: Work) {
         let started = Instant::now();
         let compute_idx = {
@@ -205,7 +319,138 @@ impl Core {
             state.exec_batches = idx.wrapping_add(1);
             idx
         };
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, &work)))
+        let effects = self.fire_faults(nc, compute_idx);
+        if effects.device_lost {
+            self.lose_device(nc, compute_idx);
+            return;
+        }
+        let model = self.latency_model();
+        let sim_start = nc.clock.now();
+        let start_ns = if model.is_some() {
+            sim_start
+        } else {
+            self.since_start_ns(started)
+        };
+        let tracing = self.tracer.enabled();
+        let mut acct = Account {
+            compute_idx,
+            model,
+            charge: Charge {
+                extra_ns: effects.extra_ns,
+                ..Charge::default()
+            },
+            cursor: sim_start.saturating_add(model.map_or(0, |m| m.per_execution_ns)),
+            events: tracing.then(Vec::new),
+            room: if tracing { self.tracer.room() } else { 0 },
+            dropped: 0,
+        };
+        for &kind in &effects.kinds {
+            acct.record(
+                nc.index,
+                start_ns,
+                None,
+                Detail::Fault { kind, compute_idx },
+            );
+        }
+        let flags = self.run_and_flag(nc, &work, &mut acct);
+        if let Some(flags) = flags {
+            let flags = flags | effects.flags;
+            let timing = self.time_execution(nc, work.epoch, started, &acct);
+            acct.record(
+                nc.index,
+                start_ns,
+                Some(timing.nc_ts_ns),
+                Detail::Execution {
+                    compute_idx,
+                    flags,
+                    instructions: acct.charge.instructions,
+                },
+            );
+            self.finish_execution(nc, work.epoch, compute_idx, flags, timing, &effects);
+        }
+        if let Some(events) = acct.events.take() {
+            self.tracer.record_all(events, acct.dropped);
+        }
+    }
+
+    /// The faults that fire on execution `compute_idx` of `nc`, counted and logged.
+    fn fire_faults(&self, nc: &Nc, compute_idx: u32) -> Effects {
+        let kinds = lock(&self.faults).on_execution(nc.index);
+        if kinds.is_empty() {
+            return Effects::default();
+        }
+        let effects = Effects::of(kinds);
+        bump(&nc.counters.faults_fired, effects.count());
+        for kind in &effects.kinds {
+            tracing::info!(
+                "NC {} execution {compute_idx}: injected fault {kind:?} fires",
+                nc.index
+            );
+        }
+        effects
+    }
+
+    /// An injected DeviceLost fault fired on execution `compute_idx` of `nc`: posts DeviceLost
+    /// to every claimed NC (the execution gets no notification of its own), then runs the
+    /// lost hook (the server removes its socket and stops; simdev exits with status 3).
+    fn lose_device(&self, nc: &Nc, compute_idx: u32) {
+        tracing::warn!(
+            "NC {} execution {compute_idx}: injected DeviceLost fault: the device is lost",
+            nc.index
+        );
+        if self.tracer.enabled() {
+            self.tracer.record(Event {
+                nc: nc.index,
+                ts_ns: self.device_time_ns(nc),
+                dur_ns: None,
+                detail: Detail::Fault {
+                    kind: shared::protocol::FaultKind::DeviceLost,
+                    compute_idx,
+                },
+            });
+        }
+        self.device_lost();
+        let hook = lock(&self.lost_hook).clone();
+        if let Some(hook) = hook {
+            (hook.0)();
+        }
+    }
+
+    /// The duration of a finished execution (after sleeping what the model or an ExtraLatency
+    /// fault asks for) and, under a model, its device timestamp (the NC's clock advanced by the
+    /// duration).
+    fn time_execution(&self, nc: &Nc, epoch: u64, started: Instant, acct: &Account) -> Timing {
+        let cut = || self.epoch_moved(nc, epoch);
+        match acct.model {
+            None => {
+                // Device time is the wall clock: extra latency is real time.
+                if acct.charge.extra_ns > 0 {
+                    nc.seq
+                        .sleep(Duration::from_nanos(acct.charge.extra_ns), cut);
+                }
+                Timing {
+                    nc_ts_ns: nanos(started.elapsed()),
+                    device_ts_ns: None,
+                }
+            }
+            Some(model) => {
+                let duration = timing::duration_ns(&model, &acct.charge);
+                if model.wall_clock_pacing {
+                    let left = Duration::from_nanos(duration).saturating_sub(started.elapsed());
+                    nc.seq.sleep(left, cut);
+                }
+                Timing {
+                    nc_ts_ns: duration,
+                    device_ts_ns: Some(nc.clock.advance(duration)),
+                }
+            }
+        }
+    }
+
+    /// Runs the execution; its error flags, or `None` when it was abandoned.
+    fn run_and_flag(&self, nc: &Nc, work: &Work, acct: &mut Account) -> Option<u32> {
+        let compute_idx = acct.compute_idx;
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, work, acct)))
             .unwrap_or_else(|payload| {
                 Err(Stop::generic(format!(
                     "simdev failed internally running the execution (a simdev bug): {}",
@@ -245,28 +490,30 @@ impl Core {
                      or the device is going away)",
                     nc.index
                 );
-                return;
+                return None;
             }
         };
-        self.finish_execution(nc, work.epoch, compute_idx, flags, started.elapsed());
+        Some(flags)
     }
 
-    /// Counts the execution and posts its notification, unless it was abandoned meanwhile.
+    /// Applies the faults' effects on the notification (a DMA abort stops the exec queue
+    /// first), counts the execution and posts its notification (now, later or never), unless
+    /// it was abandoned meanwhile.
     fn finish_execution(
         &self,
         nc: &Nc,
         epoch: u64,
         compute_idx: u32,
         flags: u32,
-        duration: Duration,
+        timing: Timing,
+        effects: &Effects,
     ) {
         let mut state = lock(&nc.state);
         if self.abandoned(nc, epoch) {
             return;
         }
-        bump(&nc.counters.executions, 1);
-        if flags != 0 {
-            bump(&nc.counters.exec_errors, 1);
+        if effects.stop_exec_queue {
+            abort_exec_queue(nc, &mut state, compute_idx);
         }
         let entry = NotificationEntry {
             compute_idx,
@@ -274,23 +521,86 @@ impl Core {
             source: 0,
             error_flags: flags,
             phase: 0,
-            device_ts_ns: self.now_ns(),
-            nc_ts_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+            device_ts_ns: timing.device_ts_ns.unwrap_or_else(|| self.now_ns()),
+            nc_ts_ns: timing.nc_ts_ns,
         };
-        self.post(nc, &mut state, &entry);
+        match effects.delivery {
+            Delivery::OnTime => self.post_execution(nc, &mut state, &entry),
+            Delivery::Missing => tracing::info!(
+                "NC {} execution {compute_idx}: notification withheld (injected \
+                 MissingCompletion)",
+                nc.index
+            ),
+            Delivery::Late(delay) => {
+                drop(state);
+                self.post_late(nc, epoch, entry, delay);
+            }
+        }
+    }
+
+    /// Counts an execution and posts its notification.
+    fn post_execution(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
+        bump(&nc.counters.executions, 1);
+        if entry.error_flags != 0 {
+            bump(&nc.counters.exec_errors, 1);
+        }
+        self.post(nc, state, entry);
+    }
+
+    /// Posts an execution's notification `delay` of wall-clock time from now, from a thread of
+    /// its own, unless the execution is abandoned by then (NC reset, release or reclaim, the
+    /// device lost or dropped).
+    fn post_late(&self, nc: &Nc, epoch: u64, entry: NotificationEntry, delay: Duration) {
+        let index = nc.index;
+        let compute_idx = entry.compute_idx;
+        tracing::info!(
+            "NC {index} execution {compute_idx}: notification delayed by {delay:?} (injected \
+             LateCompletion)"
+        );
+        let core = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("simdev-late-nc{index}"))
+            .spawn(move || {
+                std::thread::sleep(delay);
+                let Some(core) = core.upgrade() else {
+                    return;
+                };
+                let Some(nc) = core.nc_ref(index) else {
+                    return;
+                };
+                let mut state = lock(&nc.state);
+                if core.abandoned(nc, epoch) {
+                    tracing::info!(
+                        "NC {index} execution {compute_idx}: late notification abandoned"
+                    );
+                    return;
+                }
+                core.post_execution(nc, &mut state, &entry);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(
+                "NC {index}: starting the late-completion thread: {e}; posting at once"
+            );
+            let mut state = lock(&nc.state);
+            if !self.abandoned(nc, epoch) {
+                self.post_execution(nc, &mut state, &entry);
+            }
+        }
     }
 
     /// The batch, the request, the programs.
-    fn run_execution(&self, nc: &Nc, work: &Work) -> Result<Stats, Stop> {
+    fn run_execution(&self, nc: &Nc, work: &Work, acct: &mut Account) -> Result<Stats, Stop> {
         let mut budget = self.budget();
-        self.run_batch(nc, work, &mut budget)?;
+        self.run_batch(nc, work, &mut budget, acct.trace_at())?;
         let request = DeviceExecRequest::decode(&lock(&nc.dmem))
             .ok_or_else(|| Stop::generic("the DMEM is smaller than a request"))?;
         if request.reload_seq_config == 1 {
             bump(&nc.counters.config_reloads, 1);
+            acct.reload(nc.index, true, self.now_ns());
         }
         if request.load_act_dve_tables == 1 {
             bump(&nc.counters.table_loads, 1);
+            acct.reload(nc.index, false, self.now_ns());
             let mut compute = lock(&nc.compute);
             if self.epoch_moved(nc, work.epoch) {
                 return Err(Stop::Abandoned);
@@ -304,12 +614,20 @@ impl Core {
             claim: &work.claim,
             epoch: work.epoch,
             budget: &mut budget,
+            acct,
         };
         engines::run(addresses, &Limits::for_arch(self.map.arch), &mut host)
     }
 
-    /// Fetches, checks and runs one batch of the exec queue (see [`crate::sequencer`]).
-    fn run_batch(&self, nc: &Nc, work: &Work, budget: &mut Budget) -> Result<(), Stop> {
+    /// Fetches, checks and runs one batch of the exec queue (see [`crate::sequencer`]); its
+    /// DMA is traced at `at`.
+    fn run_batch(
+        &self,
+        nc: &Nc,
+        work: &Work,
+        budget: &mut Budget,
+        at: TraceAt,
+    ) -> Result<(), Stop> {
         let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
         let client = work.claim.client;
         let (m, cc) = {
@@ -317,7 +635,7 @@ impl Core {
             if self.abandoned(nc, work.epoch) {
                 return Err(Stop::Abandoned);
             }
-            let m = self.stage_batch(nc, &mut state, work)?;
+            let m = self.stage_batch(nc, &mut state, work, at)?;
             let mut worklist = VecDeque::new();
             let bus = ClientBus {
                 device: self,
@@ -346,6 +664,7 @@ impl Core {
             exec_queue,
             budget,
             &mut Aborts::Capture(&mut aborts),
+            at,
         );
         if let Some(Stop::Failed { reason, .. }) = dma_failure(&aborts) {
             return Err(Stop::generic(format!(
@@ -361,7 +680,18 @@ impl Core {
     /// Reads and checks pairs 1–3 of the batch at the head of the exec queue and, when they are
     /// right, executes and consumes them (posting the chain's `M` pairs); returns `M`. A batch
     /// that is missing or malformed stops the exec queue.
-    fn stage_batch(&self, nc: &Nc, state: &mut NcState, work: &Work) -> Result<u32, Stop> {
+    fn stage_batch(
+        &self,
+        nc: &Nc,
+        state: &mut NcState,
+        work: &Work,
+        at: TraceAt,
+    ) -> Result<u32, Stop> {
+        let wall_ns = if self.tracer.enabled() {
+            self.now_ns()
+        } else {
+            0
+        };
         let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
         let malformed = |state: &mut NcState, why: String| {
             let reason = format!("malformed exec batch on NC {}: {why}", nc.index);
@@ -466,6 +796,16 @@ impl Core {
                 .queues
                 .consume_head(engine, queue, pair.len, register, &nc.counters);
         }
+        if self.tracer.enabled() {
+            let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
+            let id = QueueId {
+                nc: nc.index,
+                engine,
+                queue,
+            };
+            let count = u64::try_from(pairs.len()).unwrap_or(u64::MAX);
+            self.trace_dma(nc, id, count, bytes, true, at, wall_ns);
+        }
         if m > 0 {
             state
                 .queues
@@ -477,6 +817,24 @@ impl Core {
     }
 }
 
+/// Stops `nc`'s exec queue for an injected DmaAbort fault on execution `compute_idx`, as a
+/// DMA abort would (counted in `dma_aborts`); later counts fail fast until a new
+/// DMA_QUEUE_INIT. Nothing to stop when the queue is not running.
+fn abort_exec_queue(nc: &Nc, state: &mut NcState, compute_idx: u32) {
+    let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
+    if state.queues.status(engine, queue) != Some(&QueueStatus::Running) {
+        return;
+    }
+    let reason = format!(
+        "DMA abort on NC {} engine {engine} queue {queue}: injected DmaAbort fault on execution \
+         {compute_idx}",
+        nc.index
+    );
+    tracing::warn!("{reason}");
+    state.queues.stop_with(engine, queue, reason);
+    bump(&nc.counters.dma_aborts, 1);
+}
+
 /// The device as one execution's engines see it.
 struct ExecHost<'a> {
     core: &'a Core,
@@ -484,6 +842,7 @@ struct ExecHost<'a> {
     claim: &'a Claim,
     epoch: u64,
     budget: &'a mut Budget,
+    acct: &'a mut Account,
 }
 
 impl ExecHost<'_> {
@@ -558,6 +917,7 @@ impl engines::Host for ExecHost<'_> {
             id,
             self.budget,
             &mut Aborts::Capture(&mut aborts),
+            self.acct.trace_at(),
         );
         dma_failure(&aborts).map_or(Ok(()), Err)
     }
@@ -603,5 +963,35 @@ impl engines::Host for ExecHost<'_> {
             return Err(Stop::Abandoned);
         }
         Ok(())
+    }
+
+    fn timed(&self) -> bool {
+        self.acct.events.is_some() && self.acct.model.is_none()
+    }
+
+    fn retired(&mut self, engine: Engine, op: Opcode, pc: u64, began: Option<Instant>) {
+        let acct = &mut *self.acct;
+        acct.charge.instructions += 1;
+        if acct.events.is_none() {
+            return;
+        }
+        let (ts_ns, dur_ns) = match acct.model {
+            Some(model) => {
+                let ts = acct.cursor;
+                acct.cursor = ts.saturating_add(model.per_instruction_ns);
+                (ts, model.per_instruction_ns)
+            }
+            None => {
+                let began = began.unwrap_or_else(Instant::now);
+                (self.core.since_start_ns(began), nanos(began.elapsed()))
+            }
+        };
+        let detail = Detail::Instruction {
+            engine,
+            op,
+            pc,
+            compute_idx: acct.compute_idx,
+        };
+        acct.record(self.nc.index, ts_ns, Some(dur_ns), detail);
     }
 }

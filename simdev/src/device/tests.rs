@@ -28,6 +28,7 @@ fn config() -> Config {
         ncs: 2,
         hbm_bytes_per_nc: 16 * MIB,
         allow_uids: Vec::new(),
+        trace: None,
     }
 }
 

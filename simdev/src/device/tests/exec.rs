@@ -792,3 +792,4 @@ fn dma_writes_into_the_dmem_of_owned_ncs_only() {
 }
 
 mod compute;
+mod scenario;
