@@ -94,6 +94,21 @@ fn status_err(status: NrtStatus, message: impl Into<String>) -> NrtError {
     NrtError::new(status, message)
 }
 
+/// `nrt_execute_repeat`'s host check: the number of inputs the model declares.
+fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
+    let expected = m.model().inputs.len();
+    if inputs.len() == expected {
+        return Ok(());
+    }
+    Err(status_err(
+        NrtStatus::Invalid,
+        format!(
+            "Incorrect number of inputs, expected: {expected}, received: {}",
+            inputs.len()
+        ),
+    ))
+}
+
 impl Runtime {
     /// `nrt_init` on `device` with `config`: claims the selected NCs (LNC=1: one NC per logical
     /// core), creates their notification queues and exec queues, one XU per logical core and
@@ -375,16 +390,7 @@ impl Runtime {
             return Ok(());
         }
         let m = self.model(model)?;
-        if inputs.len() != m.model().inputs.len() {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "Incorrect number of inputs, expected: {}, received: {}",
-                    m.model().inputs.len(),
-                    inputs.len()
-                ),
-            ));
-        }
+        check_input_count(&m, inputs)?;
         // The fork: sync clones host tensors to device memory and copies results back.
         let clone = |set: &TensorSet,
                      copy_in: bool|
@@ -631,16 +637,7 @@ impl Runtime {
                 ),
             ));
         }
-        if inputs.len() != m.model().inputs.len() {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "Incorrect number of inputs, expected: {}, received: {}",
-                    m.model().inputs.len(),
-                    inputs.len()
-                ),
-            ));
-        }
+        check_input_count(&m, inputs)?;
         let resources = build_compute_resources(
             &m,
             inputs,

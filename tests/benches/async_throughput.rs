@@ -10,22 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use runtime::backend::sim::{SimDevice, SimdevCommand};
+use runtime::backend::sim::SimDevice;
 use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
 use runtime::config::RuntimeConfig;
 use runtime::{Device, ModelHandle, Placement, Runtime, TensorSet};
 use shared::NrtStatus;
 use shared::address_map::SEM_WINDOW_SEMAPHORES;
 use shared::model::Target;
-
-fn simdev() -> SimDevice {
-    let cmd = SimdevCommand {
-        program: std::env::current_exe().unwrap(),
-        args_prefix: vec!["simdev".into()],
-        extra_args: vec!["--hbm".into(), "128M".into()],
-    };
-    SimDevice::spawn_private(&cmd).expect("simdev starts")
-}
+use tests::bench::{private_simdev, run_as_simdev_if_asked};
 
 /// Posted doorbells per second, acknowledged through the mapped semaphore window.
 fn doorbell_floor(dev: &SimDevice, nc: u32, messages: u32) -> f64 {
@@ -90,19 +82,12 @@ fn throughput(rt: &Runtime, m: ModelHandle, slots: &[Slot], executions: u32) -> 
 }
 
 fn main() {
+    run_as_simdev_if_asked();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "simdev") {
-        let code = simdev::cli::main_with_args(args.into_iter().skip(1));
-        std::process::exit(if code == std::process::ExitCode::SUCCESS {
-            0
-        } else {
-            1
-        });
-    }
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    let dev = Arc::new(simdev());
+    let dev = Arc::new(private_simdev(&["--hbm", "128M"]));
     let rt = Runtime::init(
         dev.clone(),
         RuntimeConfig {

@@ -17,16 +17,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
-use runtime::backend::sim::{SimDevice, SimdevCommand};
+use runtime::backend::sim::SimDevice;
 use runtime::backend::{Device, DmaQueueId};
 use runtime::dma::DmaQueue;
 use shared::address_map::SEM_WINDOW_SEMAPHORES;
 use shared::protocol::MemLocation;
-
-/// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
-fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
-}
+use tests::bench::{percentile, private_simdev, run_as_simdev_if_asked, us};
 
 fn summarize(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
@@ -38,10 +34,6 @@ fn summarize(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
         samples.len()
     );
     (p50, p99)
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 fn seqpacket_ping_pong_floor(iterations: usize) -> Vec<Duration> {
@@ -152,21 +144,8 @@ fn dma_vs_memcpy(dev: &SimDevice, size: u64, reps: usize) -> (f64, f64) {
 }
 
 fn main() {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "simdev") {
-        std::process::exit(
-            match simdev::cli::main_with_args(args.into_iter().skip(1)) {
-                c if c == std::process::ExitCode::SUCCESS => 0,
-                _ => 1,
-            },
-        );
-    }
-    let cmd = SimdevCommand {
-        program: std::env::current_exe().unwrap(),
-        args_prefix: vec!["simdev".into()],
-        extra_args: vec!["--hbm".into(), "256M".into()],
-    };
-    let dev = SimDevice::spawn_private(&cmd).expect("simdev starts");
+    run_as_simdev_if_asked();
+    let dev = private_simdev(&["--hbm", "256M"]);
     println!(
         "device boundary benchmark (simdev pid in {}, release build)",
         dev.info().description

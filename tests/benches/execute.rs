@@ -7,59 +7,20 @@
 //!
 //! Run: `cargo bench -p tests --bench execute`. Figures are printed, not asserted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use runtime::backend::sim::{SimDevice, SimdevCommand};
+use runtime::backend::sim::SimDevice;
 use runtime::config::RuntimeConfig;
 use runtime::{Device, Placement, Runtime, TensorSet};
 use shared::address_map::SEM_WINDOW_SEMAPHORES;
 use shared::model::Target;
-
-struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: delegates every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use tests::bench::{CountingAlloc, percentile, private_simdev, run_as_simdev_if_asked, us};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// The `per_mille`/1000 quantile of sorted samples.
-fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn simdev() -> SimDevice {
-    let cmd = SimdevCommand {
-        program: std::env::current_exe().unwrap(),
-        args_prefix: vec!["simdev".into()],
-        extra_args: vec!["--hbm".into(), "64M".into()],
-    };
-    SimDevice::spawn_private(&cmd).expect("simdev starts")
-}
+static GLOBAL: CountingAlloc = CountingAlloc::new();
 
 /// Floor part 1: posted doorbell -> the new semaphore value visible in the mapped window.
 fn doorbell_floor(dev: &SimDevice, nc: u32, n: usize) -> Vec<Duration> {
@@ -105,17 +66,9 @@ fn eventfd_floor(n: usize) -> Vec<Duration> {
 }
 
 fn main() {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "simdev") {
-        let code = simdev::cli::main_with_args(args.into_iter().skip(1));
-        std::process::exit(if code == std::process::ExitCode::SUCCESS {
-            0
-        } else {
-            1
-        });
-    }
+    run_as_simdev_if_asked();
     let n = 20_000;
-    let dev = Arc::new(simdev());
+    let dev = Arc::new(private_simdev(&["--hbm", "64M"]));
     let rt = Runtime::init(
         dev.clone(),
         RuntimeConfig {
@@ -174,12 +127,12 @@ fn main() {
         );
     }
     let doorbells_before = dev.nc_counters(0).unwrap().doorbells;
-    let allocs_before = ALLOCS.load(Ordering::Relaxed);
+    let allocs_before = GLOBAL.allocations();
     let k = 20_000u64;
     for _ in 0..k {
         rt.execute(m, &ins, &outs).unwrap();
     }
-    let allocs = ALLOCS.load(Ordering::Relaxed) - allocs_before;
+    let allocs = GLOBAL.allocations() - allocs_before;
     let doorbells = dev.nc_counters(0).unwrap().doorbells - doorbells_before;
     println!(
         "  heap allocations per execute (steady state, all threads): {:.2}",

@@ -6,6 +6,8 @@
 //! has integration tests of its own). Every simdev gets its own temporary socket and is stopped
 //! (SIGTERM, then SIGKILL) when its guard drops.
 
+pub mod bench;
+
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};

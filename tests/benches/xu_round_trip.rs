@@ -2,42 +2,19 @@
 //! the same run (a raw two-thread eventfd ping-pong), and heap allocations per execution in
 //! steady state, counted by a counting global allocator.
 //!
-//! Run: `cargo bench -p runtime --bench xu_round_trip`. Figures are printed, not asserted.
+//! Run: `cargo bench -p tests --bench xu_round_trip`. Figures are printed, not asserted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use runtime::metrics::Metrics;
 use runtime::xu::{CompletionEngine, ExecInfo, Progress, Xu, XuConfig, XuWorkers};
 use shared::NrtStatus;
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: delegates every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use tests::bench::{CountingAlloc, percentile};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc::new();
 
 /// Completes every execution at its first step.
 #[derive(Debug)]
@@ -48,11 +25,6 @@ impl CompletionEngine for Immediate {
     fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<()>) -> Progress {
         Progress::Done(NrtStatus::Success)
     }
-}
-
-/// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
-fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
 fn report(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
@@ -133,12 +105,12 @@ fn main() {
         xu99.as_secs_f64() / floor99.as_secs_f64()
     );
 
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = GLOBAL.allocations();
     let m = 100_000u64;
     for _ in 0..m {
         execute();
     }
-    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    let allocs = GLOBAL.allocations() - before;
     println!(
         "heap allocations per execution (steady state, {m} executions): {:.3}",
         allocs as f64 / m as f64

@@ -1,0 +1,93 @@
+//! Helpers shared by the benchmarks: a counting global allocator, percentiles, and starting a
+//! private simdev by re-executing the benchmark binary itself as simdev.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use runtime::backend::sim::{SimDevice, SimdevCommand};
+
+/// A global allocator that counts allocations (all threads) and delegates to the system's.
+/// Install it with `#[global_allocator] static A: CountingAlloc = CountingAlloc::new();`.
+#[derive(Debug)]
+pub struct CountingAlloc {
+    allocations: AtomicU64,
+}
+
+impl CountingAlloc {
+    /// A counter at zero.
+    pub const fn new() -> Self {
+        Self {
+            allocations: AtomicU64::new(0),
+        }
+    }
+
+    /// Allocations (and reallocations) so far.
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for CountingAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// SAFETY: every call is delegated unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above, for `dealloc`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above, for `realloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
+///
+/// # Panics
+/// On an empty slice.
+pub fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
+}
+
+/// Microseconds of a duration.
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// When the benchmark binary was started as `<bench> simdev ...`, runs simdev and exits;
+/// otherwise returns. Call it first in `main`.
+pub fn run_as_simdev_if_asked() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "simdev") {
+        let code = simdev::cli::main_with_args(args.into_iter().skip(1));
+        std::process::exit(if code == std::process::ExitCode::SUCCESS {
+            0
+        } else {
+            1
+        });
+    }
+}
+
+/// Starts a private simdev (this binary re-executed as simdev) with `extra_args` and connects.
+///
+/// # Panics
+/// If simdev does not start.
+pub fn private_simdev(extra_args: &[&str]) -> SimDevice {
+    let cmd = SimdevCommand {
+        program: std::env::current_exe().expect("current_exe"),
+        args_prefix: vec!["simdev".into()],
+        extra_args: extra_args.iter().map(Into::into).collect(),
+    };
+    SimDevice::spawn_private(&cmd).expect("simdev starts")
+}
