@@ -243,7 +243,11 @@ fn run_digits(
 ) -> Result<BenchReport, String> {
     let data = Digits::load(&digits::default_path())?;
     let batch = opts.batch;
-    let model = data.mlp().build(batch).map_err(|e| e.to_string())?;
+    let lnc = rt.config().lnc.max(1);
+    let model = data
+        .mlp()
+        .build_split(batch, lnc)
+        .map_err(|e| e.to_string())?;
     let container = model
         .to_container(Target::Simdev)
         .map_err(|e| e.to_string())?;
@@ -367,7 +371,12 @@ fn run_identity(
     if opts.bytes == 0 {
         return Err("--bytes must be at least 1".into());
     }
-    let container = runtime::builder::identity(opts.bytes)
+    let model = if rt.config().lnc > 1 {
+        runtime::builder::identity_split(opts.bytes.max(2))
+    } else {
+        runtime::builder::identity(opts.bytes)
+    };
+    let container = model
         .to_container(Target::Simdev)
         .map_err(|e| e.to_string())?;
     let executions = u64::from(opts.iterations.unwrap_or(1000));
