@@ -160,6 +160,30 @@ pub fn run(
     result
 }
 
+/// Runs `f(core index, its tensor slots)` on one scoped thread per core and gathers the
+/// latencies.
+fn on_each_core(
+    all: &[Vec<Core>],
+    f: impl Fn(usize, &[Core]) -> Result<Vec<Duration>, String> + Sync,
+) -> Result<Vec<Duration>, String> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = all
+            .iter()
+            .enumerate()
+            .map(|(v, slots)| s.spawn(move || f(v, slots)))
+            .collect();
+        let mut samples = Vec::new();
+        for h in handles {
+            samples.extend(
+                h.join()
+                    .map_err(|_| "a bench thread panicked".to_string())??,
+            );
+        }
+        Ok(samples)
+    })
+}
+
 /// Runs executions `es` of one core through `slots` (tensor sets): synchronously with one slot,
 /// or keeping `slots.len()` in flight through the explicit async API. `prepare` writes slot
 /// inputs for execution `e`; `finish` checks its outputs. Returns each execution's latency
@@ -266,57 +290,38 @@ fn run_digits(
     let pb = bar(executions, opts.progress);
     let logits = std::sync::Mutex::new(vec![f32::NAN; count * CLASSES]);
     let started = Instant::now();
-    let samples: Vec<Duration> = std::thread::scope(|s| {
-        let handles: Vec<_> = all
-            .iter()
-            .enumerate()
-            .map(|(v, slots)| {
-                let (data, logits, pb) = (&data, &logits, &pb);
-                s.spawn(move || -> Result<Vec<Duration>, String> {
-                    let mut input = vec![0f32; b * FEATURES];
-                    let mut out = vec![0u8; b * CLASSES * 4];
-                    let rows_of = |e: u64| {
-                        let first = usize::try_from(e % per_pass).unwrap_or(0) * b;
-                        (first, b.min(count - first))
-                    };
-                    let prepare = |e: u64, c: &Core| {
-                        let (first, rows) = rows_of(e);
-                        input.fill(0.0);
-                        input[..rows * FEATURES].copy_from_slice(
-                            &data.inputs[first * FEATURES..(first + rows) * FEATURES],
-                        );
-                        c.input
-                            .write(&to_bytes(&input), 0)
-                            .map_err(|e| e.to_string())
-                    };
-                    let finish = |e: u64, c: &Core| {
-                        c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
-                        if e < per_pass {
-                            let (first, rows) = rows_of(e);
-                            let mut l = logits
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner);
-                            for (i, chunk) in out[..rows * CLASSES * 4].chunks_exact(4).enumerate()
-                            {
-                                l[first * CLASSES + i] =
-                                    f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                            }
-                        }
-                        Ok(())
-                    };
-                    let es = (v as u64..executions).step_by(ncs as usize);
-                    pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, pb)
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for h in handles {
-            all.extend(
-                h.join()
-                    .map_err(|_| "a bench thread panicked".to_string())??,
-            );
-        }
-        Ok::<_, String>(all)
+    let samples = on_each_core(&all, |v, slots| {
+        let mut input = vec![0f32; b * FEATURES];
+        let mut out = vec![0u8; b * CLASSES * 4];
+        let rows_of = |e: u64| {
+            let first = usize::try_from(e % per_pass).unwrap_or(0) * b;
+            (first, b.min(count - first))
+        };
+        let prepare = |e: u64, c: &Core| {
+            let (first, rows) = rows_of(e);
+            input.fill(0.0);
+            input[..rows * FEATURES]
+                .copy_from_slice(&data.inputs[first * FEATURES..(first + rows) * FEATURES]);
+            c.input
+                .write(&to_bytes(&input), 0)
+                .map_err(|e| e.to_string())
+        };
+        let finish = |e: u64, c: &Core| {
+            c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
+            if e < per_pass {
+                let (first, rows) = rows_of(e);
+                let mut l = logits
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for (i, chunk) in out[..rows * CLASSES * 4].chunks_exact(4).enumerate() {
+                    l[first * CLASSES + i] =
+                        f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                }
+            }
+            Ok(())
+        };
+        let es = (v as u64..executions).step_by(ncs as usize);
+        pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, &pb)
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -385,41 +390,23 @@ fn run_identity(
     let pb = bar(executions, opts.progress);
     let failures = std::sync::atomic::AtomicU64::new(0);
     let started = Instant::now();
-    let samples: Vec<Duration> = std::thread::scope(|s| {
-        let handles: Vec<_> = all
-            .iter()
-            .enumerate()
-            .map(|(v, slots)| {
-                let (pb, failures) = (&pb, &failures);
-                s.spawn(move || -> Result<Vec<Duration>, String> {
-                    let pattern = |e: u64| -> Vec<u8> {
-                        (0..len)
-                            .map(|j| j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0])
-                            .collect()
-                    };
-                    let mut out = vec![0u8; len];
-                    let prepare =
-                        |e: u64, c: &Core| c.input.write(&pattern(e), 0).map_err(|e| e.to_string());
-                    let finish = |e: u64, c: &Core| {
-                        c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
-                        if out != pattern(e) {
-                            failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        Ok(())
-                    };
-                    let es = (v as u64..executions).step_by(ncs as usize);
-                    pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, pb)
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for h in handles {
-            all.extend(
-                h.join()
-                    .map_err(|_| "a bench thread panicked".to_string())??,
-            );
-        }
-        Ok::<_, String>(all)
+    let samples = on_each_core(&all, |v, slots| {
+        let pattern = |e: u64| -> Vec<u8> {
+            (0..len)
+                .map(|j| j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0])
+                .collect()
+        };
+        let mut out = vec![0u8; len];
+        let prepare = |e: u64, c: &Core| c.input.write(&pattern(e), 0).map_err(|e| e.to_string());
+        let finish = |e: u64, c: &Core| {
+            c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
+            if out != pattern(e) {
+                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        };
+        let es = (v as u64..executions).step_by(ncs as usize);
+        pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, &pb)
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
