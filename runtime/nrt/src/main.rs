@@ -4,6 +4,8 @@
 //! - `nrt bench [--model digits|identity] [--batch B] [--ncs N] [--iterations K] [--json]`: run
 //!   the digits MLP over the UCI test set (or the identity model), report accuracy, logit error,
 //!   latency percentiles and throughput.
+//! - `nrt scenario run FILE... [--json]`: run scripted device scenarios (faults, timing, model
+//!   switches, crashes), one private simdev each, with a PASS/FAIL line per expectation.
 //! - `nrt simdev [simdev options]`: run as the simdev device process. `nrt` re-executes itself
 //!   this way to start a private device when none is present, so one binary works on a fresh
 //!   clone.
@@ -18,6 +20,7 @@ use serde::Serialize;
 
 mod bench;
 use bench::BenchOptions;
+mod scenario;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,6 +66,12 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Scripted device scenarios: `nrt scenario run FILE... [--json]` (see scenarios/README.md).
+    Scenario {
+        /// What to do.
+        #[command(subcommand)]
+        command: scenario::ScenarioCommand,
     },
     /// Run as the simdev device process (what `nrt` starts when no device is present).
     #[command(disable_help_flag = true)]
@@ -192,7 +201,10 @@ fn main() -> ExitCode {
         return simdev::cli::main_with_args(args);
     }
     let cli = Cli::parse_from(args);
-    init_tracing();
+    match &cli.command {
+        Command::Scenario { command } => scenario::init_tracing(command),
+        _ => init_tracing(),
+    }
     match cli.command {
         Command::Ls { json } => {
             let dev = match open_device() {
@@ -253,6 +265,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Scenario { command } => scenario::main(command),
         Command::Simdev { args } => {
             simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
         }

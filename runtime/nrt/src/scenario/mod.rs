@@ -1,0 +1,245 @@
+//! `nrt scenario run FILE... [--json]`: scripted device scenarios (`scenarios/README.md`).
+//!
+//! Each file gets its own private simdev (re-executing this program as `nrt simdev`), a control
+//! connection to it (faults, latency model, counters, device stats) and a runtime configured
+//! from the file's `[runtime]` table. Steps run in order; every expectation prints one line
+//! `PASS|FAIL <scenario> <where>: <expected> — <seen>` (or, with `--json`, each file prints one
+//! JSON object). The exit code is non-zero when anything failed.
+
+mod client;
+mod models;
+mod report;
+mod runner;
+mod spec;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+
+use report::{FileReport, Outcome, Recorder};
+
+/// `nrt scenario ...`.
+#[derive(Subcommand, Debug)]
+pub enum ScenarioCommand {
+    /// Run scenario files; print a PASS/FAIL line per expectation; exit non-zero on any failure.
+    Run {
+        /// Scenario files (TOML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print one JSON object per file instead of text lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a built-in model as a container file (for `file = ...` models).
+    BuildModel {
+        /// `identity`, `identity_split`, `identity_cc`, `never_ending` or `digits`.
+        #[arg(long)]
+        builder: String,
+        /// Tensor bytes (identity builders).
+        #[arg(long)]
+        bytes: Option<u32>,
+        /// Images per execution (digits).
+        #[arg(long)]
+        batch: Option<u32>,
+        /// The file to write.
+        out: PathBuf,
+    },
+    /// A client process started by the runner (internal).
+    #[command(hide = true)]
+    Client(client::ClientArgs),
+}
+
+/// Logging for `nrt scenario`: `NEURON_RT_LOG_LEVEL` or `RUST_LOG`, else off for `run` (the
+/// scenarios provoke errors on purpose; the PASS/FAIL lines say what happened) and `warn` for
+/// the client processes (their stderr goes to a log file beside simdev's).
+pub fn init_tracing(cmd: &ScenarioCommand) {
+    let default = match cmd {
+        ScenarioCommand::Run { .. } => "off",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `nrt scenario ...`.
+pub fn main(cmd: ScenarioCommand) -> ExitCode {
+    match cmd {
+        ScenarioCommand::Run { files, json } => run_files(&files, json),
+        ScenarioCommand::Client(args) => client::main(&args),
+        ScenarioCommand::BuildModel {
+            builder,
+            bytes,
+            batch,
+            out,
+        } => {
+            let spec = spec::ModelSpec {
+                builder: Some(builder),
+                bytes,
+                batch,
+                ..spec::ModelSpec::default()
+            };
+            let written = models::BuiltModel::build(&file_name(&out), &spec, Path::new("."))
+                .and_then(|m| {
+                    std::fs::write(&out, &m.container)
+                        .map_err(|e| format!("{}: {e}", out.display()))
+                });
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("nrt scenario build-model: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
+}
+
+/// Runs one file; returns its report.
+fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
+    let start = Instant::now();
+    let stem = file_name(path);
+    let fail_report = |name: String, at: &str, expected: &str, seen: String| {
+        let o = Outcome {
+            pass: false,
+            at: at.into(),
+            expected: expected.into(),
+            seen,
+        };
+        if !json {
+            println!("{}", report::line(&name, &o));
+        }
+        FileReport {
+            file: path.display().to_string(),
+            scenario: name,
+            description: None,
+            passed: false,
+            pass_count: 0,
+            fail_count: 1,
+            seconds: start.elapsed().as_secs_f64(),
+            results: vec![o],
+        }
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return fail_report(stem, "file", "the file can be read", e.to_string()),
+    };
+    let sc = match spec::parse(&text) {
+        Ok(sc) => sc,
+        Err(e) => {
+            return fail_report(
+                stem,
+                "parse",
+                "a valid scenario file",
+                e.trim_end().replace('\n', "; "),
+            );
+        }
+    };
+    let name = sc.name.clone().unwrap_or(stem);
+    let limit = Duration::from_secs_f64(sc.time_limit_s.unwrap_or(60.0).max(1.0));
+    // A scenario that hangs (a runtime bug) must not hang the suite: past its time limit the
+    // watchdog reports it and ends the process (simdev and clients die with it).
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (wname, wfile) = (name.clone(), path.display().to_string());
+    let watchdog = std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(limit) {
+            let o = Outcome {
+                pass: false,
+                at: "time limit".into(),
+                expected: format!("the scenario finishes within {:.0} s", limit.as_secs_f64()),
+                seen: "it did not (a call hung); stopping".into(),
+            };
+            if json {
+                let r = FileReport {
+                    file: wfile,
+                    scenario: wname,
+                    description: None,
+                    passed: false,
+                    pass_count: 0,
+                    fail_count: 1,
+                    seconds: limit.as_secs_f64(),
+                    results: vec![o],
+                };
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            } else {
+                println!("{}", report::line(&wname, &o));
+            }
+            std::process::exit(2);
+        }
+    });
+    let dir = path.parent().unwrap_or(Path::new(".")).to_owned();
+    let mut runner = runner::Runner::new(&sc, &name, &dir, exe, !json);
+    runner.run();
+    let outcomes = std::mem::replace(&mut runner.rec, Recorder::new(&name, false)).outcomes;
+    drop(runner);
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let fail_count = outcomes.iter().filter(|o| !o.pass).count();
+    FileReport {
+        file: path.display().to_string(),
+        scenario: name,
+        description: sc.description.clone(),
+        passed: fail_count == 0 && !outcomes.is_empty(),
+        pass_count: outcomes.len() - fail_count,
+        fail_count,
+        seconds: start.elapsed().as_secs_f64(),
+        results: outcomes,
+    }
+}
+
+/// Runs every file in turn.
+fn run_files(files: &[PathBuf], json: bool) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("nrt scenario: cannot find this program: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = 0usize;
+    for f in files {
+        let r = run_file(f, json, &exe);
+        if !r.passed {
+            failed += 1;
+        }
+        if json {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        } else {
+            println!(
+                "{} {} ({}): {} expectations held, {} did not, {:.2} s",
+                if r.passed { "PASSED" } else { "FAILED" },
+                r.scenario,
+                r.file,
+                r.pass_count,
+                r.fail_count,
+                r.seconds
+            );
+        }
+    }
+    if !json {
+        println!(
+            "scenario files: {} of {} passed",
+            files.len() - failed,
+            files.len()
+        );
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

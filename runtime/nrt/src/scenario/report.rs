@@ -1,0 +1,99 @@
+//! Results: one line per expectation, `PASS|FAIL <scenario> <where>: <expected> — <seen>`, or
+//! one JSON object per file.
+
+use serde::Serialize;
+
+/// One expectation's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// Whether it held.
+    pub pass: bool,
+    /// Where: `step 3 execute(m)`, `expect 2 counters`, `setup`, ...
+    pub at: String,
+    /// What was expected.
+    pub expected: String,
+    /// What was seen.
+    pub seen: String,
+}
+
+/// One file's report.
+#[derive(Debug, Serialize)]
+pub struct FileReport {
+    /// The file.
+    pub file: String,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The scenario's description.
+    pub description: Option<String>,
+    /// Every expectation held.
+    pub passed: bool,
+    /// Expectations that held.
+    pub pass_count: usize,
+    /// Expectations that did not.
+    pub fail_count: usize,
+    /// Wall-clock seconds the scenario took.
+    pub seconds: f64,
+    /// Each expectation, in order.
+    pub results: Vec<Outcome>,
+}
+
+/// Collects outcomes and prints them as they come (text mode).
+#[derive(Debug)]
+pub struct Recorder {
+    scenario: String,
+    print: bool,
+    /// Outcomes so far.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Recorder {
+    /// A recorder for `scenario`; `print` writes each line as it is recorded.
+    pub fn new(scenario: &str, print: bool) -> Self {
+        Self {
+            scenario: scenario.into(),
+            print,
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Records one outcome.
+    pub fn record(
+        &mut self,
+        pass: bool,
+        at: &str,
+        expected: impl Into<String>,
+        seen: impl Into<String>,
+    ) {
+        let o = Outcome {
+            pass,
+            at: at.into(),
+            expected: expected.into(),
+            seen: seen.into(),
+        };
+        if self.print {
+            println!("{}", line(&self.scenario, &o));
+        }
+        self.outcomes.push(o);
+    }
+
+    /// A failure that is not a comparison (a step that could not run).
+    pub fn fail(&mut self, at: &str, expected: impl Into<String>, seen: impl Into<String>) {
+        self.record(false, at, expected, seen);
+    }
+
+    /// Whether anything failed.
+    pub fn failed(&self) -> bool {
+        self.outcomes.iter().any(|o| !o.pass)
+    }
+}
+
+/// The text line of `o`.
+pub fn line(scenario: &str, o: &Outcome) -> String {
+    format!(
+        "{} {scenario} {}: {} — {}",
+        if o.pass { "PASS" } else { "FAIL" },
+        o.at,
+        o.expected,
+        o.seen
+    )
+}

@@ -1,0 +1,161 @@
+//! The scenario suite: `nrt scenario run` over every `scenarios/*.toml` must pass, and the runner
+//! must fail a deliberately wrong scenario (`tests/data/`) with a readable message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = repo().join("scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn nrt(args: &[&str], files: &[PathBuf]) -> (Output, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(args)
+        .args(files)
+        .output()
+        .expect("run nrt");
+    let text = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}
+
+#[test]
+fn every_scenario_file_passes() {
+    let files = scenario_files();
+    assert!(
+        files.len() >= 15,
+        "expected the 15 scenarios of the issue at least, found {}",
+        files.len()
+    );
+    let started = std::time::Instant::now();
+    let (out, text) = nrt(&["scenario", "run"], &files);
+    let took = started.elapsed();
+    assert!(out.status.success(), "the scenario suite failed:\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("FAIL")),
+        "a FAIL line with a zero exit:\n{text}"
+    );
+    for f in &files {
+        let stem = f.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("PASSED {stem} "))
+                    || l.contains(&format!("({})", f.display()))),
+            "no PASSED line for {stem}:\n{text}"
+        );
+    }
+    assert!(
+        took.as_secs() < 90,
+        "the suite must stay well under 2 minutes; it took {took:?}"
+    );
+}
+
+#[test]
+fn a_broken_expectation_fails_with_a_readable_message() {
+    let file = repo().join("runtime/nrt/tests/data/wrong_expectations.toml");
+    let (out, text) = nrt(&["scenario", "run"], &[file]);
+    assert!(!out.status.success(), "a wrong scenario must fail:\n{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want = "FAIL wrong_expectations step 2 wrongly expects success: every call returns \
+                NRT_SUCCESS — NRT_EXEC_COMPLETED_WITH_ERR ×1, NRT_SUCCESS ×2";
+    assert!(
+        stdout.lines().any(|l| l.starts_with(want)),
+        "no line starting {want:?}:\n{text}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l
+                == "FAIL wrong_expectations expect 1 counters: NC 0: executions 4 — executions 3"),
+        "no readable counters failure:\n{text}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("PASS wrong_expectations step 1 load(id): NRT_SUCCESS")),
+        "expectations that hold still pass:\n{text}"
+    );
+}
+
+#[test]
+fn a_misplaced_key_is_refused_with_its_step() {
+    let file = repo().join("runtime/nrt/tests/data/misplaced_key.toml");
+    let (out, text) = nrt(&["scenario", "run"], &[file]);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(
+            "FAIL misplaced_key parse: a valid scenario file — step 1 (sleep): key `threads` does \
+             not apply (it takes: ms)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn json_prints_one_object_per_file() {
+    let files = [
+        repo().join("runtime/nrt/tests/data/wrong_expectations.toml"),
+        repo().join("scenarios/14_foreign_tensors.toml"),
+    ];
+    let (out, text) = nrt(&["scenario", "run", "--json"], &files);
+    assert!(!out.status.success(), "{text}");
+    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(reports.len(), 2, "{text}");
+    assert_eq!(reports[0]["scenario"], "wrong_expectations");
+    assert_eq!(reports[0]["passed"], false);
+    assert_eq!(reports[0]["fail_count"], 2);
+    assert_eq!(reports[1]["passed"], true, "{text}");
+    let failed = reports[0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pass"] == false)
+        .unwrap();
+    assert_eq!(failed["expected"], "every call returns NRT_SUCCESS");
+}
+
+#[test]
+fn every_fault_kind_is_used_by_some_scenario() {
+    let text: String = scenario_files()
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    for kind in [
+        "nc_uncorrectable",
+        "hbm_uncorrectable",
+        "hbm_repairable",
+        "dma_abort",
+        "out_of_bounds",
+        "numerical",
+        "generic_error",
+        "missing_completion",
+        "late_completion",
+        "extra_latency",
+        "device_lost",
+    ] {
+        assert!(
+            text.contains(&format!("kind = \"{kind}\"")),
+            "no scenario uses fault kind {kind}"
+        );
+    }
+}
