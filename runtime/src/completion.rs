@@ -6,8 +6,9 @@
 //! same). Each step drains the NQ of every TPB the execution runs on: an `Execution` entry whose
 //! `compute_idx` is this execution's completes that TPB; one with an older index is a late
 //! notification of an execution that already timed out and is discarded — never credited to a
-//! later one; a newer index means a notification was lost (NRT_HW_ERROR, fatal). A `DeviceLost`
-//! entry fails the execution (fatal).
+//! later one; one with a newer index (a later execution finished while this one's notification
+//! is late) is held until its own execution asks for it ([`EARLY_LIMIT`] of them at most). A
+//! `DeviceLost` entry fails the execution (fatal).
 //!
 //! # Status decode and what is fatal to the XU
 //! Flags are decoded in this order (the first present wins):
@@ -42,6 +43,9 @@ use crate::backend::NotificationQueue;
 use crate::bind::ExecResources;
 use crate::kmgr::InflightGuard;
 use crate::xu::{CompletionEngine, ExecInfo, MAX_TPBS_PER_VNC, Progress};
+
+/// Most notifications of later executions held while an earlier one is late.
+pub const EARLY_LIMIT: usize = 4096;
 
 /// The longest the worker sleeps on a notification eventfd (or between polls on silicon)
 /// before checking the deadline again.
@@ -79,6 +83,9 @@ pub struct NqReader {
     head: u64,
     notify_fd: Option<OwnedFd>,
     stale: u64,
+    /// Notifications of executions after the one being harvested that arrived before it
+    /// (possible when the device posts one late), held until their turn.
+    early: Vec<NotificationEntry>,
 }
 
 impl NqReader {
@@ -89,6 +96,7 @@ impl NqReader {
             head: 0,
             notify_fd,
             stale: 0,
+            early: Vec::new(),
         }
     }
 
@@ -202,6 +210,21 @@ impl NqEngine {
         let mut r = reader
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(pos) = r
+            .early
+            .iter()
+            .position(|e| e.compute_idx == req.compute_idx[i])
+        {
+            let e = r.early.swap_remove(pos);
+            req.done[i] = true;
+            req.flags[i] = e.error_flags;
+            *info_resp = crate::metrics::TpbResponse {
+                device_ns: e.device_ts_ns,
+                nc_ns: e.nc_ts_ns,
+                error_flags: e.error_flags,
+            };
+            return None;
+        }
         while !req.done[i] {
             let Some(e) = r.try_next() else { break };
             match NotificationKind::from_u16(e.kind) {
@@ -217,13 +240,18 @@ impl NqEngine {
                             "discarding a late notification"
                         );
                     } else if behind < 0 {
-                        tracing::error!(
-                            nc,
-                            got = e.compute_idx,
-                            want = req.compute_idx[i],
-                            "a notification was lost"
-                        );
-                        return Some(NrtStatus::HwError);
+                        // A later execution finished first (this one's notification is late):
+                        // keep it for its turn.
+                        if r.early.len() >= EARLY_LIMIT {
+                            tracing::error!(
+                                nc,
+                                got = e.compute_idx,
+                                want = req.compute_idx[i],
+                                "too many notifications ahead of a missing one"
+                            );
+                            return Some(NrtStatus::HwError);
+                        }
+                        r.early.push(e);
                     } else {
                         req.done[i] = true;
                         req.flags[i] = e.error_flags;
@@ -381,7 +409,32 @@ mod tests {
     }
 
     #[test]
-    fn entries_wrap_with_the_phase_and_a_lost_one_is_fatal() {
+    fn a_notification_overtaken_by_a_later_one_is_still_credited_in_order() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        post(&w, 8, 0, 1, 0);
+        let mut first = info(0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut first),
+            Progress::InFlight,
+            "idx 1 is held, not ours"
+        );
+        post(&w, 8, 1, 0, error_flags::GENERIC);
+        assert_eq!(
+            engine.progress_one_step(0, &mut first),
+            Progress::Done(NrtStatus::ExecCompletedWithErr)
+        );
+        let mut second = info(1);
+        assert_eq!(
+            engine.progress_one_step(0, &mut second),
+            Progress::Done(NrtStatus::Success),
+            "the held entry"
+        );
+        assert_eq!(second.resp[0].device_ns, 1000);
+    }
+
+    #[test]
+    fn entries_wrap_with_the_phase_and_a_missing_one_times_out() {
         let (reader, w) = nq(2);
         let engine = NqEngine::new(vec![(3, reader)]);
         for n in 0..5u32 {
@@ -393,9 +446,17 @@ mod tests {
             );
         }
         post(&w, 2, 5, 7, 0);
+        let mut waiting = info(5);
+        waiting.request.deadline = Some(Instant::now() + Duration::from_millis(20));
         assert_eq!(
-            engine.progress_one_step(0, &mut info(5)),
-            Progress::Error(NrtStatus::HwError)
+            engine.progress_one_step(0, &mut waiting),
+            Progress::InFlight,
+            "idx 7 is held"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+        assert_eq!(
+            engine.progress_one_step(0, &mut waiting),
+            Progress::Error(NrtStatus::Timeout)
         );
     }
 
