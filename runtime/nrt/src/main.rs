@@ -63,6 +63,10 @@ enum Command {
         /// Keep N executions in flight per core through the explicit async API (0: synchronous).
         #[arg(long = "async", default_value_t = 0)]
         in_flight: u32,
+        /// Write a Chrome trace-event JSON of engine, DMA, doorbell and notification activity
+        /// (opens in Perfetto); the private simdev writes it when the benchmark ends.
+        #[arg(long)]
+        trace: Option<std::path::PathBuf>,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -109,7 +113,28 @@ struct LsReport {
 }
 
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
+    open_device_traced(None)
+}
+
+/// Opens the device; with `trace`, the private simdev this starts writes a Chrome trace there
+/// when it stops (a device nrt did not start cannot be asked to).
+fn open_device_traced(
+    trace: Option<&std::path::Path>,
+) -> Result<Box<dyn Device>, runtime::DeviceError> {
     let mut opts = OpenOptions::from_env()?;
+    if let Some(path) = trace {
+        if opts.simdev_socket.is_some() || opts.kind == runtime::backend::BackendKind::Neuron {
+            return Err(runtime::DeviceError::NoDevice {
+                hint: "--trace needs nrt to start its own simdev: unset NEURON_SIMDEV_SOCKET (or start that simdev with --trace FILE)".into(),
+            });
+        }
+        let abs = std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_owned());
+        opts.kind = runtime::backend::BackendKind::Sim;
+        opts.simdev_args
+            .extend([OsString::from("--trace"), abs.into_os_string()]);
+    }
     if let Ok(exe) = std::env::current_exe() {
         opts.simdev_command = Some(SimdevCommand {
             program: exe,
@@ -236,6 +261,7 @@ fn main() -> ExitCode {
             ncs,
             in_flight,
             json,
+            trace,
         } => {
             let opts = BenchOptions {
                 in_flight,
@@ -246,12 +272,15 @@ fn main() -> ExitCode {
                 ncs,
                 progress: !json,
             };
-            match bench::run(&opts, open_device) {
+            match bench::run(&opts, || open_device_traced(trace.as_deref())) {
                 Ok(report) => {
                     if json {
                         println!("{}", serde_json::to_string(&report).unwrap_or_default());
                     } else {
                         bench::print(&report);
+                    }
+                    if let Some(path) = &trace {
+                        eprintln!("trace written to {}", path.display());
                     }
                     if report.failures == 0 {
                         ExitCode::SUCCESS

@@ -1,0 +1,87 @@
+//! The main job through the real `nrt` binary: `nrt bench` on the digits test set at batch 1
+//! and 360 (accuracy 355/360, logits within 1e-4 of the reference), `--json`, `--trace`, and
+//! `nrt ls --json`, each starting its own private simdev.
+
+use std::process::Command;
+
+fn nrt(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(args)
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .output()
+        .expect("nrt runs");
+    assert!(
+        out.status.success(),
+        "nrt {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nrt {args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[test]
+fn bench_classifies_the_digits_test_set_at_batch_1_and_360() {
+    for batch in ["1", "360"] {
+        let r = nrt(&["bench", "--batch", batch, "--json"]);
+        assert_eq!(
+            r["accuracy"].as_f64(),
+            Some(355.0 / 360.0),
+            "batch {batch}: {r}"
+        );
+        assert!(
+            r["max_abs_logit_diff"].as_f64().unwrap() <= 1e-4,
+            "batch {batch}: {r}"
+        );
+        assert_eq!(r["backend"], "sim");
+        assert_eq!(r["images"].as_u64(), Some(360));
+        for key in [
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "executions_per_second",
+            "images_per_second",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
+        }
+    }
+}
+
+#[test]
+fn bench_async_and_trace_write_a_perfetto_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let r = nrt(&[
+        "bench",
+        "--batch",
+        "40",
+        "--async",
+        "4",
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(r["accuracy"].as_f64(), Some(355.0 / 360.0), "{r}");
+    assert_eq!(r["in_flight"].as_u64(), Some(4));
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    for cat in ["instruction", "dma", "doorbell", "notification"] {
+        assert!(
+            events.iter().any(|e| e["cat"] == cat),
+            "no {cat} event in the trace"
+        );
+    }
+}
+
+#[test]
+fn ls_describes_the_device() {
+    let r = nrt(&["ls", "--json"]);
+    assert_eq!(r["backend"], "sim");
+    assert_eq!(r["nc_count"].as_u64(), Some(2));
+    assert_eq!(r["ncs"][0]["semaphores"].as_u64(), Some(256));
+    assert_eq!(r["ncs"][1]["dma_queues"].as_u64(), Some(256));
+}
