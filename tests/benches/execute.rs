@@ -5,6 +5,9 @@
 //! Also: heap allocations per execute in steady state (a counting global allocator, all
 //! threads) and control-socket messages per execute (simdev's doorbell counter).
 //!
+//! The runtime, its workers and the simdev process all run on one CPU (see
+//! `tests::bench::pin_to_one_cpu`).
+//!
 //! Run: `cargo bench -p tests --bench execute`. Figures are printed, not asserted.
 
 use std::sync::Arc;
@@ -67,6 +70,7 @@ fn eventfd_floor(n: usize) -> Vec<Duration> {
 
 fn main() {
     run_as_simdev_if_asked();
+    tests::bench::pin_to_one_cpu();
     let n = 20_000;
     let dev = Arc::new(private_simdev(&["--hbm", "64M"]));
     let rt = Runtime::init(

@@ -2,6 +2,9 @@
 //! the same run (a raw two-thread eventfd ping-pong), and heap allocations per execution in
 //! steady state, counted by a counting global allocator.
 //!
+//! All threads run on one CPU (see `tests::bench::pin_to_one_cpu`), and the floor and the XU
+//! are measured in interleaved chunks.
+//!
 //! Run: `cargo bench -p tests --bench xu_round_trip`. Figures are printed, not asserted.
 
 use std::sync::Arc;
@@ -38,30 +41,53 @@ fn report(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     (p50, p99)
 }
 
-fn eventfd_ping_pong(n: usize) -> Vec<Duration> {
-    let ping = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap());
-    let pong = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap());
-    let echo = {
-        let (ping, pong) = (ping.clone(), pong.clone());
-        std::thread::spawn(move || {
-            for _ in 0..n {
-                ping.read().unwrap();
-                pong.write(1).unwrap();
-            }
-        })
-    };
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        ping.write(1).unwrap();
-        pong.read().unwrap();
-        samples.push(t.elapsed());
+/// A two-thread eventfd ping-pong that lives for the whole run, so it can be measured in
+/// chunks interleaved with the XU (both then see the same machine conditions).
+struct PingPong {
+    ping: Arc<EventFd>,
+    pong: Arc<EventFd>,
+    echo: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PingPong {
+    fn start() -> Self {
+        let ping = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap());
+        let pong = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap());
+        let echo = {
+            let (ping, pong) = (ping.clone(), pong.clone());
+            std::thread::spawn(move || {
+                // A value of 2 means "stop".
+                while ping.read().unwrap() == 1 {
+                    pong.write(1).unwrap();
+                }
+            })
+        };
+        Self {
+            ping,
+            pong,
+            echo: Some(echo),
+        }
     }
-    echo.join().unwrap();
-    samples
+
+    fn round_trip(&self) -> Duration {
+        let t = Instant::now();
+        self.ping.write(1).unwrap();
+        self.pong.read().unwrap();
+        t.elapsed()
+    }
+}
+
+impl Drop for PingPong {
+    fn drop(&mut self) {
+        self.ping.write(2).unwrap();
+        if let Some(t) = self.echo.take() {
+            t.join().unwrap();
+        }
+    }
 }
 
 fn main() {
+    tests::bench::pin_to_one_cpu();
     let n = 50_000;
     let metrics = Arc::new(Metrics::new(1));
     let cfg = XuConfig {
@@ -87,16 +113,22 @@ fn main() {
     for _ in 0..5_000 {
         execute();
     }
-    let (floor50, floor99) = report(
-        "floor: eventfd ping-pong, two threads",
-        eventfd_ping_pong(n),
-    );
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        execute();
-        samples.push(t.elapsed());
+    // Interleave chunks of the floor and of the XU so a change in the machine's scheduling
+    // affects both alike.
+    let pp = PingPong::start();
+    let (mut floor, mut samples) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n / 1000 {
+        for _ in 0..1000 {
+            floor.push(pp.round_trip());
+        }
+        for _ in 0..1000 {
+            let t = Instant::now();
+            execute();
+            samples.push(t.elapsed());
+        }
     }
+    drop(pp);
+    let (floor50, floor99) = report("floor: eventfd ping-pong, two threads", floor);
     let (xu50, xu99) = report("XU submit -> worker -> complete -> waiter", samples);
     println!(
         "{:<44} median {:>7.2}x   p99 {:>7.2}x",

@@ -52,6 +52,19 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
+/// Pins this thread — and every thread and process it starts afterwards, which inherit the mask —
+/// to CPU 0, so a floor and the code beside it hand off between threads the same way (on a
+/// small VM, a wake-up across CPUs costs an order of magnitude more than one on the same CPU,
+/// and the scheduler's choice between the two otherwise decides the ratio).
+///
+/// # Panics
+/// If the affinity cannot be set.
+pub fn pin_to_one_cpu() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).expect("CPU 0");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+}
+
 /// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
 ///
 /// # Panics
