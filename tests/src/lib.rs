@@ -361,3 +361,58 @@ impl runtime::Device for InterposedDevice {
         self.inner.nc_counters(nc)
     }
 }
+
+/// Runs a model whose I/O tensors are `input` `[batch, features]` and `output`
+/// `[batch, outputs]` (fp32) over every row of `inputs`, `batch` rows per execution on logical
+/// core 0 (the last batch zero-padded), and returns the outputs of the real rows. The model is
+/// loaded for the run and unloaded after.
+///
+/// # Panics
+/// On any runtime error (a test failure).
+pub fn run_rows(
+    rt: &runtime::Runtime,
+    model: &shared::model::Model,
+    batch: usize,
+    inputs: &[f32],
+    features: usize,
+    outputs: usize,
+) -> Vec<f32> {
+    use runtime::{Placement, TensorSet};
+    let m = rt
+        .load(
+            &model.to_container(shared::model::Target::Simdev).unwrap(),
+            0,
+        )
+        .unwrap();
+    let bytes = |n: usize| u64::try_from(n * 4).unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, bytes(batch * features), "x")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, bytes(batch * outputs), "y")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    let rows = inputs.len() / features;
+    let mut result = Vec::with_capacity(rows * outputs);
+    for first in (0..rows).step_by(batch) {
+        let n = batch.min(rows - first);
+        let mut x = vec![0f32; batch * features];
+        x[..n * features].copy_from_slice(&inputs[first * features..(first + n) * features]);
+        let x: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        i.write(&x, 0).unwrap();
+        rt.execute(m, &ins, &outs)
+            .unwrap_or_else(|e| panic!("rows {first}..{}: {e}", first + n));
+        let mut out = vec![0u8; batch * outputs * 4];
+        o.read(&mut out, 0).unwrap();
+        result.extend(
+            out.chunks_exact(4)
+                .take(n * outputs)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    drop((i, o, ins, outs));
+    rt.unload(m).unwrap();
+    result
+}

@@ -36,50 +36,13 @@ fn load(rt: &Runtime, m: &Model, vnc: i32) -> ModelHandle {
         .unwrap()
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn digits_logits(rt: &Runtime, lnc: u32, batch: usize) -> Vec<f32> {
     let data = Digits::load(&digits::default_path()).unwrap();
     let model = data
         .mlp()
         .build_split(u32::try_from(batch).unwrap(), lnc)
         .unwrap();
-    let m = load(rt, &model, 0);
-    let i = rt
-        .tensor_allocate(
-            Placement::Device { vnc: 0 },
-            (batch * FEATURES * 4) as u64,
-            "x",
-        )
-        .unwrap();
-    let o = rt
-        .tensor_allocate(
-            Placement::Device { vnc: 0 },
-            (batch * CLASSES * 4) as u64,
-            "y",
-        )
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
-    let mut all = Vec::new();
-    for first in (0..data.count()).step_by(batch) {
-        let n = batch.min(data.count() - first);
-        let mut x = vec![0f32; batch * FEATURES];
-        x[..n * FEATURES].copy_from_slice(&data.inputs[first * FEATURES..(first + n) * FEATURES]);
-        i.write(&f32_bytes(&x), 0).unwrap();
-        rt.execute(m, &ins, &outs).unwrap();
-        let mut out = vec![0u8; batch * CLASSES * 4];
-        o.read(&mut out, 0).unwrap();
-        all.extend(
-            out.chunks_exact(4)
-                .take(n * CLASSES)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
-    }
-    all
+    tests::run_rows(rt, &model, batch, &data.inputs, FEATURES, CLASSES)
 }
 
 #[test]

@@ -8,9 +8,8 @@ use proptest::prelude::*;
 use runtime::builder::MlpBuilder;
 use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, Runtime, TensorSet};
+use runtime::Runtime;
 use shared::isa::ActFunc;
-use shared::model::Target;
 use tests::{connect, start_simdev};
 
 fn runtime_on_simdev() -> (Runtime, runtime::backend::sim::PrivateSimdev) {
@@ -27,16 +26,6 @@ fn runtime_on_simdev() -> (Runtime, runtime::backend::sim::PrivateSimdev) {
     (rt, sim)
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn bytes_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 /// Runs `builder` at `batch` over all rows of `inputs` (zero-padding the last batch).
 fn run_model(
     rt: &Runtime,
@@ -46,42 +35,14 @@ fn run_model(
     features: usize,
     outputs: usize,
 ) -> Vec<f32> {
-    let model = builder.build(u32::try_from(batch).unwrap()).unwrap();
-    let m = rt
-        .load(&model.to_container(Target::Simdev).unwrap(), 0)
-        .unwrap();
-    let i = rt
-        .tensor_allocate(
-            Placement::Device { vnc: 0 },
-            (batch * features * 4) as u64,
-            "x",
-        )
-        .unwrap();
-    let o = rt
-        .tensor_allocate(
-            Placement::Device { vnc: 0 },
-            (batch * outputs * 4) as u64,
-            "y",
-        )
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
-    let rows = inputs.len() / features;
-    let mut result = Vec::with_capacity(rows * outputs);
-    for first in (0..rows).step_by(batch) {
-        let n = batch.min(rows - first);
-        let mut x = vec![0f32; batch * features];
-        x[..n * features].copy_from_slice(&inputs[first * features..(first + n) * features]);
-        i.write(&f32_bytes(&x), 0).unwrap();
-        rt.execute(m, &ins, &outs)
-            .unwrap_or_else(|e| panic!("rows {first}..{}: {e}", first + n));
-        let mut out = vec![0u8; batch * outputs * 4];
-        o.read(&mut out, 0).unwrap();
-        result.extend_from_slice(&bytes_f32(&out)[..n * outputs]);
-    }
-    rt.unload(m).unwrap();
-    result
+    tests::run_rows(
+        rt,
+        &builder.build(u32::try_from(batch).unwrap()).unwrap(),
+        batch,
+        inputs,
+        features,
+        outputs,
+    )
 }
 
 fn check_digits(batch: usize) {
