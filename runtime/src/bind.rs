@@ -82,7 +82,12 @@ pub struct ExecResources {
 
 impl Drop for ExecResources {
     fn drop(&mut self) {
-        // kmgr_exec_resources_free: hand the tracker back to the model for the next execution.
+        // kmgr_exec_resources_free: release the tensors, hand the tracker back to the model.
+        if self.exec_mode == ExecMode::Async {
+            for t in &self.bound {
+                t.end_use();
+            }
+        }
         self.bound.clear();
         if let Some(home) = self.home.take() {
             home.return_tracker(
@@ -246,6 +251,13 @@ pub fn build_compute_resources(
     }
     bound.clear();
     bound.extend(inputs.iter().chain(outputs.iter()).map(|(_, t)| t.clone()));
+    if exec_mode == ExecMode::Async {
+        // The implicit-async pool returns before the execution ends: tensor reads and writes
+        // wait for it (nrt-api.md §2.7).
+        for t in &bound {
+            t.begin_use();
+        }
+    }
     Ok(ExecResources {
         exec_mode,
         tdrv,

@@ -48,6 +48,11 @@ pub(crate) struct TensorInner {
     pub(crate) size: u64,
     pub(crate) placement: Placement,
     pub(crate) storage: Storage,
+    /// Implicit-async executions bound to this tensor and not yet completed; reads and writes
+    /// wait for them (libnrt: "tensor read/write implicitly wait for executions using the
+    /// tensor").
+    pending: Mutex<u32>,
+    idle: std::sync::Condvar,
 }
 
 impl Drop for TensorInner {
@@ -76,6 +81,8 @@ impl Tensor {
                 name: name.into(),
                 size,
                 placement: Placement::Device { vnc },
+                pending: Mutex::new(0),
+                idle: std::sync::Condvar::new(),
                 storage: Storage::Device {
                     allocation,
                     memory,
@@ -98,6 +105,8 @@ impl Tensor {
                 name: name.into(),
                 size,
                 placement: Placement::Host,
+                pending: Mutex::new(0),
+                idle: std::sync::Condvar::new(),
                 storage: Storage::Host(Mutex::new(vec![0; len])),
             }),
         })
@@ -146,6 +155,7 @@ impl Tensor {
     /// NRT_INVALID for a range outside the tensor.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, buf.len())?;
+        self.wait_idle();
         match &self.inner.storage {
             Storage::Device {
                 allocation, memory, ..
@@ -170,6 +180,7 @@ impl Tensor {
     /// NRT_INVALID for a range outside the tensor.
     pub fn write(&self, data: &[u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, data.len())?;
+        self.wait_idle();
         match &self.inner.storage {
             Storage::Device {
                 allocation, memory, ..
@@ -194,6 +205,44 @@ impl Tensor {
         let mut buf = vec![0u8; len];
         src.read(&mut buf, 0)?;
         self.write(&buf, 0)
+    }
+
+    /// Marks one implicit-async execution as using the tensor until [`Tensor::end_use`].
+    pub(crate) fn begin_use(&self) {
+        *self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+    }
+
+    /// Ends one use begun by [`Tensor::begin_use`].
+    pub(crate) fn end_use(&self) {
+        let mut n = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.inner.idle.notify_all();
+        }
+    }
+
+    /// Blocks while implicit-async executions use the tensor.
+    fn wait_idle(&self) {
+        let mut n = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *n > 0 {
+            n = self
+                .inner
+                .idle
+                .wait(n)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
     /// Whether two handles share storage.

@@ -145,3 +145,31 @@ fn the_inflight_limit_holds_back_a_third_request() {
     assert_eq!(dev.nc_counters(0).unwrap().executions, 3);
     rt.close();
 }
+
+#[test]
+fn tensor_reads_wait_for_the_queued_executions_that_use_them() {
+    let (rt, _dev, _sim) = pool(8);
+    let m = rt
+        .load(&identity(4096).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 4096, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 4096, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    for k in 0..50u8 {
+        i.write(&[k; 4096], 0).unwrap(); // waits until the previous execution read it
+        rt.execute(m, &ins, &outs).unwrap(); // returns at once
+        let mut out = [0u8; 4096];
+        o.read(&mut out, 0).unwrap(); // waits for this execution
+        assert_eq!(
+            out, [k; 4096],
+            "execution {k}: read before the execution finished"
+        );
+    }
+    rt.close();
+}

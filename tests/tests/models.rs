@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use runtime::Runtime;
 use runtime::builder::MlpBuilder;
 use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
 use runtime::config::RuntimeConfig;
-use runtime::Runtime;
 use shared::isa::ActFunc;
 use tests::{connect, start_simdev};
 

@@ -124,8 +124,8 @@ fn open_device_traced(
     let mut opts = OpenOptions::from_env()?;
     if let Some(path) = trace {
         if opts.simdev_socket.is_some() || opts.kind == runtime::backend::BackendKind::Neuron {
-            return Err(runtime::DeviceError::NoDevice {
-                hint: "--trace needs nrt to start its own simdev: unset NEURON_SIMDEV_SOCKET (or start that simdev with --trace FILE)".into(),
+            return Err(runtime::DeviceError::Config {
+                message: "--trace needs nrt to start its own simdev: unset NEURON_SIMDEV_SOCKET (or start that simdev with --trace FILE)".into(),
             });
         }
         let abs = std::env::current_dir()
@@ -218,6 +218,14 @@ fn init_tracing() {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when a reader such as `head` closes our stdout.
+    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid disposition.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     // `nrt simdev ...` hands the whole argument list to simdev before clap sees it, so every
     // simdev option (including --help) is simdev's.
     let mut args: Vec<OsString> = std::env::args_os().collect();

@@ -164,6 +164,13 @@ pub enum DeviceError {
         #[source]
         source: MemError,
     },
+    /// A backend setting that cannot work (a bad `NEURON_RT_BACKEND`, an option that needs a
+    /// private simdev while a running one is configured, ...).
+    #[error("{message}")]
+    Config {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
     /// No device could be found or started.
     #[error("no Neuron device: {hint}")]
     NoDevice {
@@ -205,6 +212,7 @@ impl DeviceError {
                 _ => NrtStatus::HwError,
             },
             Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
+            Self::Config { .. } => NrtStatus::Invalid,
             Self::Io { .. }
             | Self::Protocol { .. }
             | Self::Map { .. }

@@ -32,14 +32,14 @@ impl BackendKind {
     /// Parses `auto`, `sim` or `neuron` (case-insensitive).
     ///
     /// # Errors
-    /// [`DeviceError::NoDevice`] naming the bad value.
+    /// [`DeviceError::Config`] naming the bad value.
     pub fn parse(value: &str) -> Result<Self, DeviceError> {
         match value.to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(Self::Auto),
             "sim" => Ok(Self::Sim),
             "neuron" => Ok(Self::Neuron),
-            other => Err(DeviceError::NoDevice {
-                hint: format!("NEURON_RT_BACKEND={other:?} is not one of auto, sim, neuron"),
+            other => Err(DeviceError::Config {
+                message: format!("NEURON_RT_BACKEND={other:?} is not one of auto, sim, neuron"),
             }),
         }
     }

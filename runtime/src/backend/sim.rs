@@ -91,7 +91,12 @@ impl SimDevice {
             op,
             source: std::io::Error::new(
                 std::io::Error::from(e).kind(),
-                format!("no simdev listening on {}: {e}", socket.display()),
+                format!(
+                    "no simdev listening on {} ({e}); start one there with `simdev --socket {}` (or `nrt simdev --socket {}`), or unset NEURON_SIMDEV_SOCKET to let the runtime start its own",
+                    socket.display(),
+                    socket.display(),
+                    socket.display()
+                ),
             ),
         })?;
         let mut dev = SimDevice {
