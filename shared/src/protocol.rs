@@ -99,6 +99,8 @@ pub struct NcCounters {
     pub table_loads: u64,
     /// Collectives model-switch chains run (their last pair poked the collectives event).
     pub cc_chains: u64,
+    /// Injected faults that fired on this NC.
+    pub faults_fired: u64,
 }
 
 /// A client's request.

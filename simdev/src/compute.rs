@@ -319,6 +319,29 @@ enum Kind {
 pub struct Op(Kind);
 
 impl Op {
+    /// The work of the instruction in element operations: `K · M · N` multiply-adds for a
+    /// matmul, the elements read by the largest operand otherwise. Executions are bounded by the
+    /// sum of these (see `engines::Limits::max_compute_ops`).
+    pub fn cost(&self) -> u64 {
+        let n = |t: &Tile| u64::from(t.partitions) * u64::from(t.elems);
+        match &self.0 {
+            Kind::Matmul {
+                stationary, moving, ..
+            } => {
+                u64::from(stationary.partitions)
+                    * u64::from(stationary.elems)
+                    * u64::from(moving.elems)
+            }
+            Kind::Activation { dst, src, .. }
+            | Kind::TensorScalar { dst, src, .. }
+            | Kind::Reduce { dst, src, .. }
+            | Kind::Copy { dst, src }
+            | Kind::Transpose { dst, src } => n(dst).max(n(src)),
+            Kind::TensorTensor { dst, a, b, .. } => n(dst).max(n(a)).max(n(b)),
+            Kind::Iota { dst, .. } => n(dst),
+        }
+    }
+
     /// The opcode.
     pub const fn opcode(&self) -> Opcode {
         match self.0 {

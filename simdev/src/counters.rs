@@ -66,6 +66,7 @@ impl Counters {
             config_reloads: get(&self.config_reloads),
             table_loads: get(&self.table_loads),
             cc_chains: get(&self.cc_chains),
+            faults_fired: get(&self.faults_fired),
         }
     }
 }
@@ -81,7 +82,7 @@ impl fmt::Display for CountersLine {
             f,
             "dma_descriptors {}, dma_bytes {}, dma_aborts {}, register_writes {}, doorbells {}, \
              notifications {}, nq_overflows {}, posted_errors {}, resets {}, executions {}, \
-             exec_errors {}, config_reloads {}, table_loads {}, cc_chains {}",
+             exec_errors {}, config_reloads {}, table_loads {}, cc_chains {}, faults_fired {}",
             c.dma_descriptors,
             c.dma_bytes,
             c.dma_aborts,
@@ -95,7 +96,8 @@ impl fmt::Display for CountersLine {
             c.exec_errors,
             c.config_reloads,
             c.table_loads,
-            c.cc_chains
+            c.cc_chains,
+            c.faults_fired
         )
     }
 }

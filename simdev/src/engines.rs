@@ -100,7 +100,14 @@ pub struct Limits {
     pub dma_queues: u32,
     /// Most instructions one engine may execute in one execution.
     pub max_instructions: u32,
+    /// Most compute work (element operations, [`compute::Op::cost`]) all engines together may
+    /// do in one execution: about a second of matmul on one core, so a hostile program of a
+    /// million maximal instructions ends with an error instead of occupying the NC for hours.
+    pub max_compute_ops: u64,
 }
+
+/// The default [`Limits::max_compute_ops`]: 2^36 element operations.
+pub const MAX_COMPUTE_OPS: u64 = 1 << 36;
 
 impl Limits {
     /// The limits of `arch`: semaphores below [`FIRST_RESERVED_SEMAPHORE`], the arch's event and
@@ -112,6 +119,7 @@ impl Limits {
             dma_engines: arch.dma_engines_per_nc(),
             dma_queues: arch.dma_queues_per_engine(),
             max_instructions: MAX_PROGRAM_INSTRUCTIONS,
+            max_compute_ops: MAX_COMPUTE_OPS,
         }
     }
 }
@@ -266,13 +274,14 @@ fn schedule(
     limits: &Limits,
     host: &mut impl Host,
 ) -> Result<(), Stop> {
+    let mut spent = 0u64;
     loop {
         let token = host.round()?;
         stats.rounds += 1;
         let mut progressed = false;
         let mut blocked = Vec::new();
         for state in engines.iter_mut().filter(|e| !e.done) {
-            match step(state, limits, host)? {
+            match step(state, limits, &mut spent, host)? {
                 Step::Progress => progressed = true,
                 Step::Blocked(block) => blocked.push((state.engine, block)),
             }
@@ -407,7 +416,12 @@ fn check(
 }
 
 /// One step of one engine.
-fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Result<Step, Stop> {
+fn step(
+    state: &mut EngineState,
+    limits: &Limits,
+    spent: &mut u64,
+    host: &mut impl Host,
+) -> Result<Step, Stop> {
     let began = host.timed().then(Instant::now);
     let inst = match state.current {
         Some(inst) => inst,
@@ -461,6 +475,14 @@ fn step(state: &mut EngineState, limits: &Limits, host: &mut impl Host) -> Resul
                     engine.name()
                 )));
             };
+            *spent = spent.saturating_add(compute_op.cost());
+            if *spent > limits.max_compute_ops {
+                return Err(Stop::generic(format!(
+                    "{} instruction at {pc:#x}: the execution exceeded its compute budget of {} element operations",
+                    engine.name(),
+                    limits.max_compute_ops
+                )));
+            }
             let effect = host
                 .compute(|cs| compute::execute(cs, &compute_op))?
                 .map_err(|e| {
@@ -847,6 +869,25 @@ mod tests {
             run(BASES, &limits(), &mut f),
             Err(Stop::Failed { flags, .. }) if flags == error_flags::GENERIC | error_flags::NUMERICAL
         ));
+    }
+
+    #[test]
+    fn an_execution_may_not_exceed_its_compute_budget() {
+        use shared::isa::{AluOp, Tile};
+        let t = Tile::sbuf(0, 8, 0, 8); // 64 element operations each
+        let add = Instruction::with_tiles(Opcode::TensorTensor, &[t, t, t], &[AluOp::Add as u32]);
+        let small = Limits {
+            max_compute_ops: 128,
+            ..limits()
+        };
+        let mut ok = fake(&[(Engine::Dve, vec![add, add, end()])]);
+        assert!(
+            run(BASES, &small, &mut ok).is_ok(),
+            "two adds fit the budget exactly"
+        );
+        let mut over = fake(&[(Engine::Dve, vec![add, add, add, end()])]);
+        let reason = generic_reason(run(BASES, &small, &mut over));
+        assert!(reason.contains("compute budget of 128"), "{reason}");
     }
 
     #[test]

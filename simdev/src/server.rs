@@ -33,7 +33,7 @@ use nix::sys::socket::{
     socket, sockopt,
 };
 use nix::sys::stat::{Mode, fchmod};
-use shared::protocol::{ErrorKind, MAX_MSG_SIZE, Reply, Request, decode, encode};
+use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
 use thiserror::Error;
 
 use crate::config::{Config, ConfigError, format_bytes};
@@ -445,17 +445,17 @@ impl Server {
 /// Whether a peer with `uid` may use a simdev running as `own_euid` with extra `allow_uids`.
 ///
 /// # Errors
-/// The [`ErrorKind::PermissionDenied`] reply to send before closing.
-pub fn check_peer(uid: u32, own_euid: u32, allow_uids: &[u32]) -> Result<(), Reply> {
+/// The [`ErrorKind::PermissionDenied`] refusal to send (as [`Reply::Error`]) before closing.
+pub fn check_peer(uid: u32, own_euid: u32, allow_uids: &[u32]) -> Result<(), RemoteError> {
     if uid == own_euid || allow_uids.contains(&uid) {
         Ok(())
     } else {
-        Err(Reply::error(
-            ErrorKind::PermissionDenied,
-            format!(
+        Err(RemoteError {
+            kind: ErrorKind::PermissionDenied,
+            message: format!(
                 "uid {uid} is not allowed to use this simdev (start it with --allow-uid {uid})"
             ),
-        ))
+        })
     }
 }
 
@@ -551,7 +551,8 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
     };
     let uid = peer.uid();
     let own = nix::unistd::geteuid().as_raw();
-    if let Err(reply) = check_peer(uid, own, allow_uids) {
+    if let Err(refusal) = check_peer(uid, own, allow_uids) {
+        let reply = Reply::Error(refusal);
         tracing::warn!("refused a connection from uid {uid} (pid {})", peer.pid());
         // Answer the client's first message (its Hello) with the refusal, so the client reads it
         // as the reply instead of finding the connection closed under its send. A client that
@@ -749,12 +750,7 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
     let mut err = io::stderr().lock();
     for nc in 0..config.ncs {
         if let Some(counters) = device.counters(nc) {
-            let fired = device.faults_fired(nc).unwrap_or(0);
-            let _ = writeln!(
-                err,
-                "simdev: NC {nc}: {}, faults_fired {fired}",
-                CountersLine(counters)
-            );
+            let _ = writeln!(err, "simdev: NC {nc}: {}", CountersLine(counters));
         }
     }
     if let Some(trace) = device.trace_summary() {
