@@ -18,6 +18,7 @@
 //! Silicon has no completion interrupt (driver-abi §3, §7.5): [`ClaimedNc::notification_fd`] is
 //! always `None` and the runtime polls the notification queue or semaphores.
 
+pub mod shim;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -42,6 +43,7 @@ use super::{
     Allocation, ClaimedNc, Device, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
     check_queue, check_range,
 };
+pub use shim::SimIoctlPort;
 pub use sys::DeviceFile;
 
 /// Smallest DMA ring, in descriptors (driver-abi §2.5).
@@ -62,6 +64,18 @@ pub const MAX_NQ_ENTRIES: u32 = {
     }
     entries
 };
+
+/// The entries a notification ring of `size` bytes holds: the largest power of two `e ≥
+/// entries` (at most [`MAX_NQ_ENTRIES`]) with `nq_bytes(e) ≤ size`. The device wraps at the end
+/// of the ring it was given, not at the entries the runtime asked for, so a ring rounded up
+/// to the 4 KiB granule must be read with the entries it really holds.
+fn entries_held(entries: u32, size: u32) -> u32 {
+    let mut held = entries;
+    while held < MAX_NQ_ENTRIES && nq_bytes(held * 2) as u64 <= u64::from(size) {
+        held *= 2;
+    }
+    held
+}
 
 /// What `/dev/neuronN` needs from its file: the driver's `ioctl` and `mmap`.
 ///
@@ -790,7 +804,8 @@ impl<P: IoctlPort> Device for NeuronDevice<P> {
     /// NOTIFICATIONS_INIT_V2 {nq_dev_id nc, NEURON_CORE, NOTIFY, engine_index 0, size,
     /// on_host_memory 1}, then a read-write map of the ring (the consumer writes its head).
     /// `size` is `nq_bytes(entries)` rounded up to a power of two (the driver requires one) and
-    /// to at least 4 KiB (the chunk granule, so the mapping is the whole chunk). The ring is
+    /// to at least 4 KiB (the chunk granule, so the mapping is the whole chunk); the returned
+    /// queue reports the entries that ring holds, which may exceed `entries`. The ring is
     /// host memory, so its mmap offset is also its PA. The queue lives as long as the device:
     /// a second init returns the existing ring.
     ///
@@ -850,7 +865,7 @@ impl<P: IoctlPort> Device for NeuronDevice<P> {
         let memory = self.map(arg.mmap_offset, arg.mmap_offset, size.into(), true)?;
         Ok(NotificationQueue {
             allocation,
-            entries,
+            entries: entries_held(entries, size),
             memory,
         })
     }
