@@ -365,12 +365,14 @@ impl runtime::Device for InterposedDevice {
 /// Runs a model whose I/O tensors are `input` `[batch, features]` and `output`
 /// `[batch, outputs]` (fp32) over every row of `inputs`, `batch` rows per execution on logical
 /// core 0 (the last batch zero-padded), and returns the outputs of the real rows. The model is
-/// loaded for the run and unloaded after.
+/// built for `target` (the container kind the runtime's backend accepts: `Simdev` on a
+/// simdev backend, `Silicon` on the neuron backend), loaded for the run and unloaded after.
 ///
 /// # Panics
 /// On any runtime error (a test failure).
 pub fn run_rows(
     rt: &runtime::Runtime,
+    target: shared::model::Target,
     model: &shared::model::Model,
     batch: usize,
     inputs: &[f32],
@@ -378,12 +380,7 @@ pub fn run_rows(
     outputs: usize,
 ) -> Vec<f32> {
     use runtime::{Placement, TensorSet};
-    let m = rt
-        .load(
-            &model.to_container(shared::model::Target::Simdev).unwrap(),
-            0,
-        )
-        .unwrap();
+    let m = rt.load(&model.to_container(target).unwrap(), 0).unwrap();
     let bytes = |n: usize| u64::try_from(n * 4).unwrap();
     let i = rt
         .tensor_allocate(Placement::Device { vnc: 0 }, bytes(batch * features), "x")

@@ -42,7 +42,15 @@ fn digits_logits(rt: &Runtime, lnc: u32, batch: usize) -> Vec<f32> {
         .mlp()
         .build_split(u32::try_from(batch).unwrap(), lnc)
         .unwrap();
-    tests::run_rows(rt, &model, batch, &data.inputs, FEATURES, CLASSES)
+    tests::run_rows(
+        rt,
+        shared::model::Target::Simdev,
+        &model,
+        batch,
+        &data.inputs,
+        FEATURES,
+        CLASSES,
+    )
 }
 
 #[test]

@@ -37,6 +37,7 @@ fn run_model(
 ) -> Vec<f32> {
     tests::run_rows(
         rt,
+        shared::model::Target::Simdev,
         &builder.build(u32::try_from(batch).unwrap()).unwrap(),
         batch,
         inputs,

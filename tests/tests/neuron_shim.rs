@@ -148,50 +148,6 @@ fn identity_runs_100_times_end_to_end_through_the_kernel_abi() {
     assert_eq!(stats.dma_queues, 0, "{stats:?}");
 }
 
-/// [`tests::run_rows`] with a silicon container (`run_rows` builds a simdev one, which the
-/// runtime refuses on a non-sim backend).
-fn run_rows_silicon(
-    rt: &Runtime,
-    model: &Model,
-    batch: usize,
-    inputs: &[f32],
-    features: usize,
-    outputs: usize,
-) -> Vec<f32> {
-    let m = load(rt, model);
-    let bytes = |n: usize| u64::try_from(n * 4).unwrap();
-    let i = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, bytes(batch * features), "x")
-        .unwrap();
-    let o = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, bytes(batch * outputs), "y")
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
-    let rows = inputs.len() / features;
-    let mut result = Vec::with_capacity(rows * outputs);
-    for first in (0..rows).step_by(batch) {
-        let n = batch.min(rows - first);
-        let mut x = vec![0f32; batch * features];
-        x[..n * features].copy_from_slice(&inputs[first * features..(first + n) * features]);
-        let x: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        i.write(&x, 0).unwrap();
-        rt.execute(m, &ins, &outs)
-            .unwrap_or_else(|e| panic!("rows {first}..{}: {e}", first + n));
-        let mut out = vec![0u8; batch * outputs * 4];
-        o.read(&mut out, 0).unwrap();
-        result.extend(
-            out.chunks_exact(4)
-                .take(n * outputs)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
-    }
-    drop((i, o, ins, outs));
-    rt.unload(m).unwrap();
-    result
-}
-
 #[test]
 fn the_digits_mlp_at_batch_360_classifies_355_of_360_through_the_neuron_backend() {
     let data = Digits::load(&digits::default_path()).unwrap();
@@ -199,7 +155,15 @@ fn the_digits_mlp_at_batch_360_classifies_355_of_360_through_the_neuron_backend(
     let dev = Arc::new(neuron(&sim));
     let rt = runtime_on(&dev);
     let model = data.mlp().build(360).unwrap();
-    let logits = run_rows_silicon(&rt, &model, 360, &data.inputs, FEATURES, CLASSES);
+    let logits = tests::run_rows(
+        &rt,
+        Target::Silicon,
+        &model,
+        360,
+        &data.inputs,
+        FEATURES,
+        CLASSES,
+    );
     let max_diff = logits
         .iter()
         .zip(&data.logits)
