@@ -839,6 +839,20 @@ impl<'a> Runner<'a> {
         rt
     }
 
+    /// The `[models]` entry the step names, or a failed expectation saying it is not defined.
+    fn defined_model(&mut self, at: &str, step: &Step) -> Option<(String, Arc<BuiltModel>)> {
+        let name = step.model.clone().unwrap_or_default();
+        let m = self.models.get(&name).cloned();
+        if m.is_none() {
+            self.rec.fail(
+                at,
+                format!("model {name:?} is defined in [models]"),
+                "it is not",
+            );
+        }
+        Some((name, m?))
+    }
+
     fn judge_simple(&mut self, at: &str, step: &Step, r: &Result<(), NrtError>, took: f64) {
         let want = match step.expect.as_ref().map(StatusSel::status).transpose() {
             Ok(w) => w.unwrap_or(NrtStatus::Success),
@@ -1060,13 +1074,7 @@ impl<'a> Runner<'a> {
 
     fn load(&mut self, at: &str, step: &Step) {
         let Some(rt) = self.runtime(at) else { return };
-        let name = step.model.clone().unwrap_or_default();
-        let Some(m) = self.models.get(&name).cloned() else {
-            self.rec.fail(
-                at,
-                format!("model {name:?} is defined in [models]"),
-                "it is not",
-            );
+        let Some((name, m)) = self.defined_model(at, step) else {
             return;
         };
         let t0 = Instant::now();
@@ -1728,13 +1736,7 @@ impl<'a> Runner<'a> {
 
     fn cycles(&mut self, at: &str, step: &Step) {
         let Some(rt) = self.runtime(at) else { return };
-        let name = step.model.clone().unwrap_or_default();
-        let Some(m) = self.models.get(&name).cloned() else {
-            self.rec.fail(
-                at,
-                format!("model {name:?} is defined in [models]"),
-                "it is not",
-            );
+        let Some((_, m)) = self.defined_model(at, step) else {
             return;
         };
         let count = step.count.unwrap_or(1000);
