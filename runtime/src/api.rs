@@ -744,8 +744,9 @@ impl Runtime {
             let staged = if i == 0 {
                 main.add_exec_request(tpb.nc, &program, model_switch, skip)?
             } else {
-                // Lockstep under the first TPB's lock; this TPB's own state lock is uncontended
-                // because every stage of the vNC holds the first lock.
+                // Lockstep under the first TPB's lock (seed 000 §3: no per-TPB locking). This
+                // TPB's state still sits behind its own mutex, which Rust needs to hand out the
+                // state; it is uncontended because every stage of the vNC holds the first lock.
                 let q = self
                     .hw_queues
                     .get(&tpb.nc)
@@ -756,7 +757,20 @@ impl Runtime {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 st.add_exec_request(tpb.nc, &program, model_switch, skip)?
             };
-            info.request.compute_idx[i] = staged.compute_idx;
+            // One compute_idx for the whole fan-out: the main TPB's. The other TPBs are
+            // staged in lockstep with it, so their exec queues are at the same index.
+            if i == 0 {
+                info.request.compute_idx = staged.compute_idx;
+            } else if staged.compute_idx != info.request.compute_idx {
+                return Err(status_err(
+                    NrtStatus::Failure,
+                    format!(
+                        "NC {} staged compute_idx {} but the vNC's main NC staged {}: \
+                         its exec queue is out of lockstep",
+                        tpb.nc, staged.compute_idx, info.request.compute_idx
+                    ),
+                ));
+            }
             tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx = staged.compute_idx, "staged");
         }
         Ok(())

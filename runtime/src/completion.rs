@@ -153,8 +153,10 @@ pub struct ExecRequest {
     pub ncs: [u32; MAX_TPBS_PER_VNC],
     /// Number of NCs used.
     pub num_tpbs: usize,
-    /// This execution's compute index on each NC.
-    pub compute_idx: [u32; MAX_TPBS_PER_VNC],
+    /// This execution's compute index: the main TPB's `compute_idx_tail++`, one index for the
+    /// whole multi-NC execution (seed 000 §3, `kbl_compute_setup` QUIRK). Every NC of the vNC
+    /// is staged in lockstep, so each NC reports the execution under this same index.
+    pub compute_idx: u32,
     /// Which NCs have reported.
     pub done: [bool; MAX_TPBS_PER_VNC],
     /// Error flags reported by each NC.
@@ -213,7 +215,7 @@ impl NqEngine {
         if let Some(pos) = r
             .early
             .iter()
-            .position(|e| e.compute_idx == req.compute_idx[i])
+            .position(|e| e.compute_idx == req.compute_idx)
         {
             let e = r.early.swap_remove(pos);
             req.done[i] = true;
@@ -229,14 +231,14 @@ impl NqEngine {
             let Some(e) = r.try_next() else { break };
             match NotificationKind::from_u16(e.kind) {
                 Some(NotificationKind::Execution) => {
-                    let behind = req.compute_idx[i].wrapping_sub(e.compute_idx) as i32;
+                    let behind = req.compute_idx.wrapping_sub(e.compute_idx) as i32;
                     if behind > 0 {
                         r.stale += 1;
                         self.stale_total.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             nc,
                             late = e.compute_idx,
-                            current = req.compute_idx[i],
+                            current = req.compute_idx,
                             "discarding a late notification"
                         );
                     } else if behind < 0 {
@@ -246,7 +248,7 @@ impl NqEngine {
                             tracing::error!(
                                 nc,
                                 got = e.compute_idx,
-                                want = req.compute_idx[i],
+                                want = req.compute_idx,
                                 "too many notifications ahead of a missing one"
                             );
                             return Some(NrtStatus::HwError);
@@ -383,7 +385,7 @@ mod tests {
             ..Default::default()
         };
         req.ncs[0] = 3;
-        req.compute_idx[0] = compute_idx;
+        req.compute_idx = compute_idx;
         ExecInfo::execute(1, req)
     }
 
