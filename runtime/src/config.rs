@@ -7,7 +7,7 @@
 //! | `NEURON_RT_NUM_CORES` | reserve N cores (0 = all) |
 //! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
 //! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default 1 here (libnrt defaults to 2 on Trn2) |
-//! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (recorded; the pool itself is not built yet) |
+//! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (`async_pool`) with that many executions in flight per logical core, at most 63 |
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
 
@@ -291,5 +291,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("NEURON_RT_EXEC_TIMEOUT=\"-1\""), "{e}");
+    }
+
+    #[test]
+    fn async_inflight_selects_the_pool_and_is_capped_at_63() {
+        assert_eq!(cfg(&[]).unwrap().async_max_inflight, 0, "off by default");
+        let c = cfg(&[("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "4")]).unwrap();
+        assert_eq!(c.async_max_inflight, 4);
+        assert_eq!(
+            c.max_inflight(),
+            4.max(u32::try_from(c.xu_capacity).unwrap())
+        );
+        let c = cfg(&[("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "1000")]).unwrap();
+        assert_eq!(c.async_max_inflight, 63);
+        let e = cfg(&[("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "many")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn logical_nc_config_is_1_or_2() {
+        assert_eq!(cfg(&[]).unwrap().lnc, 1);
+        assert_eq!(cfg(&[("NEURON_LOGICAL_NC_CONFIG", "2")]).unwrap().lnc, 2);
+        assert_eq!(cfg(&[("NEURON_LOGICAL_NC_CONFIG", " 1 ")]).unwrap().lnc, 1);
+        for bad in ["0", "3", "two"] {
+            let e = cfg(&[("NEURON_LOGICAL_NC_CONFIG", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("must be 1 or 2"), "{bad}: {e}");
+        }
     }
 }
