@@ -5,10 +5,18 @@
 use std::process::Command;
 
 fn nrt(args: &[&str]) -> serde_json::Value {
+    nrt_with(args, &[])
+}
+
+/// `nrt args` with extra environment variables `env`; returns its `--json` output.
+fn nrt_with(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
         .args(args)
         .env_remove("NEURON_SIMDEV_SOCKET")
         .env_remove("NEURON_RT_BACKEND")
+        .env_remove("NEURON_LOGICAL_NC_CONFIG")
+        .env_remove("NEURON_SIMDEV_ARCH")
+        .envs(env.iter().copied())
         .output()
         .expect("nrt runs");
     assert!(
@@ -48,6 +56,24 @@ fn bench_classifies_the_digits_test_set_at_batch_1_and_360() {
         ] {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
+    }
+}
+
+#[test]
+fn bench_with_lnc_2_on_trn2_gives_the_same_results_as_lnc_1() {
+    let args = ["bench", "--batch", "360", "--ncs", "2", "--json"];
+    let lnc1 = nrt_with(&args, &[("NEURON_SIMDEV_ARCH", "trn2")]);
+    let lnc2 = nrt_with(
+        &args,
+        &[
+            ("NEURON_SIMDEV_ARCH", "trn2"),
+            ("NEURON_LOGICAL_NC_CONFIG", "2"),
+        ],
+    );
+    for r in [&lnc1, &lnc2] {
+        assert_eq!(r["accuracy"].as_f64(), Some(355.0 / 360.0), "{r}");
+        assert!(r["max_abs_logit_diff"].as_f64().unwrap() <= 1e-4, "{r}");
+        assert_eq!(r["nc_count"].as_u64(), Some(2), "{r}");
     }
 }
 
