@@ -4,6 +4,7 @@
 //! one-doorbell-per-TPB hot path.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use runtime::builder::{identity, identity_with, never_ending};
@@ -345,6 +346,37 @@ fn unload_waits_and_a_stale_handle_is_invalid() {
     );
     assert_eq!(
         rig.rt.unload(m).unwrap_err().status,
+        NrtStatus::InvalidHandle
+    );
+    rig.rt.close();
+}
+
+#[test]
+fn unload_waits_for_an_execution_in_flight() {
+    let rig = rig();
+    let m = load(&rig.rt, &never_ending(7), 0);
+    let (_, _, ins, outs) = io(&rig.rt, 1, Placement::Device { vnc: 0 });
+    let scheduled = rig.rt.execute_schedule(m, &ins, &outs).unwrap();
+    let unloaded = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let unload = s.spawn(|| {
+            let r = rig.rt.unload(m);
+            unloaded.store(true, Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !unloaded.load(Ordering::SeqCst),
+            "unload returned while an execution of the model was in flight"
+        );
+        assert!(!rig.rt.is_completed(scheduled.seq_id()).unwrap());
+        // Let the execution end: unload then frees the model.
+        rig.dev.event_set(0, 7, 1).unwrap();
+        unload.join().unwrap().unwrap();
+    });
+    assert_eq!(rig.rt.wait(&scheduled).unwrap(), NrtStatus::Success);
+    assert_eq!(
+        rig.rt.execute(m, &ins, &outs).unwrap_err().status,
         NrtStatus::InvalidHandle
     );
     rig.rt.close();

@@ -123,9 +123,17 @@ fn the_inflight_limit_holds_back_a_third_request() {
     // Staged and rung inline under work_queue_lock (seed 000 §6), not later by a worker: the
     // doorbell has reached simdev before execute returns (the counters query is ordered after
     // it on the same socket), although the execution never ends.
-    assert_eq!(doorbells(), before + 1, "the first doorbell rang inside execute");
+    assert_eq!(
+        doorbells(),
+        before + 1,
+        "the first doorbell rang inside execute"
+    );
     rt.execute(m, &ins, &outs).unwrap();
-    assert_eq!(doorbells(), before + 2, "the second doorbell rang inside execute");
+    assert_eq!(
+        doorbells(),
+        before + 2,
+        "the second doorbell rang inside execute"
+    );
     let third_done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
