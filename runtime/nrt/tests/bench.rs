@@ -47,6 +47,16 @@ fn bench_classifies_the_digits_test_set_at_batch_1_and_360() {
         );
         assert_eq!(r["backend"], "sim");
         assert_eq!(r["images"].as_u64(), Some(360));
+        assert_eq!(
+            r["batch"].as_str().map(str::to_owned),
+            None,
+            "a number: {r}"
+        );
+        assert_eq!(
+            r["batch"].as_u64().map(|b| b.to_string()).as_deref(),
+            Some(batch)
+        );
+        assert_eq!(r["nc_count"].as_u64(), Some(1), "{r}");
         for key in [
             "p50_us",
             "p90_us",
@@ -57,6 +67,27 @@ fn bench_classifies_the_digits_test_set_at_batch_1_and_360() {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
     }
+}
+
+#[test]
+fn bench_identity_checks_every_output() {
+    let r = nrt(&[
+        "bench",
+        "--model",
+        "identity",
+        "--bytes",
+        "4096",
+        "--iterations",
+        "50",
+        "--ncs",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(r["model"], "identity", "{r}");
+    assert_eq!(r["nc_count"].as_u64(), Some(2), "{r}");
+    assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+    // `--iterations` counts executions over all NCs; each was compared with its input.
+    assert_eq!(r["executions"].as_u64(), Some(50), "{r}");
 }
 
 #[test]
