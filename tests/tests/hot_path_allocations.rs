@@ -1,0 +1,71 @@
+//! The sync execute hot path allocates nothing beyond its work item (seed 000 GOTCHA: trackers,
+//! request slots and rings are made at load or init, never per execution). A counting global
+//! allocator sees every thread of this process: the caller, the XU worker and the completion
+//! harvest; simdev is another process. Its own test binary, so the allocator counts nothing
+//! else.
+
+use std::time::Duration;
+
+use runtime::builder::identity;
+use runtime::config::RuntimeConfig;
+use runtime::{Placement, Runtime, TensorSet};
+use shared::model::Target;
+use tests::bench::CountingAlloc;
+use tests::{connect, start_simdev};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc::new();
+
+#[test]
+fn a_steady_state_execute_allocates_at_most_its_work_item() {
+    // The counter counts (so the bound below cannot hold vacuously).
+    let before = GLOBAL.allocations();
+    let v = std::hint::black_box(vec![0u8; 64]);
+    assert!(GLOBAL.allocations() > before);
+    drop(v);
+
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = std::sync::Arc::new(connect(&sim));
+    let rt = Runtime::init(
+        dev,
+        RuntimeConfig {
+            exec_timeout: Duration::from_secs(10),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    i.write(&[0x5A; 64], 0).unwrap();
+    // Warm-up: pools, caches and the first model-switch path fill here.
+    for _ in 0..500 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let k = 3_000u64;
+    let before = GLOBAL.allocations();
+    for _ in 0..k {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let allocations = GLOBAL.allocations() - before;
+    let mut out = [0u8; 64];
+    o.read(&mut out, 0).unwrap();
+    assert_eq!(out, [0x5A; 64]);
+    // One work item per execute; a 1% margin for anything a thread does once in a while.
+    assert!(
+        allocations <= k + k / 100,
+        "{allocations} allocations in {k} executes ({:.3} each): the hot path allocates",
+        allocations as f64 / k as f64
+    );
+    drop((i, o, ins, outs));
+    rt.close();
+}
