@@ -91,6 +91,43 @@ fn full_then_drain() {
     });
 }
 
+/// seed 004 GOTCHA: the worker captures `mark_comp_efd`/`efd_from_pool` *before* it bumps
+/// `exec_head`. The bump hands the slot back to the producer, whose next submit resets
+/// `mark_comp_efd` to -1; a capture after the bump can read that -1 and the waiter is never
+/// woken. (Moving the two loads below the `fetch_add` makes this model fail.)
+#[test]
+fn the_worker_captures_the_completion_eventfd_before_the_slot_is_reused() {
+    loom::model(|| {
+        let q = Arc::new(XuQueue::<u64>::new(xu(), 2).unwrap());
+        let seq = q.client_submit(Box::new(1), None).unwrap();
+        q.client_submit(Box::new(2), None).unwrap();
+        q.client_trigger_next().unwrap();
+        assert_eq!(q.install_comp_efd(seq, 7, true), Install::Installed);
+        // The producer waits for a free slot: seq 3 reuses seq 1's slot.
+        let producer = {
+            let q = q.clone();
+            thread::spawn(move || {
+                let mut item = Box::new(3);
+                loop {
+                    match q.client_submit(item, None) {
+                        Ok(_) => break,
+                        Err((_, back)) => {
+                            item = back;
+                            thread::yield_now();
+                        }
+                    }
+                }
+            })
+        };
+        assert_eq!(q.worker_take_item().map(|b| *b), Some(1));
+        let popped = q.worker_pop_current_exec().unwrap();
+        producer.join().unwrap();
+        assert_eq!(popped.seq_id, seq);
+        assert_eq!(popped.mark_comp_efd, 7, "the waiter's eventfd was lost");
+        assert!(popped.efd_from_pool);
+    });
+}
+
 /// The waiter installs its eventfd while the worker pops: if the install succeeded, the worker
 /// must have signalled that eventfd. Returns nothing; asserts inside the model.
 fn install_vs_signal(lock: fn() -> MarkCompLock) {
