@@ -124,6 +124,24 @@ fn n_submits_give_exactly_n_steps_through_the_semaphore_eventfd() {
 }
 
 #[test]
+fn a_spurious_wake_on_an_empty_xu_is_a_successful_no_op() {
+    // seed 004 step: peek empty → return success, consume nothing, report nothing.
+    let engine = Script::with(&[]);
+    let (xu, _) = xu_with(engine.clone(), 0, 4, 1);
+    xu.step();
+    xu.step();
+    assert_eq!(xu.steps(), 2);
+    assert_eq!(engine.progress_calls.load(Ordering::Relaxed), 0);
+    assert_eq!(xu.health(), XuHealth::Healthy);
+    assert_eq!(xu.queue().last_completed().seq_num(), 0);
+    // The XU still works: a later submit is stepped and completed as usual.
+    let (seq, status) = submit(&xu, 1).unwrap();
+    assert_eq!(step_while_has_work(&xu), 1);
+    assert!(xu.queue().is_completed(seq));
+    assert_eq!(status.get(), Some(NrtStatus::Success));
+}
+
+#[test]
 fn in_flight_keeps_the_wakeup_counted_until_done() {
     let engine = Script::with(&[Progress::InFlight, Progress::InFlight]);
     let (xu, _) = xu_with(engine.clone(), 0, 4, 1);
