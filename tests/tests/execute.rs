@@ -17,14 +17,15 @@ use tests::{InterposedDevice, connect, start_simdev};
 struct Rig {
     rt: Runtime,
     dev: Arc<InterposedDevice>,
-    _sim: runtime::backend::sim::PrivateSimdev,
+    /// The simdev child (stopped when the rig drops).
+    sim: runtime::backend::sim::PrivateSimdev,
 }
 
 fn rig_with(config: RuntimeConfig) -> Rig {
     let sim = start_simdev(&["--hbm", "64M"]);
     let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
     let rt = Runtime::init(dev.clone(), config).expect("nrt_init");
-    Rig { rt, dev, _sim: sim }
+    Rig { rt, dev, sim }
 }
 
 fn rig() -> Rig {
@@ -349,6 +350,37 @@ fn unload_waits_and_a_stale_handle_is_invalid() {
         NrtStatus::InvalidHandle
     );
     rig.rt.close();
+}
+
+#[test]
+fn sigterm_to_simdev_ends_an_execution_in_flight_with_an_error() {
+    let rig = rig_with(RuntimeConfig {
+        exec_timeout: Duration::from_secs(20),
+        ..RuntimeConfig::default()
+    });
+    let m = load(&rig.rt, &never_ending(7), 0);
+    let (_, _, ins, outs) = io(&rig.rt, 1, Placement::Device { vnc: 0 });
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(rig.sim.pid()).unwrap());
+    let (e, took) = std::thread::scope(|s| {
+        let exec = s.spawn(|| {
+            let t = Instant::now();
+            (rig.rt.execute(m, &ins, &outs).unwrap_err(), t.elapsed())
+        });
+        // The execution is parked on its event inside simdev.
+        std::thread::sleep(Duration::from_millis(300));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        exec.join().unwrap()
+    });
+    // simdev posts device-lost before it exits: the waiter hears it, far inside the timeout.
+    assert!(took < Duration::from_secs(5), "took {took:?}: {e}");
+    assert_eq!(e.status, NrtStatus::HwError, "device lost: {e}");
+    let t = Instant::now();
+    rig.rt.close();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "close took {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
