@@ -398,6 +398,10 @@ mod tests {
         assert_eq!(offset_of!(DeviceInfoArg, connected_devices), 12);
         assert_eq!(offset_of!(DeviceInfoArg, bar_address), 48);
         assert_eq!(offset_of!(DeviceInfoArg, bar_size), 64);
+        assert_eq!(offset_of!(DeviceBasicInfo, architecture), 0);
+        assert_eq!(offset_of!(DeviceBasicInfo, revision), 4);
+        assert_eq!(offset_of!(CompatibleVersion, max), 0);
+        assert_eq!(offset_of!(CompatibleVersion, min), 4);
         assert_eq!(offset_of!(MemAllocV2, align), 8);
         assert_eq!(offset_of!(MemAllocV2, host_memory), 16);
         assert_eq!(offset_of!(MemAllocV2, dram_channel), 20);
@@ -494,6 +498,38 @@ mod tests {
             0x00, 0x10, 0x00, 0x00, 0xFF, 0x7F, 0, 0,
         ];
         assert_eq!(alloc.as_bytes(), golden);
+    }
+
+    #[test]
+    fn golden_bytes_device_info_and_compatible_version() {
+        let info = DeviceInfoArg {
+            architecture: 3,
+            revision: 1,
+            connected_device_count: 2,
+            connected_devices: [4, 9, 0, 0, 0, 0, 0, 0],
+            _pad: 0,
+            bar_address: [0x1122_3344_5566_7788, 0x10],
+            bar_size: [0x0200_0000, 0x4000_0000],
+        };
+        #[rustfmt::skip]
+        let golden: [u8; 80] = [
+            3, 0, 0, 0,  1, 0, 0, 0,  2, 0, 0, 0,
+            4, 0, 0, 0,  9, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0, 0,
+            0, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0, 0,
+            0, 0, 0, 0,
+            0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,
+            0x10, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0x02, 0, 0, 0, 0,
+            0, 0, 0, 0x40, 0, 0, 0, 0,
+        ];
+        assert_eq!(info.as_bytes(), golden);
+        let version = CompatibleVersion { max: 7, min: 5 };
+        assert_eq!(version.as_bytes(), [7, 0, 0, 0, 5, 0, 0, 0]);
+        let basic = DeviceBasicInfo {
+            architecture: 2,
+            revision: 0x10,
+        };
+        assert_eq!(basic.as_bytes(), [2, 0, 0, 0, 0x10, 0, 0, 0]);
     }
 
     #[test]
