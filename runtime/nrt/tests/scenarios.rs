@@ -101,8 +101,8 @@ fn a_misplaced_key_is_refused_with_its_step() {
     assert!(!out.status.success(), "{text}");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(
-            "FAIL misplaced_key parse: a valid scenario file — step 1 (sleep): key `threads` does \
-             not apply (it takes: ms)"
+            "FAIL misplaced_key parse: a valid scenario file — step 1 (sleep): unknown field \
+             `threads`, expected `ms`"
         ),
         "{text}"
     );

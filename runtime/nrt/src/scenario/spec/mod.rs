@@ -1,15 +1,26 @@
 //! The scenario file schema (TOML), as documented in `scenarios/README.md`.
 //!
-//! A file is parsed twice: once into [`Scenario`] (serde, `deny_unknown_fields`, so a misspelt
-//! key is an error with its line), and once as a plain table to check that every key of a step
-//! or check applies to its `action` / `what` ([`check_keys`]).
+//! Parsed once, with serde: every table has `deny_unknown_fields`, and steps and checks are
+//! enums tagged by `action` and `what` ([`step`], [`check`]) with one struct per kind, so a
+//! misspelt key, or a key that does not apply to its step or check, is refused before anything
+//! runs, with the step's or check's position and kind.
+
+mod check;
+mod step;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer};
 use shared::NrtStatus;
 use shared::protocol::{FaultKind, FaultSpec, FaultWhen, LatencyModel};
+
+pub use check::Check;
+pub use step::{
+    Action, CallExpect, CloseStep, CyclesStep, ExecMode, ExecuteStep, ExitKind, JoinStep,
+    LifecycleStep, LoadStep, SetLatencyStep, SpawnClientStep, Step, UnloadStep, WaitClientStep,
+};
 
 /// One scenario file.
 #[derive(Debug, Deserialize)]
@@ -35,10 +46,10 @@ pub struct Scenario {
     #[serde(default)]
     pub faults: Vec<FaultEntry>,
     /// The steps, in order.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "steps")]
     pub steps: Vec<Step>,
     /// Checks made after the last step.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "check::expect_checks")]
     pub expect: Vec<Check>,
 }
 
@@ -397,377 +408,60 @@ pub enum Bound {
     Same(String),
 }
 
-/// One step of `[[steps]]`. Which keys apply depends on `action` (see the README).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Step {
-    /// What the step does.
-    pub action: String,
-    /// A name shown in reports instead of the action.
-    pub label: Option<String>,
-    /// `load`: a `[models]` name; `execute`, `unload`, `cycles`: a loaded handle's name.
-    pub model: Option<String>,
-    /// `load`: the handle's name (default: the model's name).
-    #[serde(rename = "as")]
-    pub handle_as: Option<String>,
-    /// `load`, `cycles`: the logical core (default 0).
-    pub vnc: Option<i32>,
-    /// Executions, cycles or client executions.
-    pub count: Option<u64>,
-    /// `execute`: threads sharing the executions (default 1).
-    pub threads: Option<u32>,
-    /// `execute`: `sync` (default) or `async` (the explicit async API).
-    pub mode: Option<String>,
-    /// `execute`: pass host tensors (sync only).
-    pub host_tensors: Option<bool>,
-    /// `execute`: allocate the tensors on this logical core instead of the model's.
-    pub tensors_on_vnc: Option<u32>,
-    /// `execute`: check outputs of executions that delivered them (default true).
-    pub check_outputs: Option<bool>,
-    /// `execute`: run in the background under this name (see `join`).
-    pub background: Option<String>,
-    /// `execute` async: requests one thread keeps outstanding (default: 2 × xu_capacity).
-    pub inflight: Option<u32>,
-    /// `join`, `snapshot`, `*_client`: a name; `cycles`: the name of the snapshot taken after
-    /// the warm-up cycles (default `warmup`).
-    pub name: Option<String>,
-    /// `sleep`: milliseconds.
-    pub ms: Option<u64>,
-    /// Every call's status.
-    pub expect: Option<StatusSel>,
-    /// Each execution's status, in execution order.
-    pub expect_each: Option<Vec<StatusSel>>,
-    /// How many executions ended with each status.
-    pub expect_counts: Option<BTreeMap<String, u64>>,
-    /// Statuses no call may return.
-    pub expect_not: Option<StatusList>,
-    /// Every call returns one of these.
-    pub expect_one_of: Option<Vec<StatusSel>>,
-    /// Every failed call's message contains this.
-    pub expect_message_contains: Option<String>,
-    /// Every call returns within this many seconds.
-    pub max_call_s: Option<f64>,
-    /// Every call returns within the exec timeout plus this many seconds.
-    pub within_timeout_plus_s: Option<f64>,
-    /// Every call takes at least this many seconds.
-    pub min_call_s: Option<f64>,
-    /// The whole step takes at most this many seconds.
-    pub max_step_s: Option<f64>,
-    /// `execute` async: NRT_QUEUE_FULL refusals seen at least this many times.
-    pub min_queue_full: Option<u64>,
-    /// `fault`: as in `[[faults]]`.
-    pub kind: Option<String>,
-    /// `fault`: the NC.
-    pub nc: Option<u32>,
-    /// `fault`: the Nth execution.
-    pub at_execution: Option<u64>,
-    /// `fault`: chance per execution in a million.
-    pub per_million: Option<u32>,
-    /// `fault`: probability seed.
-    pub seed: Option<u64>,
-    /// `fault` late_completion: delay.
-    pub delay_ms: Option<u32>,
-    /// `fault` extra_latency: simulated ns.
-    pub ns: Option<u64>,
-    /// `set_latency`: the new model.
-    pub latency: Option<LatencySpec>,
-    /// `kill_client`, `kill_simdev`: `SIGKILL` (default), `SIGINT` or `SIGTERM`.
-    pub signal: Option<String>,
-    /// `spawn_client`: the client's `NEURON_RT_VISIBLE_CORES`.
-    pub visible_cores: Option<Cores>,
-    /// `spawn_client`: identity tensor bytes (default 4096).
-    pub bytes: Option<u32>,
-    /// `kill_client`, `wait_client`: how long to wait for the exit (default 5 s).
-    pub within_s: Option<f64>,
-    /// `kill_client`, `wait_client`: `clean` (closed and exited 0) or `killed` (by the signal).
-    pub expect_exit: Option<String>,
-    /// `kill_client`, `wait_client`: the client ran at least this many executions.
-    pub min_executions: Option<u64>,
-    /// `lifecycle`: the status of each call of the lifecycle client.
-    pub expect_codes: Option<BTreeMap<String, StatusSel>>,
-    /// `cycles`: cycles before the resident-memory baseline is taken (default 50).
-    pub warmup: Option<u64>,
-    /// `cycles`: execute once per cycle.
-    pub execute_each: Option<bool>,
-    /// `cycles`: resident memory may grow at most this much after the warm-up.
-    pub max_rss_growth_kib: Option<u64>,
-    /// `check`: the checks.
-    pub check: Option<Vec<Check>>,
+/// Deserializes a list of tables, each into a `T`, and names the failing entry in the error:
+/// `{name} {index from 1} ({its tag value})`, then serde's message (`unknown field `x`,
+/// expected ...`, `unknown variant ...`, `missing field ...`).
+pub(super) fn named_list<'de, D, T>(d: D, name: &str, tag: &str) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    Vec::<toml::Table>::deserialize(d)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let at = match t.get(tag).and_then(toml::Value::as_str) {
+                Some(kind) => format!("{name} {} ({kind})", i + 1),
+                None => format!("{name} {}", i + 1),
+            };
+            T::deserialize(toml::Value::Table(t))
+                .map_err(|e| D::Error::custom(format!("{at}: {}", e.message())))
+        })
+        .collect()
 }
 
-/// A check (`[[expect]]` or a `check` step's `[[steps.check]]`). Which keys apply depends on
-/// `what`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Check {
-    /// `counters`, `device_stats`, `no_leaks`, `xu_health`, `stale_notifications`, `sim_time`,
-    /// `simdev`.
-    pub what: String,
-    /// `counters`, `sim_time`: the physical NC.
-    pub nc: Option<u32>,
-    /// `sim_time`: subtract this NC's simulated time.
-    pub minus_nc: Option<u32>,
-    /// `xu_health`: the logical core.
-    pub vnc: Option<u32>,
-    /// `xu_health`: `healthy`, `shutdown` or `fatal_shutdown`.
-    pub health: Option<String>,
-    /// `simdev`: whether simdev is still running.
-    pub running: Option<bool>,
-    /// Poll until the check holds, for at most this long (default 0; `no_leaks` 3 s).
-    pub within_s: Option<f64>,
-    /// `stale_notifications`: late notifications the runtime discarded.
-    pub count: Option<Bound>,
-    /// `sim_time`: simulated nanoseconds.
-    pub ns: Option<Bound>,
-    /// Counter.
-    pub dma_descriptors: Option<Bound>,
-    /// Counter.
-    pub dma_bytes: Option<Bound>,
-    /// Counter.
-    pub dma_aborts: Option<Bound>,
-    /// Counter.
-    pub register_writes: Option<Bound>,
-    /// Counter.
-    pub doorbells: Option<Bound>,
-    /// Counter.
-    pub notifications: Option<Bound>,
-    /// Counter.
-    pub nq_overflows: Option<Bound>,
-    /// Counter.
-    pub posted_errors: Option<Bound>,
-    /// Counter.
-    pub resets: Option<Bound>,
-    /// Counter.
-    pub executions: Option<Bound>,
-    /// Counter.
-    pub exec_errors: Option<Bound>,
-    /// Counter.
-    pub config_reloads: Option<Bound>,
-    /// Counter.
-    pub table_loads: Option<Bound>,
-    /// Counter.
-    pub cc_chains: Option<Bound>,
-    /// Device stat.
-    pub memory_in_use: Option<Bound>,
-    /// Device stat.
-    pub chunks: Option<Bound>,
-    /// Device stat.
-    pub clients: Option<Bound>,
-    /// Device stat.
-    pub claimed_ncs: Option<Bound>,
-    /// Device stat.
-    pub dma_queues: Option<Bound>,
-    /// Device stat.
-    pub armed_faults: Option<Bound>,
+/// `[[steps]]`: each entry's errors name `step N (action)`.
+fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Step>, D::Error> {
+    named_list(d, "step", "action")
 }
 
-/// The NC counter keys of a `counters` check.
-pub const COUNTER_KEYS: [&str; 14] = [
-    "dma_descriptors",
-    "dma_bytes",
-    "dma_aborts",
-    "register_writes",
-    "doorbells",
-    "notifications",
-    "nq_overflows",
-    "posted_errors",
-    "resets",
-    "executions",
-    "exec_errors",
-    "config_reloads",
-    "table_loads",
-    "cc_chains",
-];
-
-/// The device-stat keys of a `device_stats` check.
-pub const STAT_KEYS: [&str; 6] = [
-    "memory_in_use",
-    "chunks",
-    "clients",
-    "claimed_ncs",
-    "dma_queues",
-    "armed_faults",
-];
-
-const STATUS_KEYS: [&str; 7] = [
-    "expect",
-    "expect_each",
-    "expect_counts",
-    "expect_not",
-    "expect_one_of",
-    "expect_message_contains",
-    "max_step_s",
-];
-
-/// The keys each step action takes besides `action` and `label`.
-fn step_keys(action: &str) -> Option<Vec<&'static str>> {
-    let simple = ["expect", "expect_message_contains", "max_step_s"];
-    let v: Vec<&'static str> = match action {
-        "init" => simple.to_vec(),
-        "load" => [&simple[..], &["model", "as", "vnc"]].concat(),
-        "unload" => [&simple[..], &["model"]].concat(),
-        "execute" => [
-            &STATUS_KEYS[..],
-            &[
-                "model",
-                "count",
-                "threads",
-                "mode",
-                "host_tensors",
-                "tensors_on_vnc",
-                "check_outputs",
-                "background",
-                "inflight",
-                "max_call_s",
-                "within_timeout_plus_s",
-                "min_call_s",
-                "min_queue_full",
-            ],
-        ]
-        .concat(),
-        "join" => vec!["name"],
-        "close" => vec!["max_step_s"],
-        "sleep" => vec!["ms"],
-        "fault" => vec![
-            "kind",
-            "nc",
-            "at_execution",
-            "per_million",
-            "seed",
-            "delay_ms",
-            "ns",
-        ],
-        "clear_faults" => vec![],
-        "set_latency" => vec!["latency"],
-        "snapshot" => vec!["name"],
-        "check" => vec!["check"],
-        "spawn_client" => [&simple[..], &["name", "visible_cores", "bytes", "count"]].concat(),
-        "kill_client" => vec![
-            "name",
-            "signal",
-            "within_s",
-            "expect_exit",
-            "min_executions",
-        ],
-        "wait_client" => vec!["name", "within_s", "expect_exit", "min_executions"],
-        "kill_simdev" => vec!["signal"],
-        "restart_simdev" => vec![],
-        "lifecycle" => vec!["expect_codes", "max_step_s"],
-        "cycles" => vec![
-            "name",
-            "model",
-            "vnc",
-            "count",
-            "warmup",
-            "execute_each",
-            "max_rss_growth_kib",
-            "max_step_s",
-        ],
-        _ => return None,
-    };
-    Some(v)
-}
-
-/// The keys each check takes besides `what`.
-fn check_keys_of(what: &str) -> Option<Vec<&'static str>> {
-    let v: Vec<&'static str> = match what {
-        "counters" => [&COUNTER_KEYS[..], &["nc", "within_s"]].concat(),
-        "device_stats" => [&STAT_KEYS[..], &["within_s"]].concat(),
-        "no_leaks" => vec!["within_s"],
-        "xu_health" => vec!["vnc", "health"],
-        "stale_notifications" => vec!["count"],
-        "sim_time" => vec!["nc", "minus_nc", "ns"],
-        "simdev" => vec!["running", "within_s"],
-        _ => return None,
-    };
-    Some(v)
-}
-
-fn check_table(t: &toml::Table, where_: &str, errors: &mut Vec<String>) {
-    let Some(what) = t.get("what").and_then(toml::Value::as_str) else {
-        errors.push(format!("{where_}: a check needs `what`"));
-        return;
-    };
-    let Some(allowed) = check_keys_of(what) else {
-        errors.push(format!(
-            "{where_}: what = {what:?} is not one of counters, device_stats, no_leaks, \
-             xu_health, stale_notifications, sim_time, simdev"
-        ));
-        return;
-    };
-    for k in t.keys() {
-        if k != "what" && !allowed.contains(&k.as_str()) {
-            errors.push(format!(
-                "{where_}: key `{k}` does not apply to what = {what:?} (it takes: {})",
-                allowed.join(", ")
-            ));
-        }
-    }
-}
-
-/// Checks that every key of every step and check applies to its action / what.
+/// Parses a scenario file's text.
 ///
 /// # Errors
-/// Every misplaced key, one per line.
-pub fn check_keys(text: &str) -> Result<(), String> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let mut errors = Vec::new();
-    if let Some(steps) = table.get("steps").and_then(toml::Value::as_array) {
-        for (i, s) in steps.iter().enumerate() {
-            let Some(t) = s.as_table() else { continue };
-            let n = i + 1;
-            let Some(action) = t.get("action").and_then(toml::Value::as_str) else {
-                errors.push(format!("step {n}: needs `action`"));
-                continue;
-            };
-            let Some(allowed) = step_keys(action) else {
-                errors.push(format!(
-                    "step {n}: action {action:?} is not one of init, load, unload, execute, \
-                     join, close, sleep, fault, clear_faults, set_latency, snapshot, check, \
-                     spawn_client, kill_client, wait_client, kill_simdev, restart_simdev, \
-                     lifecycle, cycles"
-                ));
-                continue;
-            };
-            for k in t.keys() {
-                if k != "action" && k != "label" && !allowed.contains(&k.as_str()) {
-                    errors.push(format!(
-                        "step {n} ({action}): key `{k}` does not apply (it takes: {})",
-                        allowed.join(", ")
-                    ));
-                }
-            }
-            if let Some(checks) = t.get("check").and_then(toml::Value::as_array) {
-                for (j, c) in checks.iter().enumerate() {
-                    if let Some(ct) = c.as_table() {
-                        check_table(ct, &format!("step {n} check {}", j + 1), &mut errors);
-                    }
-                }
-            }
-        }
-    }
-    if let Some(checks) = table.get("expect").and_then(toml::Value::as_array) {
-        for (j, c) in checks.iter().enumerate() {
-            if let Some(ct) = c.as_table() {
-                check_table(ct, &format!("expect {}", j + 1), &mut errors);
-            }
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("\n"))
-    }
-}
-
-/// Parses and checks a scenario file's text.
-///
-/// # Errors
-/// The TOML error (with its line) or the misplaced keys.
+/// The TOML error with its line; or, for a step or check whose keys do not fit its `action` /
+/// `what`, serde's message after the entry's position and kind (`step 3 (sleep): unknown field
+/// `threads`, expected `ms``). Those come without a line: toml would point at the first entry
+/// of the list, not at the one that failed.
 pub fn parse(text: &str) -> Result<Scenario, String> {
-    let sc: Scenario = toml::from_str(text).map_err(|e| e.to_string())?;
-    check_keys(text)?;
-    Ok(sc)
+    toml::from_str(text).map_err(|e| {
+        if names_its_entry(e.message()) {
+            e.message().to_string()
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+/// Whether an error message starts as [`named_list`] starts it (`step 3 `, `expect 1:`).
+fn names_its_entry(message: &str) -> bool {
+    ["step ", "expect "].iter().any(|p| {
+        message
+            .strip_prefix(p)
+            .map(|rest| rest.trim_start_matches(|c: char| c.is_ascii_digit()))
+            .is_some_and(|rest| {
+                rest.len() < message.len() - p.len() && rest.starts_with([' ', ':'])
+            })
+    })
 }
 
 #[cfg(test)]
@@ -785,11 +479,17 @@ mod tests {
     #[test]
     fn misplaced_and_misspelt_keys_are_refused() {
         let e = parse("[[steps]]\naction = \"sleep\"\nthreads = 2\n").unwrap_err();
-        assert!(e.contains("key `threads` does not apply"), "{e}");
+        assert!(
+            e.starts_with("step 1 (sleep): unknown field `threads`, expected `ms`"),
+            "{e}"
+        );
         let e = parse("[[steps]]\naction = \"sleep\"\nmss = 2\n").unwrap_err();
         assert!(e.contains("mss"), "{e}");
         let e = parse("[[expect]]\nwhat = \"counters\"\nhealth = \"x\"\n").unwrap_err();
-        assert!(e.contains("`health`"), "{e}");
+        assert!(
+            e.starts_with("expect 1 (counters): unknown field `health`"),
+            "{e}"
+        );
         parse("[[steps]]\naction = \"sleep\"\nms = 2\n").unwrap();
     }
 
@@ -813,5 +513,30 @@ mod tests {
                 seed: 9
             }
         );
+    }
+
+    #[test]
+    fn every_scenario_file_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|x| x == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 23, "{n} scenario files");
+    }
+
+    #[test]
+    fn only_list_errors_drop_the_toml_position() {
+        assert!(names_its_entry("step 3 (sleep): unknown field `x`"));
+        assert!(names_its_entry("expect 1: missing field `what`"));
+        assert!(!names_its_entry("step into it"));
+        assert!(!names_its_entry("expected one of `a`"));
+        let e = parse("nme = 1\n").unwrap_err();
+        assert!(e.starts_with("TOML parse error at line 1"), "{e}");
     }
 }

@@ -1,0 +1,397 @@
+//! `execute` and `join`: an `execute` step's executions on one or more threads, each thread
+//! with its own tensors ("slots"), through the sync API (`execute`, then `async_drain` under the
+//! implicit async pool) or the explicit async API (`execute_schedule` + `wait`, keeping up to
+//! `inflight` requests outstanding and waiting for the oldest on NRT_QUEUE_FULL).
+//!
+//! Each execution writes a distinct input (from the seed and its index) and clears the output
+//! first; delivered outputs are checked against the model's reference. Execution indices come
+//! from one shared counter, so records sort into execution order whatever the thread.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use runtime::{ModelHandle, Placement, Runtime, ScheduledExecution, TensorSet};
+use shared::NrtStatus;
+
+use super::{Runner, status_of};
+use crate::scenario::models::BuiltModel;
+use crate::scenario::spec::{ExecMode, ExecuteStep, JoinStep};
+
+/// One execution's result.
+#[derive(Debug, Clone)]
+pub(super) struct ExecRecord {
+    /// The execution's index (from 0).
+    pub(super) e: u64,
+    /// Its status.
+    pub(super) status: NrtStatus,
+    /// The error message (empty on success).
+    pub(super) message: String,
+    /// Seconds the call took (async: schedule to wait).
+    pub(super) secs: f64,
+    /// The output check, if the execution delivered outputs and they were checked.
+    pub(super) output: Option<Result<(), String>>,
+}
+
+/// An `execute` step's results.
+#[derive(Debug, Default)]
+pub(super) struct ExecOutcome {
+    /// Every execution, sorted by index.
+    pub(super) records: Vec<ExecRecord>,
+    /// Async: schedules refused with NRT_QUEUE_FULL.
+    pub(super) queue_full: u64,
+    /// Set-up failures (tensors, inputs).
+    pub(super) errors: Vec<String>,
+    /// Seconds the whole step took.
+    pub(super) seconds: f64,
+}
+
+/// How an `execute` step runs.
+#[derive(Debug, Clone)]
+pub(super) struct ExecParams {
+    /// Executions.
+    pub(super) count: u64,
+    /// Threads sharing them.
+    pub(super) threads: u32,
+    /// The explicit async API.
+    pub(super) asynchronous: bool,
+    /// Host tensors.
+    pub(super) host: bool,
+    /// The logical core the tensors are allocated on.
+    pub(super) tensors_vnc: u32,
+    /// Check delivered outputs.
+    pub(super) check: bool,
+    /// Async: requests one thread keeps outstanding.
+    pub(super) inflight: usize,
+    /// The input patterns' seed.
+    pub(super) seed: u64,
+}
+
+/// A background `execute` step.
+#[derive(Debug)]
+pub(super) struct Background {
+    /// The `execute` step's number.
+    pub(super) step_no: usize,
+    /// The step (its expectations are judged at `join`).
+    step: ExecuteStep,
+    /// The thread running it.
+    pub(super) thread: std::thread::JoinHandle<ExecOutcome>,
+}
+
+/// Runs an `execute` step's executions.
+fn run_execute(rt: &Runtime, m: &BuiltModel, h: ModelHandle, p: &ExecParams) -> ExecOutcome {
+    let start = Instant::now();
+    let next = AtomicU64::new(0);
+    let per_thread: Vec<ExecOutcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..p.threads.max(1))
+            .map(|_| {
+                let next = &next;
+                s.spawn(move || {
+                    if p.asynchronous {
+                        exec_thread_async(rt, m, h, p, next)
+                    } else {
+                        exec_thread_sync(rt, m, h, p, next)
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|t| {
+                t.join().unwrap_or_else(|_| ExecOutcome {
+                    errors: vec!["an execution thread panicked".into()],
+                    ..ExecOutcome::default()
+                })
+            })
+            .collect()
+    });
+    let mut out = ExecOutcome::default();
+    for t in per_thread {
+        out.records.extend(t.records);
+        out.errors.extend(t.errors);
+        out.queue_full += t.queue_full;
+    }
+    out.records.sort_by_key(|r| r.e);
+    out.seconds = start.elapsed().as_secs_f64();
+    out
+}
+
+/// One thread's tensors for one execution in flight.
+pub(super) struct Slot {
+    input: runtime::Tensor,
+    output: runtime::Tensor,
+    /// The input set (`input`).
+    pub(super) ins: TensorSet,
+    /// The output set (`output`).
+    pub(super) outs: TensorSet,
+}
+
+/// Allocates a slot's tensors where `p` says.
+pub(super) fn slot(rt: &Runtime, m: &BuiltModel, p: &ExecParams) -> Result<Slot, String> {
+    let placement = if p.host {
+        Placement::Host
+    } else {
+        Placement::Device { vnc: p.tensors_vnc }
+    };
+    let input = rt
+        .tensor_allocate(placement, m.in_bytes.max(1), "input")
+        .map_err(|e| format!("allocating the input tensor: {e}"))?;
+    let output = rt
+        .tensor_allocate(placement, m.out_bytes.max(1), "output")
+        .map_err(|e| format!("allocating the output tensor: {e}"))?;
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &input);
+    outs.add("output", &output);
+    Ok(Slot {
+        input,
+        output,
+        ins,
+        outs,
+    })
+}
+
+/// Writes execution `e`'s input and clears the output; returns the input.
+pub(super) fn prepare(m: &BuiltModel, p: &ExecParams, s: &Slot, e: u64) -> Result<Vec<u8>, String> {
+    let input = m.input(p.seed, e);
+    s.input
+        .write(&input, 0)
+        .map_err(|err| format!("writing the input of execution {e}: {err}"))?;
+    let zeros = vec![0u8; usize::try_from(s.output.size()).unwrap_or(0)];
+    s.output
+        .write(&zeros, 0)
+        .map_err(|err| format!("clearing the output of execution {e}: {err}"))?;
+    Ok(input)
+}
+
+/// Checks execution `e`'s output if it delivered one and `p` asks for it.
+pub(super) fn verify(
+    m: &BuiltModel,
+    p: &ExecParams,
+    s: &Slot,
+    e: u64,
+    status: NrtStatus,
+    input: &[u8],
+) -> Option<Result<(), String>> {
+    let delivered = matches!(
+        status,
+        NrtStatus::Success | NrtStatus::ExecCompletedWithNumErr
+    );
+    if !p.check || !m.checkable() || !delivered {
+        return None;
+    }
+    let mut out = vec![0u8; usize::try_from(s.output.size()).unwrap_or(0)];
+    Some(
+        s.output
+            .read(&mut out, 0)
+            .map_err(|err| format!("reading the output of execution {e}: {err}"))
+            .and_then(|()| m.check(p.seed, e, input, &out)),
+    )
+}
+
+/// One thread of a sync `execute` step.
+fn exec_thread_sync(
+    rt: &Runtime,
+    m: &BuiltModel,
+    h: ModelHandle,
+    p: &ExecParams,
+    next: &AtomicU64,
+) -> ExecOutcome {
+    let mut out = ExecOutcome::default();
+    let s = match slot(rt, m, p) {
+        Ok(s) => s,
+        Err(e) => {
+            out.errors.push(e);
+            return out;
+        }
+    };
+    loop {
+        let e = next.fetch_add(1, Ordering::Relaxed);
+        if e >= p.count {
+            break;
+        }
+        let input = match prepare(m, p, &s, e) {
+            Ok(i) => i,
+            Err(err) => {
+                out.errors.push(err);
+                continue;
+            }
+        };
+        let t0 = Instant::now();
+        let r = rt.execute(h, &s.ins, &s.outs);
+        if r.is_ok() && rt.implicit_async() {
+            // The implicit async pool returns at submission: wait for the results.
+            rt.async_drain(h.vnc);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let status = status_of(&r);
+        out.records.push(ExecRecord {
+            e,
+            status,
+            message: r.err().map(|e| e.message).unwrap_or_default(),
+            secs,
+            output: verify(m, p, &s, e, status, &input),
+        });
+    }
+    out
+}
+
+/// One thread of an async `execute` step: keeps up to `p.inflight` requests outstanding.
+fn exec_thread_async(
+    rt: &Runtime,
+    m: &BuiltModel,
+    h: ModelHandle,
+    p: &ExecParams,
+    next: &AtomicU64,
+) -> ExecOutcome {
+    let mut out = ExecOutcome::default();
+    let mut slots = Vec::new();
+    for _ in 0..p.inflight.max(1) {
+        match slot(rt, m, p) {
+            Ok(s) => slots.push(s),
+            Err(e) => {
+                out.errors.push(e);
+                return out;
+            }
+        }
+    }
+    let mut free: Vec<usize> = (0..slots.len()).rev().collect();
+    let mut pending: VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<u8>)> = VecDeque::new();
+    let complete = |pending: &mut VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<u8>)>,
+                    free: &mut Vec<usize>,
+                    out: &mut ExecOutcome| {
+        let Some((e, i, t0, req, input)) = pending.pop_front() else {
+            return;
+        };
+        let (status, message) = match rt.wait(&req) {
+            Ok(s) => (s, String::new()),
+            Err(err) => (err.status, err.message),
+        };
+        out.records.push(ExecRecord {
+            e,
+            status,
+            message,
+            secs: t0.elapsed().as_secs_f64(),
+            output: verify(m, p, &slots[i], e, status, &input),
+        });
+        free.push(i);
+    };
+    loop {
+        let e = next.fetch_add(1, Ordering::Relaxed);
+        if e >= p.count {
+            break;
+        }
+        if free.is_empty() {
+            complete(&mut pending, &mut free, &mut out);
+        }
+        let Some(i) = free.pop() else {
+            out.errors.push("no free tensor slot".into());
+            break;
+        };
+        let input = match prepare(m, p, &slots[i], e) {
+            Ok(v) => v,
+            Err(err) => {
+                out.errors.push(err);
+                free.push(i);
+                continue;
+            }
+        };
+        let retry_until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let t0 = Instant::now();
+            match rt.execute_schedule(h, &slots[i].ins, &slots[i].outs) {
+                Ok(req) => {
+                    pending.push_back((e, i, t0, req, input));
+                    break;
+                }
+                Err(err) if err.status == NrtStatus::QueueFull && Instant::now() < retry_until => {
+                    out.queue_full += 1;
+                    if pending.is_empty() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    } else {
+                        complete(&mut pending, &mut free, &mut out);
+                    }
+                }
+                Err(err) => {
+                    out.records.push(ExecRecord {
+                        e,
+                        status: err.status,
+                        message: err.message,
+                        secs: t0.elapsed().as_secs_f64(),
+                        output: None,
+                    });
+                    free.push(i);
+                    break;
+                }
+            }
+        }
+    }
+    while !pending.is_empty() {
+        complete(&mut pending, &mut free, &mut out);
+    }
+    out
+}
+
+impl Runner<'_> {
+    /// `execute`: runs now and judges, or starts a background thread that `join` judges.
+    pub(super) fn execute(&mut self, n: usize, at: &str, step: &ExecuteStep) {
+        let Some(rt) = self.runtime(at) else { return };
+        let name = step.model.clone().unwrap_or_default();
+        let Some(l) = self.handles.get(&name).cloned() else {
+            self.rec
+                .fail(at, format!("model {name:?} is loaded"), "it is not");
+            return;
+        };
+        let p = ExecParams {
+            count: step.count.unwrap_or(1),
+            threads: step.threads.unwrap_or(1),
+            asynchronous: step.mode == ExecMode::Async,
+            host: step.host_tensors.unwrap_or(false),
+            tensors_vnc: step.tensors_on_vnc.unwrap_or(l.handle.vnc),
+            check: step.check_outputs.unwrap_or(true),
+            inflight: step.inflight.map_or(2 * self.sc.runtime.xu_capacity, |i| {
+                usize::try_from(i).unwrap_or(1)
+            }),
+            seed: self.sc.device.seed,
+        };
+        if let Some(bg) = &step.background {
+            let model = l.model.clone();
+            let thread = std::thread::spawn(move || run_execute(&rt, &model, l.handle, &p));
+            self.background.insert(
+                bg.clone(),
+                Background {
+                    step_no: n,
+                    step: step.clone(),
+                    thread,
+                },
+            );
+            return;
+        }
+        let outcome = run_execute(&rt, &l.model, l.handle, &p);
+        self.judge_exec(at, step, &outcome, Some(&l.model));
+    }
+
+    /// `join`: waits for a background `execute` and judges it as if it had run in place.
+    pub(super) fn join(&mut self, at: &str, step: &JoinStep) {
+        let name = step.name.clone().unwrap_or_default();
+        let Some(b) = self.background.remove(&name) else {
+            self.rec.fail(
+                at,
+                format!("background step {name:?} exists"),
+                "it does not",
+            );
+            return;
+        };
+        let outcome = b.thread.join().unwrap_or_else(|_| ExecOutcome {
+            errors: vec!["the background thread panicked".into()],
+            ..ExecOutcome::default()
+        });
+        let at = format!("{at} (step {} execute)", b.step_no);
+        let m = b
+            .step
+            .model
+            .as_ref()
+            .and_then(|h| self.handles.get(h))
+            .map(|l| l.model.clone());
+        self.judge_exec(&at, &b.step, &outcome, m.as_deref());
+    }
+}

@@ -1,0 +1,367 @@
+//! Runs one scenario: a private simdev, a control connection to it, the runtime, the steps and
+//! the checks.
+//!
+//! [`Runner`] holds the scenario's state and drives it ([`Runner::run`]); each step kind is a
+//! method in the module named after what it does:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`simdev`] | the private simdev and the control connection: start, kill, restart, faults, latency |
+//! | [`execution`] | `execute` and `join`: threads, tensor slots, sync and async executions |
+//! | [`expectations`] | judging a call or an `execute` step against its status and timing expectations |
+//! | [`checks`] | `[[expect]]` and `check` steps; snapshots and bounds |
+//! | [`clients`] | client processes: `spawn_client`, `kill_client`, `wait_client`, `lifecycle` |
+//! | [`cycles`] | `cycles`: load / unload (/ execute) loops and the RSS bound |
+//!
+//! This module keeps the driver and the runtime's own calls (`init`, `load`, `unload`, `close`).
+//! Every outcome goes to [`Recorder`]; a step that cannot run records a failure and the scenario
+//! goes on.
+
+mod checks;
+mod clients;
+mod cycles;
+mod execution;
+mod expectations;
+mod simdev;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use runtime::backend::sim::{PrivateSimdev, SimDevice};
+use runtime::config::{RuntimeConfig, parse_visible_cores};
+use runtime::{Device, ModelHandle, NrtError, Runtime};
+use shared::NrtStatus;
+
+use super::models::BuiltModel;
+use super::report::Recorder;
+use super::spec::{Action, CloseStep, LoadStep, Scenario, Step, UnloadStep};
+use checks::Snapshot;
+use clients::Client;
+use execution::Background;
+
+/// A model loaded under a handle name.
+#[derive(Debug, Clone)]
+struct Loaded {
+    handle: ModelHandle,
+    model: Arc<BuiltModel>,
+}
+
+/// The scenario's state while it runs.
+pub struct Runner<'a> {
+    sc: &'a Scenario,
+    /// Outcomes.
+    pub rec: Recorder,
+    dir: PathBuf,
+    exe: PathBuf,
+    simdev: Option<PrivateSimdev>,
+    control: Option<SimDevice>,
+    rt: Option<Arc<Runtime>>,
+    models: BTreeMap<String, Arc<BuiltModel>>,
+    handles: BTreeMap<String, Loaded>,
+    snapshots: BTreeMap<String, Snapshot>,
+    background: BTreeMap<String, Background>,
+    clients: BTreeMap<String, Client>,
+}
+
+fn status_of(r: &Result<(), NrtError>) -> NrtStatus {
+    r.as_ref().err().map_or(NrtStatus::Success, |e| e.status)
+}
+
+fn secs(d: f64) -> String {
+    format!("{d:.3} s")
+}
+
+impl<'a> Runner<'a> {
+    /// A runner for `sc` (from a file in `dir`), re-executing `exe` for simdev and clients.
+    pub fn new(sc: &'a Scenario, name: &str, dir: &Path, exe: &Path, print: bool) -> Self {
+        Self {
+            sc,
+            rec: Recorder::new(name, print),
+            dir: dir.to_owned(),
+            exe: exe.to_owned(),
+            simdev: None,
+            control: None,
+            rt: None,
+            models: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            background: BTreeMap::new(),
+            clients: BTreeMap::new(),
+        }
+    }
+
+    /// `[runtime] exec_timeout`, seconds.
+    fn exec_timeout(&self) -> f64 {
+        self.sc.runtime.exec_timeout
+    }
+
+    /// The runtime's configuration from `[runtime]` (never from the environment).
+    fn config(&self) -> Result<RuntimeConfig, String> {
+        let r = &self.sc.runtime;
+        if !(r.exec_timeout > 0.0 && r.exec_timeout.is_finite()) {
+            return Err(format!(
+                "[runtime] exec_timeout = {}: must be a positive number of seconds",
+                r.exec_timeout
+            ));
+        }
+        let visible_cores = r
+            .visible_cores
+            .as_ref()
+            .map(|v| parse_visible_cores(&v.text()))
+            .transpose()
+            .map_err(|e| format!("[runtime] visible_cores: {e}"))?;
+        Ok(RuntimeConfig {
+            visible_cores,
+            num_cores: r.num_cores,
+            exec_timeout: Duration::from_secs_f64(r.exec_timeout),
+            async_max_inflight: r.async_max_inflight,
+            skip_config_optimization: r.skip_config_optimization,
+            funtime: false,
+            xu_capacity: r.xu_capacity,
+            lnc: r.lnc,
+        })
+    }
+
+    /// Opens a runtime on its own connection to simdev.
+    fn init_runtime(&mut self) -> Result<(), NrtError> {
+        let config = self
+            .config()
+            .map_err(|m| NrtError::new(NrtStatus::Invalid, m))?;
+        let socket = self
+            .simdev
+            .as_ref()
+            .map(|s| s.socket().to_owned())
+            .ok_or_else(|| NrtError::new(NrtStatus::HwError, "simdev is not running"))?;
+        let dev = SimDevice::connect(&socket)?;
+        let rt = Runtime::init(Arc::new(dev) as Arc<dyn Device>, config)?;
+        self.rt = Some(Arc::new(rt));
+        Ok(())
+    }
+
+    /// Runs the whole scenario.
+    pub fn run(&mut self) {
+        for (name, spec) in &self.sc.models {
+            match BuiltModel::build(name, spec, &self.dir) {
+                Ok(m) => {
+                    self.models.insert(name.clone(), Arc::new(m));
+                }
+                Err(e) => self.rec.fail("setup", "every model builds", e),
+            }
+        }
+        if self.rec.failed() {
+            return;
+        }
+        if let Err(e) = self.start_simdev() {
+            self.rec.fail("setup", "simdev starts", e);
+            return;
+        }
+        for (i, f) in self.sc.faults.iter().enumerate() {
+            if let Err(e) = self.arm(f) {
+                self.rec
+                    .fail(&format!("fault {}", i + 1), "the fault is armed", e);
+            }
+        }
+        if self.sc.runtime.init
+            && let Err(e) = self.init_runtime()
+        {
+            self.rec
+                .fail("setup", "the runtime initialises", e.to_string());
+            return;
+        }
+        let sc = self.sc;
+        for (i, step) in sc.steps.iter().enumerate() {
+            let at = match &step.label {
+                Some(l) => format!("step {} {l}", i + 1),
+                None => format!("step {} {}", i + 1, step.action.describe()),
+            };
+            self.step(i + 1, &at, step);
+        }
+        for (i, c) in sc.expect.iter().enumerate() {
+            self.check(&format!("expect {} {}", i + 1, c.what()), c);
+        }
+        self.cleanup();
+    }
+
+    /// Kills remaining clients, joins (and fails) unjoined background steps, closes the
+    /// runtime, stops simdev.
+    fn cleanup(&mut self) {
+        let names: Vec<String> = self.clients.keys().cloned().collect();
+        for n in names {
+            if let Some(mut c) = self.clients.remove(&n) {
+                let _ = c.child.kill();
+                let _ = c.child.wait();
+            }
+        }
+        let names: Vec<String> = self.background.keys().cloned().collect();
+        for n in names {
+            if let Some(b) = self.background.remove(&n) {
+                let _ = b.thread.join();
+                self.rec.fail(
+                    &format!("step {}", b.step_no),
+                    format!("background step {n:?} is joined"),
+                    "it was never joined",
+                );
+            }
+        }
+        self.handles.clear();
+        if let Some(rt) = self.rt.take()
+            && let Ok(rt) = Arc::try_unwrap(rt)
+        {
+            rt.close();
+        }
+        self.control = None;
+        self.simdev = None;
+    }
+
+    /// The open runtime, or a failed expectation saying there is none.
+    fn runtime(&mut self, at: &str) -> Option<Arc<Runtime>> {
+        let rt = self.rt.clone();
+        if rt.is_none() {
+            self.rec.fail(
+                at,
+                "a runtime is open",
+                "there is none (init = false, or closed)",
+            );
+        }
+        rt
+    }
+
+    /// The `[models]` entry a step names, or a failed expectation saying it is not defined.
+    fn defined_model(
+        &mut self,
+        at: &str,
+        model: Option<&str>,
+    ) -> Option<(String, Arc<BuiltModel>)> {
+        let name = model.unwrap_or_default().to_string();
+        let m = self.models.get(&name).cloned();
+        if m.is_none() {
+            self.rec.fail(
+                at,
+                format!("model {name:?} is defined in [models]"),
+                "it is not",
+            );
+        }
+        Some((name, m?))
+    }
+
+    /// Runs one step.
+    fn step(&mut self, n: usize, at: &str, step: &Step) {
+        match &step.action {
+            Action::Init(s) => {
+                if self.rt.is_some() {
+                    self.rec
+                        .fail(at, "no runtime is open", "one is: close it first");
+                    return;
+                }
+                let t0 = Instant::now();
+                let r = self.init_runtime();
+                self.judge_call(at, s.call_expect(), &r, t0.elapsed().as_secs_f64());
+            }
+            Action::Load(s) => self.load(at, s),
+            Action::Unload(s) => self.unload(at, s),
+            Action::Execute(s) => self.execute(n, at, s),
+            Action::Join(s) => self.join(at, s),
+            Action::Close(s) => self.close(at, s),
+            Action::Sleep(s) => std::thread::sleep(Duration::from_millis(s.ms.unwrap_or(0))),
+            Action::Fault(f) => {
+                if let Err(e) = self.arm(f) {
+                    self.rec.fail(at, "the fault is armed", e);
+                }
+            }
+            Action::ClearFaults(_) => self.clear_faults(at),
+            Action::SetLatency(s) => self.set_latency(at, s),
+            Action::Snapshot(s) => {
+                let snap = self.snapshot();
+                self.snapshots
+                    .insert(s.name.clone().unwrap_or_default(), snap);
+            }
+            Action::Check(s) => {
+                for (j, c) in s.check.iter().enumerate() {
+                    self.check(&format!("{at} [{}: {}]", j + 1, c.what()), c);
+                }
+            }
+            Action::SpawnClient(s) => self.spawn_client(at, s),
+            Action::KillClient(s) => {
+                let sig = s.signal.as_ref().map_or(Signal::SIGKILL, |g| g.signal);
+                self.end_client(at, &s.end(), Some(sig));
+            }
+            Action::WaitClient(s) => self.end_client(at, s, None),
+            Action::KillSimdev(s) => {
+                let sig = s.signal.as_ref().map_or(Signal::SIGKILL, |g| g.signal);
+                self.kill_simdev(at, sig);
+            }
+            Action::RestartSimdev(_) => self.restart_simdev(at),
+            Action::Lifecycle(s) => self.lifecycle(at, s),
+            Action::Cycles(s) => self.cycles(at, s),
+        }
+    }
+
+    /// `load`.
+    fn load(&mut self, at: &str, step: &LoadStep) {
+        let Some(rt) = self.runtime(at) else { return };
+        let Some((name, m)) = self.defined_model(at, step.model.as_deref()) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let r = rt.load(&m.container, step.vnc.unwrap_or(0));
+        let took = t0.elapsed().as_secs_f64();
+        let unit = r.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.judge_call(at, step.call_expect(), &unit, took);
+        if let Ok(handle) = r {
+            let key = step.handle_as.clone().unwrap_or(name);
+            self.handles.insert(key, Loaded { handle, model: m });
+        }
+    }
+
+    /// `unload`.
+    fn unload(&mut self, at: &str, step: &UnloadStep) {
+        let Some(rt) = self.runtime(at) else { return };
+        let name = step.model.clone().unwrap_or_default();
+        let Some(l) = self.handles.remove(&name) else {
+            self.rec
+                .fail(at, format!("model {name:?} is loaded"), "it is not");
+            return;
+        };
+        let t0 = Instant::now();
+        let r = rt.unload(l.handle);
+        self.judge_call(at, step.call_expect(), &r, t0.elapsed().as_secs_f64());
+    }
+
+    /// `close`: only when no background step still holds the runtime.
+    fn close(&mut self, at: &str, step: &CloseStep) {
+        let Some(rt) = self.rt.take() else {
+            self.rec.fail(at, "a runtime is open", "there is none");
+            return;
+        };
+        match Arc::try_unwrap(rt) {
+            Ok(rt) => {
+                self.handles.clear();
+                let t0 = Instant::now();
+                rt.close();
+                let took = t0.elapsed().as_secs_f64();
+                let max = step.max_step_s.unwrap_or(f64::INFINITY);
+                self.rec.record(
+                    took <= max,
+                    at,
+                    if max.is_finite() {
+                        format!("close returns within {}", secs(max))
+                    } else {
+                        "close returns".into()
+                    },
+                    format!("returned after {}", secs(took)),
+                );
+            }
+            Err(rt) => {
+                self.rt = Some(rt);
+                self.rec.fail(
+                    at,
+                    "no background step still uses the runtime",
+                    "one does: join it first",
+                );
+            }
+        }
+    }
+}
