@@ -66,10 +66,12 @@ pub struct Runner<'a> {
     clients: BTreeMap<String, Client>,
 }
 
+/// A call's status (NRT_SUCCESS for `Ok`).
 fn status_of(r: &Result<(), NrtError>) -> NrtStatus {
     r.as_ref().err().map_or(NrtStatus::Success, |e| e.status)
 }
 
+/// Seconds as report lines show them (`0.123 s`).
 fn secs(d: f64) -> String {
     format!("{d:.3} s")
 }
