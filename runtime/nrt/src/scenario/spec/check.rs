@@ -280,4 +280,26 @@ mod tests {
         assert_eq!(sc.expect[0].within_s(), 3.0);
         assert_eq!(sc.expect[1].within_s(), 0.0);
     }
+
+    #[test]
+    fn a_misspelt_range_key_is_refused() {
+        let e = parse("[[expect]]\nwhat = \"counters\"\nnc = 0\nexecutions = { mn = 1 }\n")
+            .unwrap_err();
+        assert!(
+            e.starts_with("expect 1 (counters): unknown field `mn`, expected `min` or `max`"),
+            "{e}"
+        );
+        let e = parse("[[expect]]\nwhat = \"counters\"\nnc = 0\nexecutions = -1\n").unwrap_err();
+        assert!(
+            e.starts_with("expect 1 (counters): a bound is a number"),
+            "{e}"
+        );
+        for ok in ["3", "\"baseline\"", "{ max = 2 }"] {
+            parse(&format!(
+                "[[expect]]\nwhat = \"counters\"\nnc = 0\nexecutions = {ok}\n"
+            ))
+            .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        parse("[[expect]]\nwhat = \"counters\"\nnc = 0\nexecutions = { min = 1 }\n").unwrap();
+    }
 }

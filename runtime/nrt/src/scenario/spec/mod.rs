@@ -392,8 +392,10 @@ impl StatusList {
 
 /// A bound on a number: exact (`3`), a range (`{ min = 1, max = 9 }`), or the same value as in
 /// a snapshot (`"baseline"`, or a `snapshot` step's name).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+///
+/// Read by value type rather than `untagged`, so a misspelt range key (`{ mn = 1 }`) is
+/// refused by name instead of becoming a range that accepts anything.
+#[derive(Clone, Debug)]
 pub enum Bound {
     /// Exactly this.
     Exact(u64),
@@ -406,6 +408,39 @@ pub enum Bound {
     },
     /// The value the named snapshot recorded for the same quantity.
     Same(String),
+}
+
+/// The table form of a [`Bound`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RangeKeys {
+    min: Option<u64>,
+    max: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for Bound {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let invalid = |what: &str| {
+            D::Error::custom(format!(
+                "a bound is a number, a {{ min, max }} table or a snapshot name, not {what}"
+            ))
+        };
+        match toml::Value::deserialize(d)? {
+            toml::Value::Integer(n) => u64::try_from(n)
+                .map(Self::Exact)
+                .map_err(|_| invalid(&n.to_string())),
+            toml::Value::String(name) => Ok(Self::Same(name)),
+            toml::Value::Table(t) => {
+                let r = RangeKeys::deserialize(toml::Value::Table(t))
+                    .map_err(|e| D::Error::custom(e.message()))?;
+                Ok(Self::Range {
+                    min: r.min,
+                    max: r.max,
+                })
+            }
+            other => Err(invalid(other.type_str())),
+        }
+    }
 }
 
 /// Deserializes a list of tables, each into a `T`, and names the failing entry in the error:
