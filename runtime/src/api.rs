@@ -215,7 +215,13 @@ impl Runtime {
                 let nq = device.notification_queue_init(nc, NQ_ENTRIES)?;
                 readers.push((nc, NqReader::new(nq, c.notification_fd.take())));
                 claimed.push(c);
-                hw_queues.insert(nc, Arc::new(HwExecQueue::new(device.clone(), nc, slots)?));
+            }
+            // One set of exec queues per logical core, behind its main TPB's compute_req_lock.
+            for v in &vncs {
+                let q = Arc::new(HwExecQueue::new(device.clone(), &v.ncs, slots)?);
+                for &nc in &v.ncs {
+                    hw_queues.insert(nc, q.clone());
+                }
             }
             Ok(())
         })();
@@ -288,6 +294,19 @@ impl Runtime {
     /// platform of this runtime's backend).
     pub fn wait_budget(&self) -> Duration {
         self.wait_budget
+    }
+
+    /// The next compute index of logical core `vnc`: its main TPB's `compute_idx_tail`, the one
+    /// counter of the whole fan-out (seed 000 §4).
+    pub fn compute_idx_tail(&self, vnc: u32) -> Option<u32> {
+        let main = self.vncs.get(vnc as usize)?.ncs.first()?;
+        let q = self.hw_queues.get(main)?;
+        Some(
+            q.compute_req_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .compute_idx_tail(),
+        )
     }
 
     /// Logical cores available to this process (`nrt_get_visible_vnc_count`).
@@ -817,8 +836,9 @@ impl Runtime {
         Ok(())
     }
 
-    /// `kbl_compute_setup`: stages every TPB under the first TPB's `compute_req_lock`, one
-    /// compute index for the whole fan-out.
+    /// `kbl_compute_setup`: takes the main TPB's `compute_req_lock` once, stages every TPB of
+    /// the vNC in order under it (no per-TPB lock), then assigns the fan-out's single
+    /// `compute_idx = compute_idx_tail++` of the main TPB.
     fn stage(
         &self,
         m: &LoadedModel,
@@ -827,11 +847,11 @@ impl Runtime {
         skip: bool,
     ) -> NrtResult<()> {
         let tpbs = m.tpbs();
-        let first = self
+        let main = self
             .hw_queues
             .get(&tpbs[0].nc)
             .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
-        let mut main = first
+        let mut req = main
             .compute_req_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -847,6 +867,7 @@ impl Runtime {
         } else {
             None
         };
+        let compute_idx = req.compute_idx_tail();
         for (i, tpb) in tpbs.iter().enumerate() {
             let program = StagedProgram {
                 engine_addresses: tpb.engine_addresses,
@@ -855,38 +876,11 @@ impl Runtime {
                 io: &resources.tdrv.ioqs[i],
                 cc_chain: if i == 0 { chain } else { None },
             };
-            let staged = if i == 0 {
-                main.add_exec_request(tpb.nc, &program, model_switch, skip)?
-            } else {
-                // Lockstep under the first TPB's lock (seed 000 §3: no per-TPB locking). This
-                // TPB's state still sits behind its own mutex, which Rust needs to hand out the
-                // state; it is uncontended because every stage of the vNC holds the first lock.
-                let q = self
-                    .hw_queues
-                    .get(&tpb.nc)
-                    .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
-                let mut st = q
-                    .compute_req_lock
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                st.add_exec_request(tpb.nc, &program, model_switch, skip)?
-            };
-            // One compute_idx for the whole fan-out: the main TPB's. The other TPBs are
-            // staged in lockstep with it, so their exec queues are at the same index.
-            if i == 0 {
-                info.request.compute_idx = staged.compute_idx;
-            } else if staged.compute_idx != info.request.compute_idx {
-                return Err(status_err(
-                    NrtStatus::Failure,
-                    format!(
-                        "NC {} staged compute_idx {} but the vNC's main NC staged {}: \
-                         its exec queue is out of lockstep",
-                        tpb.nc, staged.compute_idx, info.request.compute_idx
-                    ),
-                ));
-            }
-            tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx = staged.compute_idx, "staged");
+            req.tpb_mut(tpb.nc)?
+                .add_exec_request(compute_idx, &program, model_switch, skip)?;
+            tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx, "staged");
         }
+        info.request.compute_idx = req.next_compute_idx();
         Ok(())
     }
 
@@ -901,6 +895,8 @@ impl Runtime {
             w.destroy();
         }
         self.models.unload_all();
+        // Each logical core's queues are listed under each of its NCs: the last reference
+        // releases them.
         for (_, q) in self.hw_queues.drain() {
             if let Ok(q) = Arc::try_unwrap(q) {
                 q.release();

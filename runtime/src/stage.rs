@@ -65,34 +65,48 @@ pub struct StagedProgram<'a> {
 pub struct StagedRequest {
     /// The request as written.
     pub request: DeviceExecRequest,
-    /// The execution's compute index on this NC.
+    /// The fan-out's compute index (the slot it used).
     pub compute_idx: u32,
     /// Descriptor pairs appended to the exec queue (4 + chain).
     pub exec_pairs: u32,
 }
 
-/// The per-NC state behind `compute_req_lock`.
+/// One TPB's hardware exec queue state (`hw_exec_queue_t` without its lock): its exec queue,
+/// request buffer, skip-config caches and I/O rings.
 #[derive(Debug)]
 pub struct HwExecState {
+    nc: u32,
     exec_queue: DmaQueue,
     req_buf: SharedChunk,
     req_alloc: Allocation,
     slots: u32,
-    compute_idx_tail: u32,
     last_exec_req_flags: Option<[u32; 13]>,
     last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
     io_queues: HashMap<(u32, u32), DmaQueue>,
     map: AddressMap,
 }
 
-/// One NC's hardware exec queue (`hw_exec_queue_t`): its `compute_req_lock` and the state
-/// behind it.
+/// What the main TPB's `compute_req_lock` guards: the single `compute_idx_tail` of the vNC and
+/// the exec queue state of every TPB of the vNC (seed 000 §4 QUIRK: one lock for the fan-out,
+/// no per-TPB locking, one monotonic index on the main TPB).
+#[derive(Debug)]
+pub struct ComputeReq {
+    compute_idx_tail: u32,
+    tpbs: Vec<HwExecState>,
+}
+
+/// The hardware exec queues of one vNC, behind its main TPB's `compute_req_lock`.
+///
+/// # Invariants
+/// The runtime's `compute_idx_tail` is the number of fan-outs staged; every TPB's exec queue
+/// received exactly one batch per fan-out, so each NC's sequencer — which counts its own
+/// batches — numbers the batch of fan-out `k` with `k` too (`shared::sequencer`).
 #[derive(Debug)]
 pub struct HwExecQueue {
-    /// The physical NC.
+    /// The main TPB's physical NC (`tpbs[0]`).
     pub nc: u32,
-    /// `compute_req_lock`: taken on the first TPB of a vNC for the whole fan-out.
-    pub compute_req_lock: Mutex<HwExecState>,
+    /// The main TPB's `compute_req_lock`: taken once for the whole fan-out.
+    pub compute_req_lock: Mutex<ComputeReq>,
     device: Arc<dyn Device>,
 }
 
@@ -101,12 +115,114 @@ fn fail(what: impl std::fmt::Display) -> NrtError {
 }
 
 impl HwExecQueue {
-    /// Allocates and initialises NC `nc`'s exec queue (rings in its HBM, DMA_QUEUE_INIT) and a
-    /// request buffer of `slots` slots (one per execution that may be in flight).
+    /// Allocates and initialises the exec queue of each NC in `ncs` (the vNC's TPBs, main
+    /// first) and a request buffer of `slots` slots per NC (one per execution that may be in
+    /// flight).
     ///
     /// # Errors
-    /// The device's allocation or init error.
-    pub fn new(device: Arc<dyn Device>, nc: u32, slots: u32) -> Result<Self, NrtError> {
+    /// The device's allocation or init error (what was set up is released).
+    pub fn new(device: Arc<dyn Device>, ncs: &[u32], slots: u32) -> Result<Self, NrtError> {
+        let main = *ncs
+            .first()
+            .ok_or_else(|| NrtError::new(NrtStatus::Invalid, "a logical core with no NC"))?;
+        let mut tpbs = Vec::with_capacity(ncs.len());
+        for &nc in ncs {
+            match HwExecState::new(&device, nc, slots) {
+                Ok(st) => tpbs.push(st),
+                Err(e) => {
+                    for st in tpbs {
+                        st.release(device.as_ref());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self {
+            nc: main,
+            compute_req_lock: Mutex::new(ComputeReq {
+                compute_idx_tail: 0,
+                tpbs,
+            }),
+            device,
+        })
+    }
+
+    /// Creates the I/O ring (engine, queue) of NC `nc` if it does not exist yet (at model load).
+    ///
+    /// # Errors
+    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue) or an NC not
+    /// of this vNC.
+    pub fn ensure_io_queue(&self, nc: u32, engine: u32, queue: u32) -> Result<(), NrtError> {
+        if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
+            ));
+        }
+        let mut req = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let st = req.tpb_mut(nc)?;
+        if st.io_queues.contains_key(&(engine, queue)) {
+            return Ok(());
+        }
+        let id = DmaQueueId { nc, engine, queue };
+        let q = DmaQueue::create(
+            self.device.as_ref(),
+            id,
+            IO_RING_DESCS,
+            MemLocation::Hbm { nc },
+        )
+        .map_err(|e| fail(format!("NC {nc}: creating I/O ring ({engine}, {queue}): {e}")))?;
+        st.io_queues.insert((engine, queue), q);
+        Ok(())
+    }
+
+    /// Releases every TPB's exec queue, I/O rings and request buffer (runtime close).
+    pub fn release(self) {
+        let req = self
+            .compute_req_lock
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for st in req.tpbs {
+            st.release(self.device.as_ref());
+        }
+    }
+}
+
+impl ComputeReq {
+    /// The next fan-out's compute index (`compute_idx_tail` of the main TPB).
+    pub fn compute_idx_tail(&self) -> u32 {
+        self.compute_idx_tail
+    }
+
+    /// Takes the next compute index (`compute_idx_tail++`), once per fan-out.
+    pub fn next_compute_idx(&mut self) -> u32 {
+        let idx = self.compute_idx_tail;
+        self.compute_idx_tail = idx.wrapping_add(1);
+        idx
+    }
+
+    /// The exec queue state of TPB `nc` of this vNC.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when `nc` is not a TPB of this vNC.
+    pub fn tpb_mut(&mut self, nc: u32) -> Result<&mut HwExecState, NrtError> {
+        self.tpbs
+            .iter_mut()
+            .find(|t| t.nc == nc)
+            .ok_or_else(|| fail(format!("NC {nc} has no exec queue on this logical core")))
+    }
+
+    /// The exec queue state of TPB `nc` of this vNC, if it is one.
+    pub fn tpb(&self, nc: u32) -> Option<&HwExecState> {
+        self.tpbs.iter().find(|t| t.nc == nc)
+    }
+}
+
+impl HwExecState {
+    fn new(device: &Arc<dyn Device>, nc: u32, slots: u32) -> Result<Self, NrtError> {
         let info = device.info();
         let map = AddressMap {
             arch: info.arch,
@@ -142,85 +258,34 @@ impl HwExecQueue {
         }
         Ok(Self {
             nc,
-            compute_req_lock: Mutex::new(HwExecState {
-                exec_queue,
-                req_buf,
-                req_alloc,
-                slots,
-                compute_idx_tail: 0,
-                last_exec_req_flags: None,
-                last_exec_req_tbl_hashes: None,
-                io_queues: HashMap::new(),
-                map,
-            }),
-            device,
+            exec_queue,
+            req_buf,
+            req_alloc,
+            slots,
+            last_exec_req_flags: None,
+            last_exec_req_tbl_hashes: None,
+            io_queues: HashMap::new(),
+            map,
         })
     }
 
-    /// Creates the I/O ring (engine, queue) of this NC if it does not exist yet (at model load).
-    ///
-    /// # Errors
-    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue).
-    pub fn ensure_io_queue(&self, engine: u32, queue: u32) -> Result<(), NrtError> {
-        if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
-            return Err(NrtError::new(
-                NrtStatus::Invalid,
-                format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
-            ));
-        }
-        let mut st = self
-            .compute_req_lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if st.io_queues.contains_key(&(engine, queue)) {
-            return Ok(());
-        }
-        let id = DmaQueueId {
-            nc: self.nc,
-            engine,
-            queue,
-        };
-        let q = DmaQueue::create(
-            self.device.as_ref(),
-            id,
-            IO_RING_DESCS,
-            MemLocation::Hbm { nc: self.nc },
-        )
-        .map_err(|e| {
-            fail(format!(
-                "NC {}: creating I/O ring ({engine}, {queue}): {e}",
-                self.nc
-            ))
-        })?;
-        st.io_queues.insert((engine, queue), q);
-        Ok(())
-    }
-
-    /// Releases the exec queue, the I/O rings and the request buffer (runtime close).
-    pub fn release(self) {
-        let st = self
-            .compute_req_lock
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let dev = self.device.as_ref();
-        let _ = st.exec_queue.release(dev);
-        for (_, q) in st.io_queues {
+    fn release(self, dev: &dyn Device) {
+        let _ = self.exec_queue.release(dev);
+        for (_, q) in self.io_queues {
             let _ = q.release(dev);
         }
-        drop(st.req_buf);
-        let _ = dev.mem_free(st.req_alloc.handle);
+        drop(self.req_buf);
+        let _ = dev.mem_free(self.req_alloc.handle);
     }
-}
 
-impl HwExecState {
+    /// The physical NC.
+    pub fn nc(&self) -> u32 {
+        self.nc
+    }
+
     /// The exec queue (its rings hold the trigger pairs).
     pub fn exec_queue(&self) -> &DmaQueue {
         &self.exec_queue
-    }
-
-    /// The next execution's compute index on this NC.
-    pub fn compute_idx_tail(&self) -> u32 {
-        self.compute_idx_tail
     }
 
     /// `hw_exec_queue_add_exec_request_impl`: writes this execution's I/O descriptors into the
@@ -229,18 +294,20 @@ impl HwExecState {
     /// the table-hash diff), copies it into the request slot then the `cc_dma_increment` trailer
     /// at 0x34, appends trigger pair 1 (52-byte request → DMEM), pair 2 (4-byte event poke),
     /// pair 3 (two 4-byte tail increments carrying the chain length) and the chain, in that
-    /// order, then updates the caches and `compute_idx_tail`.
+    /// order, then updates the caches. `compute_idx` is the fan-out's single index (the main
+    /// TPB's); it picks the request slot.
     ///
     /// # Errors
     /// NRT_FAILURE when a ring or the request buffer cannot be written (the caller poisons the
     /// XU).
     pub fn add_exec_request(
         &mut self,
-        nc: u32,
+        compute_idx: u32,
         program: &StagedProgram<'_>,
         model_switch: bool,
         skip_config_optimization: bool,
     ) -> Result<StagedRequest, NrtError> {
+        let nc = self.nc;
         for ring in program.io {
             let (engine, queue) = (ring.engine, ring.queue);
             let q = self.io_queues.get_mut(&(engine, queue)).ok_or_else(|| {
@@ -268,7 +335,6 @@ impl HwExecState {
         for (engine, addr) in Engine::ALL.iter().zip(program.engine_addresses) {
             request.set_engine_address(*engine, addr);
         }
-        let compute_idx = self.compute_idx_tail;
         let slot_pa = self.req_alloc.pa + u64::from(compute_idx % self.slots) * REQUEST_SLOT_SIZE;
         let chain_len = program.cc_chain.map_or(0, |c| c.pairs.len());
         let m = u32::try_from(chain_len).map_err(fail)?;
@@ -316,7 +382,6 @@ impl HwExecState {
         self.exec_queue.hand_to_device();
         self.last_exec_req_flags = Some(*program.exec_req_flags);
         self.last_exec_req_tbl_hashes = Some(hashes);
-        self.compute_idx_tail = self.compute_idx_tail.wrapping_add(1);
         Ok(StagedRequest {
             request,
             compute_idx,

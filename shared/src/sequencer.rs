@@ -27,8 +27,18 @@
 //! reload when `reload_seq_config` is 1 and a table load when `load_act_dve_tables` is 1
 //! (counting both), runs the five engines' programs from the request's addresses, and posts one
 //! notification of kind `Execution` whose `compute_idx` is the number of batches the exec queue
-//! ran before this one since its DMA_QUEUE_INIT (the runtime's `compute_idx_tail` counts the
-//! same way). A malformed batch ends the execution with an error notification.
+//! ran before this one since its DMA_QUEUE_INIT. A malformed batch ends the execution with an
+//! error notification.
+//!
+//! # One `compute_idx` per fan-out
+//! The runtime keeps a single `compute_idx_tail`, on the main TPB of the vNC, and stages every
+//! TPB of the vNC under the main TPB's `compute_req_lock` before taking `compute_idx =
+//! compute_idx_tail++` (seed 000 §4 QUIRK). Each NC's sequencer still counts only its own
+//! batches. Since every fan-out puts exactly one batch on every TPB's exec queue, and all of
+//! them were initialised together at `nrt_init`, every NC of the vNC has run the same number of
+//! batches before fan-out `k`: each NC's notification for it carries `k` (mod 2^32), the
+//! runtime's single index, and the completion engine matches each TPB's notification against
+//! that one index.
 
 /// DMA engine of each NC's hardware exec queue.
 pub const EXEC_QUEUE_ENGINE: u32 = 0;

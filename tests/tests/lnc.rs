@@ -155,6 +155,14 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
             d.nc
         );
     }
+    for _ in 0..4 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    assert_eq!(
+        (rt.compute_idx_tail(1), rt.compute_idx_tail(0)),
+        (Some(5), Some(0)),
+        "one compute_idx per fan-out, on the main TPB"
+    );
     let mut out = vec![0u8; 4096];
     o.read(&mut out, 0).unwrap();
     assert_eq!(out, data, "both halves moved, each by its own NC");
@@ -163,7 +171,7 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
             dev.nc_counters(2).unwrap().executions,
             dev.nc_counters(3).unwrap().executions
         ),
-        (1, 1)
+        (5, 5)
     );
     rt.close();
 }
