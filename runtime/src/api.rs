@@ -733,6 +733,12 @@ impl Runtime {
         }
     }
 
+    /// The implicit-async pool's `consecutive_model_counter` on logical core `vnc` (`None`
+    /// when the pool is off or the core is not visible).
+    pub fn async_consecutive_model_counter(&self, vnc: u32) -> Option<u64> {
+        self.pool.as_ref()?.consecutive_model_counter(vnc)
+    }
+
     /// Whether the implicit async pool serves executions.
     pub fn implicit_async(&self) -> bool {
         self.pool.is_some()

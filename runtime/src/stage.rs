@@ -4,7 +4,7 @@
 //!
 //! Everything here is allocated once — at runtime init for each claimed NC (request buffer
 //! slots, the exec queue's rings, the I/O rings) — and an execution only writes descriptors and
-//! 56 bytes of request into memory that already exists.
+//! 56 bytes (the request and its `cc_dma_increment` trailer) into memory that already exists.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,13 +26,13 @@ use crate::dma::DmaQueue;
 use crate::error::NrtError;
 
 /// Bytes of one request-buffer slot: the 52-byte request, the 4-byte `cc_dma_increment`
-/// trailer at 0x34, the event-poke source word (1) at 0x38 and the tail-increment value word at
-/// 0x3C.
+/// trailer at 0x34 (`M`, the collectives-chain pairs the tail increments post: trigger pair 3
+/// takes its source there) and the event-poke source word (1) at 0x38; 64 keeps slots aligned.
 pub const REQUEST_SLOT_SIZE: u64 = 64;
 /// Offset of the word holding 1, the value trigger pair 2 writes to the request-load event.
 pub const EVENT_POKE_WORD: u64 = 0x38;
-/// Offset of the word holding `M`, the value trigger pair 3 writes to the tail increments.
-pub const TAIL_INC_WORD: u64 = 0x3C;
+/// Offset of the `cc_dma_increment` trailer in a slot, the source of trigger pair 3.
+pub const CC_DMA_INCREMENT_WORD: u64 = CC_DMA_INCREMENT_OFFSET as u64;
 /// Descriptors in each I/O ring the runtime creates per (engine, queue) of an NC.
 pub const IO_RING_DESCS: u32 = 16384;
 
@@ -292,8 +292,9 @@ impl HwExecState {
     /// I/O rings, builds the request (engine addresses split lo/hi; `reload_seq_config` from the
     /// `exec_req_flags` diff — always 1 when the optimisation is off; `load_act_dve_tables` from
     /// the table-hash diff), copies it into the request slot then the `cc_dma_increment` trailer
-    /// at 0x34, appends trigger pair 1 (52-byte request → DMEM), pair 2 (4-byte event poke),
-    /// pair 3 (two 4-byte tail increments carrying the chain length) and the chain, in that
+    /// at 0x34 (`M`, the chain length), appends trigger pair 1 (52-byte request → DMEM), pair 2
+    /// (4-byte event poke), pair 3 (two 4-byte tail increments sourced from the trailer) and the
+    /// chain, in that
     /// order, then updates the caches. `compute_idx` is the fan-out's single index (the main
     /// TPB's); it picks the request slot.
     ///
@@ -341,15 +342,10 @@ impl HwExecState {
         self.req_buf
             .write(slot_pa, request.as_bytes())
             .map_err(|e| fail(format!("Unable to copy execution request to device: {e}")))?;
+        // cc_dma_increment: a separate 4-byte copy-in after the body (seed 000 §3).
         self.req_buf
-            .write(
-                slot_pa + CC_DMA_INCREMENT_OFFSET as u64,
-                &0u32.to_le_bytes(),
-            )
+            .write(slot_pa + CC_DMA_INCREMENT_WORD, &m.to_le_bytes())
             .map_err(|e| fail(format!("Unable to copy CC DMA increment to device: {e}")))?;
-        self.req_buf
-            .write(slot_pa + TAIL_INC_WORD, &m.to_le_bytes())
-            .map_err(fail)?;
         let dmem = self.map.dmem_address(nc, 0);
         let event = self.map.register_address(Register::Event {
             nc,
@@ -372,8 +368,8 @@ impl HwExecState {
         };
         push(slot_pa, dmem, DEVICE_EXEC_REQUEST_SIZE as u64)?; // pair 1
         push(slot_pa + EVENT_POKE_WORD, event, 4)?; // pair 2
-        push(slot_pa + TAIL_INC_WORD, rx_inc, 4)?; // pair 3, RX tail increment
-        push(slot_pa + TAIL_INC_WORD, tx_inc, 4)?; // pair 3, TX tail increment
+        push(slot_pa + CC_DMA_INCREMENT_WORD, rx_inc, 4)?; // pair 3, RX tail increment
+        push(slot_pa + CC_DMA_INCREMENT_WORD, tx_inc, 4)?; // pair 3, TX tail increment
         if let Some(chain) = program.cc_chain {
             for &(src, dst, len) in &chain.pairs {
                 push(src, dst, len)?;
@@ -401,4 +397,23 @@ pub fn check_cc_chain(chain: &CcChain) -> Result<(), NrtError> {
             .map_err(|e| NrtError::new(NrtStatus::Invalid, format!("collectives chain: {e}")))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_collectives_chain_piece_over_64_kib_is_refused() {
+        let ok = CcChain {
+            pairs: vec![(0x1000, 0x9_0000, 65536), (0x2000, 0xA_0000, 4)],
+        };
+        assert!(check_cc_chain(&ok).is_ok());
+        let bad = CcChain {
+            pairs: vec![(0x1000, 0x9_0000, 65536), (0x2000, 0xA_0000, 65537)],
+        };
+        let e = check_cc_chain(&bad).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid);
+        assert!(e.message.contains("collectives chain"), "{e}");
+    }
 }

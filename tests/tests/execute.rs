@@ -509,3 +509,150 @@ fn an_unknown_logical_core_is_nrt_invalid_before_anything_is_allocated_or_bound(
     rig.rt.execute(m, &ins, &outs).unwrap();
     rig.rt.close();
 }
+
+#[test]
+fn requests_staged_before_the_device_consumes_them_each_use_their_own_slot() {
+    // A blocker waits for event 9 before its I/O; four executions of models with different
+    // descriptor counts are staged behind it (compute_idx 1..=4, request slots 1..=4) before
+    // the device fetches any of their batches. Sharing one slot would run the last request's
+    // program for all of them.
+    let rig = rig();
+    let mut blocker = identity_with(64, "blocker", [0; 13], [0; 32]);
+    let mut sp = shared::isa::encode_program(&[shared::isa::Instruction::new(
+        shared::isa::Opcode::WaitEvent,
+        &[9],
+    )]);
+    sp.extend_from_slice(&blocker.tpbs[0].blocks[4]);
+    blocker.tpbs[0].blocks[4] = sp;
+    let blk = load(&rig.rt, &blocker, 0);
+    let (bi, bo, bins, bouts) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    bi.write(&pattern(64, 99), 0).unwrap();
+    let first = rig.rt.execute_schedule(blk, &bins, &bouts).unwrap();
+    let sizes = [64u32, 200_000, 100, 130_000];
+    let mut runs = Vec::new();
+    for (k, &n) in (0u32..).zip(&sizes) {
+        let m = load(&rig.rt, &identity(n), 0);
+        let (i, o, ins, outs) = io(&rig.rt, u64::from(n), Placement::Device { vnc: 0 });
+        let data = pattern(u64::from(n), k);
+        i.write(&data, 0).unwrap();
+        let s = rig.rt.execute_schedule(m, &ins, &outs).unwrap();
+        runs.push((s, o, data, i, ins, outs));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(first.status(), None, "the blocker waits for its event");
+    assert!(runs.iter().all(|r| r.0.status().is_none()), "all staged behind it");
+    assert_eq!(rig.rt.compute_idx_tail(0), Some(5));
+    rig.dev.event_set(0, 9, 1).unwrap();
+    assert_eq!(rig.rt.wait(&first).unwrap(), NrtStatus::Success);
+    let mut out = vec![0u8; 64];
+    bo.read(&mut out, 0).unwrap();
+    assert!(out == pattern(64, 99), "the blocker's own output");
+    for (k, (s, o, data, ..)) in runs.iter().enumerate() {
+        assert_eq!(rig.rt.wait(s).unwrap(), NrtStatus::Success, "request {k}");
+        let mut out = vec![0u8; data.len()];
+        o.read(&mut out, 0).unwrap();
+        assert!(out == *data, "request {k} ({} bytes): output differs", data.len());
+    }
+    rig.rt.close();
+}
+
+#[test]
+fn close_releases_every_dma_queue_the_runtime_initialised() {
+    let rig = rig();
+    let m = load(&rig.rt, &identity(64), 0);
+    {
+        let (_, _, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+        rig.rt.execute(m, &ins, &outs).unwrap();
+    }
+    rig.rt.close();
+    let calls = rig.dev.calls();
+    let inits = calls.get("dma_queue_init").copied().unwrap_or(0);
+    assert!(inits >= 3, "two exec queues and an I/O ring: {calls:?}");
+    assert_eq!(
+        calls.get("dma_queue_release").copied().unwrap_or(0),
+        inits,
+        "every exec queue and I/O ring released at close: {calls:?}"
+    );
+    assert_eq!(calls.get("release_nc"), Some(&2), "{calls:?}");
+}
+
+#[test]
+fn execute_schedule_checks_the_input_count_first() {
+    let rig = rig();
+    let m = load(&rig.rt, &identity(64), 0);
+    let (_, _, mut ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    let extra = rig
+        .rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "extra")
+        .unwrap();
+    ins.add("extra", &extra);
+    let e = rig.rt.execute_schedule(m, &ins, &outs).unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid);
+    assert!(
+        e.message
+            .contains("Incorrect number of inputs, expected: 1, received: 2"),
+        "{e}"
+    );
+    rig.rt.close();
+}
+
+#[test]
+fn the_skip_config_diff_covers_all_13_words_and_both_table_hashes() {
+    let late_word = {
+        let mut f = [1; 13];
+        f[12] = 2;
+        f
+    };
+    let rig = rig();
+    let base = identity_with(64, "A", [1; 13], [1; 32]);
+    let mut dve_only = identity_with(64, "D", [1; 13], [1; 32]);
+    dve_only.dve_table_hash[31] ^= 0x80;
+    let mut act_only = identity_with(64, "T", [1; 13], [1; 32]);
+    act_only.act_table_hash[31] ^= 0x80;
+    let a = load(&rig.rt, &base, 0);
+    let late = load(&rig.rt, &identity_with(64, "L", late_word, [1; 32]), 0);
+    let d = load(&rig.rt, &dve_only, 0);
+    let t = load(&rig.rt, &act_only, 0);
+    let (_, _, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    let mut seen = Vec::new();
+    for m in [a, late, late, a, d, d, t, a] {
+        rig.rt.execute(m, &ins, &outs).unwrap();
+        let c = counters(&rig, 0);
+        seen.push((c.config_reloads, c.table_loads));
+    }
+    assert_eq!(
+        seen,
+        [
+            (1, 1), // A: first request
+            (2, 1), // flags differ only in word 12: reload, same tables
+            (2, 1), // same again
+            (3, 1), // back to A
+            (3, 2), // the DVE hash's last byte differs: tables only
+            (3, 2),
+            (3, 3), // the ACT hash's last byte differs: tables only
+            (3, 4), // back to A's hashes
+        ]
+    );
+    rig.rt.close();
+}
+
+#[test]
+fn with_the_optimisation_disabled_tables_still_load_only_on_a_hash_change() {
+    let rig = rig_with(RuntimeConfig {
+        skip_config_optimization: false,
+        ..RuntimeConfig::default()
+    });
+    let a = load(&rig.rt, &identity_with(64, "A", [1; 13], [1; 32]), 0);
+    let b = load(&rig.rt, &identity_with(64, "B", [1; 13], [2; 32]), 0);
+    let (_, _, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    for m in [a, a, b, b, a] {
+        rig.rt.execute(m, &ins, &outs).unwrap();
+    }
+    let c = counters(&rig, 0);
+    assert_eq!(
+        (c.config_reloads, c.table_loads),
+        (5, 3),
+        "every request reloads its config; tables follow the hash: A, B, A"
+    );
+    rig.rt.close();
+}
