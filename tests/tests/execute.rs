@@ -512,10 +512,10 @@ fn an_unknown_logical_core_is_nrt_invalid_before_anything_is_allocated_or_bound(
 
 #[test]
 fn requests_staged_before_the_device_consumes_them_each_use_their_own_slot() {
-    // A blocker waits for event 9 before its I/O; four executions of models with different
-    // descriptor counts are staged behind it (compute_idx 1..=4, request slots 1..=4) before
-    // the device fetches any of their batches. Sharing one slot would run the last request's
-    // program for all of them.
+    // A blocker waits for event 9 before its I/O; four executions of models that each move
+    // their bytes through their own I/O ring are staged behind it (compute_idx 1..=4, request
+    // slots 1..=4) before the device fetches any of their batches. Sharing one slot would run
+    // the last request's program — the last ring — for all of them.
     let rig = rig();
     let mut blocker = identity_with(64, "blocker", [0; 13], [0; 32]);
     let mut sp = shared::isa::encode_program(&[shared::isa::Instruction::new(
@@ -531,7 +531,18 @@ fn requests_staged_before_the_device_consumes_them_each_use_their_own_slot() {
     let sizes = [64u32, 200_000, 100, 130_000];
     let mut runs = Vec::new();
     for (k, &n) in (0u32..).zip(&sizes) {
-        let m = load(&rig.rt, &identity(n), 0);
+        let mut model = identity(n);
+        let queue = k + 1;
+        let ring = &mut model.tpbs[0].io_rings[0];
+        ring.queue = queue;
+        let count = u32::try_from(ring.descs.len()).unwrap();
+        let engine = ring.engine;
+        model.tpbs[0].blocks[4] = shared::isa::encode_program(&[
+            shared::isa::Instruction::new(shared::isa::Opcode::DmaStart, &[engine, queue, count]),
+            shared::isa::Instruction::new(shared::isa::Opcode::DmaWait, &[engine, queue]),
+            shared::isa::Instruction::new(shared::isa::Opcode::End, &[]),
+        ]);
+        let m = load(&rig.rt, &model, 0);
         let (i, o, ins, outs) = io(&rig.rt, u64::from(n), Placement::Device { vnc: 0 });
         let data = pattern(u64::from(n), k);
         i.write(&data, 0).unwrap();
