@@ -178,7 +178,14 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
 
 #[test]
 fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc() {
-    let (rt, dev, _sim) = runtime("trn2", 2);
+    let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
+    let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
+    let cfg = RuntimeConfig {
+        lnc: 2,
+        exec_timeout: Duration::from_secs(20),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
     let mut cc = identity_split(256);
     let with_ctx = identity_with_collectives(128, 200_000);
     cc.has_collectives = true;
@@ -233,6 +240,36 @@ fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc
         "200000 bytes in 64 KiB pieces, then the event poke"
     );
     assert!(chain.iter().all(|&(_, _, len)| len <= 65536));
+    // Pairs each NC's exec queue received per execution (A A A B A B A B A): the chain (5
+    // pairs) only on NC 0, only on the switches to A; NC 1 always the 4 trigger pairs.
+    let at_first_doorbell: Vec<(u32, u32)> = dev
+        .doorbells()
+        .iter()
+        .filter(|d| d.nc == 0)
+        .map(|d| (d.armed[&0], d.armed[&1]))
+        .collect();
+    let per_execution: Vec<(u32, u32)> = at_first_doorbell
+        .iter()
+        .scan((0, 0), |prev, &(n0, n1)| {
+            let d = (n0 - prev.0, n1 - prev.1);
+            *prev = (n0, n1);
+            Some(d)
+        })
+        .collect();
+    assert_eq!(
+        per_execution,
+        [
+            (9, 4),
+            (4, 4),
+            (4, 4),
+            (4, 4),
+            (9, 4),
+            (4, 4),
+            (9, 4),
+            (4, 4),
+            (9, 4)
+        ]
+    );
     rt.close();
 }
 
