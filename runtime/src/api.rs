@@ -240,7 +240,9 @@ impl Runtime {
                 vnc: u32::try_from(i).unwrap_or(u32::MAX),
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
-                efd_pool_size: 8,
+                // One pooled completion eventfd per XU slot: every sync waiter whose request
+                // is in the ring blocks on an eventfd; the poll fallback is for exhaustion only.
+                efd_pool_size: config.xu_capacity,
                 implicit_async_mode: config.async_max_inflight > 0,
             };
             let xu = Arc::new(
