@@ -1090,7 +1090,10 @@ mod tests {
         });
         assert_eq!(r.unwrap(), 7);
         assert_eq!(attempts.get(), 4);
-        assert!(started.elapsed() >= QUEUE_FULL_BACKOFF * 3, "backs off between attempts");
+        assert!(
+            started.elapsed() >= QUEUE_FULL_BACKOFF * 3,
+            "backs off between attempts"
+        );
     }
 
     #[test]

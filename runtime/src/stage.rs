@@ -174,7 +174,11 @@ impl HwExecQueue {
             IO_RING_DESCS,
             MemLocation::Hbm { nc },
         )
-        .map_err(|e| fail(format!("NC {nc}: creating I/O ring ({engine}, {queue}): {e}")))?;
+        .map_err(|e| {
+            fail(format!(
+                "NC {nc}: creating I/O ring ({engine}, {queue}): {e}"
+            ))
+        })?;
         st.io_queues.insert((engine, queue), q);
         Ok(())
     }

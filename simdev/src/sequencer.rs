@@ -195,7 +195,10 @@ pub fn check_trailer(m: u32, trailer: Option<u32>) -> Result<(), String> {
 ///
 /// # Errors
 /// A sentence naming the flag and the engine whose address changed.
-pub fn check_model_switch(previous: Option<[u64; 5]>, request: &DeviceExecRequest) -> Result<(), String> {
+pub fn check_model_switch(
+    previous: Option<[u64; 5]>,
+    request: &DeviceExecRequest,
+) -> Result<(), String> {
     if request.do_model_switch != 0 {
         return Ok(());
     }
@@ -355,7 +358,11 @@ mod tests {
             err.contains("cc_dma_increment") && err.contains("says 0") && err.contains("post 5"),
             "{err}"
         );
-        assert!(check_trailer(0, None).unwrap_err().contains("not in client memory"));
+        assert!(
+            check_trailer(0, None)
+                .unwrap_err()
+                .contains("not in client memory")
+        );
     }
 
     #[test]
@@ -365,14 +372,27 @@ mod tests {
             a.set_engine_address(*e, 0x1000 * (i as u64 + 1));
         }
         let programs = Engine::ALL.map(|e| a.engine_address(e));
-        assert!(check_model_switch(Some(programs), &a).is_ok(), "A then A, no switch");
+        assert!(
+            check_model_switch(Some(programs), &a).is_ok(),
+            "A then A, no switch"
+        );
         let mut b = a;
         b.set_engine_address(Engine::Act, 0x9000);
         let err = check_model_switch(Some(programs), &b).unwrap_err();
-        assert!(err.contains("do_model_switch is 0") && err.contains("ACT"), "{err}");
+        assert!(
+            err.contains("do_model_switch is 0") && err.contains("ACT"),
+            "{err}"
+        );
         b.do_model_switch = 1;
-        assert!(check_model_switch(Some(programs), &b).is_ok(), "A then B, a switch");
-        assert!(check_model_switch(None, &a).unwrap_err().contains("first request"));
+        assert!(
+            check_model_switch(Some(programs), &b).is_ok(),
+            "A then B, a switch"
+        );
+        assert!(
+            check_model_switch(None, &a)
+                .unwrap_err()
+                .contains("first request")
+        );
         a.do_model_switch = 1;
         assert!(check_model_switch(None, &a).is_ok());
     }

@@ -352,7 +352,12 @@ impl runtime::Device for InterposedDevice {
                 shared::sequencer::EXEC_QUEUE,
             )
         {
-            let alloc = self.allocations.lock().unwrap().get(&rings.tx_ring).copied();
+            let alloc = self
+                .allocations
+                .lock()
+                .unwrap()
+                .get(&rings.tx_ring)
+                .copied();
             if let Some(a) = alloc {
                 let chunk = self.inner.mem_map(&a)?;
                 self.exec_tx_rings

@@ -445,7 +445,11 @@ fn forty_threads_of_sync_executes_on_one_logical_core_all_succeed() {
     // 40 waiters on a 16-slot XU: the funnel answers NRT_QUEUE_FULL to the surplus, which the
     // sync path retries (seed 000 §6 NOTE) instead of returning 7.
     let rig = rig();
-    assert_eq!(rig.rt.wait_budget(), Duration::from_secs(432_000), "simulator");
+    assert_eq!(
+        rig.rt.wait_budget(),
+        Duration::from_secs(432_000),
+        "simulator"
+    );
     let m = load(&rig.rt, &identity(256), 0);
     let full = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -551,7 +555,10 @@ fn requests_staged_before_the_device_consumes_them_each_use_their_own_slot() {
     }
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(first.status(), None, "the blocker waits for its event");
-    assert!(runs.iter().all(|r| r.0.status().is_none()), "all staged behind it");
+    assert!(
+        runs.iter().all(|r| r.0.status().is_none()),
+        "all staged behind it"
+    );
     assert_eq!(rig.rt.compute_idx_tail(0), Some(5));
     rig.dev.event_set(0, 9, 1).unwrap();
     assert_eq!(rig.rt.wait(&first).unwrap(), NrtStatus::Success);
@@ -562,7 +569,11 @@ fn requests_staged_before_the_device_consumes_them_each_use_their_own_slot() {
         assert_eq!(rig.rt.wait(s).unwrap(), NrtStatus::Success, "request {k}");
         let mut out = vec![0u8; data.len()];
         o.read(&mut out, 0).unwrap();
-        assert!(out == *data, "request {k} ({} bytes): output differs", data.len());
+        assert!(
+            out == *data,
+            "request {k} ({} bytes): output differs",
+            data.len()
+        );
     }
     rig.rt.close();
 }

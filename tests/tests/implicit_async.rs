@@ -190,7 +190,11 @@ fn tensor_reads_wait_for_the_queued_executions_that_use_them() {
 }
 
 /// Loads `model` on core 0 and returns it with device I/O tensors of `bytes` bytes.
-fn load_with_io(rt: &Runtime, model: &shared::model::Model, bytes: u64) -> (runtime::ModelHandle, TensorSet, TensorSet) {
+fn load_with_io(
+    rt: &Runtime,
+    model: &shared::model::Model,
+    bytes: u64,
+) -> (runtime::ModelHandle, TensorSet, TensorSet) {
     let m = rt
         .load(&model.to_container(Target::Simdev).unwrap(), 0)
         .unwrap();
@@ -221,7 +225,11 @@ fn the_pool_decides_model_switches_and_counts_consecutive_executions() {
     let (b, b_in, b_out) = load_with_io(&rt, &identity(64), 64);
     let mut counters = Vec::new();
     for m in [a, a, b, a] {
-        let (ins, outs) = if m == a { (&a_in, &a_out) } else { (&b_in, &b_out) };
+        let (ins, outs) = if m == a {
+            (&a_in, &a_out)
+        } else {
+            (&b_in, &b_out)
+        };
         rt.execute(m, ins, outs).unwrap();
         counters.push(rt.async_consecutive_model_counter(0).unwrap());
     }
@@ -229,7 +237,11 @@ fn the_pool_decides_model_switches_and_counts_consecutive_executions() {
     assert_eq!(counters, [1, 2, 1, 1]);
     assert_eq!(*statuses.lock().unwrap(), [NrtStatus::Success; 4]);
     assert_eq!(dev.nc_counters(0).unwrap().executions, 4);
-    assert_eq!(rt.async_consecutive_model_counter(1), Some(0), "core 1 posted nothing");
+    assert_eq!(
+        rt.async_consecutive_model_counter(1),
+        Some(0),
+        "core 1 posted nothing"
+    );
     rt.close();
 }
 

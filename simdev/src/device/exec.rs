@@ -1009,7 +1009,10 @@ impl engines::Host for ExecHost<'_> {
 /// The request slot's `cc_dma_increment` trailer: the 4-byte word
 /// [`CC_DMA_INCREMENT_OFFSET`](shared::exec_request::CC_DMA_INCREMENT_OFFSET) past pair 1's
 /// source, if pair 1 reads client memory and the word is in it.
-fn read_cc_dma_increment(bus: &impl crate::dma::Bus, pairs: &[crate::dma::PeekedPair]) -> Option<u32> {
+fn read_cc_dma_increment(
+    bus: &impl crate::dma::Bus,
+    pairs: &[crate::dma::PeekedPair],
+) -> Option<u32> {
     let offset = u64::try_from(shared::exec_request::CC_DMA_INCREMENT_OFFSET).ok()?;
     let pa = pairs.first()?.src_pa?.checked_add(offset)?;
     let chunk = bus.resolve(pa, 4)?;
