@@ -678,3 +678,52 @@ fn with_the_optimisation_disabled_tables_still_load_only_on_a_hash_change() {
     );
     rig.rt.close();
 }
+
+#[test]
+fn a_sync_execute_binds_in_sync_mode_so_its_tensors_stay_readable_in_flight() {
+    // Exec mode 1 (sync) for the sync path (seed 000 §1 QUIRK). Bound with the async mode (0),
+    // the tensors would be marked in use and a read from another thread would wait for the
+    // execution to end.
+    let rig = rig();
+    let mut blocker = identity_with(64, "blocker", [0; 13], [0; 32]);
+    let mut sp = shared::isa::encode_program(&[shared::isa::Instruction::new(
+        shared::isa::Opcode::WaitEvent,
+        &[11],
+    )]);
+    sp.extend_from_slice(&blocker.tpbs[0].blocks[4]);
+    blocker.tpbs[0].blocks[4] = sp;
+    let m = load(&rig.rt, &blocker, 0);
+    let (i, o, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    i.write(&pattern(64, 5), 0).unwrap();
+    std::thread::scope(|s| {
+        let running = s.spawn(|| rig.rt.execute(m, &ins, &outs));
+        assert!(
+            tests::wait_for(Duration::from_secs(5), || (rig.rt.compute_idx_tail(0)
+                == Some(1))
+            .then_some(()))
+            .is_some(),
+            "staged"
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let i = i.clone();
+            s.spawn(move || {
+                let mut buf = vec![0u8; 64];
+                i.read(&mut buf, 0).unwrap();
+                tx.send(()).unwrap();
+            })
+        };
+        let read_in_flight = rx.recv_timeout(Duration::from_millis(500)).is_ok();
+        rig.dev.event_set(0, 11, 1).unwrap();
+        running.join().unwrap().unwrap();
+        reader.join().unwrap();
+        assert!(
+            read_in_flight,
+            "the input could not be read while the execution ran"
+        );
+    });
+    let mut out = vec![0u8; 64];
+    o.read(&mut out, 0).unwrap();
+    assert!(out == pattern(64, 5));
+    rig.rt.close();
+}
