@@ -884,9 +884,16 @@ impl Runtime {
                 io: &resources.tdrv.ioqs[i],
                 cc_chain: if i == 0 { chain } else { None },
             };
-            req.tpb_mut(tpb.nc)?
-                .add_exec_request(compute_idx, &program, model_switch, skip)?;
-            tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx, "staged");
+            let staged =
+                req.tpb_mut(tpb.nc)?
+                    .add_exec_request(compute_idx, &program, model_switch, skip)?;
+            tracing::trace!(
+                target: "nrt::submit",
+                nc = tpb.nc,
+                compute_idx,
+                exec_pairs = staged.exec_pairs,
+                "staged"
+            );
         }
         info.request.compute_idx = req.next_compute_idx();
         Ok(())

@@ -67,7 +67,7 @@ pub struct StagedRequest {
     pub request: DeviceExecRequest,
     /// The fan-out's compute index (the slot it used).
     pub compute_idx: u32,
-    /// Descriptor pairs appended to the exec queue (4 + chain).
+    /// Descriptor pairs appended to the exec queue (4 + chain), as written.
     pub exec_pairs: u32,
 }
 
@@ -366,9 +366,13 @@ impl HwExecState {
             queue: EXEC_QUEUE,
         });
         let q = &mut self.exec_queue;
+        // Counted as written, not computed: the pairs this batch really put in the ring.
+        let mut exec_pairs = 0u32;
         let mut push = |src: u64, dst: u64, len: u64| {
-            q.push_copy(src, dst, len)
-                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))
+            exec_pairs += q
+                .push_copy(src, dst, len)
+                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))?;
+            Ok::<(), NrtError>(())
         };
         push(slot_pa, dmem, DEVICE_EXEC_REQUEST_SIZE as u64)?; // pair 1
         push(slot_pa + EVENT_POKE_WORD, event, 4)?; // pair 2
@@ -385,7 +389,7 @@ impl HwExecState {
         Ok(StagedRequest {
             request,
             compute_idx,
-            exec_pairs: 4 + m,
+            exec_pairs,
         })
     }
 }
