@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shared::NrtStatus;
 use shared::model::Target;
@@ -18,18 +18,72 @@ use crate::async_pool::{AsyncCallback, AsyncPool};
 use crate::backend::{ClaimedNc, Device};
 use crate::bind::{ExecMode, ExecResources, build_compute_resources};
 use crate::completion::{ExecRequest, NqEngine, NqReader};
-use crate::config::RuntimeConfig;
+use crate::config::{Platform, RuntimeConfig};
 use crate::doorbell::kickoff_exec;
 use crate::error::{NrtError, NrtResult};
 use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::stage::{HwExecQueue, StagedProgram};
 use crate::tensor::{Placement, Tensor, TensorSet};
-use crate::xu::{ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers};
+use crate::xu::{
+    CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
+};
 use shared::ids::SeqId;
 
 /// Entries of each NC's notification queue.
 pub const NQ_ENTRIES: u32 = 1024;
+
+/// The back-off between two attempts of a sync execute the funnel refused with NRT_QUEUE_FULL
+/// (the seed's `usleep(100)`).
+pub const QUEUE_FULL_BACKOFF: Duration = Duration::from_micros(100);
+
+/// The sync path's schedule loop (seed 000 §6 NOTE): `attempt` until it is not refused with
+/// NRT_QUEUE_FULL, sleeping [`QUEUE_FULL_BACKOFF`] between attempts; NRT_TIMEOUT once `budget`
+/// has passed. A sync execute never returns NRT_QUEUE_FULL.
+///
+/// # Errors
+/// NRT_TIMEOUT after `budget`; `attempt`'s other errors at once.
+fn schedule_retrying_queue_full<T>(
+    budget: Duration,
+    mut attempt: impl FnMut() -> NrtResult<T>,
+) -> NrtResult<T> {
+    let start = Instant::now();
+    loop {
+        match attempt() {
+            Err(e) if e.status == NrtStatus::QueueFull => {
+                if start.elapsed() >= budget {
+                    return Err(status_err(
+                        NrtStatus::Timeout,
+                        format!(
+                            "the execution queue stayed full for the whole wait budget ({budget:?}): {}",
+                            e.message
+                        ),
+                    ));
+                }
+                std::thread::sleep(QUEUE_FULL_BACKOFF);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The sync path's submit boundary: blocks on a pooled completion eventfd, or — no pooled
+/// eventfd free — polls `last_completed` for at most `budget` (the wait budget).
+///
+/// # Errors
+/// NRT_TIMEOUT when the poll fallback exceeds `budget`.
+fn wait_sync<E: CompletionEngine>(xu: &Xu<E>, seq: SeqId, budget: Duration) -> NrtResult<()> {
+    xu.wait_for_completion(seq, Some(budget)).map_err(|s| {
+        status_err(
+            s,
+            format!(
+                "waiting for request {:#x} on logical core {} (budget {budget:?})",
+                seq.raw(),
+                xu.vnc()
+            ),
+        )
+    })
+}
 
 /// A loaded model's handle (`nrt_model_t*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +141,7 @@ pub struct Runtime {
     metrics: Arc<Metrics>,
     claimed: Vec<ClaimedNc>,
     target: Target,
+    wait_budget: Duration,
     pool: Option<AsyncPool>,
 }
 
@@ -134,11 +189,12 @@ impl Runtime {
         let (first, count) = config
             .select_vncs(logical)
             .map_err(|m| status_err(NrtStatus::LoadNotEnoughNc, m))?;
-        let target = if device.backend_name() == "sim" {
-            Target::Simdev
-        } else {
-            Target::Silicon
+        let platform = Platform::of_backend(device.backend_name());
+        let target = match platform {
+            Platform::Simulator => Target::Simdev,
+            Platform::Hardware => Target::Silicon,
         };
+        let wait_budget = config.wait_budget(platform);
         let vncs: Vec<Vnc> = (first..first + count)
             .map(|v| Vnc {
                 ncs: (v * lnc..(v + 1) * lnc).collect(),
@@ -159,7 +215,13 @@ impl Runtime {
                 let nq = device.notification_queue_init(nc, NQ_ENTRIES)?;
                 readers.push((nc, NqReader::new(nq, c.notification_fd.take())));
                 claimed.push(c);
-                hw_queues.insert(nc, Arc::new(HwExecQueue::new(device.clone(), nc, slots)?));
+            }
+            // One set of exec queues per logical core, behind its main TPB's compute_req_lock.
+            for v in &vncs {
+                let q = Arc::new(HwExecQueue::new(device.clone(), &v.ncs, slots)?);
+                for &nc in &v.ncs {
+                    hw_queues.insert(nc, q.clone());
+                }
             }
             Ok(())
         })();
@@ -178,7 +240,9 @@ impl Runtime {
                 vnc: u32::try_from(i).unwrap_or(u32::MAX),
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
-                efd_pool_size: 8,
+                // One pooled completion eventfd per XU slot: every sync waiter whose request
+                // is in the ring blocks on an eventfd; the poll fallback is for exhaustion only.
+                efd_pool_size: config.xu_capacity,
                 implicit_async_mode: config.async_max_inflight > 0,
             };
             let xu = Arc::new(
@@ -213,6 +277,7 @@ impl Runtime {
             metrics,
             claimed,
             target,
+            wait_budget,
             pool,
         })
     }
@@ -225,6 +290,25 @@ impl Runtime {
     /// The configuration read at init.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
+    }
+
+    /// The sync path's wait budget (seed 000 §6 NOTE; [`RuntimeConfig::wait_budget`] for the
+    /// platform of this runtime's backend).
+    pub fn wait_budget(&self) -> Duration {
+        self.wait_budget
+    }
+
+    /// The next compute index of logical core `vnc`: its main TPB's `compute_idx_tail`, the one
+    /// counter of the whole fan-out (seed 000 §4).
+    pub fn compute_idx_tail(&self, vnc: u32) -> Option<u32> {
+        let main = self.vncs.get(vnc as usize)?.ncs.first()?;
+        let q = self.hw_queues.get(main)?;
+        Some(
+            q.compute_req_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .compute_idx_tail(),
+        )
     }
 
     /// Logical cores available to this process (`nrt_get_visible_vnc_count`).
@@ -389,7 +473,7 @@ impl Runtime {
         if self.config.funtime {
             return Ok(());
         }
-        let m = self.model(model)?;
+        let m = self.resolve(model)?;
         check_input_count(&m, inputs)?;
         // The fork: sync clones host tensors to device memory and copies results back.
         let clone = |set: &TensorSet,
@@ -417,20 +501,18 @@ impl Runtime {
         }
         let has_host = |set: &TensorSet| set.iter().any(|(_, t)| t.placement() == Placement::Host);
         let mode = ExecMode::from_async_workers_present(false);
-        let (resources, out_clones) = if has_host(inputs) || has_host(outputs) {
+        let (in_dev, out_dev, out_clones) = if has_host(inputs) || has_host(outputs) {
             let (in_dev, _) = clone(inputs, true)?;
             let (out_dev, out_clones) = clone(outputs, false)?;
-            (
-                build_compute_resources(&m, &in_dev, &out_dev, mode)?,
-                out_clones,
-            )
+            (Some(in_dev), Some(out_dev), out_clones)
         } else {
-            (
-                build_compute_resources(&m, inputs, outputs, mode)?,
-                Vec::new(),
-            )
+            (None, None, Vec::new())
         };
-        let status = self.submit_sync(&m, resources)?;
+        let (ins, outs) = (
+            in_dev.as_ref().unwrap_or(inputs),
+            out_dev.as_ref().unwrap_or(outputs),
+        );
+        let status = self.submit_sync(&m, || build_compute_resources(&m, ins, outs, mode))?;
         if matches!(
             status,
             NrtStatus::Success | NrtStatus::ExecCompletedWithNumErr
@@ -523,12 +605,65 @@ impl Runtime {
         f(xu, info, &stage, &doorbell).map_err(|s| Self::refusal(m, s))
     }
 
-    /// The synchronous submit: funnel, then block until the worker completes it; returns the
+    /// `kmgr_sync_exec`: schedules through the funnel — retrying NRT_QUEUE_FULL every 100 µs
+    /// within the wait budget, binding again for each attempt (a refused work item is dropped
+    /// with its resources) — then blocks until the worker completes it; returns the
     /// execution's status.
-    fn submit_sync(&self, m: &Arc<LoadedModel>, resources: ExecResources) -> NrtResult<NrtStatus> {
-        self.funnel(m, resources, |xu, info, stage, doorbell| {
-            xu.execute_sync(info, stage, doorbell)
-        })
+    fn submit_sync(
+        &self,
+        m: &Arc<LoadedModel>,
+        mut bind: impl FnMut() -> NrtResult<ExecResources>,
+    ) -> NrtResult<NrtStatus> {
+        thread_local! {
+            // The caller's own status cell, reused across calls (the seed passes a pointer to
+            // the caller's stack), so the only allocation per execution is the work item.
+            static STATUS: Arc<ExecStatus> = Arc::new(ExecStatus::new());
+        }
+        let status = STATUS.with(Arc::clone);
+        status.reset();
+        let xu = self
+            .xus
+            .get_by_vcore(m.vnc())
+            .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
+        let seq = schedule_retrying_queue_full(self.wait_budget, || {
+            let cell = status.clone();
+            self.funnel(m, bind()?, move |xu, info, stage, doorbell| {
+                xu.schedule_request(info, Some(cell), stage, doorbell)
+            })
+        })?;
+        wait_sync(xu, seq, self.wait_budget)?;
+        Ok(status.get().unwrap_or(NrtStatus::Failure))
+    }
+
+    /// `vtpb_get_virtual_core` then `db_get_nn_ref_count`: the handle's logical core must be
+    /// one of this process's (NRT_INVALID, "unknown logical core", before anything is allocated
+    /// or bound — seed 000 §1), then the handle must name a loaded model on that core
+    /// (NRT_INVALID_HANDLE).
+    fn resolve(&self, model: ModelHandle) -> NrtResult<Arc<LoadedModel>> {
+        if model.vnc as usize >= self.vncs.len() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "unknown logical core {} (model handle {}; {} visible)",
+                    model.vnc,
+                    model.id,
+                    self.vncs.len()
+                ),
+            ));
+        }
+        let m = self.model(model)?;
+        if m.vnc() != model.vnc {
+            return Err(status_err(
+                NrtStatus::InvalidHandle,
+                format!(
+                    "model handle {} names logical core {}, the model is loaded on {}",
+                    model.id,
+                    model.vnc,
+                    m.vnc()
+                ),
+            ));
+        }
+        Ok(m)
     }
 
     /// The implicit-async fork of `kmgr_exec`: host tensors are refused (the seed's GOTCHA:
@@ -600,6 +735,12 @@ impl Runtime {
         }
     }
 
+    /// The implicit-async pool's `consecutive_model_counter` on logical core `vnc` (`None`
+    /// when the pool is off or the core is not visible).
+    pub fn async_consecutive_model_counter(&self, vnc: u32) -> Option<u64> {
+        self.pool.as_ref()?.consecutive_model_counter(vnc)
+    }
+
     /// Whether the implicit async pool serves executions.
     pub fn implicit_async(&self) -> bool {
         self.pool.is_some()
@@ -618,7 +759,7 @@ impl Runtime {
         inputs: &TensorSet,
         outputs: &TensorSet,
     ) -> NrtResult<ScheduledExecution> {
-        let m = self.model(model)?;
+        let m = self.resolve(model)?;
         if self.pool.is_some() {
             return Err(status_err(
                 NrtStatus::Invalid,
@@ -703,8 +844,9 @@ impl Runtime {
         Ok(())
     }
 
-    /// `kbl_compute_setup`: stages every TPB under the first TPB's `compute_req_lock`, one
-    /// compute index for the whole fan-out.
+    /// `kbl_compute_setup`: takes the main TPB's `compute_req_lock` once, stages every TPB of
+    /// the vNC in order under it (no per-TPB lock), then assigns the fan-out's single
+    /// `compute_idx = compute_idx_tail++` of the main TPB.
     fn stage(
         &self,
         m: &LoadedModel,
@@ -713,11 +855,11 @@ impl Runtime {
         skip: bool,
     ) -> NrtResult<()> {
         let tpbs = m.tpbs();
-        let first = self
+        let main = self
             .hw_queues
             .get(&tpbs[0].nc)
             .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
-        let mut main = first
+        let mut req = main
             .compute_req_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -733,6 +875,7 @@ impl Runtime {
         } else {
             None
         };
+        let compute_idx = req.compute_idx_tail();
         for (i, tpb) in tpbs.iter().enumerate() {
             let program = StagedProgram {
                 engine_addresses: tpb.engine_addresses,
@@ -741,38 +884,18 @@ impl Runtime {
                 io: &resources.tdrv.ioqs[i],
                 cc_chain: if i == 0 { chain } else { None },
             };
-            let staged = if i == 0 {
-                main.add_exec_request(tpb.nc, &program, model_switch, skip)?
-            } else {
-                // Lockstep under the first TPB's lock (seed 000 §3: no per-TPB locking). This
-                // TPB's state still sits behind its own mutex, which Rust needs to hand out the
-                // state; it is uncontended because every stage of the vNC holds the first lock.
-                let q = self
-                    .hw_queues
-                    .get(&tpb.nc)
-                    .ok_or_else(|| status_err(NrtStatus::Failure, "no exec queue"))?;
-                let mut st = q
-                    .compute_req_lock
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                st.add_exec_request(tpb.nc, &program, model_switch, skip)?
-            };
-            // One compute_idx for the whole fan-out: the main TPB's. The other TPBs are
-            // staged in lockstep with it, so their exec queues are at the same index.
-            if i == 0 {
-                info.request.compute_idx = staged.compute_idx;
-            } else if staged.compute_idx != info.request.compute_idx {
-                return Err(status_err(
-                    NrtStatus::Failure,
-                    format!(
-                        "NC {} staged compute_idx {} but the vNC's main NC staged {}: \
-                         its exec queue is out of lockstep",
-                        tpb.nc, staged.compute_idx, info.request.compute_idx
-                    ),
-                ));
-            }
-            tracing::trace!(target: "nrt::submit", nc = tpb.nc, compute_idx = staged.compute_idx, "staged");
+            let staged =
+                req.tpb_mut(tpb.nc)?
+                    .add_exec_request(compute_idx, &program, model_switch, skip)?;
+            tracing::trace!(
+                target: "nrt::submit",
+                nc = tpb.nc,
+                compute_idx,
+                exec_pairs = staged.exec_pairs,
+                "staged"
+            );
         }
+        info.request.compute_idx = req.next_compute_idx();
         Ok(())
     }
 
@@ -787,6 +910,8 @@ impl Runtime {
             w.destroy();
         }
         self.models.unload_all();
+        // Each logical core's queues are listed under each of its NCs: the last reference
+        // releases them.
         for (_, q) in self.hw_queues.drain() {
             if let Ok(q) = Arc::try_unwrap(q) {
                 q.release();
@@ -936,5 +1061,99 @@ pub mod nrt {
     /// The gates.
     pub fn current() -> NrtResult<Arc<Runtime>> {
         runtime()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::xu::Progress;
+
+    /// A completion engine whose executions never end.
+    #[derive(Debug)]
+    struct NeverDone;
+
+    impl CompletionEngine for NeverDone {
+        type Request = ();
+
+        fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<()>) -> Progress {
+            Progress::InFlight
+        }
+    }
+
+    #[test]
+    fn queue_full_is_retried_every_100us_until_it_clears() {
+        let attempts = Cell::new(0u32);
+        let started = Instant::now();
+        let r = schedule_retrying_queue_full(Duration::from_secs(5), || {
+            attempts.set(attempts.get() + 1);
+            if attempts.get() < 4 {
+                Err(status_err(NrtStatus::QueueFull, "full"))
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(attempts.get(), 4);
+        assert!(
+            started.elapsed() >= QUEUE_FULL_BACKOFF * 3,
+            "backs off between attempts"
+        );
+    }
+
+    #[test]
+    fn queue_full_past_the_budget_is_nrt_timeout_and_other_refusals_return_at_once() {
+        let attempts = Cell::new(0u32);
+        let e = schedule_retrying_queue_full(Duration::from_millis(20), || -> NrtResult<()> {
+            attempts.set(attempts.get() + 1);
+            Err(status_err(NrtStatus::QueueFull, "full"))
+        })
+        .unwrap_err();
+        assert_eq!(e.status, NrtStatus::Timeout);
+        assert!(attempts.get() > 1);
+        let attempts = Cell::new(0u32);
+        let e = schedule_retrying_queue_full(Duration::from_secs(5), || -> NrtResult<()> {
+            attempts.set(attempts.get() + 1);
+            Err(status_err(NrtStatus::ExecUnitUnrecoverable, "poisoned"))
+        })
+        .unwrap_err();
+        assert_eq!(
+            (e.status, attempts.get()),
+            (NrtStatus::ExecUnitUnrecoverable, 1)
+        );
+    }
+
+    #[test]
+    fn the_poll_fallback_waits_the_wait_budget_then_times_out() {
+        // No pooled eventfd: the sync wait polls, bounded by the budget it is given (a `None`
+        // budget would poll forever and this test would hang).
+        let xu = Xu::new(
+            XuConfig {
+                vnc: 0,
+                tpbs: vec![0],
+                capacity: 4,
+                efd_pool_size: 0,
+                implicit_async_mode: false,
+            },
+            Arc::new(NeverDone),
+            Arc::new(Metrics::new(1)),
+        )
+        .unwrap();
+        let seq = xu
+            .schedule_request(
+                Box::new(ExecInfo::execute(1, ())),
+                None,
+                |_, _| Ok(()),
+                |_| Ok(()),
+            )
+            .unwrap();
+        let budget = Duration::from_millis(30);
+        let started = Instant::now();
+        let e = wait_sync(&xu, seq, budget).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Timeout);
+        assert!(started.elapsed() >= budget);
+        assert!(e.message.contains("budget"), "{e}");
     }
 }

@@ -36,6 +36,8 @@ struct AsyncReq {
 struct WorkQueue {
     deque: VecDeque<AsyncReq>,
     last_posted_model: Option<u64>,
+    /// Executions of `last_posted_model` posted in a row: 1 on a switch, +1 otherwise.
+    consecutive_model_counter: u64,
     stopping: bool,
     /// The worker holds a request taken off the deque.
     busy: bool,
@@ -178,11 +180,23 @@ impl AsyncPool {
             return Err(rc);
         }
         q.last_posted_model = Some(info.model_id);
+        q.consecutive_model_counter = if is_switch {
+            1
+        } else {
+            q.consecutive_model_counter + 1
+        };
         let req_id = self.id_tracker.fetch_add(1, Ordering::Relaxed);
         q.deque.push_back(AsyncReq { req_id, info });
         drop(q);
         w.has_work.notify_one();
         Ok(req_id)
+    }
+
+    /// `consecutive_model_counter` of logical core `vnc`'s worker: how many executions of the
+    /// last posted model were posted in a row (seed 000 §6, `kaew_post_request`).
+    pub fn consecutive_model_counter(&self, vnc: u32) -> Option<u64> {
+        let w = self.workers.get(vnc as usize)?;
+        Some(lock(&w.work_queue_lock).consecutive_model_counter)
     }
 
     /// `nrt_async_drain_queued_execs`: blocks until logical core `vnc` has nothing queued.

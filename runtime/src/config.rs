@@ -51,6 +51,31 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// The sync wait budget on the simulator platform (`tdrv_get_platform_type() ∈ {1, 2}`): 432000 s.
+pub const SIMULATOR_WAIT_BUDGET: Duration = Duration::from_secs(432_000);
+
+/// What `tdrv_get_platform_type` answers, as the runtime knows it: from the backend it opened
+/// (`sim` is the simulator platform, `neuron` — the kernel driver — is hardware).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// simdev (libnrt's platform types 1 and 2).
+    Simulator,
+    /// Real devices through `/dev/neuronN`.
+    Hardware,
+}
+
+impl Platform {
+    /// The platform of a backend named `backend_name` ([`crate::Device::backend_name`]):
+    /// `"sim"` is the simulator; anything else drives hardware.
+    pub fn of_backend(backend_name: &str) -> Self {
+        if backend_name == "sim" {
+            Self::Simulator
+        } else {
+            Self::Hardware
+        }
+    }
+}
+
 /// A bad configuration value.
 #[derive(Debug, thiserror::Error)]
 #[error("{var}={value:?}: {why}")]
@@ -206,6 +231,19 @@ impl RuntimeConfig {
             .max(self.async_max_inflight)
     }
 
+    /// The sync path's wait budget (seed 000 §6 NOTE): how long a synchronous execute retries
+    /// NRT_QUEUE_FULL (every 100 µs) before NRT_TIMEOUT, and how long the poll fallback waits
+    /// when no pooled completion eventfd is free. 432000 s (5 days) on the simulator platform;
+    /// `exec_timeout * (async_exec_max_inflight_requests + 1)` on hardware.
+    pub fn wait_budget(&self, platform: Platform) -> Duration {
+        match platform {
+            Platform::Simulator => SIMULATOR_WAIT_BUDGET,
+            Platform::Hardware => self
+                .exec_timeout
+                .saturating_mul(self.async_max_inflight.saturating_add(1)),
+        }
+    }
+
     /// The logical cores to reserve out of `available`: (first, count).
     ///
     /// # Errors
@@ -311,6 +349,28 @@ mod tests {
             e.contains("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_wait_budget_is_five_days_on_the_simulator_and_scales_with_inflight_on_hardware() {
+        let c = cfg(&[
+            ("NEURON_RT_EXEC_TIMEOUT", "2.5"),
+            ("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.wait_budget(Platform::Simulator),
+            Duration::from_secs(432_000)
+        );
+        assert_eq!(c.wait_budget(Platform::Hardware), Duration::from_secs(10));
+        let c = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "7")]).unwrap();
+        assert_eq!(
+            c.wait_budget(Platform::Hardware),
+            Duration::from_secs(7),
+            "no async pool: exec_timeout * (0 + 1)"
+        );
+        assert_eq!(Platform::of_backend("sim"), Platform::Simulator);
+        assert_eq!(Platform::of_backend("neuron"), Platform::Hardware);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! `ndl_nc_semaphore_increment(nc, INFERENCE_START, 1)`, one per bound TPB, after every TPB was
 //! staged (arm all, then fire all). On silicon it is `ioctl(fd, 0x80084E29, {nc, sem, 1})`; on
 //! simdev a posted message. It is the only device call on the submit hot path.
+//!
+//! `exec_kickoff_infer` returns `ndl_nc_semaphore_increment(...) != 0`: whatever the backend's
+//! error, the doorbell's status is NRT_FAILURE (1). The backend's error is logged, not returned.
 
 use shared::NrtStatus;
 use shared::sequencer::SEM_INFERENCE_START;
@@ -10,10 +13,10 @@ use crate::backend::Device;
 use crate::error::NrtError;
 
 /// Rings the INFERENCE_START doorbell of each NC in `ncs`, in order; stops at the first
-/// failure ("Failed to post inference request").
+/// failure, logging "Failed to post inference request".
 ///
 /// # Errors
-/// The backend's error as an NRT status (the caller poisons the XU).
+/// NRT_FAILURE naming the NC and the backend's error (the caller poisons the XU).
 pub fn kickoff_exec(device: &dyn Device, ncs: &[u32]) -> Result<(), NrtError> {
     for &nc in ncs {
         tracing::trace!(target: "nrt::submit", nc, "doorbell");
@@ -21,11 +24,10 @@ pub fn kickoff_exec(device: &dyn Device, ncs: &[u32]) -> Result<(), NrtError> {
             .semaphore_increment(nc, SEM_INFERENCE_START, 1)
             .map_err(|e| {
                 tracing::error!(nc, error = %e, "Failed to post inference request");
-                let mut err = NrtError::from(e);
-                if err.status == NrtStatus::Success {
-                    err.status = NrtStatus::Failure;
-                }
-                err
+                NrtError::new(
+                    NrtStatus::Failure,
+                    format!("Failed to post inference request on NC {nc}: {e}"),
+                )
             })?;
     }
     Ok(())

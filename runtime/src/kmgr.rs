@@ -336,7 +336,7 @@ impl ModelDb {
                             ),
                         ));
                     }
-                    hwq.ensure_io_queue(ring.engine, ring.queue)?;
+                    hwq.ensure_io_queue(nc, ring.engine, ring.queue)?;
                 }
                 let blocks: Vec<Vec<u8>> = tpb
                     .blocks

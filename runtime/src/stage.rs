@@ -4,7 +4,7 @@
 //!
 //! Everything here is allocated once — at runtime init for each claimed NC (request buffer
 //! slots, the exec queue's rings, the I/O rings) — and an execution only writes descriptors and
-//! 56 bytes of request into memory that already exists.
+//! 56 bytes (the request and its `cc_dma_increment` trailer) into memory that already exists.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,13 +26,13 @@ use crate::dma::DmaQueue;
 use crate::error::NrtError;
 
 /// Bytes of one request-buffer slot: the 52-byte request, the 4-byte `cc_dma_increment`
-/// trailer at 0x34, the event-poke source word (1) at 0x38 and the tail-increment value word at
-/// 0x3C.
+/// trailer at 0x34 (`M`, the collectives-chain pairs the tail increments post: trigger pair 3
+/// takes its source there) and the event-poke source word (1) at 0x38; 64 keeps slots aligned.
 pub const REQUEST_SLOT_SIZE: u64 = 64;
 /// Offset of the word holding 1, the value trigger pair 2 writes to the request-load event.
 pub const EVENT_POKE_WORD: u64 = 0x38;
-/// Offset of the word holding `M`, the value trigger pair 3 writes to the tail increments.
-pub const TAIL_INC_WORD: u64 = 0x3C;
+/// Offset of the `cc_dma_increment` trailer in a slot, the source of trigger pair 3.
+pub const CC_DMA_INCREMENT_WORD: u64 = CC_DMA_INCREMENT_OFFSET as u64;
 /// Descriptors in each I/O ring the runtime creates per (engine, queue) of an NC.
 pub const IO_RING_DESCS: u32 = 16384;
 
@@ -65,34 +65,48 @@ pub struct StagedProgram<'a> {
 pub struct StagedRequest {
     /// The request as written.
     pub request: DeviceExecRequest,
-    /// The execution's compute index on this NC.
+    /// The fan-out's compute index (the slot it used).
     pub compute_idx: u32,
-    /// Descriptor pairs appended to the exec queue (4 + chain).
+    /// Descriptor pairs appended to the exec queue (4 + chain), as written.
     pub exec_pairs: u32,
 }
 
-/// The per-NC state behind `compute_req_lock`.
+/// One TPB's hardware exec queue state (`hw_exec_queue_t` without its lock): its exec queue,
+/// request buffer, skip-config caches and I/O rings.
 #[derive(Debug)]
 pub struct HwExecState {
+    nc: u32,
     exec_queue: DmaQueue,
     req_buf: SharedChunk,
     req_alloc: Allocation,
     slots: u32,
-    compute_idx_tail: u32,
     last_exec_req_flags: Option<[u32; 13]>,
     last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
     io_queues: HashMap<(u32, u32), DmaQueue>,
     map: AddressMap,
 }
 
-/// One NC's hardware exec queue (`hw_exec_queue_t`): its `compute_req_lock` and the state
-/// behind it.
+/// What the main TPB's `compute_req_lock` guards: the single `compute_idx_tail` of the vNC and
+/// the exec queue state of every TPB of the vNC (seed 000 §4 QUIRK: one lock for the fan-out,
+/// no per-TPB locking, one monotonic index on the main TPB).
+#[derive(Debug)]
+pub struct ComputeReq {
+    compute_idx_tail: u32,
+    tpbs: Vec<HwExecState>,
+}
+
+/// The hardware exec queues of one vNC, behind its main TPB's `compute_req_lock`.
+///
+/// # Invariants
+/// The runtime's `compute_idx_tail` is the number of fan-outs staged; every TPB's exec queue
+/// received exactly one batch per fan-out, so each NC's sequencer — which counts its own
+/// batches — numbers the batch of fan-out `k` with `k` too (`shared::sequencer`).
 #[derive(Debug)]
 pub struct HwExecQueue {
-    /// The physical NC.
+    /// The main TPB's physical NC (`tpbs[0]`).
     pub nc: u32,
-    /// `compute_req_lock`: taken on the first TPB of a vNC for the whole fan-out.
-    pub compute_req_lock: Mutex<HwExecState>,
+    /// The main TPB's `compute_req_lock`: taken once for the whole fan-out.
+    pub compute_req_lock: Mutex<ComputeReq>,
     device: Arc<dyn Device>,
 }
 
@@ -101,12 +115,118 @@ fn fail(what: impl std::fmt::Display) -> NrtError {
 }
 
 impl HwExecQueue {
-    /// Allocates and initialises NC `nc`'s exec queue (rings in its HBM, DMA_QUEUE_INIT) and a
-    /// request buffer of `slots` slots (one per execution that may be in flight).
+    /// Allocates and initialises the exec queue of each NC in `ncs` (the vNC's TPBs, main
+    /// first) and a request buffer of `slots` slots per NC (one per execution that may be in
+    /// flight).
     ///
     /// # Errors
-    /// The device's allocation or init error.
-    pub fn new(device: Arc<dyn Device>, nc: u32, slots: u32) -> Result<Self, NrtError> {
+    /// The device's allocation or init error (what was set up is released).
+    pub fn new(device: Arc<dyn Device>, ncs: &[u32], slots: u32) -> Result<Self, NrtError> {
+        let main = *ncs
+            .first()
+            .ok_or_else(|| NrtError::new(NrtStatus::Invalid, "a logical core with no NC"))?;
+        let mut tpbs = Vec::with_capacity(ncs.len());
+        for &nc in ncs {
+            match HwExecState::new(&device, nc, slots) {
+                Ok(st) => tpbs.push(st),
+                Err(e) => {
+                    for st in tpbs {
+                        st.release(device.as_ref());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self {
+            nc: main,
+            compute_req_lock: Mutex::new(ComputeReq {
+                compute_idx_tail: 0,
+                tpbs,
+            }),
+            device,
+        })
+    }
+
+    /// Creates the I/O ring (engine, queue) of NC `nc` if it does not exist yet (at model load).
+    ///
+    /// # Errors
+    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue) or an NC not
+    /// of this vNC.
+    pub fn ensure_io_queue(&self, nc: u32, engine: u32, queue: u32) -> Result<(), NrtError> {
+        if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
+            ));
+        }
+        let mut req = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let st = req.tpb_mut(nc)?;
+        if st.io_queues.contains_key(&(engine, queue)) {
+            return Ok(());
+        }
+        let id = DmaQueueId { nc, engine, queue };
+        let q = DmaQueue::create(
+            self.device.as_ref(),
+            id,
+            IO_RING_DESCS,
+            MemLocation::Hbm { nc },
+        )
+        .map_err(|e| {
+            fail(format!(
+                "NC {nc}: creating I/O ring ({engine}, {queue}): {e}"
+            ))
+        })?;
+        st.io_queues.insert((engine, queue), q);
+        Ok(())
+    }
+
+    /// Releases every TPB's exec queue, I/O rings and request buffer (runtime close).
+    pub fn release(self) {
+        let req = self
+            .compute_req_lock
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for st in req.tpbs {
+            st.release(self.device.as_ref());
+        }
+    }
+}
+
+impl ComputeReq {
+    /// The next fan-out's compute index (`compute_idx_tail` of the main TPB).
+    pub fn compute_idx_tail(&self) -> u32 {
+        self.compute_idx_tail
+    }
+
+    /// Takes the next compute index (`compute_idx_tail++`), once per fan-out.
+    pub fn next_compute_idx(&mut self) -> u32 {
+        let idx = self.compute_idx_tail;
+        self.compute_idx_tail = idx.wrapping_add(1);
+        idx
+    }
+
+    /// The exec queue state of TPB `nc` of this vNC.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when `nc` is not a TPB of this vNC.
+    pub fn tpb_mut(&mut self, nc: u32) -> Result<&mut HwExecState, NrtError> {
+        self.tpbs
+            .iter_mut()
+            .find(|t| t.nc == nc)
+            .ok_or_else(|| fail(format!("NC {nc} has no exec queue on this logical core")))
+    }
+
+    /// The exec queue state of TPB `nc` of this vNC, if it is one.
+    pub fn tpb(&self, nc: u32) -> Option<&HwExecState> {
+        self.tpbs.iter().find(|t| t.nc == nc)
+    }
+}
+
+impl HwExecState {
+    fn new(device: &Arc<dyn Device>, nc: u32, slots: u32) -> Result<Self, NrtError> {
         let info = device.info();
         let map = AddressMap {
             arch: info.arch,
@@ -142,105 +262,57 @@ impl HwExecQueue {
         }
         Ok(Self {
             nc,
-            compute_req_lock: Mutex::new(HwExecState {
-                exec_queue,
-                req_buf,
-                req_alloc,
-                slots,
-                compute_idx_tail: 0,
-                last_exec_req_flags: None,
-                last_exec_req_tbl_hashes: None,
-                io_queues: HashMap::new(),
-                map,
-            }),
-            device,
+            exec_queue,
+            req_buf,
+            req_alloc,
+            slots,
+            last_exec_req_flags: None,
+            last_exec_req_tbl_hashes: None,
+            io_queues: HashMap::new(),
+            map,
         })
     }
 
-    /// Creates the I/O ring (engine, queue) of this NC if it does not exist yet (at model load).
-    ///
-    /// # Errors
-    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue).
-    pub fn ensure_io_queue(&self, engine: u32, queue: u32) -> Result<(), NrtError> {
-        if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
-            return Err(NrtError::new(
-                NrtStatus::Invalid,
-                format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
-            ));
-        }
-        let mut st = self
-            .compute_req_lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if st.io_queues.contains_key(&(engine, queue)) {
-            return Ok(());
-        }
-        let id = DmaQueueId {
-            nc: self.nc,
-            engine,
-            queue,
-        };
-        let q = DmaQueue::create(
-            self.device.as_ref(),
-            id,
-            IO_RING_DESCS,
-            MemLocation::Hbm { nc: self.nc },
-        )
-        .map_err(|e| {
-            fail(format!(
-                "NC {}: creating I/O ring ({engine}, {queue}): {e}",
-                self.nc
-            ))
-        })?;
-        st.io_queues.insert((engine, queue), q);
-        Ok(())
-    }
-
-    /// Releases the exec queue, the I/O rings and the request buffer (runtime close).
-    pub fn release(self) {
-        let st = self
-            .compute_req_lock
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let dev = self.device.as_ref();
-        let _ = st.exec_queue.release(dev);
-        for (_, q) in st.io_queues {
+    fn release(self, dev: &dyn Device) {
+        let _ = self.exec_queue.release(dev);
+        for (_, q) in self.io_queues {
             let _ = q.release(dev);
         }
-        drop(st.req_buf);
-        let _ = dev.mem_free(st.req_alloc.handle);
+        drop(self.req_buf);
+        let _ = dev.mem_free(self.req_alloc.handle);
     }
-}
 
-impl HwExecState {
+    /// The physical NC.
+    pub fn nc(&self) -> u32 {
+        self.nc
+    }
+
     /// The exec queue (its rings hold the trigger pairs).
     pub fn exec_queue(&self) -> &DmaQueue {
         &self.exec_queue
-    }
-
-    /// The next execution's compute index on this NC.
-    pub fn compute_idx_tail(&self) -> u32 {
-        self.compute_idx_tail
     }
 
     /// `hw_exec_queue_add_exec_request_impl`: writes this execution's I/O descriptors into the
     /// I/O rings, builds the request (engine addresses split lo/hi; `reload_seq_config` from the
     /// `exec_req_flags` diff — always 1 when the optimisation is off; `load_act_dve_tables` from
     /// the table-hash diff), copies it into the request slot then the `cc_dma_increment` trailer
-    /// at 0x34, appends trigger pair 1 (52-byte request → DMEM), pair 2 (4-byte event poke),
-    /// pair 3 (two 4-byte tail increments carrying the chain length) and the chain, in that
-    /// order, then updates the caches and `compute_idx_tail`.
+    /// at 0x34 (`M`, the chain length), appends trigger pair 1 (52-byte request → DMEM), pair 2
+    /// (4-byte event poke), pair 3 (two 4-byte tail increments sourced from the trailer) and the
+    /// chain, in that
+    /// order, then updates the caches. `compute_idx` is the fan-out's single index (the main
+    /// TPB's); it picks the request slot.
     ///
     /// # Errors
     /// NRT_FAILURE when a ring or the request buffer cannot be written (the caller poisons the
     /// XU).
     pub fn add_exec_request(
         &mut self,
-        nc: u32,
+        compute_idx: u32,
         program: &StagedProgram<'_>,
         model_switch: bool,
         skip_config_optimization: bool,
     ) -> Result<StagedRequest, NrtError> {
+        let nc = self.nc;
         for ring in program.io {
             let (engine, queue) = (ring.engine, ring.queue);
             let q = self.io_queues.get_mut(&(engine, queue)).ok_or_else(|| {
@@ -268,22 +340,16 @@ impl HwExecState {
         for (engine, addr) in Engine::ALL.iter().zip(program.engine_addresses) {
             request.set_engine_address(*engine, addr);
         }
-        let compute_idx = self.compute_idx_tail;
         let slot_pa = self.req_alloc.pa + u64::from(compute_idx % self.slots) * REQUEST_SLOT_SIZE;
         let chain_len = program.cc_chain.map_or(0, |c| c.pairs.len());
         let m = u32::try_from(chain_len).map_err(fail)?;
         self.req_buf
             .write(slot_pa, request.as_bytes())
             .map_err(|e| fail(format!("Unable to copy execution request to device: {e}")))?;
+        // cc_dma_increment: a separate 4-byte copy-in after the body (seed 000 §3).
         self.req_buf
-            .write(
-                slot_pa + CC_DMA_INCREMENT_OFFSET as u64,
-                &0u32.to_le_bytes(),
-            )
+            .write(slot_pa + CC_DMA_INCREMENT_WORD, &m.to_le_bytes())
             .map_err(|e| fail(format!("Unable to copy CC DMA increment to device: {e}")))?;
-        self.req_buf
-            .write(slot_pa + TAIL_INC_WORD, &m.to_le_bytes())
-            .map_err(fail)?;
         let dmem = self.map.dmem_address(nc, 0);
         let event = self.map.register_address(Register::Event {
             nc,
@@ -300,14 +366,18 @@ impl HwExecState {
             queue: EXEC_QUEUE,
         });
         let q = &mut self.exec_queue;
+        // Counted as written, not computed: the pairs this batch really put in the ring.
+        let mut exec_pairs = 0u32;
         let mut push = |src: u64, dst: u64, len: u64| {
-            q.push_copy(src, dst, len)
-                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))
+            exec_pairs += q
+                .push_copy(src, dst, len)
+                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))?;
+            Ok::<(), NrtError>(())
         };
         push(slot_pa, dmem, DEVICE_EXEC_REQUEST_SIZE as u64)?; // pair 1
         push(slot_pa + EVENT_POKE_WORD, event, 4)?; // pair 2
-        push(slot_pa + TAIL_INC_WORD, rx_inc, 4)?; // pair 3, RX tail increment
-        push(slot_pa + TAIL_INC_WORD, tx_inc, 4)?; // pair 3, TX tail increment
+        push(slot_pa + CC_DMA_INCREMENT_WORD, rx_inc, 4)?; // pair 3, RX tail increment
+        push(slot_pa + CC_DMA_INCREMENT_WORD, tx_inc, 4)?; // pair 3, TX tail increment
         if let Some(chain) = program.cc_chain {
             for &(src, dst, len) in &chain.pairs {
                 push(src, dst, len)?;
@@ -316,11 +386,10 @@ impl HwExecState {
         self.exec_queue.hand_to_device();
         self.last_exec_req_flags = Some(*program.exec_req_flags);
         self.last_exec_req_tbl_hashes = Some(hashes);
-        self.compute_idx_tail = self.compute_idx_tail.wrapping_add(1);
         Ok(StagedRequest {
             request,
             compute_idx,
-            exec_pairs: 4 + m,
+            exec_pairs,
         })
     }
 }
@@ -336,4 +405,23 @@ pub fn check_cc_chain(chain: &CcChain) -> Result<(), NrtError> {
             .map_err(|e| NrtError::new(NrtStatus::Invalid, format!("collectives chain: {e}")))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_collectives_chain_piece_over_64_kib_is_refused() {
+        let ok = CcChain {
+            pairs: vec![(0x1000, 0x9_0000, 65536), (0x2000, 0xA_0000, 4)],
+        };
+        assert!(check_cc_chain(&ok).is_ok());
+        let bad = CcChain {
+            pairs: vec![(0x1000, 0x9_0000, 65536), (0x2000, 0xA_0000, 65537)],
+        };
+        let e = check_cc_chain(&bad).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid);
+        assert!(e.message.contains("collectives chain"), "{e}");
+    }
 }

@@ -12,7 +12,10 @@
 //! 2. **pair 2** — a 4-byte poke of event [`EVENT_HW_EXEC_QUEUE_REQUEST_LOAD`] (value 1):
 //!    "a new request is ready";
 //! 3. **pair 3** — two 4-byte writes to the exec queue's own RX then TX tail-increment
-//!    registers, each carrying `M`, the number of descriptor pairs that follow in this batch;
+//!    registers, each carrying `M`, the number of descriptor pairs that follow in this batch.
+//!    Their source is the request slot's `cc_dma_increment` trailer
+//!    ([`CC_DMA_INCREMENT_OFFSET`](crate::exec_request::CC_DMA_INCREMENT_OFFSET), 0x34: the
+//!    4-byte copy-in the runtime writes after the 52-byte body), which holds `M`;
 //! 4. then `M` pairs: the cached collectives model-switch chain (first NC of the vNC, on a model
 //!    switch, for a model with a collectives context), whose last pair pokes event
 //!    [`EVENT_COLLECTIVES_CTX_LOAD`]. `M` is 0 otherwise.
@@ -21,14 +24,38 @@
 //!
 //! # What the sequencer does (simdev)
 //! For each INFERENCE_START count it takes one batch from the exec queue: pairs 1–3 from the
-//! queue's head (ring ids checked, as any DMA), which must be exactly a copy into DMEM, a write
-//! to the request-load event and the two tail increments; the tail increments post the `M`
-//! following pairs, which it runs too. It then decodes the request from DMEM, performs a config
+//! queue's head (ring ids checked, as any DMA), which must be exactly a 52-byte copy into DMEM,
+//! a write of the value 1 to the request-load event and the two tail increments (equal values);
+//! the tail increments post the `M` following pairs, which it runs too.
+//!
+//! **The `cc_dma_increment` reading (simulator-defined).** The seed names the trailer but not
+//! what the hardware does with it. Here it is the number of collectives-chain descriptor pairs
+//! the tail increments post: the sequencer reads the 4-byte word at 0x34 past pair 1's source
+//! (the request's slot) and requires it to equal the `M` both tail increments carry; a trailer
+//! that disagrees (never written, stale, corrupted, or the increments sourced elsewhere) makes
+//! the batch malformed — an error notification, the exec queue stopped — before anything of it
+//! runs.
+//!
+//! **`do_model_switch` (simulator-defined).** A request with `do_model_switch` = 0 must run the
+//! same five engine addresses as the NC's previous request (the runtime sets it to 0 only when
+//! the same model was posted last); otherwise the execution ends with an error notification
+//! naming the engine. `do_model_switch` = 1 is always accepted (a model loaded where an
+//! unloaded one was may reuse its addresses). It then decodes the request from DMEM, performs a config
 //! reload when `reload_seq_config` is 1 and a table load when `load_act_dve_tables` is 1
 //! (counting both), runs the five engines' programs from the request's addresses, and posts one
 //! notification of kind `Execution` whose `compute_idx` is the number of batches the exec queue
-//! ran before this one since its DMA_QUEUE_INIT (the runtime's `compute_idx_tail` counts the
-//! same way). A malformed batch ends the execution with an error notification.
+//! ran before this one since its DMA_QUEUE_INIT. A malformed batch ends the execution with an
+//! error notification.
+//!
+//! # One `compute_idx` per fan-out
+//! The runtime keeps a single `compute_idx_tail`, on the main TPB of the vNC, and stages every
+//! TPB of the vNC under the main TPB's `compute_req_lock` before taking `compute_idx =
+//! compute_idx_tail++` (seed 000 §4 QUIRK). Each NC's sequencer still counts only its own
+//! batches. Since every fan-out puts exactly one batch on every TPB's exec queue, and all of
+//! them were initialised together at `nrt_init`, every NC of the vNC has run the same number of
+//! batches before fan-out `k`: each NC's notification for it carries `k` (mod 2^32), the
+//! runtime's single index, and the completion engine matches each TPB's notification against
+//! that one index.
 
 /// DMA engine of each NC's hardware exec queue.
 pub const EXEC_QUEUE_ENGINE: u32 = 0;

@@ -77,6 +77,7 @@ pub struct ComputeState {
     sbuf: Vec<u8>,
     psum: Vec<u8>,
     tables_loaded: bool,
+    program: Option<[u64; 5]>,
 }
 
 impl fmt::Debug for ComputeState {
@@ -101,6 +102,17 @@ impl ComputeState {
         self.sbuf = Vec::new();
         self.psum = Vec::new();
         self.tables_loaded = false;
+        self.program = None;
+    }
+
+    /// The engine addresses of the last request the sequencer ran (`None` after a clear).
+    pub const fn program(&self) -> Option<[u64; 5]> {
+        self.program
+    }
+
+    /// Records the engine addresses of the request the sequencer runs.
+    pub fn set_program(&mut self, addresses: [u64; 5]) {
+        self.program = Some(addresses);
     }
 
     /// Whether the activation tables are loaded.

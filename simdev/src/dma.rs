@@ -429,6 +429,9 @@ pub struct PeekedPair {
     pub len: u32,
     /// What the pair would do.
     pub effect: PairEffect,
+    /// The source PA when the pair reads client memory (the sequencer reads the request
+    /// slot's `cc_dma_increment` trailer next to pair 1's source).
+    pub src_pa: Option<u64>,
 }
 
 /// Why [`DmaQueues::peek`] found no valid pair.
@@ -947,6 +950,15 @@ impl DmaQueues {
             .into());
         }
         let (action, len) = self.check_pair_at(q, ahead, bus)?;
+        let src_pa = match &action {
+            Action::Copy { src, .. } | Action::Dmem { src, .. } | Action::Sbuf { src, .. } => {
+                match src {
+                    Source::Memory { pa, .. } => Some(*pa),
+                    Source::Sbuf { .. } => None,
+                }
+            }
+            Action::Register { .. } => None,
+        };
         let effect = match action {
             Action::Copy { dst_pa, .. } => PairEffect::Copy { dst: dst_pa },
             Action::Sbuf {
@@ -966,7 +978,11 @@ impl DmaQueues {
             },
             Action::Register { reg, value } => PairEffect::Register { reg, value },
         };
-        Ok(PeekedPair { len, effect })
+        Ok(PeekedPair {
+            len,
+            effect,
+            src_pa,
+        })
     }
 
     /// Consumes the pair at the heads of a queue that the caller executed itself (the

@@ -16,14 +16,18 @@
 //!    them) and checks each one exactly as DMA processing would (ring id of the pass, lengths,
 //!    the source in the client's memory, the destination in its memory, a DMEM it owns or a
 //!    register). [`check_batch`] then requires the staged shape: a 52-byte copy into this NC's
-//!    DMEM at offset 0, a 4-byte write of event
+//!    DMEM at offset 0, a 4-byte write of 1 to event
 //!    [`EVENT_HW_EXEC_QUEUE_REQUEST_LOAD`] of this NC, and writes of the same `M` into the
-//!    exec queue's own RX then TX tail-increment registers. Only when all four are right does
+//!    exec queue's own RX then TX tail-increment registers; [`check_trailer`] requires the
+//!    request slot's `cc_dma_increment` trailer (0x34 past pair 1's source) to equal `M`
+//!    (`shared::sequencer`). Only when all four are right does
 //!    it execute them (request into DMEM, event poke, `M` posted on both rings; `M` = 0 posts
 //!    nothing) and consume them (heads advance, pending counts untouched). The `M` posted
 //!    pairs (the collectives chain) are then processed like any posted pairs; a chain whose
 //!    last pair pokes [`EVENT_COLLECTIVES_CTX_LOAD`] of this NC counts in `cc_chains`.
-//! 2. **Request.** The 52-byte `device_exec_request` is decoded from DMEM; `reload_seq_config`
+//! 2. **Request.** The 52-byte `device_exec_request` is decoded from DMEM; a request with
+//!    `do_model_switch` = 0 must run the NC's previous engine addresses
+//!    ([`check_model_switch`], GENERIC otherwise); `reload_seq_config`
 //!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load and marks the NC's
 //!    activation tables loaded (until the NC's reset, release or reclaim, or a DMA_QUEUE_INIT
 //!    of the exec queue; an `Activation` without them fails with GENERIC).
@@ -71,7 +75,9 @@
 //! shutdown ([`crate::Device::device_lost`]) posts DeviceLost to the NC and abandons it.
 
 use shared::address_map::Register;
-use shared::exec_request::DEVICE_EXEC_REQUEST_SIZE;
+use shared::exec_request::{
+    CC_DMA_INCREMENT_OFFSET, DEVICE_EXEC_REQUEST_SIZE, DeviceExecRequest, Engine,
+};
 use shared::sequencer::{
     EVENT_COLLECTIVES_CTX_LOAD, EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_ENGINE,
 };
@@ -126,13 +132,13 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
                 1,
                 PairEffect::Register {
                     reg: Register::Event { nc: n, index },
-                    ..
+                    value: 1,
                 },
             ) if *n == nc && *index == EVENT_HW_EXEC_QUEUE_REQUEST_LOAD => {}
             (1, _) => {
                 return Err(format!(
-                    "pair 2 must write event {EVENT_HW_EXEC_QUEUE_REQUEST_LOAD} of NC {nc}; it \
-                     {what}"
+                    "pair 2 must write 1 to event {EVENT_HW_EXEC_QUEUE_REQUEST_LOAD} of NC \
+                     {nc}; it {what}"
                 ));
             }
             (2, PairEffect::Register { reg, value }) if *reg == exec_rx => m = Some(*value),
@@ -159,6 +165,59 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
         }
     }
     Ok(None)
+}
+
+/// Checks the request's `cc_dma_increment` trailer against `m`, the chain pairs the batch's
+/// tail increments post. `trailer` is the 4-byte word at
+/// [`CC_DMA_INCREMENT_OFFSET`] past pair 1's source (the request slot), `None` when pair 1 does
+/// not read client memory or the word is not in it.
+///
+/// # Errors
+/// A sentence naming the trailer and both values.
+pub fn check_trailer(m: u32, trailer: Option<u32>) -> Result<(), String> {
+    match trailer {
+        Some(t) if t == m => Ok(()),
+        Some(t) => Err(format!(
+            "the request's cc_dma_increment trailer (byte {CC_DMA_INCREMENT_OFFSET:#x} of its \
+             slot) says {t} collectives-chain pairs, the tail increments post {m}"
+        )),
+        None => Err(format!(
+            "the request's cc_dma_increment trailer (byte {CC_DMA_INCREMENT_OFFSET:#x} past pair \
+             1's source) is not in client memory"
+        )),
+    }
+}
+
+/// Checks `do_model_switch` against the programs this NC ran: a request that does not switch
+/// models (`do_model_switch` = 0) must run the same engine addresses as the NC's previous
+/// request. (A switch to a model loaded where an unloaded one was may reuse its addresses, so
+/// `do_model_switch` = 1 is always accepted.)
+///
+/// # Errors
+/// A sentence naming the flag and the engine whose address changed.
+pub fn check_model_switch(
+    previous: Option<[u64; 5]>,
+    request: &DeviceExecRequest,
+) -> Result<(), String> {
+    if request.do_model_switch != 0 {
+        return Ok(());
+    }
+    let Some(previous) = previous else {
+        return Err(
+            "do_model_switch is 0 on the first request since the NC was claimed or reset"
+                .to_owned(),
+        );
+    };
+    for (engine, prev) in Engine::ALL.iter().zip(previous) {
+        let now = request.engine_address(*engine);
+        if now != prev {
+            return Err(format!(
+                "do_model_switch is 0 but the {} program moved from {prev:#x} to {now:#x} (another model)",
+                engine.name()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `pair` (the last of a chain) pokes NC `nc`'s collectives-context-load event.
@@ -192,7 +251,11 @@ mod tests {
     use super::*;
 
     fn pair(len: u32, effect: PairEffect) -> PeekedPair {
-        PeekedPair { len, effect }
+        PeekedPair {
+            len,
+            effect,
+            src_pa: None,
+        }
     }
 
     fn reg(reg: Register, value: u32) -> PeekedPair {
@@ -265,5 +328,72 @@ mod tests {
         );
         assert!(is_cc_poke(0, &cc));
         assert!(!is_cc_poke(1, &cc));
+    }
+
+    #[test]
+    fn the_event_poke_must_write_1() {
+        for wrong in [0, 2, 0x0000_0100] {
+            let mut b = batch(0, 0, 0);
+            b[1] = reg(
+                Register::Event {
+                    nc: 0,
+                    index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+                },
+                wrong,
+            );
+            let err = check_batch(0, &b).unwrap_err();
+            assert!(
+                err.starts_with("pair 2 must write 1") && err.contains(&format!("writes {wrong}")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_trailer_must_equal_the_tail_increments() {
+        assert_eq!(check_trailer(0, Some(0)), Ok(()));
+        assert_eq!(check_trailer(5, Some(5)), Ok(()));
+        let err = check_trailer(5, Some(0)).unwrap_err();
+        assert!(
+            err.contains("cc_dma_increment") && err.contains("says 0") && err.contains("post 5"),
+            "{err}"
+        );
+        assert!(
+            check_trailer(0, None)
+                .unwrap_err()
+                .contains("not in client memory")
+        );
+    }
+
+    #[test]
+    fn a_request_that_does_not_switch_must_run_the_previous_programs() {
+        let mut a = DeviceExecRequest::default();
+        for (i, e) in Engine::ALL.iter().enumerate() {
+            a.set_engine_address(*e, 0x1000 * (i as u64 + 1));
+        }
+        let programs = Engine::ALL.map(|e| a.engine_address(e));
+        assert!(
+            check_model_switch(Some(programs), &a).is_ok(),
+            "A then A, no switch"
+        );
+        let mut b = a;
+        b.set_engine_address(Engine::Act, 0x9000);
+        let err = check_model_switch(Some(programs), &b).unwrap_err();
+        assert!(
+            err.contains("do_model_switch is 0") && err.contains("ACT"),
+            "{err}"
+        );
+        b.do_model_switch = 1;
+        assert!(
+            check_model_switch(Some(programs), &b).is_ok(),
+            "A then B, a switch"
+        );
+        assert!(
+            check_model_switch(None, &a)
+                .unwrap_err()
+                .contains("first request")
+        );
+        a.do_model_switch = 1;
+        assert!(check_model_switch(None, &a).is_ok());
     }
 }

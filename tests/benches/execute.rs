@@ -3,7 +3,11 @@
 //! with its reply seen in shared memory (a semaphore of the NC's mapped window), plus an
 //! in-process eventfd wake (a two-thread ping-pong) — the two hand-offs every execution needs.
 //! Also: heap allocations per execute in steady state (a counting global allocator, all
-//! threads) and control-socket messages per execute (simdev's doorbell counter).
+//! threads) and control-socket messages per execute (simdev's doorbell counter); the round trip
+//! of the 4 MiB identity model (64 I/O descriptor pairs per execution); and 40 threads calling
+//! sync execute on one logical core (16 XU slots: the surplus is refused with NRT_QUEUE_FULL and
+//! retried inside the runtime) — every call must succeed — against one thread, in executions
+//! per second.
 //!
 //! The runtime, its workers and the simdev process all run on one CPU (see
 //! `tests::bench::pin_to_one_cpu`).
@@ -147,5 +151,101 @@ fn main() {
         doorbells as f64 / k as f64
     );
     drop((i, o, ins, outs));
+    large_round_trip(&rt);
+    many_threads_on_one_core(&rt, m);
     rt.close();
+}
+
+/// The round trip of the identity model at 4 MiB.
+fn large_round_trip(rt: &Runtime) {
+    const BYTES: u32 = 4 << 20;
+    let n = 300;
+    let m = rt
+        .load(
+            &runtime::builder::identity(BYTES)
+                .to_container(Target::Simdev)
+                .unwrap(),
+            0,
+        )
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, BYTES.into(), "in")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, BYTES.into(), "out")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    let data: Vec<u8> = (0..BYTES).map(|k| (k % 251) as u8).collect();
+    i.write(&data, 0).unwrap();
+    for _ in 0..20 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let mut exec: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            rt.execute(m, &ins, &outs).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    let mut out = vec![0u8; data.len()];
+    o.read(&mut out, 0).unwrap();
+    assert!(out == data);
+    exec.sort();
+    println!("sync execute round trip, identity 4 MiB (64 descriptor pairs), 1 NC (n = {n})");
+    println!(
+        "  median {:>8.1} us | p99 {:>8.1} us",
+        us(percentile(&exec, 500)),
+        us(percentile(&exec, 990))
+    );
+    drop((i, o, ins, outs));
+    rt.unload(m).unwrap();
+}
+
+/// 40 threads of sync executes of `m` (identity 64 B) on its logical core against one thread
+/// doing as many: every call must succeed.
+fn many_threads_on_one_core(rt: &Runtime, m: runtime::ModelHandle) {
+    const THREADS: u32 = 40;
+    const PER_THREAD: u32 = 500;
+    let run = |threads: u32, per_thread: u32| -> (Duration, u32) {
+        let failures = std::sync::atomic::AtomicU32::new(0);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                let failures = &failures;
+                s.spawn(move || {
+                    let i = rt
+                        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
+                        .unwrap();
+                    let o = rt
+                        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
+                        .unwrap();
+                    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+                    ins.add("input", &i);
+                    outs.add("output", &o);
+                    for _ in 0..per_thread {
+                        if rt.execute(m, &ins, &outs).is_err() {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        (t.elapsed(), failures.load(Ordering::Relaxed))
+    };
+    let total = THREADS * PER_THREAD;
+    let (one, one_failed) = run(1, total);
+    let (many, many_failed) = run(THREADS, PER_THREAD);
+    let rate = |d: Duration| f64::from(total) / d.as_secs_f64();
+    println!("sync execute, identity 64 B, {total} executions on one logical core");
+    println!(
+        "  1 thread:    {:>9.0} exec/s, {one_failed} failed",
+        rate(one)
+    );
+    println!(
+        "  {THREADS} threads:  {:>9.0} exec/s, {many_failed} failed | throughput {:.2}x one thread",
+        rate(many),
+        rate(many) / rate(one)
+    );
 }

@@ -224,14 +224,28 @@ impl RawClient {
     }
 }
 
-/// A `Device` wrapper that counts every call by operation and can fail the next doorbell or
-/// DMA-ring setup: the counting backend of the hot-path test and the fault injector of the
-/// poisoning tests.
+/// A `Device` wrapper that counts every call by operation, can fail the next doorbells, and
+/// records each INFERENCE_START doorbell with what every NC's hardware exec queue held at that
+/// moment: the counting backend of the hot-path test, the fault injector of the poisoning tests
+/// and the order recorder of the lockstep test (recorded in the backend, so no global tracing
+/// state is involved).
 #[derive(Debug)]
 pub struct InterposedDevice {
     inner: Box<dyn runtime::Device>,
     calls: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     fail_doorbells: std::sync::atomic::AtomicU32,
+    allocations: std::sync::Mutex<std::collections::HashMap<MemHandle, Allocation>>,
+    exec_tx_rings: std::sync::Mutex<std::collections::BTreeMap<u32, (shared::SharedChunk, u32)>>,
+    doorbells: std::sync::Mutex<Vec<Doorbell>>,
+}
+
+/// One INFERENCE_START doorbell as [`InterposedDevice`] saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Doorbell {
+    /// The NC rung.
+    pub nc: u32,
+    /// Per NC with a hardware exec queue: descriptors written in its TX ring so far.
+    pub armed: std::collections::BTreeMap<u32, u32>,
 }
 
 impl InterposedDevice {
@@ -241,7 +255,33 @@ impl InterposedDevice {
             inner,
             calls: std::sync::Mutex::new(Default::default()),
             fail_doorbells: std::sync::atomic::AtomicU32::new(0),
+            allocations: Default::default(),
+            exec_tx_rings: Default::default(),
+            doorbells: Default::default(),
         }
+    }
+
+    /// The INFERENCE_START doorbells so far, in order.
+    pub fn doorbells(&self) -> Vec<Doorbell> {
+        self.doorbells.lock().unwrap().clone()
+    }
+
+    fn armed(&self) -> std::collections::BTreeMap<u32, u32> {
+        self.exec_tx_rings
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&nc, (ring, count))| {
+                let written = (0..u64::from(*count))
+                    .filter(|i| {
+                        let mut d = [0u8; shared::udma::UDMA_DESC_SIZE];
+                        ring.read(ring.pa() + i * d.len() as u64, &mut d).unwrap();
+                        d != [0; shared::udma::UDMA_DESC_SIZE]
+                    })
+                    .count();
+                (nc, u32::try_from(written).unwrap())
+            })
+            .collect()
     }
 
     /// Calls so far, by operation name.
@@ -291,7 +331,9 @@ impl runtime::Device for InterposedDevice {
         align: u64,
     ) -> Result<Allocation, DeviceError> {
         self.count("mem_alloc");
-        self.inner.mem_alloc(location, size, align)
+        let a = self.inner.mem_alloc(location, size, align)?;
+        self.allocations.lock().unwrap().insert(a.handle, a);
+        Ok(a)
     }
     fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError> {
         self.count("mem_free");
@@ -303,7 +345,28 @@ impl runtime::Device for InterposedDevice {
     }
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
         self.count("dma_queue_init");
-        self.inner.dma_queue_init(queue, rings)
+        self.inner.dma_queue_init(queue, rings)?;
+        if (queue.engine, queue.queue)
+            == (
+                shared::sequencer::EXEC_QUEUE_ENGINE,
+                shared::sequencer::EXEC_QUEUE,
+            )
+        {
+            let alloc = self
+                .allocations
+                .lock()
+                .unwrap()
+                .get(&rings.tx_ring)
+                .copied();
+            if let Some(a) = alloc {
+                let chunk = self.inner.mem_map(&a)?;
+                self.exec_tx_rings
+                    .lock()
+                    .unwrap()
+                    .insert(queue.nc, (chunk, rings.tx_desc_count));
+            }
+        }
+        Ok(())
     }
     fn dma_queue_release(&self, queue: DmaQueueId) -> Result<(), DeviceError> {
         self.count("dma_queue_release");
@@ -315,6 +378,10 @@ impl runtime::Device for InterposedDevice {
     }
     fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
         self.count("semaphore_increment");
+        if index == shared::sequencer::SEM_INFERENCE_START {
+            let armed = self.armed();
+            self.doorbells.lock().unwrap().push(Doorbell { nc, armed });
+        }
         let fail = self.fail_doorbells.load(Ordering::SeqCst);
         if fail > 0 {
             self.fail_doorbells.store(fail - 1, Ordering::SeqCst);

@@ -188,3 +188,87 @@ fn tensor_reads_wait_for_the_queued_executions_that_use_them() {
     }
     rt.close();
 }
+
+/// Loads `model` on core 0 and returns it with device I/O tensors of `bytes` bytes.
+fn load_with_io(
+    rt: &Runtime,
+    model: &shared::model::Model,
+    bytes: u64,
+) -> (runtime::ModelHandle, TensorSet, TensorSet) {
+    let m = rt
+        .load(&model.to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, bytes, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, bytes, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    (m, ins, outs)
+}
+
+#[test]
+fn the_pool_decides_model_switches_and_counts_consecutive_executions() {
+    // A, A, B, A: do_model_switch 1, 0, 1, 1 (simdev fails a request that claims no switch but
+    // runs another model's programs), consecutive_model_counter 1, 2, 1, 1.
+    let (rt, dev, _sim) = pool(4);
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let s2 = statuses.clone();
+    rt.register_async_exec_callback(Arc::new(move |_, _, _, status| {
+        s2.lock().unwrap().push(status)
+    }))
+    .unwrap();
+    let (a, a_in, a_out) = load_with_io(&rt, &identity(64), 64);
+    let (b, b_in, b_out) = load_with_io(&rt, &identity(64), 64);
+    let mut counters = Vec::new();
+    for m in [a, a, b, a] {
+        let (ins, outs) = if m == a {
+            (&a_in, &a_out)
+        } else {
+            (&b_in, &b_out)
+        };
+        rt.execute(m, ins, outs).unwrap();
+        counters.push(rt.async_consecutive_model_counter(0).unwrap());
+    }
+    rt.async_drain(0);
+    assert_eq!(counters, [1, 2, 1, 1]);
+    assert_eq!(*statuses.lock().unwrap(), [NrtStatus::Success; 4]);
+    assert_eq!(dev.nc_counters(0).unwrap().executions, 4);
+    assert_eq!(
+        rt.async_consecutive_model_counter(1),
+        Some(0),
+        "core 1 posted nothing"
+    );
+    rt.close();
+}
+
+#[test]
+fn a_doorbell_failure_in_the_pool_poisons_its_core() {
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = Arc::new(tests::InterposedDevice::new(Box::new(connect(&sim))));
+    let cfg = RuntimeConfig {
+        async_max_inflight: 4,
+        exec_timeout: Duration::from_secs(10),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
+    let (m, ins, outs) = load_with_io(&rt, &identity(64), 64);
+    rt.execute(m, &ins, &outs).unwrap();
+    dev.fail_next_doorbells(1);
+    assert_eq!(
+        rt.execute(m, &ins, &outs).unwrap_err().status,
+        NrtStatus::Failure,
+        "seed 000 §5: a failed doorbell is NRT_FAILURE"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            rt.execute(m, &ins, &outs).unwrap_err().status,
+            NrtStatus::ExecUnitUnrecoverable
+        );
+    }
+    rt.async_drain(0);
+    rt.close();
+}

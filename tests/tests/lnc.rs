@@ -1,7 +1,7 @@
 //! LNC=2 lockstep (seed 000 §4–5), the collectives model-switch chain (seed 000 §3 GOTCHA) and
 //! many clients at once, against the real simdev binary.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
@@ -10,7 +10,7 @@ use runtime::config::RuntimeConfig;
 use runtime::{Device, ModelHandle, Placement, Runtime, TensorSet};
 use shared::NrtStatus;
 use shared::model::{Model, Target};
-use tests::{connect, start_simdev};
+use tests::{InterposedDevice, connect, start_simdev};
 
 fn runtime(
     arch: &str,
@@ -109,49 +109,19 @@ fn lnc2_is_refused_off_trn2() {
     );
 }
 
-/// Captures this thread's `nrt::submit` trace events as "staged N" / "doorbell N".
-#[derive(Default, Clone)]
-struct Recorder(Arc<Mutex<Vec<String>>>);
-
-struct Fields(Option<u64>, String);
-
-impl tracing::field::Visit for Fields {
-    fn record_u64(&mut self, f: &tracing::field::Field, v: u64) {
-        if f.name() == "nc" {
-            self.0 = Some(v);
-        }
-    }
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        if f.name() == "message" {
-            self.1 = format!("{v:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Recorder {
-    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        m.target() == "nrt::submit"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, e: &tracing::Event<'_>) {
-        let mut f = Fields(None, String::new());
-        e.record(&mut f);
-        self.0
-            .lock()
-            .unwrap()
-            .push(format!("{} {}", f.1, f.0.unwrap_or(u64::MAX)));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 #[test]
 fn lnc2_arms_every_nc_before_firing_any_doorbell() {
-    let (rt, dev, _sim) = runtime("trn2", 2);
+    // The order is recorded by the backend: at each INFERENCE_START doorbell, how many
+    // descriptors each NC's hardware exec queue holds. Staging NC 3 after ringing NC 2 would
+    // show NC 3 empty at the first doorbell.
+    let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
+    let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
+    let cfg = RuntimeConfig {
+        lnc: 2,
+        exec_timeout: Duration::from_secs(20),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
     let m = load(&rt, &identity_split(4096), 1);
     let i = rt
         .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "i")
@@ -164,11 +134,34 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
     outs.add("output", &o);
     let data: Vec<u8> = (0..4096u32).map(|k| k.to_le_bytes()[0] ^ 0x33).collect();
     i.write(&data, 0).unwrap();
-    let rec = Recorder::default();
-    tracing::subscriber::with_default(rec.clone(), || rt.execute(m, &ins, &outs)).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    let doorbells = dev.doorbells();
     assert_eq!(
-        *rec.0.lock().unwrap(),
-        ["staged 2", "staged 3", "doorbell 2", "doorbell 3"]
+        doorbells.iter().map(|d| d.nc).collect::<Vec<_>>(),
+        [2, 3],
+        "one doorbell per TPB of logical core 1, in order"
+    );
+    for d in &doorbells {
+        let armed: Vec<(u32, u32)> = d
+            .armed
+            .iter()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(&nc, &n)| (nc, n))
+            .collect();
+        assert_eq!(
+            armed,
+            [(2, 4), (3, 4)],
+            "at the doorbell of NC {}: both NCs hold their four trigger pairs, no other NC any",
+            d.nc
+        );
+    }
+    for _ in 0..4 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    assert_eq!(
+        (rt.compute_idx_tail(1), rt.compute_idx_tail(0)),
+        (Some(5), Some(0)),
+        "one compute_idx per fan-out, on the main TPB"
     );
     let mut out = vec![0u8; 4096];
     o.read(&mut out, 0).unwrap();
@@ -178,14 +171,21 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
             dev.nc_counters(2).unwrap().executions,
             dev.nc_counters(3).unwrap().executions
         ),
-        (1, 1)
+        (5, 5)
     );
     rt.close();
 }
 
 #[test]
 fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc() {
-    let (rt, dev, _sim) = runtime("trn2", 2);
+    let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
+    let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
+    let cfg = RuntimeConfig {
+        lnc: 2,
+        exec_timeout: Duration::from_secs(20),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
     let mut cc = identity_split(256);
     let with_ctx = identity_with_collectives(128, 200_000);
     cc.has_collectives = true;
@@ -240,6 +240,36 @@ fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc
         "200000 bytes in 64 KiB pieces, then the event poke"
     );
     assert!(chain.iter().all(|&(_, _, len)| len <= 65536));
+    // Pairs each NC's exec queue received per execution (A A A B A B A B A): the chain (5
+    // pairs) only on NC 0, only on the switches to A; NC 1 always the 4 trigger pairs.
+    let at_first_doorbell: Vec<(u32, u32)> = dev
+        .doorbells()
+        .iter()
+        .filter(|d| d.nc == 0)
+        .map(|d| (d.armed[&0], d.armed[&1]))
+        .collect();
+    let per_execution: Vec<(u32, u32)> = at_first_doorbell
+        .iter()
+        .scan((0, 0), |prev, &(n0, n1)| {
+            let d = (n0 - prev.0, n1 - prev.1);
+            *prev = (n0, n1);
+            Some(d)
+        })
+        .collect();
+    assert_eq!(
+        per_execution,
+        [
+            (9, 4),
+            (4, 4),
+            (4, 4),
+            (4, 4),
+            (9, 4),
+            (4, 4),
+            (9, 4),
+            (4, 4),
+            (9, 4)
+        ]
+    );
     rt.close();
 }
 

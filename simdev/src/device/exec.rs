@@ -608,6 +608,11 @@ impl Core {
             compute.set_tables_loaded(true);
         }
         let addresses = Engine::ALL.map(|e| request.engine_address(e));
+        {
+            let mut compute = lock(&nc.compute);
+            sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
+            compute.set_program(addresses);
+        }
         let mut host = ExecHost {
             core: self,
             nc,
@@ -717,6 +722,7 @@ impl Core {
             }
         }
         let mut pairs = Vec::new();
+        let trailer;
         {
             let mut worklist = VecDeque::new();
             let bus = ClientBus {
@@ -752,12 +758,16 @@ impl Core {
                     }
                 }
             }
+            trailer = read_cc_dma_increment(&bus, &pairs);
         }
         let m = match sequencer::check_batch(nc.index, &pairs) {
             Ok(Some(m)) => m,
             Ok(None) => return Err(malformed(state, "an incomplete batch".to_owned())),
             Err(why) => return Err(malformed(state, why)),
         };
+        if let Err(why) = sequencer::check_trailer(m, trailer) {
+            return Err(malformed(state, why));
+        }
         let (tx_size, rx_size) = state.queues.ring_sizes(engine, queue).unwrap_or((0, 0));
         if m > tx_size.min(rx_size) {
             return Err(malformed(
@@ -994,4 +1004,19 @@ impl engines::Host for ExecHost<'_> {
         };
         acct.record(self.nc.index, ts_ns, Some(dur_ns), detail);
     }
+}
+
+/// The request slot's `cc_dma_increment` trailer: the 4-byte word
+/// [`CC_DMA_INCREMENT_OFFSET`](shared::exec_request::CC_DMA_INCREMENT_OFFSET) past pair 1's
+/// source, if pair 1 reads client memory and the word is in it.
+fn read_cc_dma_increment(
+    bus: &impl crate::dma::Bus,
+    pairs: &[crate::dma::PeekedPair],
+) -> Option<u32> {
+    let offset = u64::try_from(shared::exec_request::CC_DMA_INCREMENT_OFFSET).ok()?;
+    let pa = pairs.first()?.src_pa?.checked_add(offset)?;
+    let chunk = bus.resolve(pa, 4)?;
+    let mut word = [0u8; 4];
+    chunk.memory().read(pa, &mut word).ok()?;
+    Some(u32::from_le_bytes(word))
 }

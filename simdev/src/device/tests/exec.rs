@@ -77,9 +77,11 @@ impl<'c, 'd> Rig<'c, 'd> {
         addrs
     }
 
-    /// Builds the request and writes it (and the trailer) into the request buffer.
+    /// Builds the request (a model switch: the device accepts any programs then) and writes it
+    /// into the request buffer; [`Rig::tail_pairs`] writes the trailer.
     fn write_request(&self, addrs: [u64; 5], reload: u32, tables: u32) {
         let mut request = DeviceExecRequest {
+            do_model_switch: 1,
             reload_seq_config: reload,
             load_act_dve_tables: tables,
             ..DeviceExecRequest::default()
@@ -88,8 +90,6 @@ impl<'c, 'd> Rig<'c, 'd> {
             request.set_engine_address(engine, addrs[engine.index()]);
         }
         self.req.write(0, zerocopy::IntoBytes::as_bytes(&request));
-        self.req
-            .write(CC_DMA_INCREMENT_OFFSET as u64, &0u32.to_le_bytes());
     }
 
     fn request_pair(&mut self) {
@@ -114,6 +114,9 @@ impl<'c, 'd> Rig<'c, 'd> {
         for m in [rx_m, tx_m] {
             self.req.write(m_at(m), &m.to_le_bytes());
         }
+        // The cc_dma_increment trailer says what the RX increment posts.
+        self.req
+            .write(CC_DMA_INCREMENT_OFFSET as u64, &rx_m.to_le_bytes());
         let (rx, tx) = (register(self.dev(), rx), register(self.dev(), tx));
         self.exec.push(self.req.pa + m_at(rx_m), rx, 4);
         self.exec.push(self.req.pa + m_at(tx_m), tx, 4);
@@ -793,3 +796,84 @@ fn dma_writes_into_the_dmem_of_owned_ncs_only() {
 
 mod compute;
 mod scenario;
+
+#[test]
+fn a_trailer_that_disagrees_with_the_tail_increments_ends_with_generic_naming_it() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let mut rig = Rig::new(&a, 0);
+    // The staged shape with a good trailer runs.
+    rig.stage(rig.ends_but_sp(None), 0, 0, &[]);
+    assert_eq!(summary(&rig.run()), execution(0, 0));
+    // The same batch whose cc_dma_increment trailer says 3 while the increments post 0.
+    rig.write_request(rig.ends_but_sp(None), 0, 0);
+    rig.request_pair();
+    rig.event_pair();
+    rig.tail_pairs(0, 0);
+    rig.req
+        .write(CC_DMA_INCREMENT_OFFSET as u64, &3u32.to_le_bytes());
+    assert_eq!(summary(&rig.run()), execution(1, error_flags::GENERIC));
+    let status = rig.exec_status();
+    assert!(
+        matches!(&status, Some(dma::QueueStatus::Stopped(r))
+            if r.contains("cc_dma_increment") && r.contains("says 3") && r.contains("post 0")),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn an_event_poke_that_does_not_write_1_ends_with_generic() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let mut rig = Rig::new(&a, 0);
+    rig.write_request(rig.ends_but_sp(None), 0, 0);
+    rig.request_pair();
+    // The poke's source word off by 4 bytes: it reads the word after the 1.
+    let event = register(
+        rig.dev(),
+        Register::Event {
+            nc: 0,
+            index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+        },
+    );
+    rig.exec.push(rig.req.pa + ONE_AT + 4, event, 4);
+    rig.tail_pairs(0, 0);
+    assert_eq!(summary(&rig.run()), execution(0, error_flags::GENERIC));
+    let status = rig.exec_status();
+    assert!(
+        matches!(&status, Some(dma::QueueStatus::Stopped(r)) if r.contains("pair 2 must write 1")),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn a_request_without_do_model_switch_must_run_the_previous_programs() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let mut rig = Rig::new(&a, 0);
+    let first = rig.ends_but_sp(None);
+    let other = rig.ends_but_sp(Some(rig.program(1, &[Instruction::new(Opcode::End, &[])])));
+    let stage = |rig: &mut Rig<'_, '_>, addrs: [u64; 5], switch: u32| {
+        rig.stage(addrs, 0, 0, &[]);
+        let mut request = DeviceExecRequest::decode(&rig.req.read(0, 52)).unwrap();
+        request.do_model_switch = switch;
+        rig.req.write(0, zerocopy::IntoBytes::as_bytes(&request));
+    };
+    // The first request since the claim must switch.
+    stage(&mut rig, first, 0);
+    assert_eq!(summary(&rig.run()), execution(0, error_flags::GENERIC));
+    // A (switch), A (no switch), B (switch), A (switch): 1, 0, 1, 1 all run.
+    for (k, (addrs, switch)) in [(first, 1), (first, 0), (other, 1), (first, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        stage(&mut rig, addrs, switch);
+        let idx = u32::try_from(k).unwrap() + 1;
+        assert_eq!(summary(&rig.run()), execution(idx, 0), "request {k}");
+    }
+    // Another model without the flag: GENERIC, and the NC keeps working.
+    stage(&mut rig, other, 0);
+    assert_eq!(summary(&rig.run()), execution(5, error_flags::GENERIC));
+    stage(&mut rig, other, 1);
+    assert_eq!(summary(&rig.run()), execution(6, 0));
+}
