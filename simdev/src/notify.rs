@@ -122,7 +122,7 @@ impl NotificationQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::ClientId;
+    use crate::client::ClientId;
     use crate::memory::{AddressSpace, Region};
     use shared::address_map::{AddressMap, Arch};
     use shared::notification::{NotificationKind, nq_bytes};

@@ -36,9 +36,10 @@ use nix::sys::stat::{Mode, fchmod};
 use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
 use thiserror::Error;
 
+use crate::client::ClientId;
 use crate::config::{Config, ConfigError, format_bytes};
 use crate::counters::CountersLine;
-use crate::device::{ClientId, Device};
+use crate::device::Device;
 use crate::dma::error_chain;
 
 /// Most fds the kernel passes in one message (`SCM_MAX_FD`); the receive buffer holds them all

@@ -13,7 +13,20 @@ use shared::sequencer::{
     SEM_INFERENCE_START,
 };
 
-use super::*;
+use shared::notification::{NQ_HEAD_OFFSET, NQ_TAIL_OFFSET};
+use shared::udma::RingId;
+
+use std::sync::atomic::Ordering;
+
+use shared::address_map::Register;
+use shared::notification::{NotificationEntry, NotificationKind, error_flags};
+use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
+
+use crate::config::Config;
+use crate::dma::{self};
+
+use crate::device::test_utils::*;
+use crate::device::*;
 
 const NQ_ENTRIES: u32 = 64;
 const EXEC_DESCS: u32 = 64;
