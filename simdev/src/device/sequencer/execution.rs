@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use shared::protocol::LatencyModel;
 
 use shared::address_map::Register;
-use shared::exec_request::{DeviceExecRequest, Engine};
+use shared::exec_request::DeviceExecRequest;
 use shared::notification::{NotificationEntry, NotificationKind, error_flags};
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE};
 use shared::udma::Direction;
@@ -24,12 +24,13 @@ use crate::device::sequencer::{self, BATCH_HEAD_PAIRS};
 use crate::device::trace_events::TraceAt;
 use crate::device::{Core, Nc, NcState, lock};
 use crate::dma::{Abort, Budget, PairEffect, PeekError, QueueId, QueueStatus, error_chain};
-use crate::engines::{self, Limits, Stats, Stop};
+use crate::engines::{Limits, Stats, Stop};
 use crate::faults::{Delivery, Effects};
 use crate::timing::{self, Charge};
 use crate::trace::{Detail, Event};
 
 use super::host::ExecHost;
+use super::program::Program;
 use super::thread::Work;
 
 /// Nanoseconds of a duration, saturating.
@@ -434,7 +435,7 @@ impl Core {
             }
             compute.set_tables_loaded(true);
         }
-        let addresses = Engine::ALL.map(|e| request.engine_address(e));
+        let program = Program::of_request(&request);
         let mut host = ExecHost {
             core: self,
             nc,
@@ -443,7 +444,7 @@ impl Core {
             budget: &mut budget,
             acct,
         };
-        engines::run(addresses, &Limits::for_arch(self.map.arch), &mut host)
+        program.run(&Limits::for_arch(self.map.arch), &mut host)
     }
 
     /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its

@@ -27,7 +27,9 @@
 //!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load and marks the NC's
 //!    activation tables loaded (until the NC's reset, release or reclaim, or a DMA_QUEUE_INIT
 //!    of the exec queue; an `Activation` without them fails with GENERIC).
-//! 3. **Programs.** The five engines run from the request's addresses ([`crate::engines`]).
+//! 3. **Program.** The request names a [`Program`]: today the five engines run the
+//!    simulator ISA from the request's addresses ([`crate::engines`]). A NEFF program goes
+//!    next to it, in [`Program`].
 //! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
 //!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
 //!    flags (0 on success; NUMERICAL when a compute instruction wrote a NaN or an infinity, the
@@ -77,15 +79,18 @@
 //! - `batch`: the shape of an exec-queue batch ([`check_batch`]).
 //! - `execution`: one execution: its faults, the batch fetch, the request, the programs, its
 //!   timing and its notification.
+//! - [`Program`]: what an execution runs; the place for a new kind of program.
 //! - `host`: the [`engines::Host`](crate::engines::Host) through which the engines' programs
 //!   reach the NC's registers, DMA queues and the client's memory.
 
 mod batch;
 mod execution;
 mod host;
+mod program;
 mod thread;
 
 pub use batch::{BATCH_HEAD_PAIRS, check_batch, is_cc_poke};
+pub use program::Program;
 pub(in crate::device) use thread::SeqSync;
 
 #[cfg(test)]
