@@ -7,6 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use shared::ioctl::NQ_TYPE_NOTIFY;
 use shared::notification::{NQ_MAX_ENTRIES, nq_bytes};
 use shared::protocol::{
     DeviceStats, ErrorKind, FaultSpec, LatencyModel, MemLocation, PROTOCOL_VERSION, RemoteError,
@@ -16,12 +17,12 @@ use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
 use shared::udma::Direction;
 
 use crate::counters::bump;
-use crate::dma::{self, QueueError, QueueId, error_chain};
+use crate::dma::{self, DmaQueueId, QueueError, error_chain};
 use crate::memory::{AllocError, Chunk, Region};
 use crate::notify::NotificationQueue;
 use crate::timing;
 
-use super::{Core, NQ_TYPE_NOTIFY, lock, read, write};
+use super::{Core, lock, read, write};
 use crate::client::ClientId;
 
 pub(super) fn refuse(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
@@ -184,7 +185,7 @@ impl Core {
                 rx_desc_count,
             } => self.dma_queue_init(
                 client,
-                QueueId { nc, engine, queue },
+                DmaQueueId { nc, engine, queue },
                 (tx_ring, tx_desc_count),
                 (rx_ring, rx_desc_count),
             ),
@@ -208,7 +209,7 @@ impl Core {
                     .queues
                     .post(engine, queue, tx_desc_count, rx_desc_count)
                     .map_err(|e| queue_refusal(&e))?;
-                self.run_dma(client, QueueId { nc, engine, queue });
+                self.run_dma(client, DmaQueueId { nc, engine, queue });
                 ok()
             }
             Request::SemaphoreIncrement { nc, index, value } => {
@@ -375,7 +376,7 @@ impl Core {
     fn dma_queue_init(
         &self,
         client: ClientId,
-        id: QueueId,
+        id: DmaQueueId,
         tx: (u64, u32),
         rx: (u64, u32),
     ) -> Handled {

@@ -13,7 +13,7 @@ use shared::notification::{NotificationKind, error_flags};
 use shared::sequencer::SEM_INFERENCE_START;
 use shared::udma::Direction;
 
-use crate::dma::{Abort, Budget, Bus, Deferred, Fault, Outcome, QueueId, RegisterWrite};
+use crate::dma::{Abort, Budget, Bus, Deferred, DmaQueueId, Fault, Outcome, RegisterWrite};
 use crate::memory::Chunk;
 
 use super::trace_events::{DmaMark, TraceAt};
@@ -23,7 +23,7 @@ use crate::client::ClientId;
 impl Core {
     /// Processes queue `first` and every queue its descriptors start, one at a time, within one
     /// [`Budget`]; aborts post DmaQueueError notifications.
-    pub(super) fn run_dma(&self, client: ClientId, first: QueueId) {
+    pub(super) fn run_dma(&self, client: ClientId, first: DmaQueueId) {
         let mut budget = self.budget();
         self.run_dma_with(
             client,
@@ -39,7 +39,7 @@ impl Core {
     pub(super) fn run_dma_with(
         &self,
         client: ClientId,
-        first: QueueId,
+        first: DmaQueueId,
         budget: &mut Budget,
         aborts: &mut Aborts<'_>,
         at: TraceAt,
@@ -102,7 +102,7 @@ impl Core {
         &self,
         client: ClientId,
         deferred: &Deferred,
-        worklist: &mut VecDeque<QueueId>,
+        worklist: &mut VecDeque<DmaQueueId>,
     ) -> Result<(), Fault> {
         let reg = deferred.reg;
         let value = deferred.value;
@@ -126,7 +126,7 @@ impl Core {
             .queues
             .tail_increment(engine, queue, dir, value)
             .map_err(|source| Fault::TailIncrement { reg, value, source })?;
-        schedule(worklist, QueueId { nc, engine, queue });
+        schedule(worklist, DmaQueueId { nc, engine, queue });
         Ok(())
     }
 
@@ -165,7 +165,7 @@ pub(super) enum Aborts<'a> {
     Capture(&'a mut Vec<Abort>),
 }
 
-fn schedule(worklist: &mut VecDeque<QueueId>, queue: QueueId) {
+fn schedule(worklist: &mut VecDeque<DmaQueueId>, queue: DmaQueueId) {
     if !worklist.contains(&queue) {
         worklist.push_back(queue);
     }
@@ -175,7 +175,7 @@ fn schedule(worklist: &mut VecDeque<QueueId>, queue: QueueId) {
 pub(super) struct ClientBus<'a> {
     pub(super) device: &'a Core,
     pub(super) client: ClientId,
-    pub(super) worklist: &'a mut VecDeque<QueueId>,
+    pub(super) worklist: &'a mut VecDeque<DmaQueueId>,
 }
 
 impl Bus for ClientBus<'_> {
@@ -269,7 +269,7 @@ impl Bus for ClientBus<'_> {
         }
     }
 
-    fn schedule(&mut self, queue: QueueId) {
+    fn schedule(&mut self, queue: DmaQueueId) {
         schedule(self.worklist, queue);
     }
 }

@@ -80,9 +80,6 @@ pub mod sequencer;
 mod test_utils;
 mod trace_events;
 
-/// `NQ_TYPE` NOTIFY, the only notification queue type simdev emulates.
-pub const NQ_TYPE_NOTIFY: u32 = 1;
-
 /// The owner of an NC and the NC's register file for that owner.
 #[derive(Debug)]
 struct Claim {

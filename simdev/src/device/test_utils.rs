@@ -119,7 +119,7 @@ impl<'a> Client<'a> {
     pub(crate) fn nq(&self, nc: u32, entries: u32) -> Buf {
         let reply = self.call(Request::NotificationInit {
             nc,
-            nq_type: NQ_TYPE_NOTIFY,
+            nq_type: shared::ioctl::NQ_TYPE_NOTIFY,
             entries,
         });
         let Reply::NotificationQueue {

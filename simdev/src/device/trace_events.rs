@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::dma::QueueId;
+use crate::dma::DmaQueueId;
 use crate::trace::{Detail, Event};
 
 use super::{Core, Nc};
@@ -24,7 +24,7 @@ impl Core {
     pub(super) fn trace_dma(
         &self,
         nc: &Nc,
-        id: QueueId,
+        id: DmaQueueId,
         pairs: u64,
         bytes: u64,
         batch: bool,

@@ -23,7 +23,7 @@ use crate::device::dma_run::{Aborts, ClientBus};
 use crate::device::sequencer::{self, BATCH_HEAD_PAIRS};
 use crate::device::trace_events::TraceAt;
 use crate::device::{Core, Nc, NcState, lock};
-use crate::dma::{Abort, Budget, PairEffect, PeekError, QueueId, QueueStatus, error_chain};
+use crate::dma::{Abort, Budget, DmaQueueId, PairEffect, PeekError, QueueStatus, error_chain};
 use crate::engines::{Limits, Stats, Stop};
 use crate::faults::{Delivery, Effects};
 use crate::timing::{self, Charge};
@@ -482,7 +482,7 @@ impl Core {
             return Ok(());
         }
         let mut aborts = Vec::new();
-        let exec_queue = QueueId {
+        let exec_queue = DmaQueueId {
             nc: nc.index,
             engine,
             queue,
@@ -626,7 +626,7 @@ impl Core {
         }
         if self.tracer.enabled() {
             let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
-            let id = QueueId {
+            let id = DmaQueueId {
                 nc: nc.index,
                 engine,
                 queue,

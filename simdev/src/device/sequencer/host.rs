@@ -12,7 +12,7 @@ use shared::notification::error_flags;
 use crate::compute::ComputeState;
 use crate::device::dma_run::Aborts;
 use crate::device::{Claim, Core, Nc, lock, read};
-use crate::dma::{Budget, QueueError, QueueId, QueueStatus, error_chain};
+use crate::dma::{Budget, DmaQueueId, QueueError, QueueStatus, error_chain};
 use crate::engines::{self, Stop};
 use crate::trace::Detail;
 
@@ -90,7 +90,7 @@ impl engines::Host for ExecHost<'_> {
                 })?;
         }
         let mut aborts = Vec::new();
-        let id = QueueId {
+        let id = DmaQueueId {
             nc: self.nc.index,
             engine,
             queue,
