@@ -8,13 +8,13 @@
 
 pub mod bench;
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
 use runtime::backend::sim::{PrivateSimdev, SimDevice, SimdevCommand};
+use shared::fd_passing;
 use shared::notification::{
     NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEAD_OFFSET, NQ_HEADER_SIZE,
     NotificationEntry, phase_of,
@@ -174,14 +174,7 @@ impl RawClient {
     /// # Panics
     /// If the send fails.
     pub fn send_bytes(&self, bytes: &[u8]) {
-        socket::sendmsg::<()>(
-            self.fd.as_raw_fd(),
-            &[IoSlice::new(bytes)],
-            &[],
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .unwrap();
+        fd_passing::send_with_fds(self.fd.as_fd(), bytes, &[]).unwrap();
     }
 
     /// Receives one reply; `None` when simdev closed the connection.
@@ -190,25 +183,10 @@ impl RawClient {
     /// If the reply does not decode.
     pub fn recv(&self) -> Option<Reply> {
         let mut buf = [0u8; MAX_MSG_SIZE];
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-        let msg = socket::recvmsg::<()>(
-            self.fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .ok()?;
-        let n = msg.bytes;
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let socket::ControlMessageOwned::ScmRights(fds) = c {
-                    for fd in fds {
-                        let _ = nix::unistd::close(fd);
-                    }
-                }
-            }
-        }
+        // Any fds that came with the reply are closed when `received` drops.
+        let received =
+            fd_passing::recv_with_fds(self.fd.as_fd(), &mut buf, MsgFlags::empty()).ok()?;
+        let n = received.len;
         if n == 0 {
             return None;
         }
