@@ -15,7 +15,6 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -579,14 +578,7 @@ impl PrivateSimdev {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-        // which is async-signal-safe; it touches no memory shared with the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        shared::child::kill_with_parent(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| DeviceError::NoDevice {
             hint: format!(
                 "could not start simdev ({}): {e}",

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -177,13 +177,7 @@ pub fn rss_kib() -> u64 {
 /// A command for re-executing this program as a child that dies with us.
 pub fn child_command(exe: &Path) -> Command {
     let mut cmd = Command::new(exe);
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe; it touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
+    shared::child::kill_with_parent(&mut cmd);
     cmd
 }
 
