@@ -57,7 +57,7 @@ pub const RING_DESC_MULTIPLE: u32 = 16;
 /// is a multiple of [`RING_DESC_MULTIPLE`]. The runtime checks it before asking, the kernel
 /// backend before the ioctl, and simdev when it is asked.
 pub const fn is_valid_ring_size(count: u32) -> bool {
-    count >= MIN_RING_DESCS && count <= MAX_RING_DESCS && count % RING_DESC_MULTIPLE == 0
+    count >= MIN_RING_DESCS && count <= MAX_RING_DESCS && count.is_multiple_of(RING_DESC_MULTIPLE)
 }
 
 /// The smallest ring size that holds `descs` descriptors and follows the size rule's lower

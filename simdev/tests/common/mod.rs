@@ -105,8 +105,6 @@ pub struct Conn {
     fd: OwnedFd,
 }
 
-/// Takes ownership of fds received by `SCM_RIGHTS`.
-
 impl Conn {
     /// Connects without a handshake.
     pub fn connect(path: &Path) -> Self {
