@@ -4,8 +4,7 @@
 
 use std::os::fd::OwnedFd;
 
-use shared::address_map::Arch;
-use shared::address_map::Register;
+use shared::address_map::{Arch, Register};
 use shared::memory::SharedChunk;
 use shared::notification::{
     NOTIFICATION_ENTRY_SIZE, NQ_HEADER_SIZE, NQ_TAIL_OFFSET, NotificationEntry,

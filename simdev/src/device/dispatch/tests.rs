@@ -1,9 +1,9 @@
 //! Request dispatch, in-process: allocation, registers, the handshake and every refusal kind.
 
 use shared::address_map::REG_WINDOW_BASE;
-use shared::protocol::MAX_MSG_SIZE;
-
-use shared::protocol::{ErrorKind, MemLocation, NcCounters, PROTOCOL_VERSION, Reply, Request};
+use shared::protocol::{
+    ErrorKind, MAX_MSG_SIZE, MemLocation, NcCounters, PROTOCOL_VERSION, Reply, Request,
+};
 
 use crate::device::test_utils::*;
 use crate::server::{Response, Session, check_peer};

@@ -1,20 +1,17 @@
 //! DMA runs, in-process: copies, ring wraps, aborts, register writes and the budget.
 
-use shared::address_map::{REG_WINDOW_BASE, SEM_WINDOW_SEMAPHORES, SEM_WINDOW_SIZE};
-use shared::memory::SharedChunk;
-use shared::udma::{RingId, UdmaDesc, m2m_copy_descriptors};
-
 use std::sync::atomic::Ordering;
 
-use shared::address_map::Register;
+use shared::address_map::{REG_WINDOW_BASE, Register, SEM_WINDOW_SEMAPHORES, SEM_WINDOW_SIZE};
+use shared::memory::SharedChunk;
 use shared::notification::{NotificationKind, error_flags};
 use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
-
-use crate::dma::{self};
+use shared::udma::{RingId, UdmaDesc, m2m_copy_descriptors};
 
 use super::*;
 use crate::device::test_utils::*;
 use crate::device::*;
+use crate::dma;
 
 #[test]
 fn a_1_mib_copy_in_sixteen_64k_pairs() {

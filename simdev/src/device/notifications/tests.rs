@@ -1,10 +1,8 @@
 //! Notifications, in-process: phases, overflows, drops, re-initialisation and DeviceLost.
 
-use shared::notification::NQ_HEAD_OFFSET;
-
 use std::sync::atomic::Ordering;
 
-use shared::notification::{NotificationKind, error_flags};
+use shared::notification::{NQ_HEAD_OFFSET, NotificationKind, error_flags};
 use shared::protocol::{ErrorKind, Request};
 
 use crate::device::test_utils::*;

@@ -1,10 +1,9 @@
 //! Ownership, in-process: claims, a gone client's reclaim, and NC reset.
 
-use shared::address_map::{SEM_WINDOW_SEMAPHORES, SEM_WINDOW_SIZE};
-use shared::memory::SharedChunk;
-
 use std::sync::atomic::Ordering;
 
+use shared::address_map::{SEM_WINDOW_SEMAPHORES, SEM_WINDOW_SIZE};
+use shared::memory::SharedChunk;
 use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
 
 use crate::device::test_utils::*;
