@@ -34,10 +34,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use shared::NrtStatus;
-use shared::notification::{
-    NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEAD_OFFSET, NQ_HEADER_SIZE,
-    NotificationEntry, NotificationKind, error_flags, phase_of,
-};
+use shared::notification::{NotificationEntry, NotificationKind, NqCursor, error_flags};
 
 use crate::backend::NotificationQueue;
 use crate::bind::ExecResources;
@@ -80,7 +77,7 @@ pub fn decode_flags(flags: u32) -> (NrtStatus, bool) {
 #[derive(Debug)]
 pub struct NqReader {
     nq: NotificationQueue,
-    head: u64,
+    cursor: NqCursor,
     notify_fd: Option<OwnedFd>,
     stale: u64,
     /// Notifications of executions after the one being harvested that arrived before it
@@ -92,8 +89,8 @@ impl NqReader {
     /// A reader at entry 0 of `nq`, sleeping on `notify_fd` between polls when there is one.
     pub fn new(nq: NotificationQueue, notify_fd: Option<OwnedFd>) -> Self {
         Self {
+            cursor: NqCursor::new(nq.allocation.pa, nq.entries),
             nq,
-            head: 0,
             notify_fd,
             stale: 0,
             early: Vec::new(),
@@ -103,27 +100,7 @@ impl NqReader {
     /// The next entry, if written (acquire on the phase word, then the body; the new head is
     /// published with release so the device may reuse the slot).
     pub fn try_next(&mut self) -> Option<NotificationEntry> {
-        let entries = u64::from(self.nq.entries);
-        let base = self.nq.allocation.pa
-            + NQ_HEADER_SIZE as u64
-            + (self.head % entries) * NOTIFICATION_ENTRY_SIZE as u64;
-        let phase = self
-            .nq
-            .memory
-            .load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)
-            .ok()?;
-        if phase != phase_of(self.head / entries) {
-            return None;
-        }
-        let entry = self.nq.memory.read_obj(base).ok()?;
-        self.head += 1;
-        let head = (self.head & 0xFFFF_FFFF) as u32;
-        let _ = self.nq.memory.store_u32(
-            self.nq.allocation.pa + NQ_HEAD_OFFSET as u64,
-            head,
-            Ordering::Release,
-        );
-        Some(entry)
+        self.cursor.try_next(&self.nq.memory).ok().flatten()
     }
 
     /// Late notifications discarded so far.
@@ -327,6 +304,9 @@ mod tests {
     use crate::backend::{Allocation, MemHandle};
     use crate::xu::ExecInfo;
     use shared::memory::SharedChunk;
+    use shared::notification::{
+        NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEADER_SIZE, phase_of,
+    };
     use shared::protocol::MemLocation;
 
     const PA: u64 = 0x1000_0000_0000;

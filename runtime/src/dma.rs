@@ -11,15 +11,12 @@
 
 use shared::memory::{MemError, SharedChunk};
 use shared::protocol::MemLocation;
+#[cfg(test)]
+use shared::udma::MAX_RING_DESCS;
 use shared::udma::{self, DescError, MAX_DESC_LEN, RingId, UDMA_DESC_SIZE, UdmaDesc};
 use thiserror::Error;
 
 use crate::backend::{Allocation, Device, DeviceError, DmaQueueId, DmaRings};
-
-/// Smallest ring the driver accepts, in descriptors.
-pub const MIN_RING_DESCS: u32 = 32;
-/// Largest ring the driver accepts, in descriptors (2^24 − 16).
-pub const MAX_RING_DESCS: u32 = (1 << 24) - 16;
 
 /// A DMA ring or queue operation that failed.
 #[derive(Debug, Error)]
@@ -61,12 +58,12 @@ pub enum DmaError {
     },
 }
 
-/// Checks a ring size against the driver's rules (§2.5).
+/// Checks a ring size against the driver's rule ([`udma::is_valid_ring_size`], §2.5).
 ///
 /// # Errors
 /// [`DmaError::BadRingSize`].
 pub fn check_ring_size(count: u32) -> Result<(), DmaError> {
-    if (MIN_RING_DESCS..=MAX_RING_DESCS).contains(&count) && count.is_multiple_of(16) {
+    if udma::is_valid_ring_size(count) {
         Ok(())
     } else {
         Err(DmaError::BadRingSize { count })

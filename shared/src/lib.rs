@@ -11,6 +11,8 @@
 //! - [`address_map`]: simdev's PA space (HBM, host-visible memory, register window).
 //! - [`notification`]: the simulator-defined notification queue entry and ring layout.
 //! - [`protocol`]: the simdev control protocol (serde + bincode 2 over `SOCK_SEQPACKET`).
+//! - [`child`]: child processes that die with their parent (`PR_SET_PDEATHSIG`).
+//! - [`fd_passing`]: one message with its fds (`SCM_RIGHTS`) sent and received on that socket.
 //! - [`sequencer`]: the exec-queue batch contract between the runtime and simdev's sequencer.
 //! - [`isa`]: the simulator ISA (64-byte instructions of the five engines' programs).
 //! - [`model`]: the model container v1 (header, metadata, per-TPB programs and ring templates).
@@ -22,7 +24,9 @@
 //! `../shared/reference/nrt-api.md` and the two seeds.
 
 pub mod address_map;
+pub mod child;
 pub mod exec_request;
+pub mod fd_passing;
 pub mod ids;
 pub mod ioctl;
 pub mod isa;

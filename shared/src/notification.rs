@@ -14,7 +14,11 @@
 //! When `tail - head == entries` the ring is full and simdev drops the entry and counts an
 //! overflow (reported as NRT_EXEC_SW_NQ_OVERFLOW by the runtime).
 
+use std::sync::atomic::Ordering;
+
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::memory::{MemError, SharedChunk};
 
 /// Bytes of the NQ header before the first entry.
 pub const NQ_HEADER_SIZE: usize = 128;
@@ -107,10 +111,141 @@ pub struct NotificationEntry {
 
 const _: () = assert!(std::mem::size_of::<NotificationEntry>() == NOTIFICATION_ENTRY_SIZE);
 
+/// The consumer's cursor over one notification queue: the runtime's completion engine and the
+/// tests read every NQ through it.
+///
+/// Entry `head` is in slot `head % entries`; it has been written when its phase word equals
+/// [`phase_of`]`(head / entries)` (loaded with acquire ordering, before the body). After
+/// reading it the cursor publishes the new `head` (its low 32 bits, with release ordering) so
+/// the device may reuse the slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NqCursor {
+    /// PA of the NQ chunk (its header).
+    pa: u64,
+    /// Slots in the ring.
+    entries: u32,
+    /// Entries consumed so far (monotone).
+    head: u64,
+}
+
+impl NqCursor {
+    /// A cursor at entry 0 of the queue whose chunk starts at `pa` and holds `entries` slots.
+    /// A queue of 0 entries never yields one.
+    pub const fn new(pa: u64, entries: u32) -> Self {
+        Self {
+            pa,
+            entries,
+            head: 0,
+        }
+    }
+
+    /// Entries consumed so far.
+    pub const fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// The next entry, if the device has written it (`Ok(None)` otherwise), read from
+    /// `memory` (the queue's mapping); the new head is published before it is returned.
+    ///
+    /// # Errors
+    /// The accessor's error when the queue is not inside `memory`; the cursor does not move.
+    pub fn try_next(
+        &mut self,
+        memory: &SharedChunk,
+    ) -> Result<Option<NotificationEntry>, MemError> {
+        if self.entries == 0 {
+            return Ok(None);
+        }
+        let entries = u64::from(self.entries);
+        let base = self.pa
+            + NQ_HEADER_SIZE as u64
+            + (self.head % entries) * NOTIFICATION_ENTRY_SIZE as u64;
+        let phase = memory.load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)?;
+        if phase != phase_of(self.head / entries) {
+            return Ok(None);
+        }
+        let entry = memory.read_obj(base)?;
+        let next = self.head + 1;
+        let published = u32::try_from(next & 0xFFFF_FFFF).unwrap_or(u32::MAX);
+        memory.store_u32(
+            self.pa + NQ_HEAD_OFFSET as u64,
+            published,
+            Ordering::Release,
+        )?;
+        self.head = next;
+        Ok(Some(entry))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::mem::offset_of;
+
+    /// A ring of `entries` slots at PA 0x1000 in a fresh file mapping.
+    fn ring(entries: u32) -> (std::fs::File, SharedChunk) {
+        let file = tempfile::tempfile().unwrap();
+        let len = nq_bytes(entries);
+        file.set_len(len as u64).unwrap();
+        let memory = SharedChunk::map_fd(&file, 0x1000, len, true).unwrap();
+        (file, memory)
+    }
+
+    /// Writes entry `n` as the device does: body, then its phase (release).
+    fn post(memory: &SharedChunk, entries: u32, n: u64) {
+        let slot = n % u64::from(entries);
+        let base = 0x1000 + NQ_HEADER_SIZE as u64 + slot * NOTIFICATION_ENTRY_SIZE as u64;
+        let entry = NotificationEntry {
+            compute_idx: u32::try_from(n).unwrap(),
+            ..NotificationEntry::default()
+        };
+        memory.write_obj(base, &entry).unwrap();
+        let phase = phase_of(n / u64::from(entries));
+        memory
+            .store_u32(
+                base + NOTIFICATION_PHASE_OFFSET as u64,
+                phase,
+                Ordering::Release,
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn the_cursor_wraps_and_publishes_its_head() {
+        let entries = 4;
+        let (_file, memory) = ring(entries);
+        let mut cursor = NqCursor::new(0x1000, entries);
+        assert_eq!(
+            cursor.try_next(&memory).unwrap(),
+            None,
+            "a zeroed ring holds nothing"
+        );
+        for n in 0..3 * u64::from(entries) {
+            post(&memory, entries, n);
+            let entry = cursor.try_next(&memory).unwrap().expect("posted");
+            assert_eq!(u64::from(entry.compute_idx), n, "in order across passes");
+            assert_eq!(cursor.head(), n + 1);
+            let head = memory
+                .load_u32(0x1000 + NQ_HEAD_OFFSET as u64, Ordering::Acquire)
+                .unwrap();
+            assert_eq!(u64::from(head), n + 1, "the head is published");
+            assert_eq!(
+                cursor.try_next(&memory).unwrap(),
+                None,
+                "the last pass's slot is stale"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cursor_outside_its_memory_errs_without_moving() {
+        let (_file, memory) = ring(4);
+        let mut cursor = NqCursor::new(0x9000, 4);
+        assert!(cursor.try_next(&memory).is_err());
+        assert_eq!(cursor.head(), 0);
+        let mut empty = NqCursor::new(0x1000, 0);
+        assert_eq!(empty.try_next(&memory).unwrap(), None);
+    }
 
     #[test]
     fn layout() {

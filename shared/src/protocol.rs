@@ -68,39 +68,81 @@ pub struct DeviceInfo {
     pub description: String,
 }
 
-/// Counters of one NC, as simdev keeps them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NcCounters {
-    /// Descriptor pairs the NC's DMA engines completed.
-    pub dma_descriptors: u64,
-    /// Bytes the NC's DMA engines moved.
-    pub dma_bytes: u64,
-    /// Queues stopped on a bad descriptor (DMA aborts).
-    pub dma_aborts: u64,
-    /// Register writes performed by DMA (semaphores, events, tail increments).
-    pub register_writes: u64,
-    /// Posted semaphore increments received (doorbells).
-    pub doorbells: u64,
-    /// Notifications written.
-    pub notifications: u64,
-    /// Notifications dropped because the NQ was full.
-    pub nq_overflows: u64,
-    /// Posted messages that failed (they get no reply; the error is logged and counted).
-    pub posted_errors: u64,
-    /// NC resets.
-    pub resets: u64,
-    /// Executions the sequencer finished (a notification of kind `Execution` posted).
-    pub executions: u64,
-    /// Executions that ended with error flags.
-    pub exec_errors: u64,
-    /// Sequencer config reloads (requests with `reload_seq_config` = 1).
-    pub config_reloads: u64,
-    /// Activation/DVE table loads (requests with `load_act_dve_tables` = 1).
-    pub table_loads: u64,
-    /// Collectives model-switch chains run (their last pair poked the collectives event).
-    pub cc_chains: u64,
-    /// Injected faults that fired on this NC.
-    pub faults_fired: u64,
+/// Declares [`NcCounters`] and its by-name view from one list of fields, so a counter added to
+/// the struct is in [`NcCounters::NAMES`], [`NcCounters::get`] and [`NcCounters::to_map`] too.
+macro_rules! nc_counters {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$field_meta:meta])* pub $field:ident: u64, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[$field_meta])* pub $field: u64, )*
+        }
+
+        impl $name {
+            /// Every counter's name (its field name), in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// The counter named `name`; `None` when no counter has that name.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($field) => Some(self.$field),)*
+                    _ => None,
+                }
+            }
+
+            /// Every counter by name (serialises as a map of name to value).
+            pub fn to_map(&self) -> std::collections::BTreeMap<&'static str, u64> {
+                std::collections::BTreeMap::from([$((stringify!($field), self.$field)),*])
+            }
+
+            /// `(name, value)` of every counter, in declaration order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($field), self.$field)),*].into_iter()
+            }
+        }
+    };
+}
+
+nc_counters! {
+    /// Counters of one NC, as simdev keeps them. The scenario runner and the exit report read them
+    /// by name ([`NcCounters::get`], [`NcCounters::iter`]).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct NcCounters {
+        /// Descriptor pairs the NC's DMA engines completed.
+        pub dma_descriptors: u64,
+        /// Bytes the NC's DMA engines moved.
+        pub dma_bytes: u64,
+        /// Queues stopped on a bad descriptor (DMA aborts).
+        pub dma_aborts: u64,
+        /// Register writes performed by DMA (semaphores, events, tail increments).
+        pub register_writes: u64,
+        /// Posted semaphore increments received (doorbells).
+        pub doorbells: u64,
+        /// Notifications written.
+        pub notifications: u64,
+        /// Notifications dropped because the NQ was full.
+        pub nq_overflows: u64,
+        /// Posted messages that failed (they get no reply; the error is logged and counted).
+        pub posted_errors: u64,
+        /// NC resets.
+        pub resets: u64,
+        /// Executions the sequencer finished (a notification of kind `Execution` posted).
+        pub executions: u64,
+        /// Executions that ended with error flags.
+        pub exec_errors: u64,
+        /// Sequencer config reloads (requests with `reload_seq_config` = 1).
+        pub config_reloads: u64,
+        /// Activation/DVE table loads (requests with `load_act_dve_tables` = 1).
+        pub table_loads: u64,
+        /// Collectives model-switch chains run (their last pair poked the collectives event).
+        pub cc_chains: u64,
+        /// Injected faults that fired on this NC.
+        pub faults_fired: u64,
+    }
 }
 
 /// A client's request.
@@ -578,6 +620,28 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_are_listed_once_by_name() {
+        let c = NcCounters {
+            dma_bytes: 7,
+            cc_chains: 3,
+            faults_fired: 2,
+            ..NcCounters::default()
+        };
+        assert_eq!(NcCounters::NAMES.len(), 15);
+        assert_eq!(NcCounters::NAMES[0], "dma_descriptors");
+        assert_eq!(NcCounters::NAMES[14], "faults_fired");
+        assert_eq!(c.get("dma_bytes"), Some(7));
+        assert_eq!(c.get("faults_fired"), Some(2));
+        assert_eq!(c.get("cc_chain"), None, "a misspelt name is not a counter");
+        let map = c.to_map();
+        assert_eq!(map.len(), NcCounters::NAMES.len());
+        assert_eq!((map["cc_chains"], map["resets"]), (3, 0));
+        let names: Vec<_> = c.iter().map(|(name, _)| name).collect();
+        assert_eq!(names, NcCounters::NAMES);
+        assert_eq!(c.iter().map(|(_, v)| v).sum::<u64>(), 12);
+    }
 
     #[test]
     fn requests_round_trip() {

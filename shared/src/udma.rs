@@ -44,6 +44,46 @@ pub const TX_META_CTRL_WRITE_BARRIER: u32 = 1 << 26;
 /// The default TX `meta_ctrl` with the write barrier set.
 pub const TX_META_CTRL_DEFAULT_BARRIER: u32 = TX_META_CTRL_DEFAULT | TX_META_CTRL_WRITE_BARRIER;
 
+/// Smallest DMA ring the driver accepts, in descriptors (`driver-abi.md` §2.5).
+pub const MIN_RING_DESCS: u32 = 32;
+/// Largest DMA ring the driver accepts, in descriptors: 2^24 − 16 (`driver-abi.md` §2.5).
+/// Also the largest tail increment DMA_QUEUE_COPY_START accepts.
+pub const MAX_RING_DESCS: u32 = (1 << 24) - 16;
+/// Ring sizes are a multiple of this many descriptors (start and end 256-byte aligned).
+pub const RING_DESC_MULTIPLE: u32 = 16;
+
+/// The driver's ring-size rule for DMA_QUEUE_INIT (`driver-abi.md` §2.5): a ring of `count`
+/// descriptors is accepted when [`MIN_RING_DESCS`] ≤ `count` ≤ [`MAX_RING_DESCS`] and `count`
+/// is a multiple of [`RING_DESC_MULTIPLE`]. The runtime checks it before asking, the kernel
+/// backend before the ioctl, and simdev when it is asked.
+pub const fn is_valid_ring_size(count: u32) -> bool {
+    count >= MIN_RING_DESCS && count <= MAX_RING_DESCS && count.is_multiple_of(RING_DESC_MULTIPLE)
+}
+
+/// The smallest ring size that holds `descs` descriptors and follows the size rule's lower
+/// bound and multiple: `descs` rounded up to a multiple of [`RING_DESC_MULTIPLE`], at least
+/// [`MIN_RING_DESCS`]. Check the result with [`is_valid_ring_size`] for the upper bound (it
+/// saturates to `u32::MAX`, which the rule rejects).
+pub const fn ring_size_for(descs: u32) -> u32 {
+    match descs.checked_next_multiple_of(RING_DESC_MULTIPLE) {
+        Some(n) if n < MIN_RING_DESCS => MIN_RING_DESCS,
+        Some(n) => n,
+        None => u32::MAX,
+    }
+}
+
+/// One DMA queue of the device: (NC, engine on the NC, queue on the engine). The runtime's
+/// backends name queues with it, and simdev its queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DmaQueueId {
+    /// NC index.
+    pub nc: u32,
+    /// Engine on the NC, `0..dma_engines_per_nc`.
+    pub engine: u32,
+    /// Queue on the engine, `0..dma_queues_per_engine`.
+    pub queue: u32,
+}
+
 /// Ring id (phase) of a ring pass: 2 bits, starting at 1 and advancing 1, 2, 3, 0, 1, … each
 /// time the slot at index size−1 has been used (`driver-abi.md` §2.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -379,6 +419,29 @@ pub fn check_pair(tx: &TxDesc, rx: &RxDesc) -> Result<(), DescError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ring_size_rule_is_the_drivers() {
+        for ok in [32, 48, 4096, MAX_RING_DESCS] {
+            assert!(is_valid_ring_size(ok), "{ok}");
+        }
+        for bad in [0, 16, 31, 33, 40, 4088, MAX_RING_DESCS + 16, u32::MAX] {
+            assert!(!is_valid_ring_size(bad), "{bad}");
+        }
+        assert_eq!(MAX_RING_DESCS, 16_777_200);
+        assert_eq!(MAX_RING_DESCS % RING_DESC_MULTIPLE, 0);
+    }
+
+    #[test]
+    fn ring_size_for_rounds_up_to_the_smallest_valid_ring() {
+        assert_eq!(ring_size_for(0), 32);
+        assert_eq!(ring_size_for(6), 32);
+        assert_eq!(ring_size_for(33), 48);
+        assert_eq!(ring_size_for(48), 48);
+        assert_eq!(ring_size_for(MAX_RING_DESCS), MAX_RING_DESCS);
+        assert!(!is_valid_ring_size(ring_size_for(MAX_RING_DESCS + 1)));
+        assert_eq!(ring_size_for(u32::MAX), u32::MAX);
+    }
     use std::mem::offset_of;
 
     #[test]

@@ -77,27 +77,29 @@ pub struct CountersLine(pub NcCounters);
 
 impl fmt::Display for CountersLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.0;
-        write!(
-            f,
-            "dma_descriptors {}, dma_bytes {}, dma_aborts {}, register_writes {}, doorbells {}, \
-             notifications {}, nq_overflows {}, posted_errors {}, resets {}, executions {}, \
-             exec_errors {}, config_reloads {}, table_loads {}, cc_chains {}, faults_fired {}",
-            c.dma_descriptors,
-            c.dma_bytes,
-            c.dma_aborts,
-            c.register_writes,
-            c.doorbells,
-            c.notifications,
-            c.nq_overflows,
-            c.posted_errors,
-            c.resets,
-            c.executions,
-            c.exec_errors,
-            c.config_reloads,
-            c.table_loads,
-            c.cc_chains,
-            c.faults_fired
-        )
+        for (i, (name, value)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{name} {value}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_report_line_names_every_counter_in_order() {
+        let counters = Counters::default();
+        bump(&counters.dma_descriptors, 1);
+        bump(&counters.faults_fired, 15);
+        let line = CountersLine(counters.snapshot()).to_string();
+        assert_eq!(
+            line,
+            "dma_descriptors 1, dma_bytes 0, dma_aborts 0, register_writes 0, doorbells 0, \
+             notifications 0, nq_overflows 0, posted_errors 0, resets 0, executions 0, \
+             exec_errors 0, config_reloads 0, table_loads 0, cc_chains 0, faults_fired 15"
+        );
     }
 }

@@ -30,34 +30,20 @@ use std::sync::Arc;
 
 use shared::address_map::{AddressMap, Register};
 use shared::memory::{MemError, copy};
-use shared::udma::{DescError, Direction, RingId, UDMA_DESC_SIZE, UdmaDesc, check_pair};
+use shared::udma::{self, DescError, Direction, RingId, UDMA_DESC_SIZE, UdmaDesc, check_pair};
 use thiserror::Error;
 
 use crate::counters::{Counters, bump};
 use crate::memory::Chunk;
 use crate::registers::RegisterWriteError;
 
-/// Smallest ring, in descriptors (`driver-abi.md` §2.5).
-pub const RING_MIN_DESCS: u32 = 32;
-/// Largest ring, in descriptors: 2^24 − 16.
-pub const RING_MAX_DESCS: u32 = (1 << 24) - 16;
-/// Ring sizes are multiples of this many descriptors (256-byte aligned start and end).
-pub const RING_DESC_MULTIPLE: u32 = 16;
 /// Default [`Budget`] per doorbell, in descriptor pairs.
 pub const DEFAULT_BUDGET_PAIRS: u64 = 1 << 26;
 /// Default [`Budget`] per doorbell, in bytes moved (64 GiB).
 pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 36;
 
-/// One DMA queue of the device: (NC, engine on the NC, queue on the engine).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QueueId {
-    /// NC index.
-    pub nc: u32,
-    /// Engine on the NC, `0..dma_engines_per_nc`.
-    pub engine: u32,
-    /// Queue on the engine, `0..dma_queues_per_engine`.
-    pub queue: u32,
-}
+/// One DMA queue of the device (the one id type shared with the runtime).
+pub use shared::udma::DmaQueueId;
 
 /// Whether a queue takes work.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,7 +268,7 @@ impl Fault {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Abort {
     /// The queue.
-    pub queue: QueueId,
+    pub queue: DmaQueueId,
     /// Whether the cause was an out-of-bounds access.
     pub oob: bool,
     /// The stop reason (also the queue's [`QueueStatus::Stopped`] text).
@@ -384,7 +370,7 @@ pub trait Bus {
 
     /// Queue `queue` (of this NC) got work from a tail increment: process it after the current
     /// one.
-    fn schedule(&mut self, queue: QueueId);
+    fn schedule(&mut self, queue: DmaQueueId);
 }
 
 /// What a checked descriptor pair does, as [`DmaQueues::peek`] reports it.
@@ -463,7 +449,7 @@ pub enum Outcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deferred {
     /// The queue that wrote it.
-    pub queue: QueueId,
+    pub queue: DmaQueueId,
     /// The register (a tail increment of another NC).
     pub reg: Register,
     /// The value written.
@@ -471,15 +457,13 @@ pub struct Deferred {
     generation: u64,
 }
 
-/// Checks a ring size against the hardware's rule: 32 ≤ n ≤ 2^24 − 16 and n a multiple of 16
-/// (`driver-abi.md` §2.5).
+/// Checks a ring size against the hardware's rule, [`udma::is_valid_ring_size`]: 32 ≤ n ≤
+/// 2^24 − 16 and n a multiple of 16 (`driver-abi.md` §2.5).
 ///
 /// # Errors
 /// [`QueueError::RingSize`].
 pub fn check_ring_size(dir: Direction, count: u32) -> Result<(), QueueError> {
-    if (RING_MIN_DESCS..=RING_MAX_DESCS).contains(&count)
-        && count.is_multiple_of(RING_DESC_MULTIPLE)
-    {
+    if udma::is_valid_ring_size(count) {
         Ok(())
     } else {
         Err(QueueError::RingSize { dir, count })
@@ -672,8 +656,8 @@ impl DmaQueues {
         })
     }
 
-    const fn id(&self, engine: u32, queue: u32) -> QueueId {
-        QueueId {
+    const fn id(&self, engine: u32, queue: u32) -> DmaQueueId {
+        DmaQueueId {
             nc: self.nc,
             engine,
             queue,
@@ -1048,7 +1032,7 @@ impl DmaQueues {
         result: Result<(), Fault>,
         counters: &Counters,
     ) -> Option<Abort> {
-        let QueueId { engine, queue, .. } = deferred.queue;
+        let DmaQueueId { engine, queue, .. } = deferred.queue;
         let index = self.index(engine, queue).ok()?;
         let q = self.slots.get_mut(index)?.as_mut()?;
         if q.generation != deferred.generation || !q.in_flight {

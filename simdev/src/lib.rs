@@ -16,10 +16,12 @@
 //! - [`cli`]: the command line, [`cli::main_with_args`] (also used by `nrt simdev`).
 //! - [`config`]: [`Config`] and its defaults.
 //! - [`server`]: the socket, connections, handshake and fd passing; [`run`].
-//! - [`device`]: [`Device`], request dispatch, NC ownership and reclaim.
+//! - [`client`]: [`ClientId`], one per control connection.
+//! - [`device`]: [`Device`], request dispatch, NC ownership and reclaim, DMA runs,
+//!   notifications.
 //! - [`memory`]: memfd-backed chunks and the per-region first-fit allocator.
 //! - [`dma`]: DMA queues, their rings, and descriptor processing.
-//! - [`sequencer`]: the per-NC sequencer: exec-queue batches, executions, their errors.
+//! - [`device::sequencer`]: the per-NC sequencer: exec-queue batches, executions, their errors.
 //! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
 //! - [`compute`]: each NC's SBUF and PSUM, and the compute instructions (matmul, activation,
 //!   tensor ops, reduce, copy, transpose, iota) the engines run on them.
@@ -35,6 +37,7 @@
 //! tests drive DMA, memory, registers, notifications and executions.
 
 pub mod cli;
+pub mod client;
 pub mod compute;
 pub mod config;
 pub mod counters;
@@ -45,11 +48,11 @@ pub mod faults;
 pub mod memory;
 pub mod notify;
 pub mod registers;
-pub mod sequencer;
 pub mod server;
 pub mod timing;
 pub mod trace;
 
+pub use client::ClientId;
 pub use config::Config;
-pub use device::{ClientId, Device};
+pub use device::Device;
 pub use server::{Server, SimdevError, StopHandle, run};

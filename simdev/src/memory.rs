@@ -20,7 +20,7 @@ use shared::memory::{MemError, SharedChunk};
 use shared::protocol::MemLocation;
 use thiserror::Error;
 
-use crate::device::ClientId;
+use crate::client::ClientId;
 
 /// A region of the PA space with its own allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

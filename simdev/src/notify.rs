@@ -122,10 +122,10 @@ impl NotificationQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::ClientId;
+    use crate::client::ClientId;
     use crate::memory::{AddressSpace, Region};
     use shared::address_map::{AddressMap, Arch};
-    use shared::notification::{NotificationKind, nq_bytes};
+    use shared::notification::{NotificationKind, NqCursor, nq_bytes};
 
     fn queue(entries: u32) -> NotificationQueue {
         let mut space = AddressSpace::new(AddressMap {
@@ -193,5 +193,18 @@ mod tests {
         q.post(&entry(5)).unwrap();
         assert_eq!(slot(&q, 0).compute_idx, 5);
         assert_eq!(slot(&q, 0).phase, 2, "pass 1 carries phase 2");
+    }
+
+    #[test]
+    fn the_shared_cursor_reads_what_simdev_writes_across_wraps() {
+        let mut q = queue(4);
+        let mut cursor = NqCursor::new(q.chunk.pa(), 4);
+        for n in 0..10 {
+            // Without the cursor publishing its head, the fifth post would find the ring full.
+            q.post(&entry(n)).unwrap();
+            let got = cursor.try_next(q.chunk.memory()).unwrap();
+            assert_eq!(got.map(|e| e.compute_idx), Some(n));
+            assert_eq!(cursor.try_next(q.chunk.memory()).unwrap(), None);
+        }
     }
 }

@@ -16,8 +16,8 @@
 //! [`SimdevError::DeviceLost`], which the `simdev` command turns into exit status 3.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, IoSliceMut, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,22 +28,20 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{
-    AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, Shutdown, SockFlag,
-    SockType, UnixAddr, accept4, bind, connect, getsockopt, listen, recvmsg, sendmsg, shutdown,
-    socket, sockopt,
+    AddressFamily, Backlog, MsgFlags, Shutdown, SockFlag, SockType, UnixAddr, accept4, bind,
+    connect, getsockopt, listen, shutdown, socket, sockopt,
 };
 use nix::sys::stat::{Mode, fchmod};
+use shared::fd_passing;
 use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
 use thiserror::Error;
 
+use crate::client::ClientId;
 use crate::config::{Config, ConfigError, format_bytes};
 use crate::counters::CountersLine;
-use crate::device::{ClientId, Device};
+use crate::device::Device;
 use crate::dma::error_chain;
 
-/// Most fds the kernel passes in one message (`SCM_MAX_FD`); the receive buffer holds them all
-/// so none is lost unclosed.
-const SCM_MAX_FD: usize = 253;
 /// Pending connections the listener queues.
 const BACKLOG: i32 = 128;
 
@@ -560,8 +558,7 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
         let timeout = nix::sys::time::TimeVal::new(2, 0);
         let _ = nix::sys::socket::setsockopt(socket, sockopt::ReceiveTimeout, &timeout);
         let mut buf = vec![0u8; MAX_MSG_SIZE];
-        let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
-        let _ = receive(socket, &mut buf, &mut control);
+        let _ = receive(socket, &mut buf);
         let _ = send(socket, &reply, &[]);
         return;
     }
@@ -570,9 +567,8 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
     let mut session = Session::new(client);
     let mut buf = vec![0u8; MAX_MSG_SIZE];
-    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     loop {
-        let received = match receive(socket, &mut buf, &mut control) {
+        let received = match receive(socket, &mut buf) {
             Ok(Some(received)) => received,
             Ok(None) | Err(Errno::ECONNRESET) => break,
             Err(Errno::EINTR) => continue,
@@ -608,38 +604,22 @@ struct Received {
 }
 
 /// Receives one message into `buf`; closes any fds it carried. `None` at EOF.
-fn receive(socket: &OwnedFd, buf: &mut [u8], control: &mut [u8]) -> nix::Result<Option<Received>> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(control),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut had_fds = false;
-    match msg.cmsgs() {
-        Ok(cmsgs) => {
-            for cmsg in cmsgs {
-                if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                    had_fds = true;
-                    for fd in fds {
-                        let _ = nix::unistd::close(fd);
-                    }
-                }
-            }
-        }
-        Err(e) => tracing::warn!("a client's control data was truncated: {e}"),
+fn receive(socket: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<Received>> {
+    let msg = fd_passing::recv_with_fds(socket.as_fd(), buf, MsgFlags::empty())?;
+    if msg.control_truncated {
+        tracing::warn!("a client's control data was truncated");
     }
+    let had_fds = !msg.fds.is_empty();
     if had_fds {
+        drop(msg.fds);
         tracing::info!("closed fds a client sent (simdev takes none)");
     }
-    let truncated = msg.flags.contains(MsgFlags::MSG_TRUNC);
-    if msg.bytes == 0 && !truncated && !had_fds {
+    if msg.len == 0 && !msg.truncated && !had_fds {
         return Ok(None);
     }
     Ok(Some(Received {
-        len: msg.bytes,
-        truncated,
+        len: msg.len,
+        truncated: msg.truncated,
     }))
 }
 
@@ -654,23 +634,9 @@ fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
             encode(&fallback, &mut buf).map_err(|_| Errno::EMSGSIZE)?
         }
     };
-    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let rights = [ControlMessage::ScmRights(&raw)];
-    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &rights };
+    let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let data = buf.get(..len).unwrap_or(&[]);
-    loop {
-        match sendmsg::<()>(
-            socket.as_raw_fd(),
-            &[IoSlice::new(data)],
-            cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e),
-        }
-    }
+    fd_passing::send_with_fds(socket.as_fd(), data, &fds).map(|_| ())
 }
 
 /// Handles an existing file at the socket path: refuses a non-socket or a live listener,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -136,7 +136,7 @@ fn malformed_messages_are_refused_and_the_connection_goes_on() {
     let stray = tempfile::tempfile().unwrap();
     let mut buf = vec![0u8; MAX_MSG_SIZE];
     let len = shared::protocol::encode(&Request::DeviceInfo, &mut buf).unwrap();
-    conn.send_raw(&buf[..len], &[stray.as_raw_fd()]);
+    conn.send_raw(&buf[..len], &[stray.as_fd()]);
     let (reply, fds) = conn.recv().unwrap();
     assert!(matches!(reply, Reply::DeviceInfo(_)), "{reply:?}");
     assert!(fds.is_empty());

@@ -8,17 +8,14 @@
 
 pub mod bench;
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
 use runtime::backend::sim::{PrivateSimdev, SimDevice, SimdevCommand};
-use shared::notification::{
-    NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEAD_OFFSET, NQ_HEADER_SIZE,
-    NotificationEntry, phase_of,
-};
+use shared::fd_passing;
+use shared::notification::{NotificationEntry, NqCursor};
 use shared::protocol::{self, MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request};
 use std::sync::atomic::Ordering;
 
@@ -86,13 +83,16 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
 pub struct NqReader {
     /// The mapped queue.
     pub nq: runtime::backend::NotificationQueue,
-    head: u64,
+    cursor: NqCursor,
 }
 
 impl NqReader {
     /// A reader at entry 0.
     pub fn new(nq: runtime::backend::NotificationQueue) -> Self {
-        Self { nq, head: 0 }
+        Self {
+            cursor: NqCursor::new(nq.allocation.pa, nq.entries),
+            nq,
+        }
     }
 
     /// The next entry, if the device has written it.
@@ -100,30 +100,7 @@ impl NqReader {
     /// # Panics
     /// On an accessor error (a test bug).
     pub fn try_next(&mut self) -> Option<NotificationEntry> {
-        let entries = u64::from(self.nq.entries);
-        let slot = self.head % entries;
-        let base =
-            self.nq.allocation.pa + NQ_HEADER_SIZE as u64 + slot * NOTIFICATION_ENTRY_SIZE as u64;
-        let phase = self
-            .nq
-            .memory
-            .load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)
-            .unwrap();
-        if phase != phase_of(self.head / entries) {
-            return None;
-        }
-        let entry: NotificationEntry = self.nq.memory.read_obj(base).unwrap();
-        self.head += 1;
-        let head = u32::try_from(self.head & 0xFFFF_FFFF).unwrap();
-        self.nq
-            .memory
-            .store_u32(
-                self.nq.allocation.pa + NQ_HEAD_OFFSET as u64,
-                head,
-                Ordering::Release,
-            )
-            .unwrap();
-        Some(entry)
+        self.cursor.try_next(&self.nq.memory).unwrap()
     }
 
     /// Waits up to `timeout` for the next entry.
@@ -174,14 +151,7 @@ impl RawClient {
     /// # Panics
     /// If the send fails.
     pub fn send_bytes(&self, bytes: &[u8]) {
-        socket::sendmsg::<()>(
-            self.fd.as_raw_fd(),
-            &[IoSlice::new(bytes)],
-            &[],
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .unwrap();
+        fd_passing::send_with_fds(self.fd.as_fd(), bytes, &[]).unwrap();
     }
 
     /// Receives one reply; `None` when simdev closed the connection.
@@ -190,25 +160,10 @@ impl RawClient {
     /// If the reply does not decode.
     pub fn recv(&self) -> Option<Reply> {
         let mut buf = [0u8; MAX_MSG_SIZE];
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-        let msg = socket::recvmsg::<()>(
-            self.fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .ok()?;
-        let n = msg.bytes;
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let socket::ControlMessageOwned::ScmRights(fds) = c {
-                    for fd in fds {
-                        let _ = nix::unistd::close(fd);
-                    }
-                }
-            }
-        }
+        // Any fds that came with the reply are closed when `received` drops.
+        let received =
+            fd_passing::recv_with_fds(self.fd.as_fd(), &mut buf, MsgFlags::empty()).ok()?;
+        let n = received.len;
         if n == 0 {
             return None;
         }

@@ -48,16 +48,7 @@ pub struct Allocation {
     pub location: MemLocation,
 }
 
-/// One DMA queue: (NC, engine on the NC, queue on the engine).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DmaQueueId {
-    /// NC index.
-    pub nc: u32,
-    /// Engine on the NC, `0..dma_engines_per_nc`.
-    pub engine: u32,
-    /// Queue on the engine, `0..dma_queues_per_engine`.
-    pub queue: u32,
-}
+pub use shared::udma::DmaQueueId;
 
 /// The two descriptor rings bound to a DMA queue (DMA_QUEUE_INIT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,23 +13,21 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use nix::sys::socket::{
-    self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-};
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
 use shared::address_map::SEM_WINDOW_SIZE;
+use shared::fd_passing;
 use shared::memory::SharedChunk;
 use shared::protocol::{
-    self, DeviceInfo, DeviceStats, FaultSpec, LatencyModel, MAX_FDS_PER_MSG, MAX_MSG_SIZE,
-    MemLocation, NcCounters, PROTOCOL_VERSION, Reply, Request,
+    self, DeviceInfo, DeviceStats, FaultSpec, LatencyModel, MAX_MSG_SIZE, MemLocation, NcCounters,
+    PROTOCOL_VERSION, Reply, Request,
 };
 
 use super::{
@@ -184,14 +182,7 @@ impl SimDevice {
             op,
             detail: e.to_string(),
         })?;
-        socket::sendmsg::<()>(
-            self.fd.as_raw_fd(),
-            &[IoSlice::new(&buf[..n])],
-            &[],
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .map_err(io_err(op))?;
+        fd_passing::send_with_fds(self.fd.as_fd(), &buf[..n], &[]).map_err(io_err(op))?;
         Ok(())
     }
 
@@ -217,30 +208,14 @@ impl SimDevice {
             }
             recv_flags |= MsgFlags::MSG_DONTWAIT;
         }
-        let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MSG]);
-        let mut iov = [IoSliceMut::new(&mut ex.buf[..])];
-        let msg = socket::recvmsg::<()>(self.fd.as_raw_fd(), &mut iov, Some(&mut cmsg), recv_flags)
+        let received = fd_passing::recv_with_fds(self.fd.as_fd(), &mut ex.buf[..], recv_flags)
             .map_err(|e| match e {
                 nix::Error::EAGAIN => DeviceError::Disconnected { op },
                 e => io_err(op)(e),
             })?;
-        let mut fds = Vec::new();
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // SAFETY: the kernel just installed these descriptors in our table for this
-                    // message (SCM_RIGHTS); nothing else owns them, so each is wrapped exactly
-                    // once and closed on drop.
-                    fds.extend(
-                        raw.into_iter()
-                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                    );
-                }
-            }
-        }
-        let len = msg.bytes;
-        let truncated =
-            msg.flags.contains(MsgFlags::MSG_TRUNC) || msg.flags.contains(MsgFlags::MSG_CTRUNC);
+        let fds = received.fds;
+        let len = received.len;
+        let truncated = received.truncated || received.control_truncated;
         if len == 0 {
             return Err(DeviceError::Disconnected { op });
         }
@@ -603,14 +578,7 @@ impl PrivateSimdev {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-        // which is async-signal-safe; it touches no memory shared with the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        shared::child::kill_with_parent(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| DeviceError::NoDevice {
             hint: format!(
                 "could not start simdev ({}): {e}",

@@ -362,7 +362,7 @@ impl MlpBuilder {
             IoRing {
                 engine,
                 queue,
-                ring_descs: (n * 2).next_multiple_of(16).max(32),
+                ring_descs: shared::udma::ring_size_for(n * 2),
                 descs,
             }
         };

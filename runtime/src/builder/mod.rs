@@ -58,7 +58,7 @@ pub fn identity_with(
         Instruction::new(Opcode::DmaWait, &[IDENTITY_ENGINE, IDENTITY_QUEUE]),
         Instruction::new(Opcode::End, &[]),
     ]);
-    let ring_descs = (n * 2).next_multiple_of(16).max(32);
+    let ring_descs = shared::udma::ring_size_for(n * 2);
     Model {
         name: name.into(),
         inputs: vec![spec("input")],

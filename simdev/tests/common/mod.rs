@@ -3,19 +3,17 @@
 
 #![allow(dead_code, reason = "each test crate uses a different subset")]
 
-use std::io::{BufRead, BufReader, IoSlice, IoSliceMut, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
-use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-    connect, recvmsg, sendmsg, socket,
-};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, socket};
 use nix::unistd::Pid;
+use shared::fd_passing;
 use shared::protocol::{MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request, decode, encode};
 
 /// How long a simdev gets to start or stop.
@@ -107,15 +105,6 @@ pub struct Conn {
     fd: OwnedFd,
 }
 
-/// Takes ownership of fds received by `SCM_RIGHTS`.
-fn own(fds: Vec<RawFd>) -> Vec<OwnedFd> {
-    fds.into_iter()
-        // SAFETY: each fd was just installed in this process by the kernel for this message
-        // (SCM_RIGHTS), is open, and nothing else owns or closes it.
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect()
-}
-
 impl Conn {
     /// Connects without a handshake.
     pub fn connect(path: &Path) -> Self {
@@ -142,17 +131,8 @@ impl Conn {
     }
 
     /// Sends raw bytes with `fds` attached.
-    pub fn send_raw(&self, bytes: &[u8], fds: &[RawFd]) {
-        let rights = [ControlMessage::ScmRights(fds)];
-        let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
-        sendmsg::<()>(
-            self.fd.as_raw_fd(),
-            &[IoSlice::new(bytes)],
-            cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .expect("sendmsg");
+    pub fn send_raw(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
+        fd_passing::send_with_fds(self.fd.as_fd(), bytes, fds).expect("sendmsg");
     }
 
     /// Sends a request.
@@ -165,24 +145,10 @@ impl Conn {
     /// Receives one reply and its fds; `None` at EOF.
     pub fn recv(&self) -> Option<(Reply, Vec<OwnedFd>)> {
         let mut buf = vec![0u8; MAX_MSG_SIZE];
-        let mut control = nix::cmsg_space!([RawFd; 4]);
-        let (len, fds) = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(
-                self.fd.as_raw_fd(),
-                &mut iov,
-                Some(&mut control),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
+        let received = fd_passing::recv_with_fds(self.fd.as_fd(), &mut buf, MsgFlags::empty())
             .expect("recvmsg");
-            let mut fds = Vec::new();
-            for cmsg in msg.cmsgs().expect("control data") {
-                if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                    fds.extend(raw);
-                }
-            }
-            (msg.bytes, own(fds))
-        };
+        assert!(!received.control_truncated, "control data truncated");
+        let (len, fds) = (received.len, received.fds);
         if len == 0 {
             return None;
         }

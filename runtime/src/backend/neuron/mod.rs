@@ -37,6 +37,7 @@ use shared::ioctl;
 use shared::memory::{MemError, SharedChunk};
 use shared::notification::nq_bytes;
 use shared::protocol::{DeviceInfo, MemLocation, NcCounters};
+use shared::udma::{MAX_RING_DESCS, is_valid_ring_size};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{
@@ -46,13 +47,6 @@ use super::{
 pub use shim::SimIoctlPort;
 pub use sys::DeviceFile;
 
-/// Smallest DMA ring, in descriptors (driver-abi §2.5).
-pub const MIN_RING_DESCRIPTORS: u32 = 32;
-/// Largest DMA ring, in descriptors: 2^24 − 16 (driver-abi §2.5). Also the largest tail
-/// increment DMA_QUEUE_COPY_START accepts.
-pub const MAX_RING_DESCRIPTORS: u32 = (1 << 24) - 16;
-/// Ring sizes are a multiple of this many descriptors (start and end 256-byte aligned).
-pub const RING_DESCRIPTOR_MULTIPLE: u32 = 16;
 /// Bytes per UDMA descriptor.
 const DESCRIPTOR_BYTES: u64 = 16;
 /// Largest notification queue, in entries: the largest power of two whose ring (header plus
@@ -435,14 +429,12 @@ impl<P: IoctlPort> NeuronDevice<P> {
         ring: MemHandle,
     ) -> Result<(), DeviceError> {
         let op = "DMA_QUEUE_INIT";
-        if !(MIN_RING_DESCRIPTORS..=MAX_RING_DESCRIPTORS).contains(&count)
-            || !count.is_multiple_of(RING_DESCRIPTOR_MULTIPLE)
-        {
+        if !is_valid_ring_size(count) {
             return Err(DeviceError::OutOfRange {
                 op,
                 what,
                 value: count.into(),
-                limit: u64::from(MAX_RING_DESCRIPTORS) + 1,
+                limit: u64::from(MAX_RING_DESCS) + 1,
             });
         }
         let size = self.chunks().get(&ring.0).map(|c| c.size);
@@ -734,15 +726,15 @@ impl<P: IoctlPort> Device for NeuronDevice<P> {
     ) -> Result<(), DeviceError> {
         let op = "DMA_QUEUE_COPY_START";
         check_queue(op, &self.info, queue)?;
-        if rx_desc_count == 0 || rx_desc_count > MAX_RING_DESCRIPTORS {
+        if rx_desc_count == 0 || rx_desc_count > MAX_RING_DESCS {
             return Err(DeviceError::OutOfRange {
                 op,
                 what: "rx_desc_count (1..=2^24-16; 0 is a kernel BUG_ON)",
                 value: rx_desc_count.into(),
-                limit: u64::from(MAX_RING_DESCRIPTORS) + 1,
+                limit: u64::from(MAX_RING_DESCS) + 1,
             });
         }
-        check_range(op, "tx_desc_count", tx_desc_count, MAX_RING_DESCRIPTORS + 1)?;
+        check_range(op, "tx_desc_count", tx_desc_count, MAX_RING_DESCS + 1)?;
         let mut arg = ioctl::DmaQueueCopyStart {
             eng_id: self.eng_id(queue),
             qid: queue.queue,

@@ -29,23 +29,7 @@ pub(super) struct Snapshot {
 ///
 /// The one place the runner maps counter names to simdev's counters.
 fn counter(c: &NcCounters, key: &str) -> Option<u64> {
-    Some(match key {
-        "dma_descriptors" => c.dma_descriptors,
-        "dma_bytes" => c.dma_bytes,
-        "dma_aborts" => c.dma_aborts,
-        "register_writes" => c.register_writes,
-        "doorbells" => c.doorbells,
-        "notifications" => c.notifications,
-        "nq_overflows" => c.nq_overflows,
-        "posted_errors" => c.posted_errors,
-        "resets" => c.resets,
-        "executions" => c.executions,
-        "exec_errors" => c.exec_errors,
-        "config_reloads" => c.config_reloads,
-        "table_loads" => c.table_loads,
-        "cc_chains" => c.cc_chains,
-        _ => return None,
-    })
+    c.get(key)
 }
 
 /// The device stat named `key` (a `device_stats` check's key), or `None` for an unknown name.

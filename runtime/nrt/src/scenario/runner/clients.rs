@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -44,13 +44,7 @@ fn pid_of(child: &Child) -> Pid {
 /// A command for re-executing this program as a child that dies with us.
 pub fn child_command(exe: &Path) -> Command {
     let mut cmd = Command::new(exe);
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe; it touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
+    shared::child::kill_with_parent(&mut cmd);
     cmd
 }
 

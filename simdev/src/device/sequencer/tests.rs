@@ -3,17 +3,27 @@
 //! [`m2m_copy_descriptors`] and the current ring ids), programs in client memory, the doorbell
 //! as a posted SemaphoreIncrement of INFERENCE_START, and a bounded wait for the notification.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use shared::Engine;
+use shared::address_map::Register;
 use shared::exec_request::{CC_DMA_INCREMENT_OFFSET, DEVICE_EXEC_REQUEST_SIZE, DeviceExecRequest};
 use shared::isa::{Instruction, Opcode, encode_program, end_program};
+use shared::notification::{
+    NQ_HEAD_OFFSET, NQ_TAIL_OFFSET, NotificationEntry, NotificationKind, error_flags,
+};
+use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
 use shared::sequencer::{
     EVENT_COLLECTIVES_CTX_LOAD, EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_ENGINE,
     SEM_INFERENCE_START,
 };
+use shared::udma::RingId;
 
-use super::*;
+use crate::config::Config;
+use crate::device::test_utils::*;
+use crate::device::*;
+use crate::dma;
 
 const NQ_ENTRIES: u32 = 64;
 const EXEC_DESCS: u32 = 64;

@@ -200,6 +200,12 @@ fn a_missing_completion_posts_nothing_and_the_index_moves_on() {
     a.ok(nth(FaultKind::MissingCompletion, Some(0), 1));
     let offset = io.stage(0, 0);
     io.rig.doorbell();
+    // Wait (bounded) for the execution's output, not a fixed time: on a loaded machine the
+    // sequencer thread may not have run within `quiet`'s 100 ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while io.output.read(offset, 64) != pattern(64) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     io.rig.quiet(0);
     assert_eq!(
         a.semaphore(0, SEM_INFERENCE_START),

@@ -1,14 +1,4 @@
-//! The device side of executions: each NC's sequencer thread, its batch fetch from the exec
-//! queue, and the [`engines::Host`] through which the engines' programs reach the NC's
-//! registers, DMA queues and the client's memory. The behaviour is documented in
-//! [`crate::sequencer`]; this module is the glue to the device's state and locks.
-//!
-//! Wake-ups: every change of an NC's semaphores or events (a message, or a DMA register write)
-//! bumps the NC's change counter under [`SeqSync`]'s lock and notifies its condition variable;
-//! so do reset, release, reclaim, [`Core::device_lost`] and the device's drop. The sequencer
-//! thread takes a token (the counter) before looking for work or running a scheduling round,
-//! and sleeps only while the counter still equals it, so no change is missed and nothing
-//! busy-waits.
+//! One execution, from the count taken to the notification posted.
 //!
 //! Faults, timing and trace: each execution asks the fault table once, when it takes its
 //! `compute_idx` ([`crate::faults`]); an [`Account`] follows it through the batch, the request
@@ -17,119 +7,55 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use shared::isa::Opcode;
 use shared::protocol::LatencyModel;
 
 use shared::address_map::Register;
-use shared::exec_request::{DeviceExecRequest, Engine};
-use shared::isa::{INSTRUCTION_SIZE, Instruction};
+use shared::exec_request::DeviceExecRequest;
 use shared::notification::{NotificationEntry, NotificationKind, error_flags};
-use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
+use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE};
 use shared::udma::Direction;
 
-use super::{Aborts, Claim, ClientBus, Core, Nc, NcState, TraceAt, lock, panic_text, read};
-use crate::compute::ComputeState;
 use crate::counters::bump;
-use crate::dma::{
-    Abort, Budget, PairEffect, PeekError, QueueError, QueueId, QueueStatus, error_chain,
-};
-use crate::engines::{self, Limits, Stats, Stop};
+use crate::device::dispatch::panic_text;
+use crate::device::dma_run::{Aborts, ClientBus};
+use crate::device::sequencer::{self, BATCH_HEAD_PAIRS};
+use crate::device::trace_events::TraceAt;
+use crate::device::{Core, Nc, NcState, lock};
+use crate::dma::{Abort, Budget, DmaQueueId, PairEffect, PeekError, QueueStatus, error_chain};
+use crate::engines::{Limits, Stats, Stop};
 use crate::faults::{Delivery, Effects};
-use crate::sequencer::{self, BATCH_HEAD_PAIRS};
 use crate::timing::{self, Charge};
 use crate::trace::{Detail, Event};
 
-/// An NC's sequencer wake-up state: the change counter, the shutdown flag and the thread.
-#[derive(Debug, Default)]
-pub(super) struct SeqSync {
-    state: Mutex<SeqState>,
-    cv: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct SeqState {
-    /// Bumped by every change the sequencer may be waiting for.
-    changes: u64,
-    /// The device is being dropped: the thread exits.
-    shutdown: bool,
-    /// The thread, once started.
-    thread: Option<JoinHandle<()>>,
-}
-
-impl SeqSync {
-    /// A semaphore or event of the NC changed, or the NC was reset, released or reclaimed, or
-    /// the device is going away: wakes the sequencer.
-    pub(super) fn changed(&self) {
-        let mut state = lock(&self.state);
-        state.changes = state.changes.wrapping_add(1);
-        drop(state);
-        self.cv.notify_all();
-    }
-
-    /// The current change token; `None` once the device is shutting down.
-    fn token(&self) -> Option<u64> {
-        let state = lock(&self.state);
-        (!state.shutdown).then_some(state.changes)
-    }
-
-    fn is_shutdown(&self) -> bool {
-        lock(&self.state).shutdown
-    }
-
-    /// Sleeps until the change counter moves past `token` or the device shuts down.
-    fn wait_change(&self, token: u64) {
-        let mut state = lock(&self.state);
-        while state.changes == token && !state.shutdown {
-            state = self.cv.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    /// Sleeps for `duration`, or less when the device shuts down or `cut` (checked at every
-    /// wake-up; it must take no lock of this `SeqSync`) becomes true.
-    fn sleep(&self, duration: Duration, cut: impl Fn() -> bool) {
-        let start = Instant::now();
-        let mut state = lock(&self.state);
-        loop {
-            let left = duration.saturating_sub(start.elapsed());
-            if state.shutdown || cut() || left.is_zero() {
-                return;
-            }
-            state = match self.cv.wait_timeout(state, left) {
-                Ok((state, _)) => state,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
-    }
-}
+use super::host::ExecHost;
+use super::program::Program;
+use super::thread::Work;
 
 /// Nanoseconds of a duration, saturating.
-fn nanos(d: Duration) -> u64 {
+pub(super) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One execution's bookkeeping: what the latency model charges, where the trace's simulated
 /// cursor is, and the trace events it buffers.
 pub(super) struct Account {
-    compute_idx: u32,
+    pub(super) compute_idx: u32,
     /// The latency model, `None` while device time follows the wall clock.
-    model: Option<LatencyModel>,
-    charge: Charge,
+    pub(super) model: Option<LatencyModel>,
+    pub(super) charge: Charge,
     /// Under a model, the simulated time at which the next traced step starts.
-    cursor: u64,
+    pub(super) cursor: u64,
     /// The execution's trace events (`None` without a trace), at most `room` of them.
-    events: Option<Vec<Event>>,
-    room: usize,
+    pub(super) events: Option<Vec<Event>>,
+    pub(super) room: usize,
     /// Events beyond `room`.
-    dropped: u64,
+    pub(super) dropped: u64,
 }
 
 impl Account {
-    fn record(&mut self, nc: u32, ts_ns: u64, dur_ns: Option<u64>, detail: Detail) {
+    pub(super) fn record(&mut self, nc: u32, ts_ns: u64, dur_ns: Option<u64>, detail: Detail) {
         if let Some(events) = &mut self.events {
             if events.len() < self.room {
                 events.push(Event {
@@ -145,7 +71,7 @@ impl Account {
     }
 
     /// Where a DMA run of this execution is traced.
-    fn trace_at(&self) -> TraceAt {
+    pub(super) fn trace_at(&self) -> TraceAt {
         if self.model.is_some() {
             TraceAt::Sim(self.cursor)
         } else {
@@ -192,15 +118,9 @@ struct Timing {
     device_ts_ns: Option<u64>,
 }
 
-/// One INFERENCE_START count taken: the NC's owner when it was taken and the NC's epoch.
-struct Work {
-    claim: Arc<Claim>,
-    epoch: u64,
-}
-
 /// DMA aborts collected during an execution as one failure: DMA_ABORT, plus OOB when any of
 /// them was an access outside the client's memory.
-fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
+pub(super) fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
     let first = aborts.first()?;
     let mut flags = error_flags::DMA_ABORT;
     if aborts.iter().any(|a| a.oob) {
@@ -214,101 +134,9 @@ fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
 }
 
 impl Core {
-    /// A semaphore or event of `nc` changed: wakes its sequencer, starting its thread first
-    /// when `starts` (a write of [`SEM_INFERENCE_START`]).
-    pub(super) fn registers_changed(&self, nc: &Nc, starts: bool) {
-        if starts {
-            self.start_sequencer(nc);
-        }
-        nc.seq.changed();
-    }
-
-    /// Starts `nc`'s sequencer thread unless it runs or the device is shutting down.
-    fn start_sequencer(&self, nc: &Nc) {
-        let mut state = lock(&nc.seq.state);
-        if state.thread.is_some() || state.shutdown {
-            return;
-        }
-        let Some(core) = self.me.upgrade() else {
-            return;
-        };
-        let index = nc.index;
-        let spawned = std::thread::Builder::new()
-            .name(format!("simdev-seq-nc{index}"))
-            .spawn(move || core.sequencer_main(index));
-        match spawned {
-            Ok(thread) => state.thread = Some(thread),
-            Err(e) => tracing::error!(
-                "starting NC {index}'s sequencer thread: {e}; the next doorbell retries"
-            ),
-        }
-    }
-
-    /// Stops and joins every sequencer thread (the device is being dropped). An execution in
-    /// progress or parked is abandoned without a notification.
-    pub(super) fn stop_sequencers(&self) {
-        for nc in &self.ncs {
-            lock(&nc.seq.state).shutdown = true;
-            nc.seq.cv.notify_all();
-        }
-        for nc in &self.ncs {
-            let thread = lock(&nc.seq.state).thread.take();
-            if let Some(thread) = thread
-                && thread.join().is_err()
-            {
-                tracing::error!("NC {}'s sequencer thread panicked", nc.index);
-            }
-        }
-    }
-
-    /// Whether an execution of `nc` that started in `epoch` must end without a notification.
-    fn abandoned(&self, nc: &Nc, epoch: u64) -> bool {
-        self.epoch_moved(nc, epoch) || nc.seq.is_shutdown()
-    }
-
-    /// Whether the device was lost or `nc` was reset, released or reclaimed since `epoch`
-    /// (atomics only: safe under any lock, the leaf `compute` lock included).
-    fn epoch_moved(&self, nc: &Nc, epoch: u64) -> bool {
-        self.lost.load(Ordering::SeqCst) || nc.epoch.load(Ordering::Acquire) != epoch
-    }
-
-    /// The sequencer thread of NC `index`: runs one execution per INFERENCE_START count, in
-    /// order, and sleeps in between.
-    fn sequencer_main(&self, index: u32) {
-        let Some(nc) = self.nc_ref(index) else {
-            return;
-        };
-        tracing::debug!("NC {index}: sequencer started");
-        while let Some(token) = nc.seq.token() {
-            match self.take_start(nc) {
-                Some(work) => self.execute(nc, work),
-                None => nc.seq.wait_change(token),
-            }
-        }
-        tracing::debug!("NC {index}: sequencer stopped");
-    }
-
-    /// Takes one INFERENCE_START count of `nc`, if its semaphore is positive (read as an i32).
-    /// The check and the subtraction are two atomic steps; the sequencer is the semaphore's
-    /// only consumer, so only a client decrementing it at the same time could race (and then
-    /// only with itself).
-    fn take_start(&self, nc: &Nc) -> Option<Work> {
-        if self.lost.load(Ordering::SeqCst) {
-            return None;
-        }
-        let claim = self.owner(nc)?;
-        let epoch = nc.epoch.load(Ordering::Acquire);
-        let value = claim.registers.semaphore(SEM_INFERENCE_START).ok()?;
-        if i32::from_ne_bytes(value.to_ne_bytes()) <= 0 {
-            return None;
-        }
-        claim.registers.semaphore_sub(SEM_INFERENCE_START, 1).ok()?;
-        Some(Work { claim, epoch })
-    }
-
     /// Runs one execution and posts its notification (unless it is abandoned), applying the
     /// faults that fire on it, the latency model, and tracing it.
-    fn execute(&self, nc: &Nc, work: Work) {
+    pub(super) fn execute(&self, nc: &Nc, work: Work) {
         let started = Instant::now();
         let compute_idx = {
             let mut state = lock(&nc.state);
@@ -607,12 +435,13 @@ impl Core {
             }
             compute.set_tables_loaded(true);
         }
-        let addresses = Engine::ALL.map(|e| request.engine_address(e));
+        let addresses = shared::exec_request::Engine::ALL.map(|e| request.engine_address(e));
         {
             let mut compute = lock(&nc.compute);
             sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
             compute.set_program(addresses);
         }
+        let program = Program::of_request(&request);
         let mut host = ExecHost {
             core: self,
             nc,
@@ -621,10 +450,10 @@ impl Core {
             budget: &mut budget,
             acct,
         };
-        engines::run(addresses, &Limits::for_arch(self.map.arch), &mut host)
+        program.run(&Limits::for_arch(self.map.arch), &mut host)
     }
 
-    /// Fetches, checks and runs one batch of the exec queue (see [`crate::sequencer`]); its
+    /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its
     /// DMA is traced at `at`.
     fn run_batch(
         &self,
@@ -659,7 +488,7 @@ impl Core {
             return Ok(());
         }
         let mut aborts = Vec::new();
-        let exec_queue = QueueId {
+        let exec_queue = DmaQueueId {
             nc: nc.index,
             engine,
             queue,
@@ -808,7 +637,7 @@ impl Core {
         }
         if self.tracer.enabled() {
             let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
-            let id = QueueId {
+            let id = DmaQueueId {
                 nc: nc.index,
                 engine,
                 queue,
@@ -843,167 +672,6 @@ fn abort_exec_queue(nc: &Nc, state: &mut NcState, compute_idx: u32) {
     tracing::warn!("{reason}");
     state.queues.stop_with(engine, queue, reason);
     bump(&nc.counters.dma_aborts, 1);
-}
-
-/// The device as one execution's engines see it.
-struct ExecHost<'a> {
-    core: &'a Core,
-    nc: &'a Nc,
-    claim: &'a Claim,
-    epoch: u64,
-    budget: &'a mut Budget,
-    acct: &'a mut Account,
-}
-
-impl ExecHost<'_> {
-    fn abandoned(&self) -> bool {
-        self.core.abandoned(self.nc, self.epoch)
-    }
-}
-
-impl engines::Host for ExecHost<'_> {
-    fn fetch(&mut self, engine: Engine, pa: u64) -> Result<Instruction, Stop> {
-        let oob = || {
-            Stop::failed(
-                error_flags::OOB | error_flags::GENERIC,
-                format!(
-                    "{} fetches an instruction at {pa:#x}, which is not inside one chunk of the \
-                     NC's owner",
-                    engine.name()
-                ),
-            )
-        };
-        let chunk = read(&self.core.memory)
-            .resolve(self.claim.client, pa, INSTRUCTION_SIZE)
-            .map_err(|_| oob())?;
-        chunk
-            .memory()
-            .read_obj::<Instruction>(pa)
-            .map_err(|_| oob())
-    }
-
-    fn semaphore(&mut self, index: u32) -> u32 {
-        self.claim.registers.semaphore(index).unwrap_or(0)
-    }
-
-    fn signal(&mut self, index: u32, value: u32) {
-        if let Err(e) = self.claim.registers.semaphore_add(index, value) {
-            tracing::error!("NC {}: signal: {e}", self.nc.index);
-        }
-    }
-
-    fn event(&mut self, index: u32) -> u32 {
-        self.claim.registers.event(index).unwrap_or(0)
-    }
-
-    fn dma_start(&mut self, engine: u32, queue: u32, count: u32) -> Result<(), Stop> {
-        {
-            let mut state = lock(&self.nc.state);
-            if self.abandoned() {
-                return Err(Stop::Abandoned);
-            }
-            state
-                .queues
-                .post(engine, queue, count, count)
-                .map_err(|e| {
-                    let flags = match e {
-                        QueueError::Stopped { .. } => error_flags::DMA_ABORT,
-                        _ => error_flags::GENERIC,
-                    };
-                    Stop::failed(
-                        flags,
-                        format!("SP DmaStart of {count} descriptors: {}", error_chain(&e)),
-                    )
-                })?;
-        }
-        let mut aborts = Vec::new();
-        let id = QueueId {
-            nc: self.nc.index,
-            engine,
-            queue,
-        };
-        self.core.run_dma_with(
-            self.claim.client,
-            id,
-            self.budget,
-            &mut Aborts::Capture(&mut aborts),
-            self.acct.trace_at(),
-        );
-        dma_failure(&aborts).map_or(Ok(()), Err)
-    }
-
-    fn dma_wait(&mut self, engine: u32, queue: u32) -> Result<(), Stop> {
-        let state = lock(&self.nc.state);
-        match state.queues.status(engine, queue) {
-            Some(QueueStatus::Running) => Ok(()),
-            Some(QueueStatus::Stopped(reason)) => Err(Stop::failed(
-                error_flags::DMA_ABORT,
-                format!("SP DmaWait: {reason}"),
-            )),
-            None => Err(Stop::generic(format!(
-                "SP DmaWait of DMA engine {engine} queue {queue}, which is not initialised"
-            ))),
-        }
-    }
-
-    fn compute<R>(&mut self, f: impl FnOnce(&mut ComputeState) -> R) -> Result<R, Stop> {
-        let mut compute = lock(&self.nc.compute);
-        // Checked under the lock: a reset moves the epoch before it clears the state.
-        if self.core.epoch_moved(self.nc, self.epoch) {
-            return Err(Stop::Abandoned);
-        }
-        Ok(f(&mut compute))
-    }
-
-    fn round(&mut self) -> Result<u64, Stop> {
-        let token = self.nc.seq.token().ok_or(Stop::Abandoned)?;
-        if self.abandoned() {
-            return Err(Stop::Abandoned);
-        }
-        Ok(token)
-    }
-
-    fn park(&mut self, token: u64) -> Result<(), Stop> {
-        tracing::debug!(
-            "NC {}: execution parked, waiting for an event",
-            self.nc.index
-        );
-        self.nc.seq.wait_change(token);
-        if self.abandoned() {
-            return Err(Stop::Abandoned);
-        }
-        Ok(())
-    }
-
-    fn timed(&self) -> bool {
-        self.acct.events.is_some() && self.acct.model.is_none()
-    }
-
-    fn retired(&mut self, engine: Engine, op: Opcode, pc: u64, began: Option<Instant>) {
-        let acct = &mut *self.acct;
-        acct.charge.instructions += 1;
-        if acct.events.is_none() {
-            return;
-        }
-        let (ts_ns, dur_ns) = match acct.model {
-            Some(model) => {
-                let ts = acct.cursor;
-                acct.cursor = ts.saturating_add(model.per_instruction_ns);
-                (ts, model.per_instruction_ns)
-            }
-            None => {
-                let began = began.unwrap_or_else(Instant::now);
-                (self.core.since_start_ns(began), nanos(began.elapsed()))
-            }
-        };
-        let detail = Detail::Instruction {
-            engine,
-            op,
-            pc,
-            compute_idx: acct.compute_idx,
-        };
-        acct.record(self.nc.index, ts_ns, Some(dur_ns), detail);
-    }
 }
 
 /// The request slot's `cc_dma_increment` trailer: the 4-byte word

@@ -1,0 +1,296 @@
+//! DMA runs: processing a client's queue, and every queue its descriptors start, within one
+//! [`Budget`], over the client's [`Bus`] view of the device; and where the aborts go (a
+//! DmaQueueError notification for a doorbell's DMA, or collected by the execution that started
+//! the DMA). A tail increment written into another NC's register is applied after the first
+//! NC's lock is released ([`Outcome::Deferred`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use shared::address_map::Register;
+use shared::notification::{NotificationKind, error_flags};
+use shared::sequencer::SEM_INFERENCE_START;
+use shared::udma::Direction;
+
+use crate::dma::{Abort, Budget, Bus, Deferred, DmaQueueId, Fault, Outcome, RegisterWrite};
+use crate::memory::Chunk;
+
+use super::trace_events::{DmaMark, TraceAt};
+use super::{Core, Nc, NcState, lock, read};
+use crate::client::ClientId;
+
+impl Core {
+    /// Processes queue `first` and every queue its descriptors start, one at a time, within one
+    /// [`Budget`]; aborts post DmaQueueError notifications.
+    pub(super) fn run_dma(&self, client: ClientId, first: DmaQueueId) {
+        let mut budget = self.budget();
+        self.run_dma_with(
+            client,
+            first,
+            &mut budget,
+            &mut Aborts::Notify,
+            TraceAt::Now,
+        );
+    }
+
+    /// Processes queue `first` and every queue its descriptors start, one at a time, within
+    /// `budget`; each abort goes to `aborts`. Each run of a queue is traced at `at`.
+    pub(super) fn run_dma_with(
+        &self,
+        client: ClientId,
+        first: DmaQueueId,
+        budget: &mut Budget,
+        aborts: &mut Aborts<'_>,
+        at: TraceAt,
+    ) {
+        let mut worklist = VecDeque::from([first]);
+        while let Some(id) = worklist.pop_front() {
+            let Some(nc) = self.nc_ref(id.nc) else {
+                continue;
+            };
+            if !self.owned_by(nc, client) {
+                continue;
+            }
+            let mut state = lock(&nc.state);
+            loop {
+                let mark = self.tracer.enabled().then(|| DmaMark::take(self, nc));
+                let mut bus = ClientBus {
+                    device: self,
+                    client,
+                    worklist: &mut worklist,
+                };
+                let outcome =
+                    state
+                        .queues
+                        .process(id.engine, id.queue, &mut bus, budget, &nc.counters);
+                let done = match outcome {
+                    Outcome::Idle => true,
+                    Outcome::Aborted(abort) => {
+                        self.on_abort(nc, &mut state, abort, aborts);
+                        true
+                    }
+                    Outcome::Deferred(deferred) => {
+                        drop(state);
+                        let result = self.remote_tail_increment(client, &deferred, &mut worklist);
+                        state = lock(&nc.state);
+                        let abort = state
+                            .queues
+                            .finish_deferred(&deferred, result, &nc.counters);
+                        abort.is_some_and(|abort| {
+                            self.on_abort(nc, &mut state, abort, aborts);
+                            true
+                        })
+                    }
+                };
+                if let Some(mark) = mark {
+                    let pairs = (nc.counters.dma_descriptors.load(Ordering::Relaxed))
+                        .saturating_sub(mark.pairs);
+                    let bytes =
+                        (nc.counters.dma_bytes.load(Ordering::Relaxed)).saturating_sub(mark.bytes);
+                    self.trace_dma(nc, id, pairs, bytes, false, at, mark.wall_ns);
+                }
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Applies a tail increment that a queue of another NC wrote (its NC's lock is not held).
+    fn remote_tail_increment(
+        &self,
+        client: ClientId,
+        deferred: &Deferred,
+        worklist: &mut VecDeque<DmaQueueId>,
+    ) -> Result<(), Fault> {
+        let reg = deferred.reg;
+        let value = deferred.value;
+        let (nc, engine, queue, dir) = match reg {
+            Register::TxTailIncrement { nc, engine, queue } => (nc, engine, queue, Direction::Tx),
+            Register::RxTailIncrement { nc, engine, queue } => (nc, engine, queue, Direction::Rx),
+            _ => {
+                return Err(Fault::UnknownRegister {
+                    pa: self.map.register_address(reg),
+                });
+            }
+        };
+        let foreign = Fault::ForeignRegister { reg, nc };
+        let Some(n) = self.nc_ref(nc) else {
+            return Err(foreign);
+        };
+        if !self.owned_by(n, client) {
+            return Err(foreign);
+        }
+        lock(&n.state)
+            .queues
+            .tail_increment(engine, queue, dir, value)
+            .map_err(|source| Fault::TailIncrement { reg, value, source })?;
+        schedule(worklist, DmaQueueId { nc, engine, queue });
+        Ok(())
+    }
+
+    fn on_abort(&self, nc: &Nc, state: &mut NcState, abort: Abort, aborts: &mut Aborts<'_>) {
+        match aborts {
+            Aborts::Notify => self.report_abort(nc, state, &abort),
+            Aborts::Capture(list) => {
+                tracing::warn!("{} (during an execution)", abort.reason);
+                list.push(abort);
+            }
+        }
+    }
+
+    fn report_abort(&self, nc: &Nc, state: &mut NcState, abort: &Abort) {
+        tracing::warn!("{}", abort.reason);
+        let source = (abort.queue.engine << 8) | abort.queue.queue;
+        let mut flags = error_flags::DMA_ABORT;
+        if abort.oob {
+            flags |= error_flags::OOB;
+        }
+        let entry = self.entry(
+            nc,
+            NotificationKind::DmaQueueError,
+            u16::try_from(source).unwrap_or(u16::MAX),
+            flags,
+        );
+        self.post(nc, state, &entry);
+    }
+}
+
+/// Where the aborts of a DMA run go.
+pub(super) enum Aborts<'a> {
+    /// A DmaQueueError notification each (a doorbell's DMA).
+    Notify,
+    /// Collected for the execution that started the DMA, which reports them itself.
+    Capture(&'a mut Vec<Abort>),
+}
+
+fn schedule(worklist: &mut VecDeque<DmaQueueId>, queue: DmaQueueId) {
+    if !worklist.contains(&queue) {
+        worklist.push_back(queue);
+    }
+}
+
+/// One client's view of the device for its DMA.
+pub(super) struct ClientBus<'a> {
+    pub(super) device: &'a Core,
+    pub(super) client: ClientId,
+    pub(super) worklist: &'a mut VecDeque<DmaQueueId>,
+}
+
+impl Bus for ClientBus<'_> {
+    fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+        read(&self.device.memory).resolve(self.client, pa, len).ok()
+    }
+
+    fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault> {
+        let nc = match reg {
+            Register::Event { nc, .. }
+            | Register::SemaphoreRead { nc, .. }
+            | Register::SemaphoreSet { nc, .. }
+            | Register::SemaphoreIncrement { nc, .. }
+            | Register::SemaphoreDecrement { nc, .. }
+            | Register::TxTailIncrement { nc, .. }
+            | Register::RxTailIncrement { nc, .. } => nc,
+        };
+        let claim = self
+            .device
+            .nc_ref(nc)
+            .and_then(|n| self.device.owner(n))
+            .filter(|c| c.client == self.client)
+            .ok_or(Fault::ForeignRegister { reg, nc })?;
+        match reg {
+            Register::TxTailIncrement { .. } | Register::RxTailIncrement { .. } => {
+                Ok(RegisterWrite::Deferred)
+            }
+            _ => {
+                claim
+                    .registers
+                    .write(reg, value)
+                    .map_err(|source| Fault::Register { reg, source })?;
+                let starts = matches!(
+                    reg,
+                    Register::SemaphoreIncrement { index, .. } | Register::SemaphoreSet { index, .. }
+                        if index == SEM_INFERENCE_START
+                );
+                if let Some(n) = self.device.nc_ref(nc) {
+                    self.device.registers_changed(n, starts);
+                }
+                Ok(RegisterWrite::Done)
+            }
+        }
+    }
+
+    fn write_dmem(&mut self, nc: u32, offset: u64, data: &[u8]) -> Result<(), Fault> {
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let pa = self.device.map.dmem_address(nc, offset);
+        let foreign = || Fault::ForeignDmem { pa, len, nc };
+        let n = self.device.nc_ref(nc).ok_or_else(foreign)?;
+        if !self.device.owned_by(n, self.client) {
+            return Err(foreign());
+        }
+        let start = usize::try_from(offset).map_err(|_| foreign())?;
+        let mut dmem = lock(&n.dmem);
+        let slot = start
+            .checked_add(data.len())
+            .and_then(|end| dmem.get_mut(start..end))
+            .ok_or_else(foreign)?;
+        slot.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn owns_nc(&self, nc: u32) -> bool {
+        self.device
+            .nc_ref(nc)
+            .is_some_and(|n| self.device.owned_by(n, self.client))
+    }
+
+    fn read_sbuf(&self, nc: u32, partition: u32, offset: u64, out: &mut [u8]) -> Result<(), Fault> {
+        let n = self.sbuf_nc(nc, partition, offset, out.len())?;
+        if lock(&n.compute).read_sbuf(partition, offset, out) {
+            Ok(())
+        } else {
+            Err(self.sbuf_fault(nc, partition, offset, out.len()))
+        }
+    }
+
+    fn write_sbuf(
+        &mut self,
+        nc: u32,
+        partition: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Fault> {
+        let n = self.sbuf_nc(nc, partition, offset, data.len())?;
+        if lock(&n.compute).write_sbuf(partition, offset, data) {
+            Ok(())
+        } else {
+            Err(self.sbuf_fault(nc, partition, offset, data.len()))
+        }
+    }
+
+    fn schedule(&mut self, queue: DmaQueueId) {
+        schedule(self.worklist, queue);
+    }
+}
+
+impl ClientBus<'_> {
+    fn sbuf_fault(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Fault {
+        Fault::ForeignSbuf {
+            pa: self.device.map.sbuf_address(nc, partition, offset),
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            nc,
+        }
+    }
+
+    /// NC `nc`, when the client owns it.
+    fn sbuf_nc(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Result<&Nc, Fault> {
+        self.device
+            .nc_ref(nc)
+            .filter(|n| self.device.owned_by(n, self.client))
+            .ok_or_else(|| self.sbuf_fault(nc, partition, offset, len))
+    }
+}
+
+#[cfg(test)]
+mod tests;

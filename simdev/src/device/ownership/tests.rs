@@ -1,0 +1,109 @@
+//! Ownership, in-process: claims, a gone client's reclaim, and NC reset.
+
+use std::sync::atomic::Ordering;
+
+use shared::address_map::{SEM_WINDOW_SEMAPHORES, SEM_WINDOW_SIZE};
+use shared::memory::SharedChunk;
+use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
+
+use crate::device::test_utils::*;
+use crate::device::*;
+
+#[test]
+fn a_gone_client_loses_its_ncs_memory_and_queues() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let fds = a.claim(0);
+    a.nq(0, 4);
+    a.ok(Request::SemaphoreWrite {
+        nc: 0,
+        index: 1,
+        value: 9,
+    });
+    let hbm = a.alloc(MemLocation::Hbm { nc: 0 }, 16 * MIB);
+    let q = Queue::new(&a, 0, 0, 0, 32);
+    drop(q);
+    dev.disconnect(a.id);
+    assert_eq!(read(&dev.core.memory).chunk_count(), 0);
+    let old_window = SharedChunk::map_fd(&fds[0], 0, SEM_WINDOW_SIZE, false).unwrap();
+    assert_eq!(
+        old_window
+            .load_u32(SEM_WINDOW_SEMAPHORES as u64 + 4, Ordering::Acquire)
+            .unwrap(),
+        0,
+        "the old window was zeroed"
+    );
+
+    let b = Client::new(&dev, 11);
+    b.claim(0);
+    assert_eq!(b.semaphore(0, 1), 0);
+    let again = b.alloc(MemLocation::Hbm { nc: 0 }, 16 * MIB);
+    assert_eq!(again.pa, hbm.pa, "the whole HBM is free again");
+    assert_eq!(
+        b.refused(Request::DmaQueueCopyStart {
+            nc: 0,
+            engine: 0,
+            queue: 0,
+            tx_desc_count: 1,
+            rx_desc_count: 1
+        })
+        .kind,
+        ErrorKind::QueueStopped,
+        "the queue was forgotten"
+    );
+}
+
+#[test]
+fn nc_reset_zeroes_registers_and_forgets_queues() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    a.claim(1);
+    a.nq(1, 4);
+    a.ok(Request::SemaphoreWrite {
+        nc: 1,
+        index: 3,
+        value: 7,
+    });
+    a.ok(Request::EventSet {
+        nc: 1,
+        index: 1,
+        value: 1,
+    });
+    let q = Queue::new(&a, 1, 2, 2, 32);
+    a.ok(Request::NcReset { nc: 1 });
+    assert_eq!(a.semaphore(1, 3), 0);
+    assert_eq!(
+        a.call(Request::EventGet { nc: 1, index: 1 }),
+        Reply::Value(0)
+    );
+    assert_eq!(
+        a.refused(q.start_request(1, 1)).kind,
+        ErrorKind::QueueStopped
+    );
+    assert_eq!(a.counters(1).resets, 1);
+    // Still the owner after a reset.
+    a.ok(Request::SemaphoreWrite {
+        nc: 1,
+        index: 3,
+        value: 1,
+    });
+}
+
+#[test]
+fn claims_are_exclusive_and_repeatable_by_the_owner() {
+    let dev = device();
+    let a = Client::new(&dev, 4242);
+    let b = Client::new(&dev, 11);
+    a.claim(0);
+    a.claim(0);
+    let busy = b.refused(Request::ClaimNc { nc: 0 });
+    assert_eq!(busy.kind, ErrorKind::NcBusy);
+    assert!(busy.message.contains("NC 0"), "{}", busy.message);
+    assert!(busy.message.contains("pid 4242"), "{}", busy.message);
+    assert_eq!(
+        b.refused(Request::ReleaseNc { nc: 0 }).kind,
+        ErrorKind::NotOwner
+    );
+    a.ok(Request::ReleaseNc { nc: 0 });
+    b.claim(0);
+}
