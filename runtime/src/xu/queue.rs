@@ -690,8 +690,9 @@ mod tests {
     fn the_slot_tripwire_fires_on_a_corrupted_slot() {
         let (mut p, mut c) = ring(4);
         submit_trigger(&mut p, 1);
+        // Only bit 40 differs: the tripwire compares all 48 bits of the seq_num.
         p.queue()
-            .corrupt_slot_seq_for_test(1, SeqId::new(xu(), 5).raw());
+            .corrupt_slot_seq_for_test(1, SeqId::new(xu(), 1 | 1 << 40).raw());
         let _ = c.worker_peek_current_exec();
     }
 

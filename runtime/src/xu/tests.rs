@@ -579,7 +579,9 @@ fn wait_until_blocked_in_read(tid: nix::unistd::Pid) {
     let dir = format!("/proc/self/task/{tid}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let stat = std::fs::read_to_string(format!("{dir}/stat")).unwrap();
+        let Ok(stat) = std::fs::read_to_string(format!("{dir}/stat")) else {
+            panic!("the waiter ended: its wait did not survive the signal");
+        };
         let state = stat.rsplit(')').next().unwrap().split_whitespace().next();
         let wchan = std::fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
         if state == Some("S") && !wchan.contains("futex") {
@@ -694,7 +696,10 @@ fn shutdown_drains_a_full_xu_then_runs_the_stop_then_drains_again() {
     let returned_early = shutting.is_finished();
     engine.stop_open.store(true, Ordering::Release);
     shutting.join().unwrap();
-    assert!(!returned_early, "shutdown returned before its STOP completed");
+    assert!(
+        !returned_early,
+        "shutdown returned before its STOP completed"
+    );
     assert_eq!(*engine.log.lock().unwrap(), [1, 2, 3, 4, STOP]);
     assert_eq!(xu.depth(), 0, "everything drained");
     assert_eq!(submit(&xu, 1).err(), Some(NrtStatus::Closed));
