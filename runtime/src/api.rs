@@ -814,7 +814,7 @@ impl Runtime {
     /// # Errors
     /// NRT_INVALID for a sequence id of no XU of this process.
     pub fn is_completed(&self, seq_id: SeqId) -> NrtResult<bool> {
-        Ok(self.xu_of(seq_id)?.queue().is_completed(seq_id))
+        Ok(self.xu_of(seq_id)?.is_completed(seq_id))
     }
 
     /// Blocks until `req` completes; returns its status.

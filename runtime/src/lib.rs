@@ -15,14 +15,11 @@
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
-#[cfg(not(loom))]
 pub mod api;
-#[cfg(not(loom))]
 pub mod async_pool;
 pub mod backend;
 pub mod bind;
 pub mod builder;
-#[cfg(not(loom))]
 pub mod completion;
 pub mod config;
 pub mod dma;
@@ -31,12 +28,9 @@ pub mod error;
 pub mod kmgr;
 pub mod metrics;
 pub mod stage;
-// Device tensors are made by `api`, which loom builds leave out.
-#[cfg_attr(loom, allow(dead_code))]
 pub mod tensor;
 pub mod xu;
 
-#[cfg(not(loom))]
 pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};

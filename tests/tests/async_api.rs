@@ -114,7 +114,7 @@ fn a_full_queue_returns_queue_full_and_changes_nothing() {
         .map(|_| rt.execute_schedule(stuck, &ins, &outs).unwrap())
         .collect();
     let doorbells = dev.calls()["semaphore_increment"];
-    let depth = rt.xu(0).unwrap().queue().depth();
+    let depth = rt.xu(0).unwrap().depth();
     let e = rt.execute_schedule(stuck, &ins, &outs).unwrap_err();
     assert_eq!(e.status, NrtStatus::QueueFull, "{e}");
     assert_eq!(
@@ -122,7 +122,7 @@ fn a_full_queue_returns_queue_full_and_changes_nothing() {
         doorbells,
         "nothing staged or rung"
     );
-    assert_eq!(rt.xu(0).unwrap().queue().depth(), depth);
+    assert_eq!(rt.xu(0).unwrap().depth(), depth);
     // Release the waiting programs: every accepted request completes with success.
     dev.event_set(0, 9, 1).unwrap();
     for r in &reqs {

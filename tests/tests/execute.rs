@@ -220,7 +220,7 @@ fn bad_io_sets_are_rejected_before_anything_is_staged_naming_the_tensor() {
         (before.doorbells, before.executions),
         "nothing staged"
     );
-    assert_eq!(rig.rt.xu(0).unwrap().queue().depth(), 0);
+    assert_eq!(rig.rt.xu(0).unwrap().depth(), 0);
     rig.rt.execute(m, &ins, &outs).unwrap();
     rig.rt.close();
 }

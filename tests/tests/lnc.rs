@@ -84,7 +84,7 @@ fn the_digits_mlp_at_lnc2_gives_the_lnc1_results() {
     assert_eq!(m0.executions_with(NrtStatus::Success), 1 + 4);
     assert_eq!(m1.executions_with(NrtStatus::Success), 1 + 4);
     assert_eq!(
-        rt2.xu(0).unwrap().queue().last_completed().seq_num(),
+        rt2.xu(0).unwrap().last_completed().seq_num(),
         5,
         "one XU slot per execution, not per NC"
     );

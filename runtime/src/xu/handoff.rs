@@ -1,83 +1,112 @@
 //! The completion hand-off between the worker and a waiting submitter, and the lock that closes
 //! its race (seed 004 §5, "The completion signal").
 //!
-//! Two parties touch a slot's `mark_comp_efd` after submit: a waiter that installs its eventfd
-//! ([`install_comp_efd`], `tpb_xu_base_get_comp_efd`), and the worker that pops the slot and
-//! writes whatever eventfd it captured ([`pop_and_signal`], the pop inside
-//! `tpb_xu_base_report_complete`). Both run under the XU's `mark_comp_lock`. Without it a waiter
-//! could check "not complete", the worker capture −1 and advance `exec_head`, and the waiter then
-//! install its fd into a slot nobody will ever signal: a lost wake-up. The lock is not a ring
-//! lock — the cursors stay lock-free — it only serialises install against pop.
+//! Two parties touch a request's completion eventfd (`mark_comp_efd`) after submit: a waiter that
+//! installs one ([`XuQueue::install_comp_efd`], `tpb_xu_base_get_comp_efd`), and the worker that
+//! pops the slot and writes whatever eventfd it took ([`Consumer::worker_pop_current_exec`], the
+//! pop inside `tpb_xu_base_report_complete`). Both run under the queue's `mark_comp_lock`, which
+//! here *owns* the eventfds: [`MarkCompLock`] is a mutex over one [`CompEfd`] per slot, so the
+//! type system enforces the seed's locking rule. Without the lock spanning "check, then act" a
+//! waiter could see "not complete", the worker take nothing and advance `exec_head`, and the
+//! waiter then install its fd into a slot nobody will signal: a lost wake-up. The lock is not a
+//! ring lock — the cursors stay lock-free — it only serialises install against pop.
 //!
-//! The signal itself is a callback so the same code runs with real eventfds and under loom.
+//! A completion eventfd is an owned value, never a raw fd number: [`CompEfd::Pool`] shares a
+//! pooled eventfd with the pool (dropping the slot's reference keeps the fd open), and
+//! [`CompEfd::Fresh`] owns a fresh one (dropping it after the signal closes it, also when the
+//! write failed). No safe call can install an fd it does not own or have an arbitrary fd closed.
+//!
+//! [`XuQueue::install_comp_efd`]: super::queue::XuQueue::install_comp_efd
+//! [`Consumer::worker_pop_current_exec`]: super::queue::Consumer::worker_pop_current_exec
 
-use shared::NrtStatus;
-use shared::ids::SeqId;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
-use super::queue::{Install, Popped, XuQueue};
+use nix::errno::Errno;
+use nix::sys::eventfd::EventFd;
+
 use super::sync::{Mutex, MutexGuard, lock};
 
-/// The XU's `mark_comp_lock`. Tests can build one that does not lock, to show (under loom) that
-/// the install-vs-signal race loses wake-ups without it.
+/// A request's completion eventfd as a slot holds it (the seed's `mark_comp_efd` with its
+/// `efd_from_pool` flag folded into the variant).
+///
+/// ```compile_fail,E0308
+/// // A raw fd number cannot become a completion eventfd: the slot only takes fds it owns.
+/// let _ = runtime::xu::CompEfd::Fresh(1);
+/// ```
+///
+/// ```
+/// // What safe code can do: hand over an eventfd it owns.
+/// let efd = nix::sys::eventfd::EventFd::new().unwrap();
+/// let _ = runtime::xu::CompEfd::Fresh(efd.into());
+/// ```
+#[derive(Debug, Default)]
+pub enum CompEfd {
+    /// No waiter (the seed's `-1`): the pop writes nothing.
+    #[default]
+    None,
+    /// A pooled eventfd (`efd_from_pool`): written, then the slot's reference is dropped and the
+    /// pool keeps the fd.
+    Pool(Arc<EventFd>),
+    /// A fresh eventfd the slot owns: written, then closed (also when the write failed).
+    Fresh(OwnedFd),
+}
+
+impl CompEfd {
+    /// Whether a waiter installed an eventfd.
+    pub fn is_some(&self) -> bool {
+        !matches!(self, Self::None)
+    }
+
+    /// `write(mark_comp_efd, 1)`; nothing for [`CompEfd::None`].
+    ///
+    /// # Errors
+    /// The write's errno.
+    pub fn signal(&self) -> Result<(), Errno> {
+        match self {
+            Self::None => Ok(()),
+            Self::Pool(efd) => efd.write(1).map(drop),
+            Self::Fresh(fd) => nix::unistd::write(fd, &1u64.to_ne_bytes()).map(drop),
+        }
+    }
+}
+
+/// The queue's `mark_comp_lock`, owning each slot's completion eventfd (indexed like the ring's
+/// buffer). Tests can build one whose critical sections cover only the eventfd cells and not the
+/// cursor check or bump next to them, to show (under loom) that the race returns.
 #[derive(Debug)]
-pub struct MarkCompLock {
-    mutex: Mutex<()>,
-    enabled: bool,
+pub(crate) struct MarkCompLock {
+    efds: Mutex<Box<[CompEfd]>>,
+    /// Whether the lock spans the check-then-install and take-then-bump sequences (always, but
+    /// in the loom model that demonstrates the race).
+    spans_check_and_act: bool,
 }
 
 impl MarkCompLock {
-    /// The lock, as the runtime uses it.
-    pub fn new() -> Self {
+    /// The lock for a ring of `capacity` slots, all without an eventfd.
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            mutex: Mutex::new(()),
-            enabled: true,
+            efds: Mutex::new((0..capacity).map(|_| CompEfd::None).collect()),
+            spans_check_and_act: true,
         }
     }
 
-    /// A lock that does nothing: only for demonstrating the race it closes.
-    #[cfg(test)]
-    pub fn disabled_for_test() -> Self {
+    /// A lock that guards only the eventfd cells: only for demonstrating the race it closes.
+    #[cfg(all(test, loom))]
+    pub(crate) fn narrowed_for_test(capacity: usize) -> Self {
         Self {
-            mutex: Mutex::new(()),
-            enabled: false,
+            spans_check_and_act: false,
+            ..Self::new(capacity)
         }
     }
 
-    fn lock(&self) -> Option<MutexGuard<'_, ()>> {
-        self.enabled.then(|| lock(&self.mutex))
+    /// Takes the lock.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<[CompEfd]>> {
+        lock(&self.efds)
     }
-}
 
-impl Default for MarkCompLock {
-    fn default() -> Self {
-        Self::new()
+    /// Whether the lock must be held across the cursor check/bump (false only in the race demo).
+    pub(crate) fn spans_check_and_act(&self) -> bool {
+        self.spans_check_and_act
     }
-}
-
-/// Installs `efd` as request `seq_id`'s completion eventfd under the lock.
-pub fn install_comp_efd<T>(
-    queue: &XuQueue<T>,
-    mark_comp_lock: &MarkCompLock,
-    seq_id: SeqId,
-    efd: i32,
-    from_pool: bool,
-) -> Install {
-    let _guard = mark_comp_lock.lock();
-    queue.install_comp_efd(seq_id, efd, from_pool)
-}
-
-/// Pops the slot at `exec_head` and calls `signal` with what was captured, all under the lock
-/// (the seed writes `mark_comp_efd` inside the locked pop).
-///
-/// # Errors
-/// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding.
-pub fn pop_and_signal<T>(
-    queue: &XuQueue<T>,
-    mark_comp_lock: &MarkCompLock,
-    signal: impl FnOnce(&Popped),
-) -> Result<Popped, NrtStatus> {
-    let _guard = mark_comp_lock.lock();
-    let popped = queue.worker_pop_current_exec()?;
-    signal(&popped);
-    Ok(popped)
 }

@@ -1,27 +1,35 @@
 //! loom models of the XU ring and the completion hand-off (run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p runtime --release --lib xu::loom_tests`).
-//! Capacities of 2 so the full and wrap edges are reached in few steps.
+//! Capacities of 2 so the full and wrap edges are reached in few steps. The completion
+//! eventfds are real (non-blocking) eventfds: loom only schedules the threads.
 
-use loom::sync::Arc;
-use loom::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+
 use loom::thread;
+use nix::errno::Errno;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use shared::NrtStatus;
+use shared::ids::{SeqId, XuId, XuType};
 
-use shared::ids::{XuId, XuType};
-
-use super::handoff::{MarkCompLock, install_comp_efd, pop_and_signal};
-use super::queue::{Install, NO_EFD, XuQueue};
+use super::handoff::CompEfd;
+use super::queue::{Consumer, Install, Producer, XuQueue};
 
 fn xu() -> XuId {
     XuId::new(XuType::Compute, 0, 0)
 }
 
-fn submit_and_trigger(q: &XuQueue<u64>, value: u64) {
+fn efd() -> Arc<EventFd> {
+    Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap())
+}
+
+fn submit_and_trigger(p: &mut Producer<u64>, value: u64) -> SeqId {
     let mut item = Box::new(value);
     loop {
-        match q.client_submit(item, None) {
+        match p.client_submit(item, None) {
             Ok(seq) => {
                 assert_eq!(seq.seq_num(), value);
-                break;
+                p.client_trigger_next().unwrap();
+                return seq;
             }
             Err((_, back)) => {
                 item = back;
@@ -29,145 +37,144 @@ fn submit_and_trigger(q: &XuQueue<u64>, value: u64) {
             }
         }
     }
-    q.client_trigger_next().unwrap();
+}
+
+/// Pops with the runtime's signal: write the eventfd, if any.
+fn pop(c: &mut Consumer<u64>) -> Result<SeqId, NrtStatus> {
+    c.worker_pop_current_exec(|_, efd| efd.signal())
 }
 
 #[test]
 fn submit_trigger_pop_across_the_wrap() {
     loom::model(|| {
-        let q = Arc::new(XuQueue::<u64>::new(xu(), 2).unwrap());
-        let producer = {
-            let q = q.clone();
-            thread::spawn(move || {
-                for v in 1..=3 {
-                    submit_and_trigger(&q, v);
-                }
-            })
-        };
+        let (mut p, mut c) = XuQueue::<u64>::with_capacity(xu(), 2).unwrap();
+        let producer = thread::spawn(move || {
+            for v in 1..=3 {
+                submit_and_trigger(&mut p, v);
+            }
+        });
         let mut next = 1;
         while next <= 3 {
-            if q.worker_peek_current_exec().is_some() {
-                assert_eq!(q.worker_take_item().map(|b| *b), Some(next));
-                q.worker_pop_current_exec().unwrap();
+            if c.worker_peek_current_exec().is_some() {
+                assert_eq!(c.worker_take_item().map(|b| *b), Some(next));
+                pop(&mut c).unwrap();
                 next += 1;
             } else {
                 thread::yield_now();
             }
         }
         producer.join().unwrap();
-        assert_eq!(q.last_completed().seq_num(), 3);
+        assert_eq!(c.queue().last_completed().seq_num(), 3);
     });
 }
 
 #[test]
 fn full_then_drain() {
     loom::model(|| {
-        let q = Arc::new(XuQueue::<u64>::new(xu(), 2).unwrap());
-        q.client_submit(Box::new(1), None).unwrap();
-        q.client_submit(Box::new(2), None).unwrap();
+        let (mut p, mut c) = XuQueue::<u64>::with_capacity(xu(), 2).unwrap();
+        p.client_submit(Box::new(1), None).unwrap();
+        p.client_submit(Box::new(2), None).unwrap();
         assert!(
-            q.client_submit(Box::new(3), None).is_err(),
+            p.client_submit(Box::new(3), None).is_err(),
             "full counts untriggered slots"
         );
-        let consumer = {
-            let q = q.clone();
-            thread::spawn(move || {
-                let mut seen = Vec::new();
-                while seen.len() < 2 {
-                    if q.worker_peek_current_exec().is_some() {
-                        seen.push(*q.worker_take_item().unwrap());
-                        q.worker_pop_current_exec().unwrap();
-                    } else {
-                        thread::yield_now();
-                    }
+        let consumer = thread::spawn(move || {
+            let mut seen = Vec::new();
+            while seen.len() < 2 {
+                if c.worker_peek_current_exec().is_some() {
+                    seen.push(*c.worker_take_item().unwrap());
+                    pop(&mut c).unwrap();
+                } else {
+                    thread::yield_now();
                 }
-                seen
-            })
-        };
-        q.client_trigger_next().unwrap();
-        q.client_trigger_next().unwrap();
+            }
+            seen
+        });
+        p.client_trigger_next().unwrap();
+        p.client_trigger_next().unwrap();
         assert_eq!(consumer.join().unwrap(), [1, 2]);
-        q.client_submit(Box::new(3), None).unwrap();
+        p.client_submit(Box::new(3), None).unwrap();
     });
 }
 
-/// seed 004 GOTCHA: the worker captures `mark_comp_efd`/`efd_from_pool` *before* it bumps
-/// `exec_head`. The bump hands the slot back to the producer, whose next submit resets
-/// `mark_comp_efd` to -1; a capture after the bump can read that -1 and the waiter is never
-/// woken. (Moving the two loads below the `fetch_add` makes this model fail.)
+/// seed 004 GOTCHA: the worker captures the slot (its completion eventfd, status cell and item)
+/// *before* it bumps `exec_head`. The bump hands the slot back to the producer, whose next
+/// submit overwrites it: emptying the slot after the bump is a data race loom reports, and the
+/// waiter's eventfd must still be the one signalled.
 #[test]
-fn the_worker_captures_the_completion_eventfd_before_the_slot_is_reused() {
+fn the_worker_captures_the_slot_before_it_is_reused() {
     loom::model(|| {
-        let q = Arc::new(XuQueue::<u64>::new(xu(), 2).unwrap());
-        let seq = q.client_submit(Box::new(1), None).unwrap();
-        q.client_submit(Box::new(2), None).unwrap();
-        q.client_trigger_next().unwrap();
-        assert_eq!(q.install_comp_efd(seq, 7, true), Install::Installed);
+        let (mut p, mut c) = XuQueue::<u64>::with_capacity(xu(), 2).unwrap();
+        let q = p.queue().clone();
+        let seq = p.client_submit(Box::new(1), None).unwrap();
+        p.client_submit(Box::new(2), None).unwrap();
+        p.client_trigger_next().unwrap();
+        let waiter = efd();
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Pool(waiter.clone()))
+                .is_installed()
+        );
         // The producer waits for a free slot: seq 3 reuses seq 1's slot.
-        let producer = {
-            let q = q.clone();
-            thread::spawn(move || {
-                let mut item = Box::new(3);
-                loop {
-                    match q.client_submit(item, None) {
-                        Ok(_) => break,
-                        Err((_, back)) => {
-                            item = back;
-                            thread::yield_now();
-                        }
+        let producer = thread::spawn(move || {
+            let mut item = Box::new(3);
+            loop {
+                match p.client_submit(item, None) {
+                    Ok(_) => break,
+                    Err((_, back)) => {
+                        item = back;
+                        thread::yield_now();
                     }
                 }
-            })
-        };
-        assert_eq!(q.worker_take_item().map(|b| *b), Some(1));
-        let popped = q.worker_pop_current_exec().unwrap();
+            }
+        });
+        assert_eq!(c.worker_take_item().map(|b| *b), Some(1));
+        assert_eq!(pop(&mut c), Ok(seq));
         producer.join().unwrap();
-        assert_eq!(popped.seq_id, seq);
-        assert_eq!(popped.mark_comp_efd, 7, "the waiter's eventfd was lost");
-        assert!(popped.efd_from_pool);
+        assert_eq!(waiter.read(), Ok(1), "the waiter's eventfd was lost");
     });
 }
 
 /// The waiter installs its eventfd while the worker pops: if the install succeeded, the worker
-/// must have signalled that eventfd. Returns nothing; asserts inside the model.
-fn install_vs_signal(lock: fn() -> MarkCompLock) {
+/// must have signalled that eventfd.
+fn install_vs_signal(narrowed_lock: bool) {
     loom::model(move || {
-        let q = Arc::new(XuQueue::<u64>::new(xu(), 2).unwrap());
-        let mark_comp_lock = Arc::new(lock());
-        let seq = q.client_submit(Box::new(1), None).unwrap();
-        q.client_trigger_next().unwrap();
-        let signalled = Arc::new(AtomicI32::new(NO_EFD));
-        let worker = {
-            let (q, l, s) = (q.clone(), mark_comp_lock.clone(), signalled.clone());
-            thread::spawn(move || {
-                pop_and_signal(&q, &l, |p| {
-                    if p.mark_comp_efd != NO_EFD {
-                        s.store(p.mark_comp_efd, Ordering::Release);
-                    }
-                })
-                .unwrap();
-            })
+        let (mut p, mut c) = if narrowed_lock {
+            XuQueue::<u64>::new_with_narrowed_lock_for_test(xu(), 2).unwrap()
+        } else {
+            XuQueue::<u64>::with_capacity(xu(), 2).unwrap()
         };
-        let install = install_comp_efd(&q, &mark_comp_lock, seq, 7, true);
+        let q = p.queue().clone();
+        let seq = submit_and_trigger(&mut p, 1);
+        let worker = thread::spawn(move || {
+            pop(&mut c).unwrap();
+        });
+        let waiter = efd();
+        let installed = q
+            .install_comp_efd(seq, CompEfd::Pool(waiter.clone()))
+            .is_installed();
         worker.join().unwrap();
-        if install == Install::Installed {
+        if installed {
             assert_eq!(
-                signalled.load(Ordering::Acquire),
-                7,
+                waiter.read(),
+                Ok(1),
                 "lost wake-up: installed but never signalled"
             );
+        } else {
+            assert_eq!(waiter.read(), Err(Errno::EAGAIN), "signalled but refused");
         }
     });
 }
 
 #[test]
 fn install_vs_signal_never_loses_a_wakeup_under_mark_comp_lock() {
-    install_vs_signal(MarkCompLock::new);
+    install_vs_signal(false);
 }
 
 #[test]
 fn install_vs_signal_loses_wakeups_without_mark_comp_lock() {
-    let result = std::panic::catch_unwind(|| install_vs_signal(MarkCompLock::disabled_for_test));
+    // The narrowed lock still guards the eventfd cells, but not the exec_head check (install)
+    // or the exec_head bump (pop) next to them: the seed's race comes back.
+    let result = std::panic::catch_unwind(|| install_vs_signal(true));
     let payload = result.expect_err("loom must find the lost wake-up when the lock is removed");
     let message = payload
         .downcast_ref::<String>()
@@ -178,4 +185,69 @@ fn install_vs_signal_loses_wakeups_without_mark_comp_lock() {
         message.contains("lost wake-up"),
         "failed for another reason: {message}"
     );
+}
+
+/// The seq-id event registration (what `nrta` event registration builds on): a caller
+/// registers a fresh eventfd for request 2 while the worker completes requests 1 and 2.
+/// Registration before the completion: the worker writes the eventfd exactly once, at request
+/// 2's pop, never at request 1's. Registration after it: `AlreadyComplete`, the eventfd comes
+/// back unwritten and is never written (the caller reads the completion from the queue).
+#[test]
+fn a_seq_id_registration_fires_exactly_once_before_or_after_completion() {
+    loom::model(|| {
+        let (mut p, mut c) = XuQueue::<u64>::with_capacity(xu(), 2).unwrap();
+        let q = p.queue().clone();
+        let first = submit_and_trigger(&mut p, 1);
+        let second = submit_and_trigger(&mut p, 2);
+        let worker = thread::spawn(move || {
+            let mut signalled = Vec::new();
+            for _ in 0..2 {
+                c.worker_pop_current_exec(|seq, efd| {
+                    signalled.push((seq, efd.is_some()));
+                    efd.signal()
+                })
+                .unwrap();
+            }
+            signalled
+        });
+        let registered = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+        let mine = registered.as_fd_clone();
+        let install = q.install_comp_efd(second, CompEfd::Fresh(registered.into()));
+        let signalled = worker.join().unwrap();
+        assert_eq!(
+            signalled[0],
+            (first, false),
+            "request 1 fired the registration"
+        );
+        match install {
+            Install::Installed => {
+                assert_eq!(signalled[1], (second, true));
+                assert_eq!(read(&mine), Ok(1), "fired exactly once");
+            }
+            Install::AlreadyComplete(_) => {
+                assert_eq!(signalled[1], (second, false));
+                assert!(q.is_completed(second));
+                assert_eq!(read(&mine), Err(Errno::EAGAIN), "fired after refusal");
+            }
+            other => panic!("unexpected registration result {other:?}"),
+        }
+    });
+}
+
+trait AsFdClone {
+    fn as_fd_clone(&self) -> std::os::fd::OwnedFd;
+}
+
+impl AsFdClone for EventFd {
+    fn as_fd_clone(&self) -> std::os::fd::OwnedFd {
+        use std::os::fd::AsFd;
+        self.as_fd().try_clone_to_owned().unwrap()
+    }
+}
+
+/// Reads an eventfd's count (non-blocking).
+fn read(fd: &std::os::fd::OwnedFd) -> Result<u64, Errno> {
+    let mut buf = [0u8; 8];
+    nix::unistd::read(fd, &mut buf)?;
+    Ok(u64::from_ne_bytes(buf))
 }

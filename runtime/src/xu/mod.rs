@@ -1,8 +1,10 @@
 //! The XU layer: the per-vNC work queue, its worker threads and the completion hand-off
 //! (seed 004, "The XU Work-Queue and Worker Threads").
 //!
-//! - [`queue`]: `xu_queue`, the lock-free SPSC ring with three cache-line-isolated cursors.
-//! - [`handoff`]: the install-vs-signal race and the `mark_comp_lock` that closes it.
+//! - [`queue`]: `xu_queue`, the lock-free SPSC ring with three cache-line-isolated cursors,
+//!   split into its only [`Producer`] and only [`Consumer`] (both `Send`, not `Sync`, `&mut`).
+//! - [`handoff`]: the owned completion eventfd ([`CompEfd`]), the install-vs-signal race and the
+//!   `mark_comp_lock` that closes it.
 //! - [`unit`]: the XU (`tpb_execution_unit_t`): submit funnel (`tpb_xu_schedule_request`),
 //!   worker step (`tpb_xu_step`), `report_complete`, synchronous waiting, shutdown, the XU table.
 //! - [`worker`]: one epoll worker thread per vNC (`kmgr_xu_worker_do_work`).
@@ -10,16 +12,18 @@
 //! Ordering contract, in one place: the producer writes a slot, then publishes
 //! `scheduled_tail` (release); after stage and doorbell it publishes `scheduled_head` (release)
 //! and writes `has_work_efd`. The worker acquires `scheduled_head`, reads the slot, and — under
-//! `mark_comp_lock` — captures the slot's completion eventfd before publishing `exec_head`
-//! (release), then writes that eventfd. The producer acquires `exec_head` before reusing a slot.
-//! The status is published before the pop, so a woken waiter reads it.
+//! `mark_comp_lock` — takes the slot's completion eventfd and empties the slot before publishing
+//! `exec_head` (release), then writes that eventfd. The producer acquires `exec_head` before
+//! reusing a slot. The status is published before the pop, so a woken waiter reads it.
+//!
+//! Who may touch what is enforced by types: the XU keeps the ring's producer inside
+//! `submit_work_lock` and its consumer inside the worker's lock; `step` and `report_complete`
+//! are crate-private; the public view of an XU reads cursors only.
 
 pub mod handoff;
 pub mod queue;
 pub(crate) mod sync;
-#[cfg(not(loom))]
 pub mod unit;
-#[cfg(not(loom))]
 pub mod worker;
 
 #[cfg(all(test, loom))]
@@ -27,11 +31,10 @@ mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use queue::{ExecStatus, XuQueue};
-#[cfg(not(loom))]
+pub use handoff::CompEfd;
+pub use queue::{Consumer, ExecStatus, Install, Producer, Triggered, XuQueue};
 pub use unit::{
     CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress, Xu, XuConfig, XuHealth,
     XuTable,
 };
-#[cfg(not(loom))]
 pub use worker::XuWorkers;

@@ -1,40 +1,74 @@
 //! `xu_queue`: the lock-free single-producer/single-consumer ring between the submitting thread
-//! and the vNC's worker (seed 004 §1–§2).
+//! and the vNC's worker (seed 004 §1–§2), split rtrb-style into a [`Producer`] and a
+//! [`Consumer`] over one shared [`XuQueue`].
 //!
 //! # Cursors
 //! Three monotone 48-bit cursors, each on its own 64-byte cache line (+0x40, +0x80, +0xC0 of the
-//! 256-byte header), all starting at **1** (seq_num 0 is never an in-queue sequence):
+//! seed's 256-byte header), all starting at **1** (seq_num 0 is never an in-queue sequence):
 //!
 //! ```text
 //!   reclaimed      in flight on device        submitted, not triggered     free
 //! ◀──── exec_head ─────────── scheduled_head ───────────── scheduled_tail ─────▶
 //! ```
 //!
-//! - `scheduled_tail` — advanced by [`XuQueue::client_submit`] (the producer) after the slot body
-//!   is written (release).
-//! - `scheduled_head` — advanced by [`XuQueue::client_trigger_next`] (the producer) after the
-//!   request was staged and its doorbell rung (release); the worker acquires it.
-//! - `exec_head` — advanced by [`XuQueue::worker_pop_current_exec`] (the consumer) after it has
-//!   captured the slot's completion eventfd (release); the producer acquires it for the full
-//!   check.
+//! - `scheduled_tail` — advanced by [`Producer::client_submit`] after the slot body is written
+//!   (release).
+//! - `scheduled_head` — advanced by [`Producer::client_trigger_next`] after the request was
+//!   staged and its doorbell rung (release); the consumer acquires it.
+//! - `exec_head` — advanced by [`Consumer::worker_pop_current_exec`] after it has taken the
+//!   slot's completion eventfd and emptied the slot (release); the producer acquires it for the
+//!   full check.
 //!
 //! Invariant: `exec_head <= scheduled_head <= scheduled_tail <= exec_head + capacity`.
 //! Full: `scheduled_tail - exec_head >= capacity` — submitted-but-untriggered slots count
 //! (seed 004 QUIRK). Last completed: `exec_head - 1`.
 //!
-//! # Single producer, single consumer
-//! The producer side (`client_*`) must be driven by one thread at a time — the XU's
-//! `submit_work_lock` guarantees it; the consumer side (`worker_*`) only by the vNC's worker.
-//! The completion eventfd of a slot is the one field both sides (and a waiter) touch; it is
-//! installed and captured under the XU's `mark_comp_lock` (see [`XuQueue::install_comp_efd`]).
+//! # Single producer, single consumer, by construction
+//! [`XuQueue::with_capacity`] returns the only [`Producer`] and the only [`Consumer`] of the ring. Both
+//! are `Send` and not `Sync`, and every method that touches a slot takes `&mut self`: a thread
+//! can drive a half only while it owns it (or holds the lock it lives in — the XU keeps its
+//! producer inside `submit_work_lock` and its consumer inside the worker's lock). The shared
+//! [`XuQueue`] offers only reads of the cursors and the completion-eventfd install, which goes
+//! through `mark_comp_lock` ([`XuQueue::install_comp_efd`]).
+//!
+//! ```
+//! use runtime::xu::XuQueue;
+//! use shared::ids::{XuId, XuType};
+//!
+//! let (mut producer, mut consumer) =
+//!     XuQueue::<u64>::with_capacity(XuId::new(XuType::Compute, 0, 0), 2).unwrap();
+//! let seq = producer.client_submit(Box::new(7), None).unwrap();
+//! producer.client_trigger_next().unwrap();
+//! assert_eq!(consumer.worker_take_item().map(|b| *b), Some(7));
+//! consumer.worker_pop_current_exec(|_, efd| efd.signal()).unwrap();
+//! assert!(producer.queue().is_completed(seq));
+//! ```
+//!
+//! The halves cannot be driven through a shared reference, so two threads can never race a
+//! slot:
+//!
+//! ```compile_fail,E0596
+//! use runtime::xu::Producer;
+//! fn submit_from_a_shared_reference(producer: &Producer<u64>) {
+//!     let _ = producer.client_submit(Box::new(1), None);
+//! }
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn assert_sync<T: Sync>() {}
+//! assert_sync::<runtime::xu::Consumer<u64>>();
+//! ```
 
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use nix::errno::Errno;
 use shared::NrtStatus;
 use shared::ids::{NRTA_SEQ_NUM_MAX, SEQ_NUM_MASK, SeqId, XuId};
 
-use super::sync::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering, UnsafeCell};
-
-/// "No eventfd installed" in a slot's `mark_comp_efd`.
-pub const NO_EFD: i32 = -1;
+use super::handoff::{CompEfd, MarkCompLock};
+use super::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 /// Where a request's final status is published (the seed's `NRT_STATUS *exec_status`): written
 /// by the worker before the slot is popped, read by the submitter after it wakes.
@@ -75,15 +109,13 @@ impl Default for ExecStatus {
     }
 }
 
-/// One 32-byte ring slot (`xuq_exec_info_t`): `seq_id` @0, `exec_status` @8,
-/// `mark_comp_efd` @16, `efd_from_pool` @20, `exec_info` @24.
+/// One ring slot (`xuq_exec_info_t` without its `mark_comp_efd`/`efd_from_pool`, which live
+/// under `mark_comp_lock`): `seq_id` @0, `exec_status` @8, `exec_info` @16.
 #[repr(C)]
 #[derive(Debug)]
-pub struct XuqExecInfo<T> {
+struct XuqExecInfo<T> {
     seq_id: AtomicU64,
-    exec_status: UnsafeCell<Option<std::sync::Arc<ExecStatus>>>,
-    mark_comp_efd: AtomicI32,
-    efd_from_pool: AtomicBool,
+    exec_status: UnsafeCell<Option<Arc<ExecStatus>>>,
     exec_info: UnsafeCell<Option<Box<T>>>,
 }
 
@@ -92,8 +124,6 @@ impl<T> XuqExecInfo<T> {
         Self {
             seq_id: AtomicU64::new(0),
             exec_status: UnsafeCell::new(None),
-            mark_comp_efd: AtomicI32::new(NO_EFD),
-            efd_from_pool: AtomicBool::new(false),
             exec_info: UnsafeCell::new(None),
         }
     }
@@ -111,24 +141,52 @@ struct Meta<T> {
     xu_id: XuId,
 }
 
-/// The 256-byte `xu_queue_t` header with its slot buffer. `T` is the work item.
+/// The shared part of the ring: the seed's 256-byte `xu_queue_t` header (slot buffer, capacity,
+/// xu_id; the three cursors at +0x40/+0x80/+0xC0) followed by the line holding
+/// `mark_comp_lock` and the slots' completion eventfds. `T` is the work item.
+///
+/// Shared by the [`Producer`], the [`Consumer`] and any reader (`Arc`); its own methods only read
+/// cursors or install a completion eventfd under the lock.
 #[repr(C)]
 #[derive(Debug)]
 pub struct XuQueue<T> {
     meta: CacheLine<Meta<T>>,
+    /// `1 ..= scheduled_head`; written only by the consumer, under `mark_comp_lock`.
     exec_head: CacheLine<AtomicU64>,
+    /// `exec_head ..= scheduled_tail`; written only by the producer.
     scheduled_head: CacheLine<AtomicU64>,
+    /// `scheduled_head ..= exec_head + capacity`, `< NRTA_SEQ_NUM_MAX`; written only by the
+    /// producer.
     scheduled_tail: CacheLine<AtomicU64>,
+    mark_comp_lock: CacheLine<MarkCompLock>,
 }
 
-// SAFETY: the slot cells are accessed under the SPSC discipline documented on the module: the
-// producer writes a slot only in its free region (`>= scheduled_tail`, and only after an acquire
-// of `exec_head` proved the consumer is done with it), the consumer reads/takes a slot only in
-// `[exec_head, scheduled_head)` after acquiring `scheduled_head`. `T: Send` because work items
-// move from the producer thread to the worker thread.
+// SAFETY: the slot cells are only touched through the ring's single `Producer` and single
+// `Consumer` (each `&mut self`, not `Sync`), under the SPSC discipline documented on the module:
+// the producer writes a slot only in its free region (`>= scheduled_tail`, after an acquire of
+// `exec_head` proved the consumer is done with it); the consumer reads/empties a slot only in
+// `[exec_head, scheduled_head)` after acquiring `scheduled_head`. The methods on `&XuQueue` read
+// atomics or lock `mark_comp_lock`. `T: Send` because work items move from the producer's thread
+// to the consumer's.
 unsafe impl<T: Send> Sync for XuQueue<T> {}
 // SAFETY: as above; the queue owns its items, which are `Send`.
 unsafe impl<T: Send> Send for XuQueue<T> {}
+
+/// The producer half (`xuq_client_*`): the only handle that writes slots and advances
+/// `scheduled_tail`/`scheduled_head`. `Send`, not `Sync`.
+#[derive(Debug)]
+pub struct Producer<T> {
+    queue: Arc<XuQueue<T>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// The consumer half (`xuq_worker_*`): the only handle that reads and empties triggered slots
+/// and advances `exec_head`. `Send`, not `Sync`.
+#[derive(Debug)]
+pub struct Consumer<T> {
+    queue: Arc<XuQueue<T>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
 
 /// A slot as the producer hands it over at trigger time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,24 +195,25 @@ pub struct Triggered {
     pub seq_id: SeqId,
 }
 
-/// What the consumer captured from the slot it popped (before advancing `exec_head`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Popped {
-    /// The slot's seq_id.
-    pub seq_id: SeqId,
-    /// The waiter's completion eventfd, or [`NO_EFD`].
-    pub mark_comp_efd: i32,
-    /// Whether that eventfd belongs to the pool (kept) rather than to the waiter (closed).
-    pub efd_from_pool: bool,
-}
-
-/// Result of [`XuQueue::install_comp_efd`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Result of [`XuQueue::install_comp_efd`]. Every variant but `Installed` hands the eventfd
+/// back unsignalled.
+#[derive(Debug)]
 pub enum Install {
-    /// The eventfd will be written when the slot is popped.
+    /// The eventfd will be written (once) when the slot is popped.
     Installed,
     /// The request already completed; nothing was installed and nobody will write the fd.
-    AlreadyComplete,
+    AlreadyComplete(CompEfd),
+    /// The seq_id names no submitted request of this queue (another XU, or not yet submitted).
+    Unknown(CompEfd),
+    /// Another waiter's eventfd is installed for this request.
+    Occupied(CompEfd),
+}
+
+impl Install {
+    /// Whether the eventfd was installed.
+    pub fn is_installed(&self) -> bool {
+        matches!(self, Self::Installed)
+    }
 }
 
 fn debug_assert_slot(slot_seq: u64, cursor: u64) {
@@ -168,16 +227,38 @@ fn debug_assert_slot(slot_seq: u64, cursor: u64) {
 }
 
 impl<T> XuQueue<T> {
-    /// `xu_queue_init`: a ring of `capacity` slots for `xu_id`, cursors at 1.
+    /// `xu_queue_init`: a ring of `capacity` slots for `xu_id`, cursors at 1; returns its only
+    /// producer and only consumer.
     ///
     /// # Errors
     /// `NRT_INVALID` when `capacity` is 0 ("XU Queue size must be greater than 0").
-    pub fn new(xu_id: XuId, capacity: usize) -> Result<Self, NrtStatus> {
+    pub fn with_capacity(
+        xu_id: XuId,
+        capacity: usize,
+    ) -> Result<(Producer<T>, Consumer<T>), NrtStatus> {
+        Self::with_mark_comp_lock(xu_id, capacity, MarkCompLock::new)
+    }
+
+    /// As [`XuQueue::with_capacity`], with a `mark_comp_lock` that does not span the cursor check and bump
+    /// (the loom model of the race it closes).
+    #[cfg(all(test, loom))]
+    pub(crate) fn new_with_narrowed_lock_for_test(
+        xu_id: XuId,
+        capacity: usize,
+    ) -> Result<(Producer<T>, Consumer<T>), NrtStatus> {
+        Self::with_mark_comp_lock(xu_id, capacity, MarkCompLock::narrowed_for_test)
+    }
+
+    fn with_mark_comp_lock(
+        xu_id: XuId,
+        capacity: usize,
+        mark_comp_lock: fn(usize) -> MarkCompLock,
+    ) -> Result<(Producer<T>, Consumer<T>), NrtStatus> {
         if capacity == 0 {
             return Err(NrtStatus::Invalid);
         }
         let buffer = (0..capacity).map(|_| XuqExecInfo::empty()).collect();
-        Ok(Self {
+        let queue = Arc::new(Self {
             meta: CacheLine(Meta {
                 buffer,
                 capacity: capacity as u64,
@@ -186,7 +267,18 @@ impl<T> XuQueue<T> {
             exec_head: CacheLine(AtomicU64::new(1)),
             scheduled_head: CacheLine(AtomicU64::new(1)),
             scheduled_tail: CacheLine(AtomicU64::new(1)),
-        })
+            mark_comp_lock: CacheLine(mark_comp_lock(capacity)),
+        });
+        Ok((
+            Producer {
+                queue: queue.clone(),
+                _not_sync: PhantomData,
+            },
+            Consumer {
+                queue,
+                _not_sync: PhantomData,
+            },
+        ))
     }
 
     /// Moves all three cursors to `cursor` (an empty queue there): tests of the seq-space end.
@@ -195,6 +287,12 @@ impl<T> XuQueue<T> {
         self.exec_head.0.store(cursor, Ordering::Relaxed);
         self.scheduled_head.0.store(cursor, Ordering::Relaxed);
         self.scheduled_tail.0.store(cursor, Ordering::Relaxed);
+    }
+
+    /// Overwrites the seq_id stored in the slot `cursor` maps to: tests of the slot tripwire.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn corrupt_slot_seq_for_test(&self, cursor: u64, raw: u64) {
+        self.slot(cursor).seq_id.store(raw, Ordering::Relaxed);
     }
 
     /// Slots in the ring.
@@ -207,15 +305,18 @@ impl<T> XuQueue<T> {
         self.meta.0.xu_id
     }
 
-    fn slot(&self, cursor: u64) -> &XuqExecInfo<T> {
-        // `cursor % capacity < capacity == buffer.len()`: never out of bounds.
-        let idx = usize::try_from(cursor % self.meta.0.capacity).unwrap_or(0);
-        &self.meta.0.buffer[idx]
-    }
-
     /// The index of the slot that `cursor` maps to (`cursor % capacity`).
     pub fn slot_index(&self, cursor: u64) -> u64 {
         cursor % self.meta.0.capacity
+    }
+
+    fn slot_usize(&self, cursor: u64) -> usize {
+        // `slot_index < capacity == buffer.len()`, a usize: the conversion cannot fail.
+        usize::try_from(self.slot_index(cursor)).unwrap_or(0)
+    }
+
+    fn slot(&self, cursor: u64) -> &XuqExecInfo<T> {
+        &self.meta.0.buffer[self.slot_usize(cursor)]
     }
 
     /// Current `exec_head` (acquire).
@@ -248,8 +349,53 @@ impl<T> XuQueue<T> {
         self.scheduled_tail().wrapping_sub(self.exec_head())
     }
 
-    /// `xuq_client_submit` (producer): writes the slot at `scheduled_tail` — seq_id, status cell,
-    /// `mark_comp_efd = -1`, the work item — then publishes the tail (release).
+    /// Whether everything released to the device has completed: `scheduled_head == exec_head`
+    /// (`wait_exec_queue_empty`'s condition; submitted-but-untriggered slots do not count).
+    pub fn is_drained(&self) -> bool {
+        self.scheduled_head() == self.exec_head()
+    }
+
+    /// `tpb_xu_base_get_comp_efd` (a waiter, any thread): installs `efd` as the completion
+    /// eventfd of request `seq_id` under `mark_comp_lock`, unless the request already completed,
+    /// is not a submitted request of this queue, or has an eventfd already. Serialised against
+    /// [`Consumer::worker_pop_current_exec`], so an installed eventfd is signalled exactly once.
+    pub fn install_comp_efd(&self, seq_id: SeqId, efd: CompEfd) -> Install {
+        let lock = &self.mark_comp_lock.0;
+        let spans = lock.spans_check_and_act();
+        let guard = spans.then(|| lock.lock());
+        let cursor = seq_id.seq_num();
+        if seq_id.xu_id() != self.xu_id() {
+            return Install::Unknown(efd);
+        }
+        // exec_head only moves under this lock: while we hold it, `cursor` cannot complete.
+        if cursor < self.exec_head() {
+            return Install::AlreadyComplete(efd);
+        }
+        // Acquire: the slot of a cursor below the tail is written and stays the producer's
+        // no more until exec_head passes it.
+        if cursor >= self.scheduled_tail() {
+            return Install::Unknown(efd);
+        }
+        debug_assert_slot(self.slot(cursor).seq_id.load(Ordering::Relaxed), cursor);
+        let mut efds = guard.unwrap_or_else(|| lock.lock());
+        let cell = &mut efds[self.slot_usize(cursor)];
+        if cell.is_some() {
+            return Install::Occupied(efd);
+        }
+        *cell = efd;
+        Install::Installed
+    }
+}
+
+impl<T> Producer<T> {
+    /// The shared ring.
+    pub fn queue(&self) -> &Arc<XuQueue<T>> {
+        &self.queue
+    }
+
+    /// `xuq_client_submit`: writes the slot at `scheduled_tail` — seq_id, status cell, the work
+    /// item — then publishes the tail (release). The slot's completion eventfd is empty: the
+    /// pop of its previous request took it.
     ///
     /// # Errors
     /// `Err((NRT_QUEUE_FULL, item))` when `scheduled_tail − exec_head >= capacity`; the queue is
@@ -259,160 +405,159 @@ impl<T> XuQueue<T> {
     /// If the 48-bit sequence space is exhausted (`scheduled_tail >= NRTA_SEQ_NUM_MAX`), the
     /// seed's runtime-bug assert (queue.c:0x5C), after logging.
     pub fn client_submit(
-        &self,
+        &mut self,
         item: Box<T>,
-        exec_status: Option<std::sync::Arc<ExecStatus>>,
+        exec_status: Option<Arc<ExecStatus>>,
     ) -> Result<SeqId, (NrtStatus, Box<T>)> {
-        let tail = self.scheduled_tail.0.load(Ordering::Relaxed);
-        // Acquire: the worker's captures of the slot we may reuse happened before its exec_head
-        // bump, so they happen before our overwrite.
-        let head = self.exec_head.0.load(Ordering::Acquire);
-        if tail.wrapping_sub(head) >= self.capacity() {
+        let q = &*self.queue;
+        let tail = q.scheduled_tail.0.load(Ordering::Relaxed);
+        // Acquire: the consumer emptied the slot we may reuse before its exec_head bump, so
+        // that happens before our overwrite.
+        let head = q.exec_head.0.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) >= q.capacity() {
             return Err((NrtStatus::QueueFull, item));
         }
-        let seq = SeqId::new(self.xu_id(), tail);
-        let slot = self.slot(tail);
+        let seq = SeqId::new(q.xu_id(), tail);
+        let slot = q.slot(tail);
         slot.seq_id.store(seq.raw(), Ordering::Relaxed);
         // SAFETY: `tail` is in the producer's free region (checked against exec_head above) and
-        // only the producer (one thread, by the submit lock) writes there; the consumer reads
+        // only this producer (`&mut self`, the ring's only one) writes there; the consumer reads
         // the slot only after `scheduled_head` passes it, which happens after this write.
         slot.exec_status.with_mut(|s| unsafe { *s = exec_status });
-        slot.mark_comp_efd.store(NO_EFD, Ordering::Relaxed);
-        slot.efd_from_pool.store(false, Ordering::Relaxed);
         // SAFETY: as above.
         slot.exec_info.with_mut(|s| unsafe { *s = Some(item) });
         // PUBLISH (release): the slot body above is complete before the tail moves.
-        let new_tail = self.scheduled_tail.0.fetch_add(1, Ordering::Release) + 1;
+        let new_tail = q.scheduled_tail.0.fetch_add(1, Ordering::Release) + 1;
         if new_tail >= NRTA_SEQ_NUM_MAX {
-            tracing::error!(xu = ?self.xu_id(), new_tail, "xu_queue seq_num space exhausted");
+            tracing::error!(xu = ?q.xu_id(), new_tail, "xu_queue seq_num space exhausted");
             panic!("xu_queue: scheduled_tail {new_tail:#x} reached NRTA_SEQ_NUM_MAX");
         }
         Ok(seq)
     }
 
-    /// `xuq_client_trigger_next` (producer): releases the oldest submitted-but-untriggered slot
-    /// to the worker by advancing `scheduled_head` (release). Call it after the request's stage
-    /// and doorbell.
+    /// `xuq_client_trigger_next`: releases the oldest submitted-but-untriggered slot to the
+    /// consumer by advancing `scheduled_head` (release). Call it after the request's stage and
+    /// doorbell.
     ///
     /// # Errors
     /// `NRT_QUEUE_EMPTY` when nothing is waiting for a trigger.
-    pub fn client_trigger_next(&self) -> Result<Triggered, NrtStatus> {
-        let head = self.scheduled_head.0.load(Ordering::Relaxed);
-        if head == self.scheduled_tail.0.load(Ordering::Relaxed) {
+    pub fn client_trigger_next(&mut self) -> Result<Triggered, NrtStatus> {
+        let q = &*self.queue;
+        let head = q.scheduled_head.0.load(Ordering::Relaxed);
+        if head == q.scheduled_tail.0.load(Ordering::Relaxed) {
             return Err(NrtStatus::QueueEmpty);
         }
-        let seq = self.slot(head).seq_id.load(Ordering::Relaxed);
+        let seq = q.slot(head).seq_id.load(Ordering::Relaxed);
         debug_assert_slot(seq, head);
-        self.scheduled_head.0.fetch_add(1, Ordering::Release);
+        q.scheduled_head.0.fetch_add(1, Ordering::Release);
         Ok(Triggered {
             seq_id: SeqId::from_raw(seq),
         })
     }
+}
 
-    /// `xuq_worker_peek_current_exec` (consumer): the seq_id at `exec_head`, or `None` when
-    /// nothing triggered is outstanding (`exec_head == scheduled_head`).
-    pub fn worker_peek_current_exec(&self) -> Option<SeqId> {
-        let head = self.exec_head.0.load(Ordering::Relaxed);
-        // Acquire: pairs with the trigger's release, making the slot body visible.
-        if head == self.scheduled_head.0.load(Ordering::Acquire) {
-            return None;
-        }
-        let seq = self.slot(head).seq_id.load(Ordering::Relaxed);
+impl<T> Consumer<T> {
+    /// The shared ring.
+    pub fn queue(&self) -> &Arc<XuQueue<T>> {
+        &self.queue
+    }
+
+    /// The cursor of the slot at `exec_head`, if it is triggered (acquire of `scheduled_head`,
+    /// pairing with the trigger's release: the slot body is visible).
+    fn current(&self) -> Option<u64> {
+        let q = &*self.queue;
+        let head = q.exec_head.0.load(Ordering::Relaxed);
+        (head != q.scheduled_head.0.load(Ordering::Acquire)).then_some(head)
+    }
+
+    /// `xuq_worker_peek_current_exec`: the seq_id at `exec_head`, or `None` when nothing
+    /// triggered is outstanding (`exec_head == scheduled_head`).
+    pub fn worker_peek_current_exec(&mut self) -> Option<SeqId> {
+        let head = self.current()?;
+        let seq = self.queue.slot(head).seq_id.load(Ordering::Relaxed);
         debug_assert_slot(seq, head);
         Some(SeqId::from_raw(seq))
     }
 
-    /// Takes the work item of the slot at `exec_head` (consumer; the slot must have been
-    /// peeked). The seed frees the item before reporting completion; taking it out is how the
-    /// worker gets to own and drop it.
-    pub fn worker_take_item(&self) -> Option<Box<T>> {
-        let head = self.exec_head.0.load(Ordering::Relaxed);
-        if head == self.scheduled_head.0.load(Ordering::Acquire) {
-            return None;
-        }
+    /// Takes the work item of the slot at `exec_head`. The seed frees the item before reporting
+    /// completion; taking it out is how the worker gets to own and drop it.
+    pub fn worker_take_item(&mut self) -> Option<Box<T>> {
+        let head = self.current()?;
         // SAFETY: the slot at exec_head is in [exec_head, scheduled_head), owned by the consumer
         // until exec_head moves; the producer does not touch it (its free region starts at
-        // exec_head + capacity).
-        self.slot(head)
+        // exec_head + capacity). `&mut self`: this is the ring's only consumer.
+        self.queue
+            .slot(head)
             .exec_info
             .with_mut(|s| unsafe { (*s).take() })
     }
 
-    /// Runs `f` on the work item of the slot at `exec_head` (consumer), if there is one.
-    pub fn worker_with_item<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        let head = self.exec_head.0.load(Ordering::Relaxed);
-        if head == self.scheduled_head.0.load(Ordering::Acquire) {
-            return None;
-        }
+    /// Runs `f` on the work item of the slot at `exec_head`, if there is one.
+    pub fn worker_with_item<R>(&mut self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        let head = self.current()?;
         // SAFETY: as in `worker_take_item`: the consumer owns this slot until it pops it.
-        self.slot(head)
+        self.queue
+            .slot(head)
             .exec_info
             .with_mut(|s| unsafe { (*s).as_deref_mut().map(f) })
     }
 
-    /// The status cell of the slot at `exec_head` (consumer).
-    pub fn worker_exec_status(&self) -> Option<std::sync::Arc<ExecStatus>> {
-        let head = self.exec_head.0.load(Ordering::Relaxed);
-        if head == self.scheduled_head.0.load(Ordering::Acquire) {
-            return None;
-        }
+    /// The status cell of the slot at `exec_head`.
+    pub fn worker_exec_status(&mut self) -> Option<Arc<ExecStatus>> {
+        let head = self.current()?;
         // SAFETY: as in `worker_take_item`.
-        self.slot(head)
+        self.queue
+            .slot(head)
             .exec_status
             .with_mut(|s| unsafe { (*s).clone() })
     }
 
-    /// `xuq_worker_pop_current_exec` (consumer): captures the slot's `mark_comp_efd` and
-    /// `efd_from_pool`, then advances `exec_head` (release). The caller writes the captured
-    /// eventfd. Must run under the XU's `mark_comp_lock` so a concurrent
-    /// [`XuQueue::install_comp_efd`] cannot slip between the capture and the bump.
+    /// `xuq_worker_pop_current_exec`: under `mark_comp_lock`, takes the slot's completion
+    /// eventfd and empties the slot, advances `exec_head` (release), then calls `signal` with the
+    /// seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and drops
+    /// the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal` failed.
     ///
     /// # Errors
-    /// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding.
-    pub fn worker_pop_current_exec(&self) -> Result<Popped, NrtStatus> {
-        let head = self.exec_head.0.load(Ordering::Relaxed);
-        if head == self.scheduled_head.0.load(Ordering::Acquire) {
-            return Err(NrtStatus::QueueEmpty);
-        }
-        let slot = self.slot(head);
-        let seq = slot.seq_id.load(Ordering::Relaxed);
-        debug_assert_slot(seq, head);
-        // CAPTURE before the bump (seed 004 GOTCHA): once exec_head moves the producer may
-        // overwrite mark_comp_efd with -1 for the next request.
-        let mark_comp_efd = slot.mark_comp_efd.load(Ordering::Acquire);
-        let efd_from_pool = slot.efd_from_pool.load(Ordering::Acquire);
-        // SAFETY: consumer-owned slot (see `worker_take_item`); drop the status reference now so
-        // the slot holds nothing once it is back in the producer's region.
+    /// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding (nothing changed);
+    /// `NRT_FAILURE` when `signal` failed (the slot *was* popped; the error is logged).
+    pub fn worker_pop_current_exec(
+        &mut self,
+        signal: impl FnOnce(SeqId, &CompEfd) -> Result<(), Errno>,
+    ) -> Result<SeqId, NrtStatus> {
+        let q = &*self.queue;
+        let lock = &q.mark_comp_lock.0;
+        let mut guard = lock.lock();
+        let head = self.current().ok_or(NrtStatus::QueueEmpty)?;
+        let slot = q.slot(head);
+        let seq = SeqId::from_raw(slot.seq_id.load(Ordering::Relaxed));
+        debug_assert_slot(seq.raw(), head);
+        // CAPTURE before the bump (seed 004 GOTCHA): once exec_head moves the slot is the
+        // producer's again.
+        let efd = std::mem::take(&mut guard[q.slot_usize(head)]);
+        // SAFETY: consumer-owned slot (see `worker_take_item`); drop the status reference and
+        // any item left so the slot holds nothing once it is back in the producer's region.
         slot.exec_status.with_mut(|s| unsafe { *s = None });
         // SAFETY: as above.
         slot.exec_info.with_mut(|s| unsafe { *s = None });
-        self.exec_head.0.fetch_add(1, Ordering::Release);
-        Ok(Popped {
-            seq_id: SeqId::from_raw(seq),
-            mark_comp_efd,
-            efd_from_pool,
-        })
-    }
-
-    /// `tpb_xu_base_get_comp_efd` (a waiter): installs `efd` as the completion eventfd of
-    /// request `seq_id`, unless it already completed. Must run under the XU's
-    /// `mark_comp_lock`, which serialises it against [`XuQueue::worker_pop_current_exec`].
-    pub fn install_comp_efd(&self, seq_id: SeqId, efd: i32, from_pool: bool) -> Install {
-        let cursor = seq_id.seq_num();
-        if cursor < self.exec_head.0.load(Ordering::Acquire) {
-            return Install::AlreadyComplete;
+        let guard = lock.spans_check_and_act().then_some(guard);
+        q.exec_head.0.fetch_add(1, Ordering::Release);
+        let signalled = signal(seq, &efd);
+        drop(efd);
+        drop(guard);
+        match signalled {
+            Ok(()) => Ok(seq),
+            Err(e) => {
+                tracing::error!(seq = seq.raw(), errno = %e, "Failed to signal completion event for request");
+                Err(NrtStatus::Failure)
+            }
         }
-        let slot = self.slot(cursor);
-        debug_assert_slot(slot.seq_id.load(Ordering::Relaxed), cursor);
-        slot.efd_from_pool.store(from_pool, Ordering::Relaxed);
-        slot.mark_comp_efd.store(efd, Ordering::Release);
-        Install::Installed
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use nix::sys::eventfd::{EfdFlags, EventFd};
     use shared::ids::XuType;
     use std::mem::{offset_of, size_of};
 
@@ -420,94 +565,294 @@ mod tests {
         XuId::new(XuType::Compute, 0, 3)
     }
 
+    type Ring = (Producer<u64>, Consumer<u64>);
+
+    fn ring(capacity: usize) -> Ring {
+        XuQueue::<u64>::with_capacity(xu(), capacity).unwrap()
+    }
+
+    /// Pops with the runtime's signal (write the eventfd, if any).
+    fn pop(c: &mut Consumer<u64>) -> Result<SeqId, NrtStatus> {
+        c.worker_pop_current_exec(|_, efd| efd.signal())
+    }
+
+    fn submit_trigger(p: &mut Producer<u64>, v: u64) -> SeqId {
+        let seq = p.client_submit(Box::new(v), None).unwrap();
+        p.client_trigger_next().unwrap();
+        seq
+    }
+
+    fn nonblocking_efd() -> Arc<EventFd> {
+        Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap())
+    }
+
     #[test]
-    fn header_and_slot_layout_match_the_seed() {
-        assert_eq!(size_of::<XuQueue<u64>>(), 256);
+    fn header_and_slot_layout() {
+        // The seed's 256-byte header: cursors on their own lines at +0x40/+0x80/+0xC0. The
+        // slots' completion eventfds moved under mark_comp_lock, on the next line.
         assert_eq!(offset_of!(XuQueue<u64>, exec_head), 0x40);
         assert_eq!(offset_of!(XuQueue<u64>, scheduled_head), 0x80);
         assert_eq!(offset_of!(XuQueue<u64>, scheduled_tail), 0xC0);
-        assert_eq!(size_of::<XuqExecInfo<u64>>(), 32);
+        assert_eq!(offset_of!(XuQueue<u64>, mark_comp_lock), 0x100);
+        assert_eq!(size_of::<XuQueue<u64>>(), 256 + 64);
+        assert_eq!(size_of::<XuqExecInfo<u64>>(), 24);
         assert_eq!(offset_of!(XuqExecInfo<u64>, seq_id), 0);
         assert_eq!(offset_of!(XuqExecInfo<u64>, exec_status), 8);
-        assert_eq!(offset_of!(XuqExecInfo<u64>, mark_comp_efd), 16);
-        assert_eq!(offset_of!(XuqExecInfo<u64>, efd_from_pool), 20);
-        assert_eq!(offset_of!(XuqExecInfo<u64>, exec_info), 24);
+        assert_eq!(offset_of!(XuqExecInfo<u64>, exec_info), 16);
+    }
+
+    #[test]
+    fn both_halves_are_send() {
+        fn assert_send<S: Send>() {}
+        assert_send::<Producer<u64>>();
+        assert_send::<Consumer<u64>>();
     }
 
     #[test]
     fn capacity_zero_is_invalid() {
-        assert_eq!(XuQueue::<u64>::new(xu(), 0).err(), Some(NrtStatus::Invalid));
+        assert_eq!(
+            XuQueue::<u64>::with_capacity(xu(), 0).err(),
+            Some(NrtStatus::Invalid)
+        );
     }
 
     #[test]
     fn fresh_queue_reports_seq_num_0_completed_and_first_submit_lands_in_slot_1() {
-        let q = XuQueue::<u64>::new(xu(), 4).unwrap();
+        let (mut p, _c) = ring(4);
+        let q = p.queue().clone();
         assert_eq!(q.last_completed().seq_num(), 0, "not 0xFFFF_FFFF_FFFF");
         assert_eq!(q.last_completed().xu_id(), xu());
-        let seq = q.client_submit(Box::new(7), None).unwrap();
+        let seq = p.client_submit(Box::new(7), None).unwrap();
         assert_eq!(seq.seq_num(), 1);
-        let capacity = q.capacity();
-        assert_eq!(q.slot_index(seq.seq_num()), 1 % capacity);
+        assert_eq!(q.slot_index(seq.seq_num()), 1);
         assert!(!q.is_completed(seq));
         assert_eq!(seq, SeqId::new(xu(), 1));
+    }
+
+    #[test]
+    fn slot_index_is_the_cursor_modulo_capacity_across_several_wraps() {
+        let (p, _c) = ring(3);
+        let q = p.queue();
+        let got: Vec<u64> = (1..=10).map(|c| q.slot_index(c)).collect();
+        assert_eq!(got, [1, 2, 0, 1, 2, 0, 1, 2, 0, 1]);
+        assert_eq!(q.slot_index(3 * 1_000_003 + 2), 2);
+    }
+
+    #[test]
+    fn items_keep_their_own_slots_across_several_wraps() {
+        // Three requests in flight at a time in a ring of 3, over four laps: any slot position
+        // other than cursor % capacity makes two live requests share a slot.
+        let (mut p, mut c) = ring(3);
+        let mut next_pop = 1;
+        for v in 1..=12u64 {
+            if p.queue().depth() == 3 {
+                assert_eq!(c.worker_take_item().map(|b| *b), Some(next_pop));
+                pop(&mut c).unwrap();
+                next_pop += 1;
+            }
+            assert_eq!(submit_trigger(&mut p, v).seq_num(), v);
+        }
+        while next_pop <= 12 {
+            assert_eq!(
+                c.worker_peek_current_exec().map(SeqId::seq_num),
+                Some(next_pop)
+            );
+            assert_eq!(c.worker_take_item().map(|b| *b), Some(next_pop));
+            pop(&mut c).unwrap();
+            next_pop += 1;
+        }
+    }
+
+    #[test]
+    fn cursors_beyond_32_bits_keep_their_high_seq_num_bits() {
+        // Bits 32..47 set: a seq_num mask narrowed to 32 bits loses them.
+        let cursor = 0x8765_4321_0FED;
+        let (mut p, mut c) = ring(4);
+        let q = p.queue().clone();
+        q.set_cursors_for_test(cursor);
+        let seq = submit_trigger(&mut p, 1);
+        assert_eq!(seq.seq_num(), cursor);
+        assert_eq!(seq.xu_id(), xu());
+        assert!(!q.is_completed(seq));
+        assert_eq!(c.worker_peek_current_exec(), Some(seq));
+        assert_eq!(pop(&mut c), Ok(seq));
+        assert_eq!(q.last_completed(), seq);
+        assert!(q.is_completed(seq));
+        assert!(!q.is_completed(SeqId::new(xu(), cursor + 1)));
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(debug_assertions),
+        ignore = "the slot tripwire is a debug assertion"
+    )]
+    #[should_panic(expected = "does not hold the cursor's seq_num")]
+    fn the_slot_tripwire_fires_on_a_corrupted_slot() {
+        let (mut p, mut c) = ring(4);
+        submit_trigger(&mut p, 1);
+        // Only bit 40 differs: the tripwire compares all 48 bits of the seq_num.
+        p.queue()
+            .corrupt_slot_seq_for_test(1, SeqId::new(xu(), 1 | 1 << 40).raw());
+        let _ = c.worker_peek_current_exec();
     }
 
     #[test]
     fn full_counts_submitted_but_untriggered_slots() {
         // A naive queue gating on scheduled_head would admit a 3rd submit here and overwrite
         // slot 1, which holds a written-but-not-doorbelled request.
-        let q = XuQueue::<u64>::new(xu(), 2).unwrap();
-        q.client_submit(Box::new(1), None).unwrap();
-        q.client_submit(Box::new(2), None).unwrap();
-        assert_eq!(q.scheduled_head(), 1, "nothing triggered yet");
-        let (status, item) = q.client_submit(Box::new(3), None).unwrap_err();
+        let (mut p, mut c) = ring(2);
+        p.client_submit(Box::new(1), None).unwrap();
+        p.client_submit(Box::new(2), None).unwrap();
+        assert_eq!(p.queue().scheduled_head(), 1, "nothing triggered yet");
+        let (status, item) = p.client_submit(Box::new(3), None).unwrap_err();
         assert_eq!((status, *item), (NrtStatus::QueueFull, 3));
-        q.client_trigger_next().unwrap();
-        assert_eq!(q.worker_with_item(|v| *v), Some(1), "slot 1 not clobbered");
-        q.worker_pop_current_exec().unwrap();
-        assert_eq!(q.client_submit(Box::new(3), None).unwrap().seq_num(), 3);
+        p.client_trigger_next().unwrap();
+        assert_eq!(c.worker_with_item(|v| *v), Some(1), "slot 1 not clobbered");
+        pop(&mut c).unwrap();
+        assert_eq!(p.client_submit(Box::new(3), None).unwrap().seq_num(), 3);
     }
 
     #[test]
-    fn worker_sees_only_triggered_slots() {
-        let q = XuQueue::<u64>::new(xu(), 4).unwrap();
-        q.client_submit(Box::new(10), None).unwrap();
+    fn worker_sees_only_triggered_slots_and_drained_ignores_untriggered_ones() {
+        let (mut p, mut c) = ring(4);
+        p.client_submit(Box::new(10), None).unwrap();
         assert_eq!(
-            q.worker_peek_current_exec(),
+            c.worker_peek_current_exec(),
             None,
             "submitted, not triggered"
         );
-        q.client_trigger_next().unwrap();
-        assert_eq!(q.worker_peek_current_exec().map(SeqId::seq_num), Some(1));
-        assert_eq!(q.client_trigger_next(), Err(NrtStatus::QueueEmpty));
+        assert!(
+            p.queue().is_drained(),
+            "the drain waits on scheduled_head, not the tail"
+        );
+        assert_eq!(
+            c.worker_pop_current_exec(|_, _| Ok(())),
+            Err(NrtStatus::QueueEmpty)
+        );
+        p.client_trigger_next().unwrap();
+        assert!(!p.queue().is_drained());
+        assert_eq!(c.worker_peek_current_exec().map(SeqId::seq_num), Some(1));
+        assert_eq!(p.client_trigger_next().err(), Some(NrtStatus::QueueEmpty));
     }
 
     #[test]
-    fn pop_captures_the_installed_efd_and_last_completed_follows_exec_head() {
-        let q = XuQueue::<u64>::new(xu(), 4).unwrap();
-        let seq = q
-            .client_submit(Box::new(1), Some(std::sync::Arc::new(ExecStatus::new())))
-            .unwrap();
-        q.client_trigger_next().unwrap();
-        assert_eq!(q.install_comp_efd(seq, 42, true), Install::Installed);
-        let popped = q.worker_pop_current_exec().unwrap();
-        assert_eq!(
-            popped,
-            Popped {
-                seq_id: seq,
-                mark_comp_efd: 42,
-                efd_from_pool: true
-            }
+    fn the_pop_signals_the_installed_efd_once_and_last_completed_follows_exec_head() {
+        let (mut p, mut c) = ring(4);
+        let q = p.queue().clone();
+        let seq = submit_trigger(&mut p, 1);
+        let efd = nonblocking_efd();
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Pool(efd.clone()))
+                .is_installed()
         );
+        assert_eq!(pop(&mut c), Ok(seq));
+        assert_eq!(efd.read(), Ok(1), "signalled exactly once");
+        assert_eq!(Arc::strong_count(&efd), 1, "the slot dropped its reference");
         assert_eq!(q.last_completed(), seq);
         assert!(q.is_completed(seq));
-        assert_eq!(q.install_comp_efd(seq, 43, false), Install::AlreadyComplete);
-        // The next submit into the same slot starts with no efd installed.
-        for _ in 0..3 {
-            q.client_submit(Box::new(0), None).unwrap();
-            q.client_trigger_next().unwrap();
-            assert_eq!(q.worker_pop_current_exec().unwrap().mark_comp_efd, NO_EFD);
+        let late = q.install_comp_efd(seq, CompEfd::Pool(efd.clone()));
+        assert!(matches!(late, Install::AlreadyComplete(CompEfd::Pool(_))));
+    }
+
+    #[test]
+    fn a_completion_with_no_waiter_writes_no_fd_even_in_a_reused_slot() {
+        // Capacity 1: every request reuses slot 0. Request 1 had a waiter; request 2 has none,
+        // so its pop must find no eventfd (the first pop took it) and write nothing.
+        let (mut p, mut c) = ring(1);
+        let q = p.queue().clone();
+        let efd = nonblocking_efd();
+        let first = submit_trigger(&mut p, 1);
+        assert!(
+            q.install_comp_efd(first, CompEfd::Pool(efd.clone()))
+                .is_installed()
+        );
+        pop(&mut c).unwrap();
+        assert_eq!(efd.read(), Ok(1));
+        for v in 2..5 {
+            submit_trigger(&mut p, v);
+            let mut seen = Vec::new();
+            c.worker_pop_current_exec(|_, e| {
+                seen.push(e.is_some());
+                e.signal()
+            })
+            .unwrap();
+            assert_eq!(seen, [false], "request {v} had no waiter");
         }
+        assert_eq!(efd.read(), Err(Errno::EAGAIN), "written once in all");
+    }
+
+    #[test]
+    fn install_refuses_foreign_unsubmitted_and_occupied_requests() {
+        let (mut p, _c) = ring(4);
+        let q = p.queue().clone();
+        let seq = submit_trigger(&mut p, 1);
+        let other_xu = SeqId::new(XuId::new(XuType::Compute, 0, 4), 1);
+        assert!(matches!(
+            q.install_comp_efd(other_xu, CompEfd::None),
+            Install::Unknown(_)
+        ));
+        assert!(matches!(
+            q.install_comp_efd(SeqId::new(xu(), 2), CompEfd::None),
+            Install::Unknown(_)
+        ));
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Pool(nonblocking_efd()))
+                .is_installed()
+        );
+        assert!(matches!(
+            q.install_comp_efd(seq, CompEfd::Pool(nonblocking_efd())),
+            Install::Occupied(_)
+        ));
+    }
+
+    #[test]
+    fn a_failed_signal_still_pops_closes_a_fresh_fd_and_keeps_a_pooled_one() {
+        let (mut p, mut c) = ring(2);
+        let q = p.queue().clone();
+        // Fresh: the read end of a pipe, which cannot be written (EBADF).
+        let (read_end, write_end) = nix::unistd::pipe().unwrap();
+        let seq = submit_trigger(&mut p, 1);
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Fresh(read_end))
+                .is_installed()
+        );
+        assert_eq!(pop(&mut c), Err(NrtStatus::Failure));
+        assert!(q.is_completed(seq), "the slot was popped");
+        assert_eq!(
+            nix::unistd::write(&write_end, b"x"),
+            Err(Errno::EPIPE),
+            "the fresh fd (the pipe's only read end) was closed"
+        );
+        // Pooled: an eventfd at its maximum count, whose write of 1 would block (EAGAIN).
+        let full = nonblocking_efd();
+        full.write(u64::MAX - 1).unwrap();
+        let seq = submit_trigger(&mut p, 2);
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Pool(full.clone()))
+                .is_installed()
+        );
+        assert_eq!(pop(&mut c), Err(NrtStatus::Failure));
+        assert_eq!(Arc::strong_count(&full), 1);
+        assert_eq!(full.read(), Ok(u64::MAX - 1), "the pooled fd is still open");
+    }
+
+    #[test]
+    fn a_fresh_fd_is_closed_after_a_successful_signal() {
+        // The write end of a pipe as a fresh completion fd: the signal's 8 bytes arrive, then
+        // end-of-file once the slot closed its (only) write end.
+        let (mut p, mut c) = ring(2);
+        let (read_end, write_end) = nix::unistd::pipe().unwrap();
+        let seq = submit_trigger(&mut p, 1);
+        assert!(
+            p.queue()
+                .install_comp_efd(seq, CompEfd::Fresh(write_end))
+                .is_installed()
+        );
+        assert_eq!(pop(&mut c), Ok(seq));
+        let mut buf = [0u8; 16];
+        assert_eq!(nix::unistd::read(&read_end, &mut buf), Ok(8));
+        assert_eq!(u64::from_ne_bytes(buf[..8].try_into().unwrap()), 1);
+        assert_eq!(nix::unistd::read(&read_end, &mut buf), Ok(0));
     }
 
     #[test]

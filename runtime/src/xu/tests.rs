@@ -11,9 +11,10 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
 
+use super::handoff::CompEfd;
 use super::queue::{ExecStatus, XuQueue};
 use super::unit::{
-    CompletionEngine, ExecInfo, Progress, Xu, XuConfig, XuHealth, XuTable, shutdown,
+    CompletionEngine, ExecInfo, PopMoment, Progress, Xu, XuConfig, XuHealth, XuTable, shutdown,
 };
 use super::worker::XuWorkers;
 use crate::metrics::Metrics;
@@ -58,12 +59,12 @@ impl CompletionEngine for Script {
     }
 }
 
-fn xu_with(
-    engine: Arc<Script>,
+fn xu_with<E: CompletionEngine>(
+    engine: Arc<E>,
     vnc: u32,
     capacity: usize,
     pool: usize,
-) -> (Arc<Xu<Script>>, Arc<Metrics>) {
+) -> (Arc<Xu<E>>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new(4));
     let cfg = XuConfig {
         vnc,
@@ -78,7 +79,10 @@ fn xu_with(
     )
 }
 
-fn submit(xu: &Xu<Script>, model: u64) -> Result<(SeqId, Arc<ExecStatus>), NrtStatus> {
+fn submit<E: CompletionEngine<Request = u64>>(
+    xu: &Xu<E>,
+    model: u64,
+) -> Result<(SeqId, Arc<ExecStatus>), NrtStatus> {
     let status = Arc::new(ExecStatus::new());
     let seq = xu.schedule_request(
         Box::new(ExecInfo::execute(model, 0)),
@@ -221,7 +225,7 @@ fn a_stop_item_never_touches_metrics() {
 #[should_panic(expected = "submit/complete pairing broken")]
 fn report_complete_without_a_wakeup_count_is_the_seeds_abort() {
     let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
-    xu.report_complete(None, NrtStatus::Success);
+    xu.report_complete_for_test(None, NrtStatus::Success);
 }
 
 #[test]
@@ -429,22 +433,24 @@ fn the_xu_table_finds_xus_by_vcore_and_by_compute_xu_id() {
 #[test]
 #[should_panic(expected = "NRTA_SEQ_NUM_MAX")]
 fn the_48_bit_seq_space_is_asserted_never_to_wrap() {
-    let q = XuQueue::<u64>::new(XuId::new(XuType::Compute, 0, 0), 4).unwrap();
-    q.set_cursors_for_test(shared::ids::NRTA_SEQ_NUM_MAX - 1);
-    let _ = q.client_submit(Box::new(1), None);
+    let (mut p, _c) = XuQueue::<u64>::with_capacity(XuId::new(XuType::Compute, 0, 0), 4).unwrap();
+    p.queue()
+        .set_cursors_for_test(shared::ids::NRTA_SEQ_NUM_MAX - 1);
+    let _ = p.client_submit(Box::new(1), None);
 }
 
 #[test]
 fn a_million_items_pass_through_a_small_ring_once_and_in_order() {
     const N: u64 = 1_000_000;
-    let q = Arc::new(XuQueue::<u64>::new(XuId::new(XuType::Compute, 0, 0), 4).unwrap());
+    let (mut p, mut c) =
+        XuQueue::<u64>::with_capacity(XuId::new(XuType::Compute, 0, 0), 4).unwrap();
+    let q = c.queue().clone();
     let producer = {
-        let q = q.clone();
         std::thread::spawn(move || {
             for i in 1..=N {
                 let mut item = Box::new(i);
                 loop {
-                    match q.client_submit(item, None) {
+                    match p.client_submit(item, None) {
                         Ok(seq) => {
                             assert_eq!(seq.seq_num(), i);
                             break;
@@ -455,26 +461,299 @@ fn a_million_items_pass_through_a_small_ring_once_and_in_order() {
                         }
                     }
                 }
-                q.client_trigger_next().unwrap();
+                p.client_trigger_next().unwrap();
             }
         })
     };
     let mut expected = 1;
     while expected <= N {
-        if let Some(seq) = q.worker_peek_current_exec() {
+        if let Some(seq) = c.worker_peek_current_exec() {
             assert_eq!(seq.seq_num(), expected);
             assert_eq!(
-                q.worker_take_item().map(|b| *b),
+                c.worker_take_item().map(|b| *b),
                 Some(expected),
                 "seen exactly once, in order"
             );
-            q.worker_pop_current_exec().unwrap();
+            c.worker_pop_current_exec(|_, _| Ok(())).unwrap();
             expected += 1;
         } else {
             std::hint::spin_loop();
         }
     }
     producer.join().unwrap();
-    assert_eq!(q.worker_peek_current_exec(), None);
+    assert_eq!(c.worker_peek_current_exec(), None);
     assert_eq!(q.last_completed().seq_num(), N);
+}
+
+#[test]
+fn report_complete_consumes_the_wakeup_and_publishes_the_status_before_the_pop() {
+    // Observed at the pop itself (inside mark_comp_lock, before the signal): a report_complete
+    // that read has_work_efd after the pop would show the count not yet consumed, one that
+    // published the status after the pop would show it pending.
+    let (xu, _) = xu_with(Script::with(&[Progress::Done(NrtStatus::ExecOob)]), 0, 4, 1);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    xu.on_pop_for_test(move |m| sink.lock().unwrap().push(m));
+    let (first, _) = submit(&xu, 1).unwrap();
+    let (second, _) = submit(&xu, 1).unwrap();
+    assert_eq!(xu.has_work_count_for_test(), 2);
+    xu.step();
+    xu.step();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            PopMoment {
+                seq_id: first,
+                status: Some(NrtStatus::ExecOob),
+                has_work_count: 1
+            },
+            PopMoment {
+                seq_id: second,
+                status: Some(NrtStatus::Success),
+                has_work_count: 0
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_failed_completion_signal_completes_the_request_closes_the_fresh_fd_and_degrades_the_xu() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, status) = submit(&xu, 1).unwrap();
+    // The read end of a pipe as the completion fd: its write fails (EBADF).
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    assert!(
+        xu.queue()
+            .install_comp_efd(seq, CompEfd::Fresh(read_end))
+            .is_installed()
+    );
+    xu.step();
+    assert_eq!(status.get(), Some(NrtStatus::Success));
+    assert!(xu.is_completed(seq), "the slot was popped");
+    assert_eq!(xu.health(), XuHealth::FatalShutdown);
+    assert_eq!(
+        nix::unistd::write(&write_end, b"x"),
+        Err(nix::errno::Errno::EPIPE),
+        "the fresh fd was closed although its write failed"
+    );
+    assert_eq!(submit(&xu, 1).err(), Some(NrtStatus::ExecUnitUnrecoverable));
+}
+
+#[test]
+fn a_read_error_on_the_completion_eventfd_is_nrt_failure_not_a_panic() {
+    // Non-blocking pool eventfds: read(2) before the completion fails with EAGAIN.
+    let cfg = XuConfig {
+        vnc: 0,
+        tpbs: vec![0],
+        capacity: 4,
+        efd_pool_size: 1,
+        implicit_async_mode: false,
+    };
+    let mut xu = Xu::new(cfg, Script::with(&[]), Arc::new(Metrics::new(1))).unwrap();
+    xu.use_nonblocking_efd_pool_for_test(1);
+    let (seq, status) = submit(&xu, 1).unwrap();
+    assert_eq!(xu.wait_for_completion(seq, None), Err(NrtStatus::Failure));
+    assert_eq!(
+        xu.efd_pool_available(),
+        0,
+        "the eventfd the slot still holds left the pool"
+    );
+    xu.step();
+    assert!(xu.is_completed(seq));
+    assert_eq!(status.get(), Some(NrtStatus::Success));
+    assert_eq!(
+        xu.health(),
+        XuHealth::Healthy,
+        "the late signal found an open fd"
+    );
+}
+
+static SIGUSR1_HANDLED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_sigusr1(_: nix::libc::c_int) {
+    SIGUSR1_HANDLED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Waits until thread `tid` sleeps outside a futex (here: in `read(mark_comp_efd)`).
+fn wait_until_blocked_in_read(tid: nix::unistd::Pid) {
+    let dir = format!("/proc/self/task/{tid}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let Ok(stat) = std::fs::read_to_string(format!("{dir}/stat")) else {
+            panic!("the waiter ended: its wait did not survive the signal");
+        };
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next();
+        let wchan = std::fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+        if state == Some("S") && !wchan.contains("futex") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never blocked: {state:?} {wchan}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_signal_during_the_wait_is_retried_and_the_wait_returns_after_completion() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    // No SA_RESTART: the blocked read(2) returns EINTR when the handler runs.
+    let action = SigAction::new(
+        SigHandler::Handler(count_sigusr1),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only increments an atomic (async-signal-safe); SIGUSR1 is used by no
+    // other test of this binary.
+    unsafe { sigaction(Signal::SIGUSR1, &action) }.unwrap();
+    let (xu, _) = xu_with(Script::with(&[Progress::Done(NrtStatus::ExecOob)]), 0, 4, 1);
+    let (seq, status) = submit(&xu, 1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let xu = xu.clone();
+        std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            let me = unsafe { nix::libc::pthread_self() };
+            tx.send((me, nix::unistd::gettid())).unwrap();
+            xu.wait_for_completion(seq, None)
+        })
+    };
+    let (thread, tid) = rx.recv().unwrap();
+    let before = SIGUSR1_HANDLED.load(Ordering::SeqCst);
+    for i in 1..=3 {
+        wait_until_blocked_in_read(tid);
+        // SAFETY: `thread` is the waiter, alive until joined below.
+        let rc = unsafe { nix::libc::pthread_kill(thread, nix::libc::SIGUSR1) };
+        assert_eq!(rc, 0);
+        while SIGUSR1_HANDLED.load(Ordering::SeqCst) < before + i {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    wait_until_blocked_in_read(tid);
+    assert!(!waiter.is_finished(), "EINTR ended the wait");
+    xu.step();
+    assert_eq!(waiter.join().unwrap(), Ok(()));
+    assert_eq!(status.get(), Some(NrtStatus::ExecOob));
+}
+
+/// An engine whose executions stay in flight until `exec_open`, and whose STOP waits for
+/// `stop_open`; it logs completions in order (`STOP` for the stop request).
+#[derive(Debug, Default)]
+struct Gated {
+    exec_open: std::sync::atomic::AtomicBool,
+    stop_open: std::sync::atomic::AtomicBool,
+    log: Mutex<Vec<u64>>,
+}
+
+const STOP: u64 = u64::MAX;
+
+impl CompletionEngine for Gated {
+    type Request = u64;
+
+    fn progress_one_step(&self, _vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
+        if !self.exec_open.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            return Progress::InFlight;
+        }
+        self.log.lock().unwrap().push(info.model_id);
+        Progress::Done(NrtStatus::Success)
+    }
+
+    fn wait_model_stop(&self, _vnc: u32) -> Result<(), NrtStatus> {
+        while !self.stop_open.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.log.lock().unwrap().push(STOP);
+        Ok(())
+    }
+}
+
+#[test]
+fn shutdown_drains_a_full_xu_then_runs_the_stop_then_drains_again() {
+    let engine = Arc::new(Gated::default());
+    let (xu, _) = xu_with(engine.clone(), 0, 4, 1);
+    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    for model in 1..=4 {
+        submit(&xu, model).unwrap();
+    }
+    assert_eq!(submit(&xu, 5).err(), Some(NrtStatus::QueueFull));
+    let shutting = {
+        let xu = xu.clone();
+        std::thread::spawn(move || shutdown(&[xu], || 0))
+    };
+    // All four stay in flight: a shutdown without its first drain would now schedule the STOP
+    // into the full queue and be refused (QUEUE_FULL), so the STOP would never run.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(xu.depth(), 4);
+    engine.exec_open.store(true, Ordering::Release);
+    // The STOP is queued and held: a shutdown without its second drain would return now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.log.lock().unwrap().len() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let returned_early = shutting.is_finished();
+    engine.stop_open.store(true, Ordering::Release);
+    shutting.join().unwrap();
+    assert!(
+        !returned_early,
+        "shutdown returned before its STOP completed"
+    );
+    assert_eq!(*engine.log.lock().unwrap(), [1, 2, 3, 4, STOP]);
+    assert_eq!(xu.depth(), 0, "everything drained");
+    assert_eq!(submit(&xu, 1).err(), Some(NrtStatus::Closed));
+    workers.destroy();
+}
+
+#[test]
+fn the_drain_waits_for_triggered_work_only() {
+    // A request submitted but not triggered (a submitter between xuq_client_submit and the
+    // trigger): wait_exec_queue_empty polls scheduled_head == exec_head and returns at once;
+    // polling the tail would wait for a slot nobody will ever complete.
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    xu.submit_untriggered_for_test(Box::new(ExecInfo::execute(1, 0)));
+    assert_eq!(xu.depth(), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let drain = {
+        let xu = xu.clone();
+        std::thread::spawn(move || {
+            xu.wait_exec_queue_empty(std::time::Instant::now());
+            tx.send(()).unwrap();
+        })
+    };
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "the drain waited on scheduled_tail"
+    );
+    drain.join().unwrap();
+}
+
+#[test]
+fn a_pooled_completion_eventfd_goes_back_to_the_pool_after_each_wait() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    for _ in 0..3 {
+        let (seq, status) = submit(&xu, 1).unwrap();
+        assert_eq!(xu.wait_for_completion(seq, None), Ok(()));
+        assert_eq!(status.get(), Some(NrtStatus::Success));
+        assert_eq!(xu.efd_pool_available(), 1);
+    }
+    workers.destroy();
+}
+
+#[test]
+fn a_wait_for_a_request_never_submitted_is_invalid() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, _) = submit(&xu, 1).unwrap();
+    let future = SeqId::new(xu.xu_id(), seq.seq_num() + 1);
+    assert_eq!(
+        xu.wait_for_completion(future, None),
+        Err(NrtStatus::Invalid)
+    );
+    assert_eq!(
+        xu.install_fresh_comp_efd(future).err(),
+        Some(NrtStatus::Invalid)
+    );
+    assert_eq!(xu.efd_pool_available(), 1);
 }

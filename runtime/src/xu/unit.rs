@@ -1,7 +1,7 @@
 //! The XU (`tpb_execution_unit_t`): one per vNC, holding the work queue, the counted wake-up
 //! eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6; seed 000 §4).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
 
-use super::handoff::{MarkCompLock, install_comp_efd, pop_and_signal};
-use super::queue::{ExecStatus, Install, NO_EFD, Popped, XuQueue};
+use super::handoff::CompEfd;
+use super::queue::{Consumer, ExecStatus, Install, Producer, XuQueue};
 use super::sync::{AtomicU8, Mutex, Ordering, lock};
 use crate::metrics::{Metrics, TpbResponse};
 
@@ -125,9 +125,11 @@ impl XuHealth {
     }
 }
 
-/// State the submit funnel owns, under `submit_work_lock`.
-#[derive(Debug, Default)]
-struct SubmitState {
+/// State the submit funnel owns, under `submit_work_lock`: the ring's only producer lives
+/// here, so only the lock's holder can submit or trigger.
+#[derive(Debug)]
+struct SubmitState<T> {
+    producer: Producer<T>,
     last_posted_model: Option<u64>,
 }
 
@@ -138,10 +140,13 @@ struct UnstageState {
     deferred_unstage_ref: [Option<u64>; MAX_TPBS_PER_VNC],
 }
 
-/// A pool of blocking completion eventfds for synchronous waiters (`efd_from_pool`).
+/// A pool of blocking completion eventfds for synchronous waiters (`efd_from_pool`). A waiter
+/// takes one out, installs a reference to it in its slot ([`CompEfd::Pool`]) and gives it back
+/// once woken; an eventfd whose waiter gave up stays out of the pool (the slot's reference
+/// closes it after the signal), so a late signal can never wake the next waiter.
 #[derive(Debug)]
-pub struct EfdPool {
-    free: Mutex<Vec<EventFd>>,
+pub(crate) struct EfdPool {
+    free: Mutex<Vec<Arc<EventFd>>>,
 }
 
 impl EfdPool {
@@ -149,30 +154,35 @@ impl EfdPool {
     ///
     /// # Errors
     /// The eventfd creation error.
-    pub fn new(size: usize) -> Result<Self, Errno> {
+    pub(crate) fn new(size: usize) -> Result<Self, Errno> {
+        Self::with_flags(size, EfdFlags::EFD_CLOEXEC)
+    }
+
+    fn with_flags(size: usize, flags: EfdFlags) -> Result<Self, Errno> {
         let free = (0..size)
-            .map(|_| EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC))
+            .map(|_| EventFd::from_value_and_flags(0, flags).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             free: Mutex::new(free),
         })
     }
 
-    fn take(&self) -> Option<EventFd> {
+    fn take(&self) -> Option<Arc<EventFd>> {
         lock(&self.free).pop()
     }
 
-    fn give_back(&self, efd: EventFd) {
+    fn give_back(&self, efd: Arc<EventFd>) {
         lock(&self.free).push(efd);
     }
 
     /// Eventfds currently free.
-    pub fn available(&self) -> usize {
+    #[cfg(all(test, not(loom)))]
+    fn available(&self) -> usize {
         lock(&self.free).len()
     }
 
     /// Writes 1 to every free eventfd: a spurious wake-up, for testing the runtime-bug check.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn poke_all(&self) {
         for efd in lock(&self.free).iter() {
             let _ = efd.write(1);
@@ -196,16 +206,33 @@ pub struct XuConfig {
     pub implicit_async_mode: bool,
 }
 
-/// One XU. Producer side: [`Xu::schedule_request`] (any thread; serialised by
-/// `submit_work_lock`). Consumer side: [`Xu::step`] (the vNC's worker only).
+/// One XU. Producer side: [`Xu::schedule_request`] (any thread; the ring's producer lives
+/// inside `submit_work_lock`). Consumer side: `step` (crate-private, the vNC's worker only; the
+/// ring's consumer lives inside the worker's lock). What is public besides submitting and
+/// waiting is a read-only view: depth, last completed, completion of a seq_id, health, xu_id.
+///
+/// ```compile_fail,E0624
+/// // The worker side is not reachable from outside the crate.
+/// fn step_from_outside<E: runtime::xu::CompletionEngine>(xu: &runtime::xu::Xu<E>) {
+///     xu.step();
+/// }
+/// ```
+///
+/// ```
+/// fn read_only_view<E: runtime::xu::CompletionEngine>(xu: &runtime::xu::Xu<E>) {
+///     let _ = (xu.depth(), xu.last_completed(), xu.health(), xu.xu_id());
+///     let _ = xu.is_completed(xu.last_completed());
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Xu<E: CompletionEngine> {
     vnc: u32,
     tpbs: Vec<u32>,
-    work_queue: XuQueue<ExecInfo<E::Request>>,
+    work_queue: Arc<XuQueue<ExecInfo<E::Request>>>,
     has_work_efd: EventFd,
-    submit_work_lock: Mutex<SubmitState>,
-    mark_comp_lock: MarkCompLock,
+    submit_work_lock: Mutex<SubmitState<ExecInfo<E::Request>>>,
+    /// The ring's consumer: locked only by the worker's step (uncontended).
+    worker: Mutex<Consumer<ExecInfo<E::Request>>>,
     unstage_lock: Mutex<UnstageState>,
     health: AtomicU8,
     efd_pool: EfdPool,
@@ -214,23 +241,29 @@ pub struct Xu<E: CompletionEngine> {
     steps: std::sync::atomic::AtomicU64,
     completion_fd: Mutex<Option<OwnedFd>>,
     implicit_async_mode: bool,
+    #[cfg(all(test, not(loom)))]
+    at_pop: std::sync::Mutex<Option<PopHook>>,
 }
 
-/// Writes 1 to a completion eventfd and closes it unless it belongs to the pool.
-fn signal_completion(popped: &Popped) {
-    if popped.mark_comp_efd == NO_EFD {
-        return;
-    }
-    // SAFETY: an installed eventfd stays open until this signal: pool fds live in the pool
-    // while their waiter is blocked, and fresh fds are owned by the slot (closed below).
-    let fd = unsafe { BorrowedFd::borrow_raw(popped.mark_comp_efd) };
-    if let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes()) {
-        tracing::error!(seq = popped.seq_id.raw(), errno = %e, "Failed to signal completion event for request");
-    }
-    if !popped.efd_from_pool {
-        // SAFETY: a fresh efd was handed to the slot by `install_fresh_comp_efd`, which gave up
-        // ownership; this is its only close.
-        drop(unsafe { OwnedFd::from_raw_fd(popped.mark_comp_efd) });
+/// What a test observes at the moment of the pop (inside `mark_comp_lock`, before the signal).
+#[cfg(all(test, not(loom)))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PopMoment {
+    /// The popped request.
+    pub(crate) seq_id: SeqId,
+    /// What its status cell reads.
+    pub(crate) status: Option<NrtStatus>,
+    /// `has_work_efd`'s count.
+    pub(crate) has_work_count: u64,
+}
+
+#[cfg(all(test, not(loom)))]
+struct PopHook(Box<dyn Fn(PopMoment) + Send>);
+
+#[cfg(all(test, not(loom)))]
+impl std::fmt::Debug for PopHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PopHook")
     }
 }
 
@@ -242,12 +275,26 @@ impl<E: CompletionEngine> Xu<E> {
     /// `NRT_INVALID` for capacity 0 or a tpb count outside 1..=2; `NRT_FAILURE` when an eventfd
     /// cannot be created.
     pub fn new(config: XuConfig, engine: Arc<E>, metrics: Arc<Metrics>) -> Result<Self, NrtStatus> {
+        Self::new_typed(XuType::Compute, config, engine, metrics)
+    }
+
+    /// [`Xu::new`] for an XU of type `xu_type` (`tpb_xu_base_init`'s `xu_type`): the same ring
+    /// and worker serve every XU type; the type only goes into the xu_id.
+    ///
+    /// # Errors
+    /// As [`Xu::new`].
+    pub fn new_typed(
+        xu_type: XuType,
+        config: XuConfig,
+        engine: Arc<E>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, NrtStatus> {
         if config.tpbs.is_empty() || config.tpbs.len() > MAX_TPBS_PER_VNC {
             return Err(NrtStatus::Invalid);
         }
         let vnc = u8::try_from(config.vnc).map_err(|_| NrtStatus::Invalid)?;
-        let xu_id = XuId::new(XuType::Compute, 0, vnc);
-        let work_queue = XuQueue::new(xu_id, config.capacity)?;
+        let xu_id = XuId::new(xu_type, 0, vnc);
+        let (producer, consumer) = XuQueue::with_capacity(xu_id, config.capacity)?;
         let has_work_efd = EventFd::from_value_and_flags(
             0,
             EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_CLOEXEC,
@@ -257,10 +304,13 @@ impl<E: CompletionEngine> Xu<E> {
         Ok(Self {
             vnc: config.vnc,
             tpbs: config.tpbs,
-            work_queue,
+            work_queue: producer.queue().clone(),
             has_work_efd,
-            submit_work_lock: Mutex::new(SubmitState::default()),
-            mark_comp_lock: MarkCompLock::new(),
+            submit_work_lock: Mutex::new(SubmitState {
+                producer,
+                last_posted_model: None,
+            }),
+            worker: Mutex::new(consumer),
             unstage_lock: Mutex::new(UnstageState::default()),
             health: AtomicU8::new(XuHealth::Healthy as u8),
             efd_pool,
@@ -269,6 +319,8 @@ impl<E: CompletionEngine> Xu<E> {
             steps: std::sync::atomic::AtomicU64::new(0),
             completion_fd: Mutex::new(None),
             implicit_async_mode: config.implicit_async_mode,
+            #[cfg(all(test, not(loom)))]
+            at_pop: std::sync::Mutex::new(None),
         })
     }
 
@@ -282,13 +334,30 @@ impl<E: CompletionEngine> Xu<E> {
         self.work_queue.xu_id()
     }
 
-    /// The work queue.
-    pub fn queue(&self) -> &XuQueue<ExecInfo<E::Request>> {
+    /// The work queue's shared view (cursors, install).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn queue(&self) -> &XuQueue<ExecInfo<E::Request>> {
         &self.work_queue
     }
 
+    /// Requests submitted and not yet completed (`scheduled_tail − exec_head`).
+    pub fn depth(&self) -> u64 {
+        self.work_queue.depth()
+    }
+
+    /// `tpb_xu_get_last_completed`: the seq_id of the last completed request (seq_num 0 before
+    /// the first).
+    pub fn last_completed(&self) -> SeqId {
+        self.work_queue.last_completed()
+    }
+
+    /// Whether request `seq_id` of this XU completed.
+    pub fn is_completed(&self, seq_id: SeqId) -> bool {
+        self.work_queue.is_completed(seq_id)
+    }
+
     /// The counted wake-up eventfd the worker epolls.
-    pub fn has_work_fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn has_work_fd(&self) -> BorrowedFd<'_> {
         self.has_work_efd.as_fd()
     }
 
@@ -308,13 +377,79 @@ impl<E: CompletionEngine> Xu<E> {
     }
 
     /// Writes every pooled completion eventfd without a completion (tests only).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn efd_pool_poke_for_test(&self) {
         self.efd_pool.poke_all();
     }
 
+    /// Replaces the eventfd pool with `size` non-blocking eventfds, whose read fails with
+    /// EAGAIN before a completion (tests of the waiter's read errors).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn use_nonblocking_efd_pool_for_test(&mut self, size: usize) {
+        self.efd_pool = EfdPool::with_flags(size, EfdFlags::EFD_NONBLOCK).unwrap();
+    }
+
+    /// Pooled completion eventfds currently free.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn efd_pool_available(&self) -> usize {
+        self.efd_pool.available()
+    }
+
+    /// Calls `hook` at every pop, inside `mark_comp_lock`, before the signal (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn on_pop_for_test(&self, hook: impl Fn(PopMoment) + Send + 'static) {
+        *self.at_pop.lock().unwrap() = Some(PopHook(Box::new(hook)));
+    }
+
+    #[cfg(all(test, not(loom)))]
+    fn run_pop_hook(&self, seq_id: SeqId, status_cell: Option<&ExecStatus>) {
+        if let Some(hook) = self.at_pop.lock().unwrap().as_ref() {
+            (hook.0)(PopMoment {
+                seq_id,
+                status: status_cell.and_then(ExecStatus::get),
+                has_work_count: self.has_work_count_for_test(),
+            });
+        }
+    }
+
+    /// `has_work_efd`'s count, read from `/proc/self/fdinfo` without consuming it (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn has_work_count_for_test(&self) -> u64 {
+        use std::os::fd::AsRawFd;
+        let info = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            self.has_work_efd.as_raw_fd()
+        ))
+        .unwrap();
+        let count = info
+            .lines()
+            .find_map(|l| l.strip_prefix("eventfd-count:"))
+            .unwrap()
+            .trim();
+        u64::from_str_radix(count, 16).unwrap()
+    }
+
+    /// Runs [`Xu::report_complete`] as the worker would (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn report_complete_for_test(
+        &self,
+        status_cell: Option<Arc<ExecStatus>>,
+        exec_status: NrtStatus,
+    ) {
+        let mut consumer = lock(&self.worker);
+        self.report_complete(&mut consumer, status_cell, exec_status);
+    }
+
+    /// Submits `info` without triggering it or waking the worker, as a submitter between
+    /// `xuq_client_submit` and the trigger leaves it (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn submit_untriggered_for_test(&self, info: Box<ExecInfo<E::Request>>) {
+        let mut st = lock(&self.submit_work_lock);
+        st.producer.client_submit(info, None).unwrap();
+    }
+
     /// Poisons the XU (FATAL_SHUTDOWN): every later submit gets 101.
-    pub fn poison(&self) {
+    pub(crate) fn poison(&self) {
         self.set_health(XuHealth::FatalShutdown);
     }
 
@@ -363,11 +498,11 @@ impl<E: CompletionEngine> Xu<E> {
             }
             st.last_posted_model = Some(info.model_id);
         }
-        let seq = self
-            .work_queue
+        let seq = st
+            .producer
             .client_submit(info, exec_status)
             .map_err(|(rc, _)| rc)?;
-        self.work_queue.client_trigger_next()?;
+        st.producer.client_trigger_next()?;
         if let Err(e) = self.has_work_efd.write(1) {
             tracing::error!(vnc = self.vnc, errno = %e, "Failed to wake the XU worker");
             panic!("write(has_work_efd) failed on vNC {}: {e}", self.vnc);
@@ -393,15 +528,15 @@ impl<E: CompletionEngine> Xu<E> {
     /// → FATAL_SHUTDOWN steps past with 101 without running → STOP path → EXECUTE drives
     /// `progress_one_step` (in flight: return, the wake-up stays counted; error: poison) → on
     /// done, per-TPB metrics (EXECUTE only) → deferred unstage under `unstage_lock` → free the
-    /// work item → [`Xu::report_complete`].
-    pub fn step(&self) {
+    /// work item → [`Xu::report_complete`]. Holds the ring's consumer for the whole step.
+    pub(crate) fn step(&self) {
         self.steps.fetch_add(1, Ordering::Relaxed);
-        let Some(seq) = self.work_queue.worker_peek_current_exec() else {
+        let mut consumer = lock(&self.worker);
+        let Some(seq) = consumer.worker_peek_current_exec() else {
             tracing::debug!(vnc = self.vnc, "Execution Unit nothing to step");
             return;
         };
-        let kind = self
-            .work_queue
+        let kind = consumer
             .worker_with_item(|i| i.kind)
             .unwrap_or(ExecKind::Stop);
         let exec_status = if self.health() == XuHealth::FatalShutdown {
@@ -433,10 +568,7 @@ impl<E: CompletionEngine> Xu<E> {
             }
             let engine = &self.engine;
             let vnc = self.vnc;
-            match self
-                .work_queue
-                .worker_with_item(|info| engine.progress_one_step(vnc, info))
-            {
+            match consumer.worker_with_item(|info| engine.progress_one_step(vnc, info)) {
                 Some(Progress::InFlight) => return,
                 Some(Progress::Done(s)) => s,
                 Some(Progress::Error(s)) => {
@@ -447,8 +579,8 @@ impl<E: CompletionEngine> Xu<E> {
                 None => NrtStatus::Failure,
             }
         };
-        let status_cell = self.work_queue.worker_exec_status();
-        let Some(info) = self.work_queue.worker_take_item() else {
+        let status_cell = consumer.worker_exec_status();
+        let Some(info) = consumer.worker_take_item() else {
             tracing::error!(vnc = self.vnc, "xu_queue slot without a work item");
             self.poison();
             return;
@@ -480,7 +612,7 @@ impl<E: CompletionEngine> Xu<E> {
             self.engine.unstage_model(model);
         }
         drop(info); // free the work item before reporting, as the seed does
-        self.report_complete(status_cell, exec_status);
+        self.report_complete(&mut consumer, status_cell, exec_status);
     }
 
     /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
@@ -500,11 +632,17 @@ impl<E: CompletionEngine> Xu<E> {
 
     /// `tpb_xu_base_report_complete`: consumes exactly one `has_work_efd` count (an underflow
     /// is the seed's runtime-bug abort, logged first), publishes the status, then pops the slot
-    /// under `mark_comp_lock` and writes the waiter's eventfd (closing it unless pooled).
+    /// under `mark_comp_lock` and writes the waiter's eventfd (closing it unless pooled). A
+    /// failed write fails the pop: the XU is degraded (FATAL_SHUTDOWN).
     ///
     /// # Panics
     /// When `read(has_work_efd)` fails: the submit/complete pairing is broken.
-    pub fn report_complete(&self, status_cell: Option<Arc<ExecStatus>>, exec_status: NrtStatus) {
+    pub(crate) fn report_complete(
+        &self,
+        consumer: &mut Consumer<ExecInfo<E::Request>>,
+        status_cell: Option<Arc<ExecStatus>>,
+        exec_status: NrtStatus,
+    ) {
         if let Err(e) = self.has_work_efd.read() {
             tracing::error!(vnc = self.vnc, errno = %e, "Failed to pop work from has work efd on Execution Unit");
             panic!(
@@ -512,12 +650,17 @@ impl<E: CompletionEngine> Xu<E> {
                 self.vnc
             );
         }
-        if let Some(cell) = status_cell {
+        if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
-        match pop_and_signal(&self.work_queue, &self.mark_comp_lock, signal_completion) {
-            Ok(p) => {
-                tracing::debug!(vnc = self.vnc, seq = p.seq_id.raw(), status = %exec_status, "completed");
+        let signal = |_seq: SeqId, efd: &CompEfd| {
+            #[cfg(all(test, not(loom)))]
+            self.run_pop_hook(_seq, status_cell.as_deref());
+            efd.signal()
+        };
+        match consumer.worker_pop_current_exec(signal) {
+            Ok(seq) => {
+                tracing::debug!(vnc = self.vnc, seq = seq.raw(), status = %exec_status, "completed");
                 if let Some(fd) = lock(&self.completion_fd).as_ref()
                     && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
                 {
@@ -533,11 +676,14 @@ impl<E: CompletionEngine> Xu<E> {
 
     /// Blocks until request `seq_id` completes (the sync path's `read(mark_comp_efd)`): takes a
     /// pooled eventfd, installs it under `mark_comp_lock`, reads it (EINTR retried). With the
-    /// pool exhausted it polls `last_completed` every microsecond instead. `budget` bounds the
-    /// polling fallback only (the completion engine bounds executions).
+    /// pool exhausted, or another waiter's eventfd installed for the request, it polls
+    /// `last_completed` every microsecond instead. `budget` bounds the polling fallback only
+    /// (the completion engine bounds executions).
     ///
     /// # Errors
-    /// `NRT_TIMEOUT` when polling exceeds `budget`.
+    /// `NRT_TIMEOUT` when polling exceeds `budget`; `NRT_FAILURE` when reading the eventfd fails
+    /// (other than EINTR; the eventfd then leaves the pool); `NRT_INVALID` when `seq_id` names
+    /// no submitted request of this XU.
     ///
     /// # Panics
     /// When woken while `last_completed < seq_id`: the seed's "runtime bug" abort, logged first.
@@ -546,37 +692,47 @@ impl<E: CompletionEngine> Xu<E> {
         seq_id: SeqId,
         budget: Option<Duration>,
     ) -> Result<(), NrtStatus> {
-        match self.efd_pool.take() {
-            Some(efd) => {
-                let install = install_comp_efd(
-                    &self.work_queue,
-                    &self.mark_comp_lock,
-                    seq_id,
-                    efd.as_fd().as_raw_fd(),
-                    true,
-                );
-                if install == Install::Installed {
+        if seq_id.xu_id() != self.xu_id() || seq_id.seq_num() >= self.work_queue.scheduled_tail() {
+            return Err(NrtStatus::Invalid);
+        }
+        let mut poll = true;
+        if let Some(efd) = self.efd_pool.take() {
+            match self
+                .work_queue
+                .install_comp_efd(seq_id, CompEfd::Pool(efd.clone()))
+            {
+                Install::Installed => {
                     loop {
                         match efd.read() {
                             Ok(_) => break,
+                            // A signal interrupted the wait: wait again (seed 000 §6).
                             Err(Errno::EINTR) => continue,
                             Err(e) => {
-                                tracing::error!(errno = %e, "read(mark_comp_efd) failed");
-                                panic!("read(mark_comp_efd) failed: {e}");
+                                // The slot still holds a reference and will write it: keep the
+                                // eventfd out of the pool so that write wakes nobody else.
+                                tracing::error!(seq = seq_id.raw(), errno = %e, "read(mark_comp_efd) failed");
+                                return Err(NrtStatus::Failure);
                             }
                         }
                     }
+                    poll = false;
                 }
-                self.efd_pool.give_back(efd);
+                Install::AlreadyComplete(_) => poll = false,
+                Install::Unknown(_) => {
+                    self.efd_pool.give_back(efd);
+                    return Err(NrtStatus::Invalid);
+                }
+                Install::Occupied(_) => {}
             }
-            None => {
-                let start = Instant::now();
-                while !self.work_queue.is_completed(seq_id) {
-                    if budget.is_some_and(|b| start.elapsed() > b) {
-                        return Err(NrtStatus::Timeout);
-                    }
-                    std::thread::sleep(Duration::from_micros(1));
+            self.efd_pool.give_back(efd);
+        }
+        if poll {
+            let start = Instant::now();
+            while !self.work_queue.is_completed(seq_id) {
+                if budget.is_some_and(|b| start.elapsed() > b) {
+                    return Err(NrtStatus::Timeout);
                 }
+                std::thread::sleep(Duration::from_micros(1));
             }
         }
         if !self.work_queue.is_completed(seq_id) {
@@ -598,8 +754,13 @@ impl<E: CompletionEngine> Xu<E> {
     /// caller's end, readable once the request completes, or `None` if it already completed.
     /// The slot owns the other end and the worker closes it after signalling.
     ///
+    /// This is the seq-id event registration: the eventfd is written exactly once if it was
+    /// installed; a registration after the completion returns `None` and nothing is ever
+    /// written (the caller sees the request completed).
+    ///
     /// # Errors
-    /// `NRT_FAILURE` when the eventfd cannot be created or duplicated.
+    /// `NRT_FAILURE` when the eventfd cannot be created or duplicated; `NRT_INVALID` when
+    /// `seq_id` names no submitted request of this XU or another eventfd is installed for it.
     pub fn install_fresh_comp_efd(&self, seq_id: SeqId) -> Result<Option<OwnedFd>, NrtStatus> {
         let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)
             .map_err(|_| NrtStatus::Failure)?;
@@ -607,15 +768,14 @@ impl<E: CompletionEngine> Xu<E> {
             .as_fd()
             .try_clone_to_owned()
             .map_err(|_| NrtStatus::Failure)?;
-        let theirs: OwnedFd = efd.into();
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(theirs);
-        match install_comp_efd(&self.work_queue, &self.mark_comp_lock, seq_id, raw, false) {
+        match self
+            .work_queue
+            .install_comp_efd(seq_id, CompEfd::Fresh(efd.into()))
+        {
             Install::Installed => Ok(Some(mine)),
-            Install::AlreadyComplete => {
-                // SAFETY: not installed, so we still own `raw`; close it once.
-                drop(unsafe { OwnedFd::from_raw_fd(raw) });
-                Ok(None)
-            }
+            // The slot's end comes back unsignalled and is closed here.
+            Install::AlreadyComplete(_) => Ok(None),
+            Install::Unknown(_) | Install::Occupied(_) => Err(NrtStatus::Invalid),
         }
     }
 
@@ -642,7 +802,7 @@ impl<E: CompletionEngine> Xu<E> {
     }
 
     /// Marks the XU as shutting down (under `submit_work_lock`, as `tpb_xu_shutdown` does).
-    pub fn begin_shutdown(&self) {
+    pub(crate) fn begin_shutdown(&self) {
         let _st = lock(&self.submit_work_lock);
         if self.health() == XuHealth::Healthy {
             self.set_health(XuHealth::Shutdown);
@@ -652,9 +812,9 @@ impl<E: CompletionEngine> Xu<E> {
     /// `wait_exec_queue_empty`: polls every 100 ms until `scheduled_head == exec_head`, warning
     /// every 120 s; never times out (a wedged execution wedges shutdown rather than tearing down
     /// a ring the device still writes).
-    pub fn wait_exec_queue_empty(&self, start: Instant) {
+    pub(crate) fn wait_exec_queue_empty(&self, start: Instant) {
         let mut warned = 1u32;
-        while self.work_queue.scheduled_head() != self.work_queue.exec_head() {
+        while !self.work_queue.is_drained() {
             if start.elapsed() > Duration::from_secs(120) * warned {
                 warned += 1;
                 tracing::warn!(vnc = self.vnc, "Waiting for queue to empty");
