@@ -232,7 +232,10 @@ impl NqEngine {
                 .collect::<Vec<_>>()
                 .join(" + "),
         );
-        tracing::error!(vnc, "execution timed out: {detail}; degrading the execution unit");
+        tracing::error!(
+            vnc,
+            "execution timed out: {detail}; degrading the execution unit"
+        );
         let mut t = self
             .timeouts
             .lock()

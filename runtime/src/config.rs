@@ -211,7 +211,8 @@ impl RuntimeConfig {
                 _ => return Err(err("NEURON_LOGICAL_NC_CONFIG", &v, "must be 1 or 2".into())),
             };
         }
-        if let Some(v) = get("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY").filter(|v| !v.trim().is_empty())
+        if let Some(v) =
+            get("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY").filter(|v| !v.trim().is_empty())
         {
             c.report_numerical_errors = parse_numerical_errors_verbosity(&v)
                 .map_err(|why| err("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", &v, why))?;
@@ -356,7 +357,10 @@ mod tests {
         let e = cfg(&[("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "loud")]).unwrap_err();
         assert_eq!(e.var, "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY");
         assert!(e.why.contains("critical"), "{e}");
-        assert_eq!(cfg(&[("NEURON_FAIL_ON_NAN", "x")]).unwrap_err().var, "NEURON_FAIL_ON_NAN");
+        assert_eq!(
+            cfg(&[("NEURON_FAIL_ON_NAN", "x")]).unwrap_err().var,
+            "NEURON_FAIL_ON_NAN"
+        );
     }
 
     #[test]

@@ -374,7 +374,11 @@ mod tests {
     #[test]
     fn a_huge_host_tensor_is_nrt_resource_not_an_abort() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["tensor::tests::huge_host_tensor_child", "--exact", "--nocapture"])
+            .args([
+                "tensor::tests::huge_host_tensor_child",
+                "--exact",
+                "--nocapture",
+            ])
             .env(HUGE_CHILD, "1")
             .output()
             .unwrap();

@@ -46,7 +46,10 @@ fn an_lnc2_timeout_names_the_physical_nc_whose_notification_is_missing() {
     assert_eq!(e.status, NrtStatus::Timeout, "{e}");
     assert!(e.message.contains("logical core 1"), "{e}");
     assert!(e.message.contains("physical NC 3 "), "{e}");
-    assert!(!e.message.contains("physical NC 2 "), "NC 2 did report: {e}");
+    assert!(
+        !e.message.contains("physical NC 2 "),
+        "NC 2 did report: {e}"
+    );
     rt.close();
 }
 

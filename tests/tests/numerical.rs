@@ -15,6 +15,7 @@ use shared::protocol::{FaultKind, FaultSpec, FaultWhen};
 use tests::{connect, start_simdev};
 
 const BYTES: usize = 4096;
+const BYTES_U32: u32 = 4096;
 
 /// Runs two executions, the second with a numerical error injected, on device tensors and
 /// then on host tensors under the configuration read from `env`; returns the second
@@ -28,12 +29,16 @@ fn numerical_statuses(env: &[(&str, &str)]) -> Vec<NrtStatus> {
     let sim = start_simdev(&["--hbm", "16M"]);
     let dev = Arc::new(connect(&sim));
     let rt = Runtime::init(dev.clone(), config).unwrap();
-    let container = identity(BYTES as u32).to_container(Target::Simdev).unwrap();
+    let container = identity(BYTES_U32).to_container(Target::Simdev).unwrap();
     let m = rt.load(&container, 0).unwrap();
     let mut statuses = Vec::new();
     for placement in [Placement::Device { vnc: 0 }, Placement::Host] {
-        let input = rt.tensor_allocate(placement, BYTES as u64, "input").unwrap();
-        let output = rt.tensor_allocate(placement, BYTES as u64, "output").unwrap();
+        let input = rt
+            .tensor_allocate(placement, BYTES as u64, "input")
+            .unwrap();
+        let output = rt
+            .tensor_allocate(placement, BYTES as u64, "output")
+            .unwrap();
         let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
         ins.add("input", &input);
         outs.add("output", &output);
@@ -45,7 +50,7 @@ fn numerical_statuses(env: &[(&str, &str)]) -> Vec<NrtStatus> {
         .unwrap();
         let mut last = NrtStatus::Success;
         for e in 0..2u8 {
-            let pattern: Vec<u8> = (0..BYTES).map(|i| (i as u8) ^ e ^ 0x5A).collect();
+            let pattern: Vec<u8> = (0..BYTES).map(|i| i.to_le_bytes()[0] ^ e ^ 0x5A).collect();
             input.write(&pattern, 0).unwrap();
             output.write(&[0; BYTES], 0).unwrap();
             last = match rt.execute(m, &ins, &outs) {
@@ -54,7 +59,10 @@ fn numerical_statuses(env: &[(&str, &str)]) -> Vec<NrtStatus> {
             };
             let mut got = vec![0u8; BYTES];
             output.read(&mut got, 0).unwrap();
-            assert!(got == pattern, "{placement:?} execution {e} ({last}): outputs delivered");
+            assert!(
+                got == pattern,
+                "{placement:?} execution {e} ({last}): outputs delivered"
+            );
         }
         statuses.push(last);
     }

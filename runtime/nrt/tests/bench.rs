@@ -191,7 +191,10 @@ fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
             "--json",
         ]);
         assert_eq!(r["accuracy"].as_f64(), Some(355.0 / 360.0), "{r}");
-        assert_eq!(r["in_flight"].as_u64().map(|n| n.to_string()).as_deref(), Some(slots));
+        assert_eq!(
+            r["in_flight"].as_u64().map(|n| n.to_string()).as_deref(),
+            Some(slots)
+        );
         assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
     }
 }
@@ -219,7 +222,13 @@ fn bench_with_funtime_says_nothing_ran_on_a_device() {
     let env = [("NEURON_RT_FUNTIME", "1")];
     let r = nrt_with(&["bench", "--batch", "360", "--json"], &env);
     assert_eq!(r["ran_on_device"], false, "{r}");
-    assert!(r["note"].as_str().unwrap().contains("nothing ran on a device"), "{r}");
+    assert!(
+        r["note"]
+            .as_str()
+            .unwrap()
+            .contains("nothing ran on a device"),
+        "{r}"
+    );
     assert!(r["accuracy"].is_null(), "no accuracy without a device: {r}");
     let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
         .args(["bench", "--batch", "360"])
