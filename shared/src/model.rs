@@ -453,17 +453,18 @@ impl Model {
     }
 }
 
-/// Decodes a container body with a decode limit of at most 4 × its length (at least 4 KiB).
+/// Decodes a container body with a decode limit of 16 to 64 × its length (at least 4 KiB).
 ///
 /// bincode allocates a string's claimed length before reading it, up to the limit: with one
 /// fixed 1 GiB limit a few-byte body claiming a 1 GiB name made the parser allocate 1 GiB
-/// (found by the `model` fuzz target). Every byte a string claims is on the wire, so a limit
-/// of the body's length never refuses a real model.
+/// (found by the `model` fuzz target). The limit counts each decoded value at its in-memory
+/// size (a 1-byte varint `u64` counts 8) and each string byte once, so a real body never
+/// needs more than 8 × its length; bodies above 64 MiB keep the 1 GiB limit.
 fn decode_body(body: &[u8]) -> Result<(Model, usize), bincode::error::DecodeError> {
     macro_rules! decode_within {
         ($($shift:literal),*) => {
             $(
-                if body.len() <= 1 << $shift {
+                if body.len().saturating_mul(16) <= 1 << $shift {
                     let config = bincode::config::standard().with_limit::<{ 1 << $shift }>();
                     return bincode::serde::decode_from_slice(body, config);
                 }
