@@ -232,7 +232,8 @@ impl Runtime {
             return Err(e);
         }
         let metrics = Arc::new(Metrics::new(nc_count as usize));
-        let engine = Arc::new(NqEngine::new(readers));
+        let engine =
+            Arc::new(NqEngine::new(readers).with_numerical_errors(config.report_numerical_errors));
         let mut xus = XuTable::new();
         let mut xu_list = Vec::new();
         for (i, v) in vncs.iter().enumerate() {
@@ -523,14 +524,20 @@ impl Runtime {
         }
         match status {
             NrtStatus::Success => Ok(()),
-            s => Err(status_err(
-                s,
-                format!(
-                    "execution of model {:?} on logical core {} ended with {s}",
-                    m.name(),
-                    m.vnc()
-                ),
-            )),
+            s => {
+                let detail = (s == NrtStatus::Timeout)
+                    .then(|| self.engine.timeout_detail(m.vnc()))
+                    .flatten()
+                    .map_or_else(String::new, |d| format!(": {d}"));
+                Err(status_err(
+                    s,
+                    format!(
+                        "execution of model {:?} on logical core {} ended with {s}{detail}",
+                        m.name(),
+                        m.vnc()
+                    ),
+                ))
+            }
         }
     }
 

@@ -24,6 +24,11 @@
 //! | GENERIC | NRT_EXEC_COMPLETED_WITH_ERR (1004) | no |
 //! | NUMERICAL | NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003) | no (outputs are delivered) |
 //!
+//! NUMERICAL counts only when numerical errors are reported
+//! ([`NqEngine::with_numerical_errors`]: `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` or
+//! `NEURON_FAIL_ON_NAN=1`); by default, as libnrt since 2.25, such an execution is a success.
+//! The flag stays in the execution's metrics either way.
+//!
 //! A timeout (`NEURON_RT_EXEC_TIMEOUT`) is NRT_TIMEOUT (5) and fatal: the NC may still be
 //! running the execution, so nothing more can be queued behind it.
 
@@ -151,6 +156,10 @@ pub struct ExecRequest {
 pub struct NqEngine {
     readers: Vec<(u32, Mutex<NqReader>)>,
     stale_total: AtomicU64,
+    /// Whether the NUMERICAL flag makes the status 1003 (else it is ignored).
+    report_numerical_errors: bool,
+    /// What the last timeout of each logical core waited for (for the error message).
+    timeouts: Mutex<Vec<(u32, String)>>,
 }
 
 impl NqEngine {
@@ -162,7 +171,54 @@ impl NqEngine {
                 .map(|(nc, r)| (nc, Mutex::new(r)))
                 .collect(),
             stale_total: AtomicU64::new(0),
+            report_numerical_errors: false,
+            timeouts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Reports numerical errors as NRT_EXEC_COMPLETED_WITH_NUM_ERR when `report` (see the
+    /// module doc); the default ignores them.
+    #[must_use]
+    pub fn with_numerical_errors(mut self, report: bool) -> Self {
+        self.report_numerical_errors = report;
+        self
+    }
+
+    /// What logical core `vnc`'s last timeout waited for: the physical NCs whose notification
+    /// was missing and the execution's `compute_idx`.
+    pub fn timeout_detail(&self, vnc: u32) -> Option<String> {
+        let t = self
+            .timeouts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.iter().find(|(v, _)| *v == vnc).map(|(_, d)| d.clone())
+    }
+
+    fn record_timeout(&self, vnc: u32, req: &ExecRequest, n: usize) {
+        let missing: Vec<String> = (0..n)
+            .filter(|&i| !req.done[i])
+            .map(|i| req.ncs[i].to_string())
+            .collect();
+        let detail = format!(
+            "no notification from physical NC {} for compute_idx {} (logical core {vnc} = NC {})",
+            missing.join(" and "),
+            req.compute_idx,
+            req.ncs[..n]
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" + "),
+        );
+        tracing::error!(
+            vnc,
+            "execution timed out: {detail}; degrading the execution unit"
+        );
+        let mut t = self
+            .timeouts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.retain(|(v, _)| *v != vnc);
+        t.push((vnc, detail));
     }
 
     fn reader(&self, nc: u32) -> Option<&Mutex<NqReader>> {
@@ -264,7 +320,7 @@ impl NqEngine {
 impl CompletionEngine for NqEngine {
     type Request = ExecRequest;
 
-    fn progress_one_step(&self, _vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
+    fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
         let n = info.request.num_tpbs.min(MAX_TPBS_PER_VNC);
         for i in 0..n {
             let req = &mut info.request;
@@ -274,7 +330,10 @@ impl CompletionEngine for NqEngine {
         }
         let req = &info.request;
         if req.done[..n].iter().all(|d| *d) {
-            let flags = req.flags[..n].iter().fold(0, |a, f| a | f);
+            let mut flags = req.flags[..n].iter().fold(0, |a, f| a | f);
+            if !self.report_numerical_errors {
+                flags &= !error_flags::NUMERICAL;
+            }
             let (status, fatal) = decode_flags(flags);
             return if fatal {
                 Progress::Error(status)
@@ -285,7 +344,7 @@ impl CompletionEngine for NqEngine {
         let now = Instant::now();
         if let Some(deadline) = req.deadline {
             if now >= deadline {
-                tracing::error!(ncs = ?&req.ncs[..n], "execution timed out; degrading the execution unit");
+                self.record_timeout(vnc, req, n);
                 return Progress::Error(NrtStatus::Timeout);
             }
             let first_pending = (0..n).find(|&i| !req.done[i]).unwrap_or(0);
@@ -440,6 +499,48 @@ mod tests {
             engine.progress_one_step(0, &mut waiting),
             Progress::Error(NrtStatus::Timeout)
         );
+    }
+
+    #[test]
+    fn numerical_errors_are_success_unless_reported_and_the_flag_stays_in_the_metrics() {
+        for (report, want) in [
+            (false, NrtStatus::Success),
+            (true, NrtStatus::ExecCompletedWithNumErr),
+        ] {
+            let (reader, w) = nq(4);
+            let engine = NqEngine::new(vec![(3, reader)]).with_numerical_errors(report);
+            post(&w, 4, 0, 0, error_flags::NUMERICAL);
+            let mut i = info(0);
+            assert_eq!(engine.progress_one_step(0, &mut i), Progress::Done(want));
+            assert_eq!(i.resp[0].error_flags, error_flags::NUMERICAL);
+            // Other errors are reported whatever the policy.
+            post(&w, 4, 1, 1, error_flags::NUMERICAL | error_flags::GENERIC);
+            assert_eq!(
+                engine.progress_one_step(0, &mut info(1)),
+                Progress::Done(NrtStatus::ExecCompletedWithErr)
+            );
+        }
+    }
+
+    #[test]
+    fn an_lnc2_timeout_names_the_physical_nc_whose_notification_is_missing() {
+        let (r4, w4) = nq(4);
+        let (r5, _w5) = nq(4);
+        let engine = NqEngine::new(vec![(4, r4), (5, r5)]);
+        let mut i = info(9);
+        i.request.num_tpbs = 2;
+        i.request.ncs[..2].copy_from_slice(&[4, 5]);
+        post(&w4, 4, 0, 9, 0);
+        i.request.deadline = Some(Instant::now());
+        assert_eq!(
+            engine.progress_one_step(2, &mut i),
+            Progress::Error(NrtStatus::Timeout)
+        );
+        let d = engine.timeout_detail(2).unwrap();
+        assert!(d.contains("physical NC 5 "), "{d}");
+        assert!(d.contains("compute_idx 9"), "{d}");
+        assert!(d.contains("logical core 2 = NC 4 + 5"), "{d}");
+        assert_eq!(engine.timeout_detail(0), None);
     }
 
     #[test]

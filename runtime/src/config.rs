@@ -9,6 +9,8 @@
 //! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default 1 here (libnrt defaults to 2 on Trn2) |
 //! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (`async_pool`) with that many executions in flight per logical core, at most 63 |
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
+//! | `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY` | `critical`: report NaN/Inf results as NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003); `none` (default, as libnrt since 2.25): the execution returns success. The outputs are delivered either way |
+//! | `NEURON_FAIL_ON_NAN` | 1: the same as `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
 
 use std::time::Duration;
@@ -34,6 +36,10 @@ pub struct RuntimeConfig {
     pub xu_capacity: usize,
     /// Physical NCs per logical core (`NEURON_LOGICAL_NC_CONFIG`): 1 or 2.
     pub lnc: u32,
+    /// Report numerical errors as NRT_EXEC_COMPLETED_WITH_NUM_ERR
+    /// (`NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` or `NEURON_FAIL_ON_NAN=1`); off by
+    /// default, as in libnrt since 2.25.
+    pub report_numerical_errors: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -47,6 +53,7 @@ impl Default for RuntimeConfig {
             funtime: false,
             xu_capacity: 16,
             lnc: 1,
+            report_numerical_errors: false,
         }
     }
 }
@@ -126,6 +133,18 @@ pub fn parse_visible_cores(value: &str) -> Result<(u32, u32), String> {
     }
     let count = u32::try_from(cores.len()).map_err(|_| "too many cores".to_string())?;
     Ok((first, count))
+}
+
+/// Parses `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY`: whether numerical errors are reported.
+///
+/// # Errors
+/// A message naming the accepted values.
+pub fn parse_numerical_errors_verbosity(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "critical" => Ok(true),
+        "none" => Ok(false),
+        _ => Err("expected critical (report NaNs as 1003) or none (the default)".into()),
+    }
 }
 
 fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
@@ -216,6 +235,15 @@ impl RuntimeConfig {
                 "2" => 2,
                 _ => return Err(err("NEURON_LOGICAL_NC_CONFIG", &v, "must be 1 or 2".into())),
             };
+        }
+        if let Some(v) =
+            get("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY").filter(|v| !v.trim().is_empty())
+        {
+            c.report_numerical_errors = parse_numerical_errors_verbosity(&v)
+                .map_err(|why| err("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", &v, why))?;
+        }
+        if let Some(v) = get("NEURON_FAIL_ON_NAN").filter(|v| !v.trim().is_empty()) {
+            c.report_numerical_errors |= parse_bool("NEURON_FAIL_ON_NAN", &v)?;
         }
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
@@ -371,6 +399,28 @@ mod tests {
         );
         assert_eq!(Platform::of_backend("sim"), Platform::Simulator);
         assert_eq!(Platform::of_backend("neuron"), Platform::Hardware);
+    }
+
+    #[test]
+    fn numerical_errors_are_off_by_default_and_on_with_either_variable() {
+        assert!(!cfg(&[]).unwrap().report_numerical_errors);
+        let on = |pairs: &[(&str, &str)]| cfg(pairs).unwrap().report_numerical_errors;
+        assert!(on(&[("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "critical")]));
+        assert!(on(&[("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "CRITICAL")]));
+        assert!(!on(&[("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "none")]));
+        assert!(on(&[("NEURON_FAIL_ON_NAN", "1")]));
+        assert!(!on(&[("NEURON_FAIL_ON_NAN", "0")]));
+        assert!(on(&[
+            ("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "none"),
+            ("NEURON_FAIL_ON_NAN", "1")
+        ]));
+        let e = cfg(&[("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", "loud")]).unwrap_err();
+        assert_eq!(e.var, "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY");
+        assert!(e.why.contains("critical"), "{e}");
+        assert_eq!(
+            cfg(&[("NEURON_FAIL_ON_NAN", "x")]).unwrap_err().var,
+            "NEURON_FAIL_ON_NAN"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use shared::isa;
 use shared::model::{Model, Target};
 use shared::protocol::MemLocation;
+use shared::udma::MAX_DESC_LEN;
 use shared::{AddressMap, NrtStatus};
 
 use crate::backend::{Allocation, Device};
@@ -325,14 +326,18 @@ impl ModelDb {
                 for ring in &tpb.io_rings {
                     let per_exec = ring.descs.len() as u64 * u64::from(max_inflight + 1);
                     if per_exec > u64::from(IO_RING_DESCS) {
+                        // What fits: descriptors per execution, and bytes in full 64 KiB ones.
+                        let max_descs = IO_RING_DESCS / (max_inflight + 1);
+                        let bytes: u64 = ring.descs.iter().map(|d| u64::from(d.len)).sum();
                         return Err(load_failure(
                             NrtStatus::Resource,
                             &model.name,
                             format!(
-                                "TPB {i} ring ({}, {}) posts {} descriptors per execution; {max_inflight} in flight need more than the {IO_RING_DESCS}-descriptor ring",
+                                "TPB {i} ring ({}, {}) posts {} descriptors ({bytes} bytes) per execution; with {max_inflight} in flight the {IO_RING_DESCS}-descriptor ring takes at most {max_descs} per execution, i.e. at most {} bytes per execution in {MAX_DESC_LEN}-byte descriptors",
                                 ring.engine,
                                 ring.queue,
-                                ring.descs.len()
+                                ring.descs.len(),
+                                u64::from(max_descs) * u64::from(MAX_DESC_LEN),
                             ),
                         ));
                     }

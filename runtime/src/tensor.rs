@@ -55,6 +55,22 @@ pub(crate) struct TensorInner {
     idle: std::sync::Condvar,
 }
 
+/// `len` zero bytes of host memory for `what`, allocated fallibly: a size the allocator refuses
+/// (or that does not fit the address space) is NRT_RESOURCE naming it, never an abort.
+pub(crate) fn zeroed_host_bytes(what: &str, len: u64) -> Result<Vec<u8>, NrtError> {
+    let refused = || {
+        NrtError::new(
+            NrtStatus::Resource,
+            format!("{what}: cannot allocate {len} bytes of host memory"),
+        )
+    };
+    let n = usize::try_from(len).map_err(|_| refused())?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(n).map_err(|_| refused())?;
+    bytes.resize(n, 0);
+    Ok(bytes)
+}
+
 impl Drop for TensorInner {
     fn drop(&mut self) {
         if let Storage::Device {
@@ -93,13 +109,12 @@ impl Tensor {
     }
 
     /// A host tensor of `size` zero bytes.
+    ///
+    /// # Errors
+    /// NRT_RESOURCE naming the size when host memory cannot hold it (the process never aborts
+    /// on a caller's size).
     pub fn host(name: &str, size: u64) -> Result<Self, NrtError> {
-        let len = usize::try_from(size).map_err(|_| {
-            NrtError::new(
-                NrtStatus::Resource,
-                format!("tensor {name:?}: {size} bytes"),
-            )
-        })?;
+        let bytes = zeroed_host_bytes(&format!("host tensor {name:?}"), size)?;
         Ok(Self {
             inner: Arc::new(TensorInner {
                 name: name.into(),
@@ -107,7 +122,7 @@ impl Tensor {
                 placement: Placement::Host,
                 pending: Mutex::new(0),
                 idle: std::sync::Condvar::new(),
-                storage: Storage::Host(Mutex::new(vec![0; len])),
+                storage: Storage::Host(Mutex::new(bytes)),
             }),
         })
     }
@@ -201,8 +216,7 @@ impl Tensor {
 
     /// Copies all of `src` into this tensor (same size).
     pub(crate) fn copy_from(&self, src: &Tensor) -> Result<(), NrtError> {
-        let len = usize::try_from(src.size()).unwrap_or(usize::MAX);
-        let mut buf = vec![0u8; len];
+        let mut buf = zeroed_host_bytes(&format!("a copy of tensor {:?}", src.name()), src.size())?;
         src.read(&mut buf, 0)?;
         self.write(&buf, 0)
     }
@@ -329,5 +343,51 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert!(s.get("x").unwrap().same_storage(&b));
         assert_eq!(s.get("y").unwrap_err().status, NrtStatus::Failure);
+    }
+
+    /// Set in the child process of [`a_huge_host_tensor_is_nrt_resource_not_an_abort`].
+    const HUGE_CHILD: &str = "NRT_TEST_HUGE_HOST_TENSOR_CHILD";
+
+    /// Runs in a child (re-executed test binary): today's infallible allocation would abort
+    /// the whole test process. The child caps its address space at 16 GiB so that the result
+    /// does not depend on the machine's overcommit policy.
+    #[test]
+    fn huge_host_tensor_child() {
+        if std::env::var_os(HUGE_CHILD).is_none() {
+            return;
+        }
+        use nix::sys::resource::{Resource, setrlimit};
+        setrlimit(Resource::RLIMIT_AS, 16 << 30, 16 << 30).unwrap();
+        for size in [1u64 << 40, 1 << 48, u64::MAX] {
+            let e = Tensor::host("huge", size).unwrap_err();
+            assert_eq!(e.status, NrtStatus::Resource, "{size}: {e}");
+            assert!(e.message.contains(&format!("{size} bytes")), "{e}");
+            assert!(e.message.contains("\"huge\""), "{e}");
+        }
+        // The process is still usable afterwards.
+        let t = Tensor::host("small", 4096).unwrap();
+        let copy = Tensor::host("copy", 4096).unwrap();
+        copy.copy_from(&t).unwrap();
+        println!("HUGE_CHILD_OK");
+    }
+
+    #[test]
+    fn a_huge_host_tensor_is_nrt_resource_not_an_abort() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "tensor::tests::huge_host_tensor_child",
+                "--exact",
+                "--nocapture",
+            ])
+            .env(HUGE_CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("HUGE_CHILD_OK"),
+            "child: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

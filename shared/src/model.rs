@@ -441,9 +441,7 @@ impl Model {
                 actual: body.len() as u64,
             });
         }
-        let limit = bincode::config::standard().with_limit::<{ 1 << 30 }>();
-        let (model, used): (Model, usize) = bincode::serde::decode_from_slice(body, limit)
-            .map_err(|e| ContainerError::Body(e.to_string()))?;
+        let (model, used) = decode_body(body).map_err(|e| ContainerError::Body(e.to_string()))?;
         if used != body.len() {
             return Err(ContainerError::Body(format!(
                 "{} trailing bytes",
@@ -453,6 +451,29 @@ impl Model {
         model.validate()?;
         Ok(model)
     }
+}
+
+/// Decodes a container body with a decode limit of 16 to 64 × its length (at least 4 KiB).
+///
+/// bincode allocates a string's claimed length before reading it, up to the limit: with one
+/// fixed 1 GiB limit a few-byte body claiming a 1 GiB name made the parser allocate 1 GiB
+/// (found by the `model` fuzz target). The limit counts each decoded value at its in-memory
+/// size (a 1-byte varint `u64` counts 8) and each string byte once, so a real body never
+/// needs more than 8 × its length; bodies above 64 MiB keep the 1 GiB limit.
+fn decode_body(body: &[u8]) -> Result<(Model, usize), bincode::error::DecodeError> {
+    macro_rules! decode_within {
+        ($($shift:literal),*) => {
+            $(
+                if body.len().saturating_mul(16) <= 1 << $shift {
+                    let config = bincode::config::standard().with_limit::<{ 1 << $shift }>();
+                    return bincode::serde::decode_from_slice(body, config);
+                }
+            )*
+        };
+    }
+    decode_within!(12, 14, 16, 18, 20, 22, 24, 26, 28);
+    let config = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+    bincode::serde::decode_from_slice(body, config)
 }
 
 #[cfg(test)]
@@ -563,6 +584,55 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("does not match shape")
+        );
+    }
+
+    /// Set in the child of [`a_tiny_body_claiming_a_huge_name_is_refused_without_allocating_it`].
+    const HUGE_NAME_CHILD: &str = "SHARED_TEST_HUGE_NAME_CHILD";
+
+    /// Runs in a child capped at 512 MiB of address space: the fixed 1 GiB decode limit let an
+    /// 8-byte body make the parser allocate its claimed 1 GiB name, an abort under this cap.
+    #[test]
+    fn huge_name_child() {
+        if std::env::var_os(HUGE_NAME_CHILD).is_none() {
+            return;
+        }
+        use nix::sys::resource::{Resource, setrlimit};
+        setrlimit(Resource::RLIMIT_AS, 512 << 20, 512 << 20).unwrap();
+        // name: a u32 varint (0xFC) claiming 1 GiB - 256 bytes, then a few bytes.
+        let mut body = vec![0xFC];
+        body.extend_from_slice(&((1u32 << 30) - 256).to_le_bytes());
+        body.extend_from_slice(&[0; 3]);
+        let header = ContainerHeader {
+            magic: MODEL_MAGIC,
+            version: MODEL_FORMAT_VERSION,
+            target: Target::Simdev as u32,
+            body_len: body.len() as u64,
+        };
+        let mut file = header.as_bytes().to_vec();
+        file.extend_from_slice(&body);
+        let e = Model::from_container(&file, Target::Simdev).unwrap_err();
+        assert!(matches!(e, ContainerError::Body(_)), "{e}");
+        // A real model still loads.
+        let m = identity(512);
+        let c = m.to_container(Target::Simdev).unwrap();
+        assert_eq!(Model::from_container(&c, Target::Simdev).unwrap(), m);
+        println!("HUGE_NAME_CHILD_OK");
+    }
+
+    #[test]
+    fn a_tiny_body_claiming_a_huge_name_is_refused_without_allocating_it() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["model::tests::huge_name_child", "--exact", "--nocapture"])
+            .env(HUGE_NAME_CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("HUGE_NAME_CHILD_OK"),
+            "child: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

@@ -56,6 +56,30 @@ pub struct BenchReport {
     p99_us: f64,
     executions_per_second: f64,
     images_per_second: f64,
+    /// Whether the executions ran on a device: false with `NEURON_RT_FUNTIME=1`, where execute
+    /// returns success at once and no output (hence no accuracy) means anything.
+    ran_on_device: bool,
+    /// Why the figures do not describe a device, when they do not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+/// The note of a `NEURON_RT_FUNTIME=1` run.
+const FUNTIME_NOTE: &str = "NEURON_RT_FUNTIME=1: nothing ran on a device (execute returned success at once); outputs were not checked and no accuracy is reported";
+
+/// File descriptors each in-flight slot costs: its two device tensors are two memory chunks,
+/// each a memfd in simdev (and a mapping here).
+const FDS_PER_SLOT: u64 = 2;
+
+/// File descriptors kept for everything else: sockets, eventfds, rings, stdio.
+const FD_RESERVE: u64 = 256;
+
+/// The most `--async` slots per core that `ncs` cores can open within this process's
+/// `RLIMIT_NOFILE` (a private simdev inherits the same limit).
+fn max_in_flight(ncs: u32) -> Result<u64, String> {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_err(|e| format!("reading RLIMIT_NOFILE: {e}"))?;
+    Ok(soft.saturating_sub(FD_RESERVE) / (FDS_PER_SLOT * u64::from(ncs.max(1))))
 }
 
 struct Core {
@@ -144,6 +168,15 @@ pub fn run(
     if opts.iterations == Some(0) {
         return Err("--iterations must be at least 1".into());
     }
+    let most = max_in_flight(opts.ncs)?;
+    if u64::from(opts.in_flight) > most {
+        return Err(format!(
+            "--async {} on {} core(s) needs about {} file descriptors ({FDS_PER_SLOT} per in-flight slot) but RLIMIT_NOFILE allows {most} slots per core: use --async {most} or fewer (an XU queue holds 16 executions; further slots wait for a completion), or raise the limit (ulimit -n)",
+            opts.in_flight,
+            opts.ncs,
+            u64::from(opts.in_flight) * FDS_PER_SLOT * u64::from(opts.ncs),
+        ));
+    }
     match opts.model.as_str() {
         "digits" if !(1..=360).contains(&opts.batch) => {
             return Err(format!(
@@ -164,13 +197,20 @@ pub fn run(
         }
     }
     let mut config = RuntimeConfig::from_env().map_err(|e| e.to_string())?;
+    let dev = open().map_err(|e| crate::error_chain(&e))?;
+    let arch = dev.info().arch;
+    if config.lnc == 2 && arch != shared::Arch::Trn2 {
+        return Err(format!(
+            "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
+            arch.name()
+        ));
+    }
     if opts.model == "digits" && opts.batch < config.lnc {
         return Err(format!(
             "--batch {} is too small for NEURON_LOGICAL_NC_CONFIG={}: each execution's rows are split over the {} physical NCs of a logical core; use --batch {} or more",
             opts.batch, config.lnc, config.lnc, config.lnc
         ));
     }
-    let dev = open().map_err(|e| crate::error_chain(&e))?;
     let logical = dev.info().nc_count / config.lnc.max(1);
     if config.visible_cores.is_none() {
         if opts.ncs > logical {
@@ -200,9 +240,17 @@ pub fn run(
         "digits" => run_digits(&rt, opts, ncs, backend),
         _ => run_identity(&rt, opts, ncs, backend),
     };
+    let funtime = rt.config().funtime;
     rt.close();
     result.map(|mut r| {
         r.failures += failures.load(std::sync::atomic::Ordering::Relaxed);
+        if funtime {
+            // Nothing ran: the outputs are whatever the tensors held.
+            r.ran_on_device = false;
+            r.note = Some(FUNTIME_NOTE.into());
+            r.accuracy = None;
+            r.max_abs_logit_diff = None;
+        }
         r
     })
 }
@@ -293,9 +341,17 @@ fn pipeline(
         let c = &slots[slot];
         prepare(e, c)?;
         let t = Instant::now();
-        let req = rt
-            .execute_schedule(c.model, &c.ins, &c.outs)
-            .map_err(|err| format!("execution {e}: {err}"))?;
+        // More slots than the XU queue holds: on QUEUE_FULL wait for the oldest execution and
+        // retry, as users of the async API must.
+        let req = loop {
+            match rt.execute_schedule(c.model, &c.ins, &c.outs) {
+                Ok(req) => break req,
+                Err(err) if err.status == shared::NrtStatus::QueueFull && !pending.is_empty() => {
+                    complete(&mut pending, &mut free, &mut times)?;
+                }
+                Err(err) => return Err(format!("execution {e}: {err}")),
+            }
+        };
         pending.push_back((e, slot, t, req));
     }
     while !pending.is_empty() {
@@ -416,6 +472,8 @@ fn run_digits(
         p99_us: p99,
         executions_per_second: executions as f64 / wall,
         images_per_second: images as f64 / wall,
+        ran_on_device: true,
+        note: None,
     })
 }
 
@@ -452,7 +510,7 @@ fn run_identity(
         let prepare = |e: u64, c: &Core| c.input.write(&pattern(e), 0).map_err(|e| e.to_string());
         let finish = |e: u64, c: &Core| {
             c.output.read(&mut out, 0).map_err(|e| e.to_string())?;
-            if out != pattern(e) {
+            if !rt.config().funtime && out != pattern(e) {
                 failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok(())
@@ -479,6 +537,8 @@ fn run_identity(
         p99_us: p99,
         executions_per_second: executions as f64 / wall,
         images_per_second: executions as f64 / wall,
+        ran_on_device: true,
+        note: None,
     })
 }
 
@@ -488,7 +548,12 @@ pub fn print(r: &BenchReport) {
         "model {} on {} — batch {}, {} NC(s), {} executions, {} images",
         r.model, r.backend, r.batch, r.nc_count, r.executions, r.images
     );
-    if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
+    if let Some(note) = &r.note {
+        println!("{note}");
+    }
+    if !r.ran_on_device {
+        // No accuracy: the outputs were never computed.
+    } else if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
         println!("accuracy {acc:.6}   max |logit - reference| {diff:.2e}");
     } else if r.model == "digits" {
         println!(

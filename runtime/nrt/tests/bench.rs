@@ -142,3 +142,107 @@ fn ls_describes_the_device() {
     assert_eq!(r["ncs"][0]["semaphores"].as_u64(), Some(256));
     assert_eq!(r["ncs"][1]["dma_queues"].as_u64(), Some(256));
 }
+
+/// Runs `nrt args` with extra environment `env`, expects it to fail, returns its stderr.
+fn nrt_fails(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(args)
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env_remove("NEURON_LOGICAL_NC_CONFIG")
+        .env_remove("NEURON_SIMDEV_ARCH")
+        .envs(env.iter().copied())
+        .output()
+        .expect("nrt runs");
+    assert!(
+        !out.status.success(),
+        "nrt {args:?} succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bench_with_lnc_2_on_trn1_says_it_needs_a_trn2_device() {
+    for batch in ["1", "360"] {
+        let err = nrt_fails(
+            &["bench", "--batch", batch, "--ncs", "2"],
+            &[("NEURON_LOGICAL_NC_CONFIG", "2")],
+        );
+        assert!(err.contains("needs a trn2 device"), "batch {batch}: {err}");
+        assert!(err.contains("trn1"), "batch {batch}: {err}");
+        assert!(!err.contains("--batch"), "batch {batch}: {err}");
+        assert!(!err.contains("--ncs"), "batch {batch}: {err}");
+    }
+}
+
+#[test]
+fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
+    // The XU queue holds 16: 17 and 40 slots must wait for completions, not fail.
+    for slots in ["17", "40"] {
+        let r = nrt(&[
+            "bench",
+            "--batch",
+            "40",
+            "--iterations",
+            "120",
+            "--async",
+            slots,
+            "--json",
+        ]);
+        assert_eq!(r["accuracy"].as_f64(), Some(355.0 / 360.0), "{r}");
+        assert_eq!(
+            r["in_flight"].as_u64().map(|n| n.to_string()).as_deref(),
+            Some(slots)
+        );
+        assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+    }
+}
+
+#[test]
+fn bench_async_beyond_the_fd_limit_is_refused_up_front() {
+    let (soft, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    // Each slot costs two descriptors: as many slots as the limit cannot fit.
+    let slots = soft.min(u64::from(u32::MAX)).to_string();
+    let started = std::time::Instant::now();
+    let err = nrt_fails(&["bench", "--async", &slots], &[]);
+    assert!(err.contains("RLIMIT_NOFILE"), "{err}");
+    assert!(err.contains(&format!("--async {slots} on 1 core")), "{err}");
+    assert!(err.contains("or fewer"), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "refused up front, not after allocating: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn bench_with_funtime_says_nothing_ran_on_a_device() {
+    let env = [("NEURON_RT_FUNTIME", "1")];
+    let r = nrt_with(&["bench", "--batch", "360", "--json"], &env);
+    assert_eq!(r["ran_on_device"], false, "{r}");
+    assert!(
+        r["note"]
+            .as_str()
+            .unwrap()
+            .contains("nothing ran on a device"),
+        "{r}"
+    );
+    assert!(r["accuracy"].is_null(), "no accuracy without a device: {r}");
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["bench", "--batch", "360"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .envs(env)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("nothing ran on a device"), "{text}");
+    assert!(!text.contains("accuracy 0."), "{text}");
+    // A real run says it ran on the device.
+    let real = nrt(&["bench", "--batch", "360", "--json"]);
+    assert_eq!(real["ran_on_device"], true, "{real}");
+    assert!(real["note"].is_null(), "{real}");
+}

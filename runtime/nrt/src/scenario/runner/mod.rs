@@ -115,6 +115,13 @@ impl<'a> Runner<'a> {
             .map(|v| parse_visible_cores(&v.text()))
             .transpose()
             .map_err(|e| format!("[runtime] visible_cores: {e}"))?;
+        let report_numerical_errors = r
+            .numerical_errors_verbosity
+            .as_deref()
+            .map(runtime::config::parse_numerical_errors_verbosity)
+            .transpose()
+            .map_err(|e| format!("[runtime] numerical_errors_verbosity: {e}"))?
+            .unwrap_or(false);
         Ok(RuntimeConfig {
             visible_cores,
             num_cores: r.num_cores,
@@ -124,6 +131,7 @@ impl<'a> Runner<'a> {
             funtime: false,
             xu_capacity: r.xu_capacity,
             lnc: r.lnc,
+            report_numerical_errors,
         })
     }
 

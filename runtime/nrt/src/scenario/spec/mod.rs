@@ -173,6 +173,9 @@ pub struct RuntimeSpec {
     /// `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` (default true).
     #[serde(default = "yes")]
     pub skip_config_optimization: bool,
+    /// `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY`: `"critical"` reports numerical errors as 1003;
+    /// unset or `"none"` (libnrt's default) makes them successes.
+    pub numerical_errors_verbosity: Option<String>,
 }
 
 impl Default for RuntimeSpec {
@@ -186,6 +189,7 @@ impl Default for RuntimeSpec {
             async_max_inflight: 0,
             xu_capacity: default_xu_capacity(),
             skip_config_optimization: true,
+            numerical_errors_verbosity: None,
         }
     }
 }
