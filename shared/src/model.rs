@@ -607,13 +607,19 @@ mod tests {
             let mut bad = good.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             match Model::from_container(&bad, Target::Simdev) {
-                Ok(_) => panic!("bit {bit} (byte {}) flipped and the container loads", bit / 8),
+                Ok(_) => panic!(
+                    "bit {bit} (byte {}) flipped and the container loads",
+                    bit / 8
+                ),
                 Err(ContainerError::Checksum { .. }) => checksum_refusals += 1,
                 Err(_) => {}
             }
         }
         // Only magic, version and length flips are refused by an earlier check.
-        assert!(checksum_refusals >= (good.len() - 24) * 8, "{checksum_refusals}");
+        assert!(
+            checksum_refusals >= (good.len() - 24) * 8,
+            "{checksum_refusals}"
+        );
     }
 
     #[test]

@@ -104,9 +104,8 @@ fn refused<T: std::fmt::Debug>(what: &str, parent: u32, r: NrtResult<T>) -> Resu
         Ok(v) => Err(format!("{what} succeeded in the forked child: {v:?}")),
         Err(e)
             if e.status == NrtStatus::Uninitialized
-                && e.message.contains(&format!(
-                    "the runtime was initialised in process {parent}"
-                ))
+                && e.message
+                    .contains(&format!("the runtime was initialised in process {parent}"))
                 && e.message.contains("call nrt_init in this process") =>
         {
             Ok(())
@@ -129,7 +128,11 @@ fn child(
     let dev = Placement::Device { vnc: 0 };
     let container = identity(BYTES).to_container(Target::Simdev).unwrap();
     // The facade.
-    refused("nrt::tensor_allocate(device)", parent, nrt::tensor_allocate(dev, 64, "x"))?;
+    refused(
+        "nrt::tensor_allocate(device)",
+        parent,
+        nrt::tensor_allocate(dev, 64, "x"),
+    )?;
     refused(
         "nrt::tensor_allocate(host)",
         parent,
@@ -149,7 +152,11 @@ fn child(
     refused("nrt::unload", parent, nrt::unload(facade.model))?;
     refused("nrt::current", parent, nrt::current())?;
     // The same runtime as an object.
-    refused("Runtime::tensor_allocate", parent, rt.tensor_allocate(dev, 64, "x"))?;
+    refused(
+        "Runtime::tensor_allocate",
+        parent,
+        rt.tensor_allocate(dev, 64, "x"),
+    )?;
     refused("Runtime::load", parent, rt.load(&container, 0))?;
     refused("Runtime::model", parent, rt.model(facade.model))?;
     refused(
@@ -176,7 +183,11 @@ fn child(
     drop(rt);
     // nrt_close of the inherited runtime changes nothing; the gate still answers.
     nrt::close();
-    refused("nrt::load after nrt::close", parent, nrt::load(&container, 0))?;
+    refused(
+        "nrt::load after nrt::close",
+        parent,
+        nrt::load(&container, 0),
+    )?;
     if started.elapsed() > Duration::from_secs(5) {
         return Err(format!("the refusals took {:?}", started.elapsed()));
     }
@@ -195,8 +206,11 @@ fn child(
         ));
     }
     drop(mine);
-    let rig = Rig::new(|c| nrt::load(c, 0), |n| nrt::tensor_allocate(dev, u64::from(BYTES), n))
-        .map_err(|e| format!("the child's model: {e}"))?;
+    let rig = Rig::new(
+        |c| nrt::load(c, 0),
+        |n| nrt::tensor_allocate(dev, u64::from(BYTES), n),
+    )
+    .map_err(|e| format!("the child's model: {e}"))?;
     for seed in 0..5 {
         rig.run(seed, nrt::execute)?;
     }
@@ -233,8 +247,11 @@ fn fork_after_init_leaves_the_parent_alone() {
     };
     nrt::init_with(&opts).unwrap();
     let dev = Placement::Device { vnc: 0 };
-    let facade = Rig::new(|c| nrt::load(c, 0), |n| nrt::tensor_allocate(dev, u64::from(BYTES), n))
-        .unwrap();
+    let facade = Rig::new(
+        |c| nrt::load(c, 0),
+        |n| nrt::tensor_allocate(dev, u64::from(BYTES), n),
+    )
+    .unwrap();
     facade.run(1, nrt::execute).unwrap();
     let rt = nrt::current().unwrap();
     assert_eq!(rt.vnc_ncs(0), Some(&[0][..]));

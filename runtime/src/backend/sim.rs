@@ -697,9 +697,10 @@ impl PrivateSimdev {
 
     /// The directory holding the socket and `simdev.log`.
     pub fn dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map_or_else(|| self.socket.parent().unwrap_or(&self.socket), |d| d.path())
+        self.dir.as_ref().map_or_else(
+            || self.socket.parent().unwrap_or(&self.socket),
+            |d| d.path(),
+        )
     }
 
     /// Stops the child: SIGTERM, up to 2 s of grace, then SIGKILL; reaps it. In a process
