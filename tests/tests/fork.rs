@@ -176,6 +176,18 @@ fn child(
         parent,
         own.execute(own_rig.model, &own_rig.ins, &own_rig.outs),
     )?;
+    // The parent's device tensors are mapped shared: reading or writing them is refused.
+    refused(
+        "Tensor::write (inherited)",
+        parent,
+        facade.input.write(&[0xEE; 16], 0),
+    )?;
+    let mut buf = [0u8; 16];
+    refused(
+        "Tensor::read (inherited)",
+        parent,
+        own_rig.output.read(&mut buf, 0),
+    )?;
     // Dropping inherited tensors must not free the parent's memory.
     drop(facade);
     drop(own_rig);
