@@ -5,6 +5,18 @@
 //! the fork (sync clones host tensors to device and copies results back), bind, then the XU
 //! funnel — stage under the first TPB's `compute_req_lock`, doorbell every TPB — and the wait
 //! for the worker's completion.
+//!
+//! **Fork.** A runtime belongs to the process that initialised it: its device connection, XU
+//! worker threads, eventfds and rings are the parent's. A child forked after `init` inherits a
+//! copy of the object but none of the threads, and anything it did through the copy would act on
+//! the parent's device state. So every entry point of [`Runtime`] (and so of the [`nrt`] facade)
+//! compares the pid recorded at init with `getpid()` and refuses with NRT_UNINITIALIZED naming
+//! both processes; dropping or closing the inherited runtime in the child leaks it (dropping it
+//! would stop the parent's workers through the shared eventfds and free its memory over the
+//! shared socket); and `nrt::init` in the child replaces (leaks) the inherited state and starts a
+//! runtime of its own, on NCs the parent does not hold. The sim backend refuses the inherited
+//! connection on its own as well ([`crate::backend::DeviceError::Forked`]), which covers
+//! tensors the child inherited and drops.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -143,6 +155,38 @@ pub struct Runtime {
     target: Target,
     wait_budget: Duration,
     pool: Option<AsyncPool>,
+    /// The process that initialised this runtime: the only one that may use it.
+    pid: u32,
+}
+
+/// The refusal of a call made in a process forked from the one that initialised the runtime.
+fn forked_error(owner: u32, current: u32) -> NrtError {
+    status_err(
+        NrtStatus::Uninitialized,
+        format!(
+            "the runtime was initialised in process {owner}; this is process {current}, forked from it after nrt_init: call nrt_init in this process"
+        ),
+    )
+}
+
+impl Drop for Runtime {
+    /// In the initialising process, nothing beyond the fields' own drops. In a forked child,
+    /// leaks everything that acts on shared kernel objects (workers and pool signal eventfds the
+    /// parent's threads wait on; models, queues and the device free memory and rings over the
+    /// parent's connection), so dropping an inherited runtime changes nothing the parent sees.
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            return;
+        }
+        std::mem::forget(self.workers.take());
+        std::mem::forget(self.pool.take());
+        std::mem::forget(std::mem::take(&mut self.xu_list));
+        std::mem::forget(std::mem::take(&mut self.models));
+        std::mem::forget(std::mem::take(&mut self.hw_queues));
+        std::mem::forget(std::mem::take(&mut self.claimed));
+        std::mem::forget(self.engine.clone());
+        std::mem::forget(self.device.clone());
+    }
 }
 
 fn status_err(status: NrtStatus, message: impl Into<String>) -> NrtError {
@@ -280,7 +324,26 @@ impl Runtime {
             target,
             wait_budget,
             pool,
+            pid: std::process::id(),
         })
+    }
+
+    /// The process that initialised this runtime.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Refuses a call from a process forked after init (see the module docs).
+    ///
+    /// # Errors
+    /// NRT_UNINITIALIZED naming the initialising process and this one.
+    pub fn check_process(&self) -> NrtResult<()> {
+        let current = std::process::id();
+        if current == self.pid {
+            Ok(())
+        } else {
+            Err(forked_error(self.pid, current))
+        }
     }
 
     /// The device.
@@ -362,6 +425,7 @@ impl Runtime {
     /// NRT_INVALID (bad container, a NEFF, a container for another target, bad core),
     /// NRT_LOAD_NOT_ENOUGH_NC, NRT_RESOURCE.
     pub fn load(&self, bytes: &[u8], vnc: i32) -> NrtResult<ModelHandle> {
+        self.check_process()?;
         let vnc = self.vnc_of(vnc)?;
         let ncs = &self.vncs[vnc as usize].ncs;
         let inflight = self.config.max_inflight();
@@ -380,6 +444,7 @@ impl Runtime {
     /// # Errors
     /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
     pub fn unload(&self, model: ModelHandle) -> NrtResult<()> {
+        self.check_process()?;
         self.models.unload(model.id)
     }
 
@@ -388,6 +453,7 @@ impl Runtime {
     /// # Errors
     /// NRT_INVALID_HANDLE.
     pub fn model(&self, model: ModelHandle) -> NrtResult<Arc<LoadedModel>> {
+        self.check_process()?;
         self.models.get(model.id).ok_or_else(|| {
             status_err(
                 NrtStatus::InvalidHandle,
@@ -407,6 +473,7 @@ impl Runtime {
         size: u64,
         name: &str,
     ) -> NrtResult<Tensor> {
+        self.check_process()?;
         if size == 0 {
             return Err(status_err(
                 NrtStatus::Invalid,
@@ -449,6 +516,7 @@ impl Runtime {
         outputs: &TensorSet,
         repeat: i32,
     ) -> NrtResult<()> {
+        self.check_process()?;
         if repeat > 1 {
             return Err(status_err(
                 NrtStatus::Invalid,
@@ -471,6 +539,7 @@ impl Runtime {
         inputs: &TensorSet,
         outputs: &TensorSet,
     ) -> NrtResult<()> {
+        self.check_process()?;
         if self.config.funtime {
             return Ok(());
         }
@@ -726,6 +795,7 @@ impl Runtime {
     /// # Errors
     /// NRT_INVALID when the implicit async pool is off.
     pub fn register_async_exec_callback(&self, cb: AsyncCallback) -> NrtResult<()> {
+        self.check_process()?;
         let pool = self
             .pool
             .as_ref()
@@ -737,6 +807,9 @@ impl Runtime {
     /// `nrt_async_drain_queued_execs`: blocks until logical core `vnc` has no queued
     /// implicit-async execution.
     pub fn async_drain(&self, vnc: u32) {
+        if self.check_process().is_err() {
+            return;
+        }
         if let Some(pool) = &self.pool {
             pool.drain(vnc);
         }
@@ -766,6 +839,7 @@ impl Runtime {
         inputs: &TensorSet,
         outputs: &TensorSet,
     ) -> NrtResult<ScheduledExecution> {
+        self.check_process()?;
         let m = self.resolve(model)?;
         if self.pool.is_some() {
             return Err(status_err(
@@ -805,6 +879,7 @@ impl Runtime {
     }
 
     fn xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<Xu<NqEngine>>> {
+        self.check_process()?;
         self.xus.get(seq_id.xu_id()).ok_or_else(|| {
             status_err(
                 NrtStatus::Invalid,
@@ -841,6 +916,7 @@ impl Runtime {
     /// # Errors
     /// NRT_INVALID for a logical core not visible to this process.
     pub fn register_completion_eventfd(&self, vnc: u32, fd: std::os::fd::OwnedFd) -> NrtResult<()> {
+        self.check_process()?;
         let xu = self.xus.get_by_vcore(vnc).ok_or_else(|| {
             status_err(
                 NrtStatus::Invalid,
@@ -907,8 +983,16 @@ impl Runtime {
     }
 
     /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
-    /// the exec queues and the NCs. A private simdev stops when the device is dropped.
+    /// the exec queues and the NCs. A private simdev stops when the device is dropped. In a
+    /// process forked after init it does nothing to the device: the runtime is leaked.
     pub fn close(mut self) {
+        if self.check_process().is_err() {
+            tracing::warn!(
+                pid = self.pid,
+                "nrt_close of a runtime initialised in another process (this one was forked from it): leaked"
+            );
+            return; // Drop leaks what acts on the parent's state.
+        }
         if let Some(pool) = self.pool.take() {
             pool.shutdown();
         }
@@ -931,7 +1015,9 @@ impl Runtime {
 }
 
 /// The libnrt-shaped, process-global API with the seed's lifecycle gates: before `init` every
-/// call answers NRT_UNINITIALIZED (13), after `close` NRT_CLOSED (14).
+/// call answers NRT_UNINITIALIZED (13), after `close` NRT_CLOSED (14). In a process forked after
+/// `init` every call answers NRT_UNINITIALIZED naming the initialising process until `init` is
+/// called in this process; `close` there leaves the inherited runtime alone.
 pub mod nrt {
     use std::sync::{Arc, Mutex};
 
@@ -947,7 +1033,8 @@ pub mod nrt {
     enum State {
         Uninitialized,
         Initialized(Arc<Runtime>),
-        Closed,
+        /// Closed by process `pid`.
+        Closed(u32),
     }
 
     static STATE: Mutex<State> = Mutex::new(State::Uninitialized);
@@ -957,12 +1044,21 @@ pub mod nrt {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
         {
-            State::Initialized(rt) => Ok(rt.clone()),
+            State::Initialized(rt) => {
+                rt.check_process()?;
+                Ok(rt.clone())
+            }
             State::Uninitialized => Err(NrtError::new(
                 NrtStatus::Uninitialized,
                 "nrt_init has not been called",
             )),
-            State::Closed => Err(NrtError::new(
+            State::Closed(pid) if *pid != std::process::id() => Err(NrtError::new(
+                NrtStatus::Uninitialized,
+                format!(
+                    "nrt_init has not been called in this process (nrt_close was called in process {pid}, which this one was forked from)"
+                ),
+            )),
+            State::Closed(_) => Err(NrtError::new(
                 NrtStatus::Closed,
                 "nrt_close has been called",
             )),
@@ -972,12 +1068,25 @@ pub mod nrt {
     /// `nrt_init`: opens the device chosen by `NEURON_RT_BACKEND` and `opts`, reads the
     /// configuration from the environment.
     ///
+    /// In a process forked after the parent's `init`, the inherited state is leaked (never
+    /// dropped: that would act on the parent's device state) and this process initialises its
+    /// own runtime.
+    ///
     /// # Errors
     /// NRT_FAILURE when already initialised or closed; the device's and configuration's errors.
     pub fn init_with(opts: &OpenOptions) -> NrtResult<()> {
         let mut st = STATE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let me = std::process::id();
+        let inherited = match &*st {
+            State::Initialized(rt) => rt.pid() != me,
+            State::Closed(pid) => *pid != me,
+            State::Uninitialized => false,
+        };
+        if inherited {
+            std::mem::forget(std::mem::replace(&mut *st, State::Uninitialized));
+        }
         if !matches!(*st, State::Uninitialized) {
             return Err(NrtError::new(
                 NrtStatus::Failure,
@@ -999,14 +1108,19 @@ pub mod nrt {
         init_with(&OpenOptions::from_env()?)
     }
 
-    /// `nrt_close`: closes the runtime; a second call is harmless.
+    /// `nrt_close`: closes the runtime; a second call is harmless. In a process forked after
+    /// the parent's `init` (and before its own), it changes nothing.
     pub fn close() {
-        let prev = std::mem::replace(
-            &mut *STATE
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-            State::Closed,
-        );
+        let mut st = STATE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let State::Initialized(rt) = &*st
+            && rt.check_process().is_err()
+        {
+            return;
+        }
+        let prev = std::mem::replace(&mut *st, State::Closed(std::process::id()));
+        drop(st);
         if let State::Initialized(rt) = prev {
             match Arc::try_unwrap(rt) {
                 Ok(rt) => rt.close(),

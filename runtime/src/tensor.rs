@@ -4,6 +4,11 @@
 //! writes go through the bounds-checked mapping. A host tensor is plain process memory: the sync
 //! execute path clones it to device memory and copies results back (seed 000 §1 GOTCHA), the
 //! implicit-async path refuses it.
+//!
+//! A device tensor's mapping is shared with the device (`MAP_SHARED`), so a process forked from
+//! the one that allocated it would read and write the parent's tensor through it: reads and
+//! writes from another process are refused (NRT_UNINITIALIZED naming the allocating process),
+//! and a drop there frees nothing (the sim backend refuses the inherited connection).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +37,8 @@ pub(crate) enum Storage {
         allocation: Allocation,
         memory: SharedChunk,
         device: Arc<dyn Device>,
+        /// The process that allocated it: the only one that may read or write it.
+        owner: u32,
     },
     Host(Mutex<Vec<u8>>),
 }
@@ -103,6 +110,7 @@ impl Tensor {
                     allocation,
                     memory,
                     device,
+                    owner: std::process::id(),
                 },
             }),
         }
@@ -151,6 +159,18 @@ impl Tensor {
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<(), NrtError> {
+        if let Storage::Device { owner, .. } = &self.inner.storage {
+            let current = std::process::id();
+            if *owner != current {
+                return Err(NrtError::new(
+                    NrtStatus::Uninitialized,
+                    format!(
+                        "tensor {:?}: the runtime was initialised in process {owner}, which allocated this device tensor; this is process {current}, forked from it: call nrt_init in this process and allocate its own tensors",
+                        self.inner.name
+                    ),
+                ));
+            }
+        }
         let end = offset.checked_add(len as u64);
         if end.is_none_or(|e| e > self.inner.size) {
             return Err(NrtError::new(
@@ -167,7 +187,8 @@ impl Tensor {
     /// Copies `buf.len()` bytes from byte `offset` of the tensor (`nrt_tensor_read`).
     ///
     /// # Errors
-    /// NRT_INVALID for a range outside the tensor.
+    /// NRT_INVALID for a range outside the tensor; NRT_UNINITIALIZED for a device tensor in a
+    /// process forked from the one that allocated it.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, buf.len())?;
         self.wait_idle();
@@ -192,7 +213,8 @@ impl Tensor {
     /// Copies `data` to byte `offset` of the tensor (`nrt_tensor_write`).
     ///
     /// # Errors
-    /// NRT_INVALID for a range outside the tensor.
+    /// NRT_INVALID for a range outside the tensor; NRT_UNINITIALIZED for a device tensor in a
+    /// process forked from the one that allocated it.
     pub fn write(&self, data: &[u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, data.len())?;
         self.wait_idle();

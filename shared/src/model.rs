@@ -1,12 +1,20 @@
-//! The model container, version 1 (DESIGN §6): what `nrt_load` takes on simdev.
+//! The model container, version 2 (DESIGN §6): what `nrt_load` takes on simdev.
 //!
-//! A container is a 24-byte [`ContainerHeader`] — magic `b"NRTMODEL"`, format version, target,
-//! body length — followed by the body: a [`Model`] encoded with bincode 2 (serde, standard
+//! A container is a 32-byte [`ContainerHeader`] — magic `b"NRTMODEL"`, format version, target,
+//! body length, checksum, a reserved zero word — followed by the body: a [`Model`] encoded with bincode 2 (serde, standard
 //! config). The body carries the metadata (I/O tensors with name, dtype, shape and byte size;
 //! `sg_count`; `exec_req_flags`; activation/DVE table hashes; whether the model has a
 //! collectives context) and, per TPB (physical NC of the vNC), the five engines' instruction
 //! blocks, internal buffers (constants such as weights, scratch) and I/O DMA ring templates whose
 //! descriptors bind patches with tensor PAs, keyed by tensor name.
+//!
+//! **Integrity.** The header's `checksum` is the CRC-32 (IEEE, `crc32fast`) of every byte of
+//! the container except the checksum field itself: header bytes 0..24, the reserved word, then
+//! the body. [`Model::from_container`] verifies it before decoding, so a corrupted file (any
+//! single-bit flip, any burst of up to 32 bits) is refused with [`ContainerError::Checksum`]
+//! instead of loading and running wrong — the role the MD5 hash in a NEFF's header plays for
+//! libnrt. Version 1 containers (24-byte header, no checksum) are refused as another version:
+//! rebuild them.
 //!
 //! Real NEFF files (a 1024-byte header, then a gzip'd tar) are recognised by
 //! [`looks_like_neff`] and refused with a clear message until a NEFF path exists.
@@ -18,7 +26,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// Container magic.
 pub const MODEL_MAGIC: [u8; 8] = *b"NRTMODEL";
 /// The container format version this crate reads and writes.
-pub const MODEL_FORMAT_VERSION: u32 = 1;
+pub const MODEL_FORMAT_VERSION: u32 = 2;
 /// Largest body accepted, in bytes (1 GiB).
 pub const MAX_MODEL_BODY: u64 = 1 << 30;
 
@@ -51,7 +59,7 @@ impl Target {
     }
 }
 
-/// The 24-byte container header.
+/// The 32-byte container header.
 #[repr(C)]
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
@@ -65,9 +73,25 @@ pub struct ContainerHeader {
     pub target: u32,
     /// Bytes of the body that follows.
     pub body_len: u64,
+    /// CRC-32 of the container without this field (see [`container_checksum`]).
+    pub checksum: u32,
+    /// Zero (a nonzero value is refused).
+    pub reserved: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<ContainerHeader>() == 24);
+const _: () = assert!(std::mem::size_of::<ContainerHeader>() == 32);
+
+/// Byte offset of [`ContainerHeader::checksum`] in a container.
+pub const CHECKSUM_OFFSET: usize = std::mem::offset_of!(ContainerHeader, checksum);
+
+/// The CRC-32 (IEEE) a container's header must carry: over every byte of `container` except
+/// the 4 checksum bytes at [`CHECKSUM_OFFSET`]. `container` must be at least a header long.
+pub fn container_checksum(container: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(container.get(..CHECKSUM_OFFSET).unwrap_or(container));
+    h.update(container.get(CHECKSUM_OFFSET + 4..).unwrap_or_default());
+    h.finalize()
+}
 
 /// Element types (`nrt_dtype_t` values).
 #[repr(u32)]
@@ -236,6 +260,16 @@ pub enum ContainerError {
         /// Target of the device.
         expected: &'static str,
     },
+    /// The checksum in the header does not match the contents: the file is corrupted.
+    #[error(
+        "model container checksum mismatch: the header says {stored:#010x}, the contents hash to {computed:#010x} (the file is corrupted or was modified after it was built)"
+    )]
+    Checksum {
+        /// CRC-32 in the header.
+        stored: u32,
+        /// CRC-32 of the contents.
+        computed: u32,
+    },
     /// The body length disagrees with the file.
     #[error("model body is {declared} bytes by its header, the file holds {actual}")]
     Truncated {
@@ -399,17 +433,22 @@ impl Model {
             version: MODEL_FORMAT_VERSION,
             target: target as u32,
             body_len: body.len() as u64,
+            checksum: 0,
+            reserved: 0,
         };
         let mut out = header.as_bytes().to_vec();
         out.extend_from_slice(&body);
+        let checksum = container_checksum(&out);
+        out[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 4].copy_from_slice(&checksum.to_le_bytes());
         Ok(out)
     }
 
     /// Decodes and validates a container built for `expected`.
     ///
     /// # Errors
-    /// [`ContainerError`]: a NEFF, a bad magic, another version or target, a truncated or
-    /// undecodable body, a model breaking [`Model::validate`].
+    /// [`ContainerError`]: a NEFF, a bad magic, another version, a truncated body, a checksum
+    /// mismatch (checked before anything else of the header is believed), a nonzero reserved
+    /// word, another target, an undecodable body, a model breaking [`Model::validate`].
     pub fn from_container(bytes: &[u8], expected: Target) -> Result<Self, ContainerError> {
         if let Some(num_tpb) = looks_like_neff(bytes) {
             return Err(ContainerError::Neff { num_tpb });
@@ -424,6 +463,25 @@ impl Model {
                 found: header.version,
             });
         }
+        if header.body_len != body.len() as u64 || header.body_len > MAX_MODEL_BODY {
+            return Err(ContainerError::Truncated {
+                declared: header.body_len,
+                actual: body.len() as u64,
+            });
+        }
+        let computed = container_checksum(bytes);
+        if computed != header.checksum {
+            return Err(ContainerError::Checksum {
+                stored: header.checksum,
+                computed,
+            });
+        }
+        if header.reserved != 0 {
+            return Err(ContainerError::Invalid(format!(
+                "reserved header word is {:#x}, must be 0",
+                header.reserved
+            )));
+        }
         let target = Target::from_u32(header.target);
         if target != Some(expected) {
             let found = target.map_or_else(
@@ -433,12 +491,6 @@ impl Model {
             return Err(ContainerError::WrongTarget {
                 found,
                 expected: expected.name(),
-            });
-        }
-        if header.body_len != body.len() as u64 || header.body_len > MAX_MODEL_BODY {
-            return Err(ContainerError::Truncated {
-                declared: header.body_len,
-                actual: body.len() as u64,
             });
         }
         let (model, used) = decode_body(body).map_err(|e| ContainerError::Body(e.to_string()))?;
@@ -526,12 +578,93 @@ mod tests {
         assert_eq!(offset_of!(ContainerHeader, version), 8);
         assert_eq!(offset_of!(ContainerHeader, target), 12);
         assert_eq!(offset_of!(ContainerHeader, body_len), 16);
+        assert_eq!(offset_of!(ContainerHeader, checksum), 24);
+        assert_eq!(offset_of!(ContainerHeader, reserved), 28);
+        assert_eq!(CHECKSUM_OFFSET, 24);
         let bytes = identity(8).to_container(Target::Simdev).unwrap();
-        assert_eq!(&bytes[..16], b"NRTMODEL\x01\0\0\0\x01\0\0\0");
+        assert_eq!(&bytes[..16], b"NRTMODEL\x02\0\0\0\x01\0\0\0");
         assert_eq!(
             u64::from_le_bytes(bytes[16..24].try_into().unwrap()),
-            bytes.len() as u64 - 24
+            bytes.len() as u64 - 32
         );
+        assert_eq!(&bytes[28..32], [0; 4]);
+        // The checksum is the IEEE CRC-32 of everything but its own 4 bytes.
+        let mut rest = bytes[..24].to_vec();
+        rest.extend_from_slice(&bytes[28..]);
+        assert_eq!(
+            u32::from_le_bytes(bytes[24..28].try_into().unwrap()),
+            crc32fast::hash(&rest)
+        );
+    }
+
+    #[test]
+    fn checksum_golden_value() {
+        // A fixed header and 3-byte body, hashed independently of `to_container`: pins the
+        // algorithm (CRC-32/ISO-HDLC, check value 0xCBF43926) and the bytes it covers.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+        let mut c = b"NRTMODEL\x02\0\0\0\x01\0\0\0\x03\0\0\0\0\0\0\0".to_vec();
+        c.extend_from_slice(&[0xAA; 4]); // checksum field: not covered
+        c.extend_from_slice(&[0; 4]);
+        c.extend_from_slice(b"abc");
+        let mut covered = c[..24].to_vec();
+        covered.extend_from_slice(&c[28..]);
+        assert_eq!(container_checksum(&c), crc32fast::hash(&covered));
+        c[24] = 0xBB;
+        assert_eq!(container_checksum(&c), crc32fast::hash(&covered));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_refused() {
+        let mut m = identity(300);
+        m.tpbs[0].buffers.push(BufferSpec {
+            name: "weights".into(),
+            size: 64,
+            init: (0..64).collect(),
+        });
+        let good = m.to_container(Target::Simdev).unwrap();
+        assert_eq!(Model::from_container(&good, Target::Simdev).unwrap(), m);
+        let mut checksum_refusals = 0;
+        for bit in 0..good.len() * 8 {
+            let mut bad = good.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            match Model::from_container(&bad, Target::Simdev) {
+                Ok(_) => panic!(
+                    "bit {bit} (byte {}) flipped and the container loads",
+                    bit / 8
+                ),
+                Err(ContainerError::Checksum { .. }) => checksum_refusals += 1,
+                Err(_) => {}
+            }
+        }
+        // Only magic, version and length flips are refused by an earlier check.
+        assert!(
+            checksum_refusals >= (good.len() - 24) * 8,
+            "{checksum_refusals}"
+        );
+    }
+
+    #[test]
+    fn a_checksum_mismatch_names_both_values() {
+        let mut bytes = identity(8).to_container(Target::Simdev).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x10;
+        let e = Model::from_container(&bytes, Target::Simdev)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("model container checksum mismatch"), "{e}");
+        assert!(e.contains("corrupted"), "{e}");
+    }
+
+    #[test]
+    fn a_nonzero_reserved_word_is_refused() {
+        let mut bytes = identity(8).to_container(Target::Simdev).unwrap();
+        bytes[28] = 1;
+        let sum = container_checksum(&bytes);
+        bytes[24..28].copy_from_slice(&sum.to_le_bytes());
+        let e = Model::from_container(&bytes, Target::Simdev)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reserved header word is 0x1"), "{e}");
     }
 
     #[test]
@@ -557,11 +690,11 @@ mod tests {
             Model::from_container(b"hello", Target::Simdev),
             Err(ContainerError::BadMagic)
         ));
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
+        let mut v1 = bytes.clone();
+        v1[8] = 1;
         assert!(matches!(
-            Model::from_container(&v2, Target::Simdev),
-            Err(ContainerError::UnsupportedVersion { found: 2 })
+            Model::from_container(&v1, Target::Simdev),
+            Err(ContainerError::UnsupportedVersion { found: 1 })
         ));
     }
 
@@ -608,9 +741,14 @@ mod tests {
             version: MODEL_FORMAT_VERSION,
             target: Target::Simdev as u32,
             body_len: body.len() as u64,
+            checksum: 0,
+            reserved: 0,
         };
         let mut file = header.as_bytes().to_vec();
         file.extend_from_slice(&body);
+        // A valid checksum, so the body reaches the decoder.
+        let checksum = container_checksum(&file);
+        file[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 4].copy_from_slice(&checksum.to_le_bytes());
         let e = Model::from_container(&file, Target::Simdev).unwrap_err();
         assert!(matches!(e, ContainerError::Body(_)), "{e}");
         // A real model still loads.

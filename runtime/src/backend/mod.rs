@@ -168,6 +168,19 @@ pub enum DeviceError {
         /// What was tried and how to fix it.
         hint: String,
     },
+    /// The connection was opened by another process: this one is a child forked after it was
+    /// opened. Nothing is sent; the parent's connection, memory and NCs stay untouched.
+    #[error(
+        "{op}: the runtime was initialised in process {owner}; this is process {current}, forked from it, which may not use that runtime's device connection: call nrt_init in this process"
+    )]
+    Forked {
+        /// Operation.
+        op: &'static str,
+        /// The process that opened the connection.
+        owner: u32,
+        /// This process.
+        current: u32,
+    },
     /// The backend does not implement this operation.
     #[error("{op} is not supported by the {backend} backend")]
     Unsupported {
@@ -184,6 +197,7 @@ impl DeviceError {
         use shared::protocol::ErrorKind as K;
         match self {
             Self::OutOfRange { .. } => NrtStatus::Invalid,
+            Self::Forked { .. } => NrtStatus::Uninitialized,
             Self::Remote { source, .. } => match source.kind {
                 K::OutOfMemory => NrtStatus::Resource,
                 K::NcBusy => NrtStatus::ExecNcBusy,

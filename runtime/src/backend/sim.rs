@@ -8,6 +8,13 @@
 //! Every other request holds the connection's lock from send to reply, so replies cannot be
 //! crossed between threads.
 //!
+//! **Fork.** A connection belongs to the process that opened it. A child forked after
+//! `connect` inherits the socket, but a request from it would interleave with the parent's on
+//! the same connection (and a reply could be read by the wrong process): every request and
+//! posted message checks the pid first and answers [`DeviceError::Forked`] without sending. A
+//! private simdev likewise is stopped (and its directory removed) only by the process that
+//! started it, so dropping inherited state in a child leaves the parent's device running.
+//!
 //! [`PrivateSimdev`] starts a simdev child on a private socket and stops it when dropped; the
 //! selection logic ([`super::select`]) uses it when no device is present.
 
@@ -52,6 +59,8 @@ pub struct SimDevice {
     exchange: Mutex<Exchange>,
     info: DeviceInfo,
     socket: PathBuf,
+    /// The process that opened the connection (the only one that may use it).
+    owner: u32,
     /// The private simdev this device started, stopped when the device is dropped. Declared
     /// last so the connection closes first.
     child: Option<PrivateSimdev>,
@@ -104,6 +113,7 @@ impl SimDevice {
             }),
             info: placeholder_info(),
             socket: socket.to_owned(),
+            owner: std::process::id(),
             child: None,
         };
         let (reply, _) = dev.request(
@@ -176,7 +186,22 @@ impl SimDevice {
         self.child.is_some()
     }
 
+    /// Refuses use from a process forked after the connection was opened.
+    fn check_owner(&self, op: &'static str) -> Result<(), DeviceError> {
+        let current = std::process::id();
+        if current == self.owner {
+            Ok(())
+        } else {
+            Err(DeviceError::Forked {
+                op,
+                owner: self.owner,
+                current,
+            })
+        }
+    }
+
     fn send(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
+        self.check_owner(op)?;
         let mut buf = [0u8; MAX_MSG_SIZE];
         let n = protocol::encode(req, &mut buf).map_err(|e| DeviceError::Protocol {
             op,
@@ -195,6 +220,8 @@ impl SimDevice {
         req: &Request,
     ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
         debug_assert!(!req.is_posted());
+        // Before the lock: a parent thread may have held it at the fork.
+        self.check_owner(op)?;
         let mut ex = self
             .exchange
             .lock()
@@ -547,7 +574,10 @@ pub struct SimdevCommand {
 pub struct PrivateSimdev {
     child: Child,
     socket: PathBuf,
-    dir: tempfile::TempDir,
+    /// `None` only while a forked child leaks it (see [`PrivateSimdev::stop`]).
+    dir: Option<tempfile::TempDir>,
+    /// The process that started simdev: the only one that stops it.
+    spawner: u32,
 }
 
 impl PrivateSimdev {
@@ -596,7 +626,12 @@ impl PrivateSimdev {
             for _ in lines {}
         });
         let ready = rx.recv_timeout(SIMDEV_START_TIMEOUT);
-        let mut this = PrivateSimdev { child, socket, dir };
+        let mut this = PrivateSimdev {
+            child,
+            socket,
+            dir: Some(dir),
+            spawner: std::process::id(),
+        };
         match ready {
             Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
             other => {
@@ -630,11 +665,20 @@ impl PrivateSimdev {
 
     /// The directory holding the socket and `simdev.log`.
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.dir.as_ref().map_or_else(
+            || self.socket.parent().unwrap_or(&self.socket),
+            |d| d.path(),
+        )
     }
 
-    /// Stops the child: SIGTERM, up to 2 s of grace, then SIGKILL; reaps it.
+    /// Stops the child: SIGTERM, up to 2 s of grace, then SIGKILL; reaps it. In a process
+    /// forked from the one that started it, does nothing but leak the directory handle (the
+    /// simdev and its socket belong to the parent).
     pub fn stop(&mut self) {
+        if std::process::id() != self.spawner {
+            std::mem::forget(self.dir.take());
+            return;
+        }
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }

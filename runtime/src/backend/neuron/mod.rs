@@ -239,6 +239,10 @@ pub struct NeuronDevice<P: IoctlPort = DeviceFile> {
     /// Chunks allocated through this device, by handle: MEM_GET_EXTENDED_INFO's answer, kept
     /// because mmap needs the offset and the driver clobbers the handle field when asked.
     chunks: Mutex<HashMap<u64, Chunk>>,
+    /// The process that opened the device: a child forked after that inherits the fd, but
+    /// every ioctl and mmap from it is refused ([`DeviceError::Forked`]) before it reaches the
+    /// driver, so it cannot free, map or ring the parent's resources.
+    owner: u32,
 }
 
 impl<P: IoctlPort> fmt::Debug for NeuronDevice<P> {
@@ -328,12 +332,27 @@ impl<P: IoctlPort> NeuronDevice<P> {
             info,
             uuid: process_uuid(),
             chunks: Mutex::new(HashMap::new()),
+            owner: std::process::id(),
         })
     }
 
     /// The port this device talks through.
     pub fn port(&self) -> &P {
         &self.port
+    }
+
+    /// Refuses use from a process forked after the device was opened.
+    fn check_owner(&self, op: &'static str) -> Result<(), DeviceError> {
+        let current = std::process::id();
+        if current == self.owner {
+            Ok(())
+        } else {
+            Err(DeviceError::Forked {
+                op,
+                owner: self.owner,
+                current,
+            })
+        }
     }
 
     /// Issues `request` with the in-place argument `arg`.
@@ -343,6 +362,7 @@ impl<P: IoctlPort> NeuronDevice<P> {
         request: u32,
         arg: &mut T,
     ) -> Result<(), DeviceError> {
+        self.check_owner(op)?;
         self.port
             .ioctl(request, arg.as_mut_bytes())
             .map_err(|source| DeviceError::Ioctl {
@@ -414,6 +434,7 @@ impl<P: IoctlPort> NeuronDevice<P> {
             value: size,
             limit: usize::MAX as u64,
         })?;
+        self.check_owner(op)?;
         self.port
             .map(offset, pa, len, writable)
             .map_err(|source| DeviceError::Map { op, source })
@@ -612,6 +633,7 @@ impl<P: IoctlPort> Device for NeuronDevice<P> {
             nc_id,
             mem_handle: 0,
         };
+        self.check_owner(op)?;
         let handle = self
             .port
             .ioctl_out_u64(

@@ -1011,3 +1011,27 @@ fn out_of_range_ids_never_reach_the_driver() {
     }
     assert_eq!(dev.port().take(), []);
 }
+
+#[test]
+fn a_forked_child_reaches_no_ioctl() {
+    // What a child forked after open sees: the device's owner is another process.
+    let mut dev = trn1();
+    dev.owner = std::process::id().wrapping_add(1);
+    dev.port().take();
+    let forked = |e: DeviceError| {
+        assert!(matches!(e, DeviceError::Forked { .. }), "{e:?}");
+        assert_eq!(e.status(), shared::NrtStatus::Uninitialized);
+        assert!(
+            e.to_string().contains("call nrt_init in this process"),
+            "{e}"
+        );
+    };
+    forked(dev.mem_free(MemHandle(11)).unwrap_err());
+    forked(
+        dev.mem_alloc(MemLocation::Hbm { nc: 0 }, 0x1000, 0)
+            .unwrap_err(),
+    );
+    forked(dev.semaphore_increment(0, 1, 1).unwrap_err());
+    forked(dev.release_nc(0).unwrap_err());
+    assert!(dev.port().take().is_empty(), "nothing reached the driver");
+}
