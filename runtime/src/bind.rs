@@ -1,6 +1,21 @@
-//! Bind: validate the I/O tensor sets and wire each bound tensor's device PA into the model's
-//! per-TPB I/O ring descriptors (seed 000 §2: `dlr_check_valid_io_sets`,
-//! `kbl_compute_build_compute_resources`, `ddrs_build_dma_rings`).
+//! Bind: validate the I/O tensor sets and build, outside the submit lock, this execution's
+//! I/O descriptors into the model's pooled resource tracker (seed 000 §2: `kmgr_exec_pre` →
+//! `dlr_check_valid_io_sets`, `kbl_compute_build_compute_resources`, and per TPB
+//! `ddrs_build_dma_rings` / `ioqs_build_swap_data`).
+//!
+//! For every I/O ring of every TPB, bind resolves each descriptor's operands to device PAs
+//! (tensor PAs now; buffer and SBUF PAs were fixed at load) and encodes the TX/RX UDMA
+//! descriptors of each copy piece ([`crate::dma::build_copy`]) into the tracker — libnrt's
+//! `ioq_switch_tx_descs` / `ioq_switch_rx_descs` / `ioq_switch_num_descs` of
+//! `tdrv_compute_ioqs_resource_t`. Nothing is written to a ring here, so nothing depends on
+//! the ring position and a request refused later (NRT_QUEUE_FULL) leaves no gap: the stage,
+//! under the main TPB's `compute_req_lock`, only appends these ready descriptors, patching
+//! each one's ring id for the slot it lands in ([`crate::dma::DmaQueue::append_prebuilt`]),
+//! then patches the request's instruction-block addresses and appends the trigger pairs.
+//! [`RingIo`]'s descriptors can only be filled here.
+//!
+//! The tracker is taken from the model's pool and returned on drop, and refilled in place:
+//! after the first executions of a model, bind allocates nothing.
 //!
 //! Status choices (the seed names the checks, not every code): a missing, unknown or wrongly
 //! sized tensor is NRT_INVALID (nrt-api.md: "tensor name/size mismatch with the model"); a
@@ -12,6 +27,7 @@ use std::sync::Arc;
 use shared::NrtStatus;
 use shared::model::Operand;
 
+use crate::dma::{PrebuiltPair, build_copy};
 use crate::error::NrtError;
 use crate::kmgr::LoadedModel;
 use crate::tensor::{Placement, Tensor, TensorSet};
@@ -34,36 +50,53 @@ impl ExecMode {
     }
 }
 
-/// One descriptor pair bound to device addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IoPair {
-    /// Source PA.
-    pub src: u64,
-    /// Destination PA.
-    pub dst: u64,
-    /// Bytes (1..=65536).
-    pub len: u32,
+/// One I/O ring's descriptors for one execution, encoded by bind with every PA resolved
+/// (`ioq_switch_tx_descs`, `ioq_switch_rx_descs`, `ioq_switch_num_descs` of one queue). Its
+/// fields are private to bind: the stage can read and append them, not build them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingIo {
+    engine: u32,
+    queue: u32,
+    descs: Vec<PrebuiltPair>,
 }
 
-/// One I/O ring's bound pairs for one execution.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RingIo {
+impl RingIo {
     /// DMA engine of the ring.
-    pub engine: u32,
+    pub const fn engine(&self) -> u32 {
+        self.engine
+    }
+
     /// Queue of the ring.
-    pub queue: u32,
-    /// The pairs, in ring order.
-    pub pairs: Vec<IoPair>,
+    pub const fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// The encoded descriptor pairs, in ring order (ring ids not yet patched).
+    pub fn descs(&self) -> &[PrebuiltPair] {
+        &self.descs
+    }
+}
+
+#[cfg(test)]
+impl RingIo {
+    /// A ring's descriptors as bind would hold them (for the stage's tests).
+    pub(crate) fn for_tests(engine: u32, queue: u32, descs: Vec<PrebuiltPair>) -> Self {
+        Self {
+            engine,
+            queue,
+            descs,
+        }
+    }
 }
 
 /// One TPB's bound I/O rings.
 pub type TpbIo = Vec<RingIo>;
 
 /// `tdrv_compute_resources_t` (0x20 in libnrt): the per-TPB I/O-queue resources of one
-/// execution.
+/// execution (`tdrv_compute_ioqs_resource_t` per TPB).
 #[derive(Debug, Default)]
 pub struct TdrvComputeResources {
-    /// Per TPB, the patched I/O descriptors.
+    /// Per TPB, the encoded I/O descriptors, ready to append.
     pub ioqs: Vec<TpbIo>,
 }
 
@@ -176,11 +209,12 @@ pub fn check_valid_io_sets(
     check_set(model, outputs, &model.model().outputs, "output")
 }
 
-/// `kmgr_exec_pre`: validates, then builds the resource tracker with every ring descriptor's
-/// tensor operands resolved to device PAs (buffer operands were resolved at load).
+/// `kmgr_exec_pre`: validates, then builds the resource tracker: every I/O ring descriptor's
+/// tensor operands resolved to device PAs (buffer operands were resolved at load) and encoded
+/// as TX/RX UDMA descriptors, ready for the stage to append.
 ///
 /// # Errors
-/// As [`check_valid_io_sets`].
+/// As [`check_valid_io_sets`]; NRT_INVALID for a descriptor that cannot be encoded.
 pub fn build_compute_resources(
     model: &Arc<LoadedModel>,
     inputs: &TensorSet,
@@ -231,21 +265,29 @@ pub fn build_compute_resources(
     tdrv.ioqs.resize_with(tpbs.len(), Vec::new);
     for (i, (tpb, rings)) in tpbs.iter().zip(tdrv.ioqs.iter_mut()).enumerate() {
         rings.truncate(tpb.io_rings.len());
-        rings.resize_with(tpb.io_rings.len(), || RingIo {
-            engine: 0,
-            queue: 0,
-            pairs: Vec::new(),
-        });
+        rings.resize_with(tpb.io_rings.len(), RingIo::default);
         for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
             out.engine = ring.engine;
             out.queue = ring.queue;
-            out.pairs.clear();
+            out.descs.clear();
             for d in &ring.descs {
-                out.pairs.push(IoPair {
-                    src: pa_of(&d.src, i)?,
-                    dst: pa_of(&d.dst, i)?,
-                    len: d.len,
-                });
+                build_copy(
+                    pa_of(&d.src, i)?,
+                    pa_of(&d.dst, i)?,
+                    u64::from(d.len),
+                    &mut out.descs,
+                )
+                .map_err(|e| {
+                    NrtError::new(
+                        NrtStatus::Invalid,
+                        format!(
+                            "model {:?}: TPB {i} I/O ring ({}, {}): {e}",
+                            model.name(),
+                            ring.engine,
+                            ring.queue
+                        ),
+                    )
+                })?;
             }
         }
     }

@@ -7,6 +7,12 @@
 //! pair of a transfer with the write barrier) and rings the DMA doorbell
 //! ([`crate::backend::Device::dma_queue_copy_start`]: RX count, then TX count).
 //!
+//! Descriptors can also be encoded before their ring position is known: [`build_copy`] turns
+//! a copy into [`PrebuiltPair`]s (this is what bind does for an execution's I/O, outside the
+//! submit lock), and [`DmaQueue::append_prebuilt`] appends them, patching only the ring id of
+//! the pass each slot belongs to (the one field that depends on the position). The result is
+//! byte-identical to [`DmaQueue::push_copy`] of the same copy at the same position.
+//!
 //! This module is backend-independent: the same descriptors go to simdev and to silicon.
 
 use shared::memory::{MemError, SharedChunk};
@@ -156,6 +162,82 @@ impl DescRing {
     }
 }
 
+/// The pieces of a `len`-byte copy: (src, dst, bytes ≤ 64 KiB, write barrier on the last).
+fn copy_pieces(src: u64, dst: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64, bool)> {
+    let max = u64::from(MAX_DESC_LEN);
+    (0..len.div_ceil(max)).map(move |k| {
+        let done = k * max;
+        let chunk = (len - done).min(max);
+        (src + done, dst + done, chunk, done + chunk == len)
+    })
+}
+
+/// One M2M copy piece's TX and RX descriptors, encoded before their ring position is known.
+/// Only [`build_copy`] makes one; [`DmaQueue::append_prebuilt`] writes it with the ring id of
+/// the slot it lands in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrebuiltPair {
+    tx: UdmaDesc,
+    rx: UdmaDesc,
+}
+
+impl PrebuiltPair {
+    /// The TX (source) descriptor as encoded (ring id not yet patched).
+    pub const fn tx(&self) -> &UdmaDesc {
+        &self.tx
+    }
+
+    /// The RX (destination) descriptor as encoded (ring id not yet patched).
+    pub const fn rx(&self) -> &UdmaDesc {
+        &self.rx
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Pairs [`build_copy`] encoded on this thread (tests check who builds descriptors).
+    static PAIRS_BUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Pairs [`build_copy`] has encoded on the calling thread (test builds only).
+#[cfg(test)]
+pub(crate) fn pairs_built_on_this_thread() -> u64 {
+    PAIRS_BUILT.with(std::cell::Cell::get)
+}
+
+/// Encodes the descriptor pairs of a `len`-byte copy from `src` to `dst` (device PAs) and
+/// appends them to `out`: pieces of at most 64 KiB, the last with the write barrier — the
+/// pairs [`DmaQueue::push_copy`] would write, with the ring id left for
+/// [`DmaQueue::append_prebuilt`] to set. Returns the number of pairs. Allocates only if `out`
+/// has to grow.
+///
+/// # Errors
+/// [`DmaError::Build`] for a zero length (nothing is appended).
+pub fn build_copy(
+    src: u64,
+    dst: u64,
+    len: u64,
+    out: &mut Vec<PrebuiltPair>,
+) -> Result<u32, DmaError> {
+    if len == 0 {
+        return Err(DmaError::Build(DescError::BadLength(0)));
+    }
+    let start = out.len();
+    for (s, d, n, barrier) in copy_pieces(src, dst, len) {
+        match udma::m2m_copy_descriptors(s, d, n, RingId::INITIAL, barrier) {
+            Ok((tx, rx)) => out.push(PrebuiltPair { tx, rx }),
+            Err(e) => {
+                out.truncate(start);
+                return Err(DmaError::Build(e));
+            }
+        }
+    }
+    let pairs = out.len() - start;
+    #[cfg(test)]
+    PAIRS_BUILT.with(|c| c.set(c.get() + pairs as u64));
+    Ok(u32::try_from(pairs).unwrap_or(u32::MAX))
+}
+
 /// A TX/RX ring pair bound to one DMA queue, with the chunks it allocated.
 #[derive(Debug)]
 pub struct DmaQueue {
@@ -257,14 +339,34 @@ impl DmaQueue {
                 count: self.tx.count(),
             });
         }
-        let mut done = 0u64;
-        while done < len {
-            let chunk = (len - done).min(u64::from(MAX_DESC_LEN));
-            let last = done + chunk == len;
-            self.push_pair_raw(src + done, dst + done, chunk, last)?;
-            done += chunk;
+        for (s, d, n, last) in copy_pieces(src, dst, len) {
+            self.push_pair_raw(s, d, n, last)?;
         }
         Ok(u32::try_from(pairs).unwrap_or(u32::MAX))
+    }
+
+    /// Appends descriptor pairs [`build_copy`] encoded earlier, setting in each descriptor the
+    /// ring id of the pass its slot belongs to (TX and RX rings each their own) and changing
+    /// nothing else: no descriptor is built here. Returns the number of pairs appended.
+    ///
+    /// # Errors
+    /// [`DmaError::RingFull`] when the pairs do not all fit in the ring before the next
+    /// doorbell (nothing is written then, so the ring stays in step with the device);
+    /// [`DmaError::WriteDescriptor`].
+    pub fn append_prebuilt(&mut self, pairs: &[PrebuiltPair]) -> Result<u32, DmaError> {
+        let room = self.tx.count() - self.posted_tx.max(self.posted_rx);
+        let n = u32::try_from(pairs.len()).unwrap_or(u32::MAX);
+        if n > room {
+            return Err(DmaError::RingFull {
+                count: self.tx.count(),
+            });
+        }
+        for p in pairs {
+            let tx = p.tx.with_ring_id(self.tx.ring_id());
+            let rx = p.rx.with_ring_id(self.rx.ring_id());
+            self.push_descriptors(&tx, &rx)?;
+        }
+        Ok(n)
     }
 
     /// Writes one descriptor pair built with the rings' current ring ids.
@@ -355,6 +457,129 @@ mod tests {
         file.set_len(u64::from(count) * 16).unwrap();
         let mem = SharedChunk::map_fd(&file, 0x10_0000_0000, count as usize * 16, true).unwrap();
         DescRing::new(mem, count).unwrap()
+    }
+
+    /// A queue on two tempfile-backed rings (no device: only descriptor writes are tested).
+    fn queue(count: u32) -> DmaQueue {
+        let alloc = Allocation {
+            handle: crate::backend::MemHandle(0),
+            pa: 0,
+            size: 0,
+            location: MemLocation::Hbm { nc: 0 },
+        };
+        DmaQueue {
+            id: DmaQueueId {
+                nc: 0,
+                engine: 1,
+                queue: 2,
+            },
+            tx: ring(count),
+            rx: ring(count),
+            allocations: [alloc, alloc],
+            posted_tx: 0,
+            posted_rx: 0,
+        }
+    }
+
+    fn slots(r: &DescRing) -> Vec<[u8; UDMA_DESC_SIZE]> {
+        (0..r.count())
+            .map(|i| r.read(i).unwrap().to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn prebuilt_pairs_are_byte_identical_to_push_copy_across_a_ring_wrap() {
+        // 150 KiB: 64 + 64 + 22 KiB pieces, the last with the write barrier; then a 4-byte copy.
+        let copies = [(0x10_0000u64, 0x90_0000u64, 150 << 10), (0x7000, 0x8000, 4)];
+        let mut prebuilt = Vec::new();
+        for &(src, dst, len) in &copies {
+            build_copy(src, dst, len, &mut prebuilt).unwrap();
+        }
+        assert_eq!(prebuilt.len(), 4);
+        assert!(prebuilt.iter().all(|p| p.tx().ring_id() == RingId::INITIAL));
+        let (mut old, mut new) = (queue(32), queue(32));
+        // Both at slot 30 of pass 1: the pieces land in slots 30, 31 (ring id 1), 0, 1 (id 2).
+        for q in [&mut old, &mut new] {
+            for _ in 0..30 {
+                q.push_copy(0x1, 0x2, 16).unwrap();
+            }
+            q.hand_to_device();
+        }
+        for &(src, dst, len) in &copies {
+            old.push_copy(src, dst, len).unwrap();
+        }
+        assert_eq!(new.append_prebuilt(&prebuilt).unwrap(), 4);
+        assert_eq!(slots(&old.tx), slots(&new.tx), "TX ring bytes");
+        assert_eq!(slots(&old.rx), slots(&new.rx), "RX ring bytes");
+        let ids = |r: &DescRing| [30, 31, 0, 1].map(|i| r.read(i).unwrap().ring_id().value());
+        assert_eq!(ids(&new.tx), [1, 1, 2, 2]);
+        assert_eq!(ids(&new.rx), [1, 1, 2, 2]);
+        assert_eq!((new.tx.next_index(), new.tx.ring_id().value()), (2, 2));
+        // The pieces, decoded on the pass each slot belongs to.
+        let tx2 = new
+            .tx
+            .read(0)
+            .unwrap()
+            .decode_tx(RingId::new(2).unwrap())
+            .unwrap();
+        assert_eq!((tx2.src, tx2.len, tx2.barrier), (0x12_0000, 22 << 10, true));
+        let tx1 = new.tx.read(31).unwrap().decode_tx(RingId::INITIAL).unwrap();
+        assert_eq!((tx1.src, tx1.len, tx1.barrier), (0x11_0000, 65536, false));
+        let rx3 = new
+            .rx
+            .read(1)
+            .unwrap()
+            .decode_rx(RingId::new(2).unwrap())
+            .unwrap();
+        assert_eq!((rx3.dst, rx3.len), (0x8000, 4));
+    }
+
+    #[test]
+    fn prebuilt_pairs_get_every_ring_id_over_four_passes() {
+        let mut pairs = Vec::new();
+        build_copy(0x100, 0x200, 64, &mut pairs).unwrap();
+        let mut q = queue(32);
+        for pass in 0..4u32 {
+            for slot in 0..32 {
+                q.append_prebuilt(&pairs).unwrap();
+                q.hand_to_device();
+                let want = u8::try_from((1 + pass) % 4).unwrap();
+                assert_eq!(q.tx.read(slot).unwrap().ring_id().value(), want);
+                assert_eq!(q.rx.read(slot).unwrap().ring_id().value(), want);
+            }
+        }
+    }
+
+    #[test]
+    fn append_prebuilt_refuses_what_does_not_fit_and_writes_nothing() {
+        let mut pairs = Vec::new();
+        build_copy(0x100, 0x200, 3 * 65536, &mut pairs).unwrap();
+        let mut q = queue(32);
+        for _ in 0..30 {
+            q.push_copy(0x1, 0x2, 16).unwrap();
+        }
+        let before = (slots(&q.tx), slots(&q.rx), q.tx.next_index(), q.posted());
+        assert!(matches!(
+            q.append_prebuilt(&pairs),
+            Err(DmaError::RingFull { count: 32 })
+        ));
+        assert_eq!(
+            (slots(&q.tx), slots(&q.rx), q.tx.next_index(), q.posted()),
+            before
+        );
+        q.hand_to_device();
+        assert_eq!(q.append_prebuilt(&pairs).unwrap(), 3);
+    }
+
+    #[test]
+    fn build_copy_refuses_zero_bytes_and_appends_nothing() {
+        let mut pairs = Vec::new();
+        build_copy(0x100, 0x200, 4, &mut pairs).unwrap();
+        assert!(matches!(
+            build_copy(0x100, 0x200, 0, &mut pairs),
+            Err(DmaError::Build(DescError::BadLength(0)))
+        ));
+        assert_eq!(pairs.len(), 1);
     }
 
     #[test]

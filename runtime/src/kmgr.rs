@@ -155,7 +155,9 @@ impl LoadedModel {
     }
 
     /// A resource tracker from the model's pool (empty ones are made on first use): bind refills
-    /// it in place, so steady-state executions allocate no tracker.
+    /// it in place with this execution's encoded I/O descriptors (`ioq_switch_tx_descs` /
+    /// `ioq_switch_rx_descs`), so steady-state executions allocate no tracker and no descriptor
+    /// storage.
     pub fn take_tracker(&self) -> (TdrvComputeResources, Vec<Tensor>) {
         self.trackers
             .lock()

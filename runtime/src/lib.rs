@@ -10,7 +10,7 @@
 //! - [`metrics`]: per-NC execution counters (`kmetric_update_nds_*`).
 //! - [`api`]: `Runtime` (init, load, tensors, execute, close) and the process-global [`nrt`]
 //!   facade with libnrt's lifecycle gates.
-//! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, ring binding),
+//! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, I/O descriptors built),
 //!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).

@@ -1,6 +1,17 @@
-//! Stage: building the `device_exec_request` and appending the trigger descriptors to each NC's
-//! hardware exec queue (seed 000 §3 `hw_exec_queue_add_exec_request_impl`, §4
-//! `kbl_compute_setup`; the device side of the contract is `shared::sequencer`).
+//! Stage: appending an execution's ready I/O descriptors to its I/O rings, building the
+//! `device_exec_request` and appending the trigger descriptors to each NC's hardware exec queue
+//! (seed 000 §3 `hw_exec_queue_add_exec_request_impl`, §4 `kbl_compute_setup`; the device side
+//! of the contract is `shared::sequencer`).
+//!
+//! Stage runs under the main TPB's `compute_req_lock` and does only what depends on the ring
+//! and slot positions: bind already resolved every tensor PA and encoded the TX/RX descriptors
+//! of each I/O copy outside the lock (`crate::bind`, libnrt's `ioq_switch_tx_descs` /
+//! `ioq_switch_rx_descs` / `ioq_switch_num_descs`), so stage appends them as they are,
+//! setting each one's ring id for the slot it lands in ([`DmaQueue::append_prebuilt`]); no
+//! I/O descriptor is built here. It then writes the request with the instruction-block
+//! addresses into the fan-out's slot and appends the trigger pairs. Ring positions are taken
+//! only here, under the lock, so a request refused before the stage (NRT_QUEUE_FULL) leaves
+//! no gap in any ring.
 //!
 //! Everything here is allocated once — at runtime init for each claimed NC (request buffer
 //! slots, the exec queue's rings, the I/O rings) — and an execution only writes descriptors and
@@ -54,7 +65,7 @@ pub struct StagedProgram<'a> {
     pub exec_req_flags: &'a [u32; 13],
     /// The model's activation and DVE table hashes.
     pub table_hashes: (&'a [u8; 32], &'a [u8; 32]),
-    /// I/O descriptor pairs of this execution, by ring.
+    /// This execution's I/O descriptors, by ring, as bind encoded them.
     pub io: &'a [crate::bind::RingIo],
     /// The collectives chain to append on a model switch (first NC only), if any.
     pub cc_chain: Option<&'a CcChain>,
@@ -292,8 +303,8 @@ impl HwExecState {
         &self.exec_queue
     }
 
-    /// `hw_exec_queue_add_exec_request_impl`: writes this execution's I/O descriptors into the
-    /// I/O rings, builds the request (engine addresses split lo/hi; `reload_seq_config` from the
+    /// `hw_exec_queue_add_exec_request_impl`: appends this execution's I/O descriptors (encoded
+    /// by bind; only their ring ids are set here) to the I/O rings, builds the request (engine addresses split lo/hi; `reload_seq_config` from the
     /// `exec_req_flags` diff — always 1 when the optimisation is off; `load_act_dve_tables` from
     /// the table-hash diff), copies it into the request slot then the `cc_dma_increment` trailer
     /// at 0x34 (`M`, the chain length), appends trigger pair 1 (52-byte request → DMEM), pair 2
@@ -314,16 +325,15 @@ impl HwExecState {
     ) -> Result<StagedRequest, NrtError> {
         let nc = self.nc;
         for ring in program.io {
-            let (engine, queue) = (ring.engine, ring.queue);
+            let (engine, queue) = (ring.engine(), ring.queue());
             let q = self.io_queues.get_mut(&(engine, queue)).ok_or_else(|| {
                 fail(format!(
                     "NC {nc}: I/O ring ({engine}, {queue}) was not created at load"
                 ))
             })?;
-            for p in &ring.pairs {
-                q.push_copy(p.src, p.dst, u64::from(p.len))
-                    .map_err(|e| fail(format!("NC {nc}: I/O ring ({engine}, {queue}): {e}")))?;
-            }
+            // Append only: bind built them; the ring id is the one position-dependent field.
+            q.append_prebuilt(ring.descs())
+                .map_err(|e| fail(format!("NC {nc}: I/O ring ({engine}, {queue}): {e}")))?;
             q.hand_to_device();
         }
         let mut request = DeviceExecRequest {
@@ -409,7 +419,194 @@ pub fn check_cc_chain(chain: &CcChain) -> Result<(), NrtError> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
+    use shared::memory::SharedChunk;
+    use shared::protocol::{DeviceInfo, NcCounters};
+    use shared::{Arch, RingId};
+
     use super::*;
+    use crate::backend::{ClaimedNc, DeviceError, DmaRings, MemHandle, NotificationQueue};
+    use crate::bind::RingIo;
+    use crate::dma::{build_copy, pairs_built_on_this_thread};
+
+    /// A device whose memory is tempfiles and whose control calls succeed and do nothing:
+    /// enough to stage into real rings and read them back.
+    #[derive(Debug)]
+    struct MemoryOnlyDevice {
+        info: DeviceInfo,
+        chunks: Mutex<Vec<(File, Allocation)>>,
+    }
+
+    impl MemoryOnlyDevice {
+        fn new() -> Self {
+            Self {
+                info: DeviceInfo {
+                    arch: Arch::Trn1,
+                    nc_count: 2,
+                    hbm_bytes_per_nc: 1 << 30,
+                    hbm_bases: vec![0, 1 << 30],
+                    host_base: 1 << 40,
+                    reg_base: 1 << 41,
+                    semaphores_per_nc: 32,
+                    events_per_nc: 256,
+                    dma_engines_per_nc: 16,
+                    dma_queues_per_engine: 16,
+                    description: "stage unit tests".into(),
+                },
+                chunks: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    fn unsupported(op: &'static str) -> DeviceError {
+        DeviceError::OutOfRange {
+            op,
+            what: "call",
+            value: 0,
+            limit: 0,
+        }
+    }
+
+    impl Device for MemoryOnlyDevice {
+        fn backend_name(&self) -> &'static str {
+            "memory-only"
+        }
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn claim_nc(&self, _: u32) -> Result<ClaimedNc, DeviceError> {
+            Err(unsupported("claim_nc"))
+        }
+        fn release_nc(&self, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn mem_alloc(
+            &self,
+            location: MemLocation,
+            size: u64,
+            _: u64,
+        ) -> Result<Allocation, DeviceError> {
+            let mut chunks = self.chunks.lock().unwrap();
+            let size = size.next_multiple_of(4096);
+            let pa = chunks.last().map_or(0x10_0000, |(_, a)| a.pa + a.size);
+            let file = tempfile::tempfile().map_err(|_| unsupported("mem_alloc"))?;
+            file.set_len(size).map_err(|_| unsupported("mem_alloc"))?;
+            let a = Allocation {
+                handle: MemHandle(chunks.len() as u64),
+                pa,
+                size,
+                location,
+            };
+            chunks.push((file, a));
+            Ok(a)
+        }
+        fn mem_free(&self, _: MemHandle) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
+            let chunks = self.chunks.lock().unwrap();
+            let (file, a) = chunks
+                .iter()
+                .find(|(_, a)| a.handle == allocation.handle)
+                .ok_or_else(|| unsupported("mem_map"))?;
+            SharedChunk::map_fd(file, a.pa, usize::try_from(a.size).unwrap(), true)
+                .map_err(|_| unsupported("mem_map"))
+        }
+        fn dma_queue_init(&self, _: DmaQueueId, _: &DmaRings) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn dma_queue_release(&self, _: DmaQueueId) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn dma_queue_copy_start(&self, _: DmaQueueId, _: u32, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn semaphore_increment(&self, _: u32, _: u32, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn semaphore_decrement(&self, _: u32, _: u32, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn semaphore_read(&self, _: u32, _: u32) -> Result<u32, DeviceError> {
+            Ok(0)
+        }
+        fn semaphore_write(&self, _: u32, _: u32, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn event_set(&self, _: u32, _: u32, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn event_get(&self, _: u32, _: u32) -> Result<u32, DeviceError> {
+            Ok(0)
+        }
+        fn notification_queue_init(
+            &self,
+            _: u32,
+            _: u32,
+        ) -> Result<NotificationQueue, DeviceError> {
+            Err(unsupported("notification_queue_init"))
+        }
+        fn nc_reset(&self, _: u32) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn nc_counters(&self, _: u32) -> Result<NcCounters, DeviceError> {
+            Ok(NcCounters::default())
+        }
+    }
+
+    #[test]
+    fn stage_appends_binds_descriptors_as_they_are_patching_only_ring_ids() {
+        const ENGINE: u32 = 3;
+        const QUEUE: u32 = 1;
+        let hw = HwExecQueue::new(Arc::new(MemoryOnlyDevice::new()), &[0], 4).unwrap();
+        hw.ensure_io_queue(0, ENGINE, QUEUE).unwrap();
+        // What bind holds for one 150 KiB tensor: three pieces (64, 64, 22 KiB).
+        let mut descs = Vec::new();
+        build_copy(0x4000_0000, 0x5000_0000, 150 << 10, &mut descs).unwrap();
+        let io = [RingIo::for_tests(ENGINE, QUEUE, descs.clone())];
+        let (flags, act, dve) = ([0u32; 13], [1u8; 32], [2u8; 32]);
+        let program = StagedProgram {
+            engine_addresses: [0x1000, 0x2000, 0x3000, 0x4000, 0x5000],
+            exec_req_flags: &flags,
+            table_hashes: (&act, &dve),
+            io: &io,
+            cc_chain: None,
+        };
+        let built = pairs_built_on_this_thread();
+        let mut req = hw.compute_req_lock.lock().unwrap();
+        // 5462 executions of 3 pairs: the one at 5461 lands on slots 16383 (pass 1), 0 and 1
+        // (pass 2) of the 16384-descriptor ring.
+        let wrap_at = IO_RING_DESCS / 3;
+        for _ in 0..=wrap_at {
+            let idx = req.next_compute_idx();
+            let staged = req
+                .tpb_mut(0)
+                .unwrap()
+                .add_exec_request(idx, &program, false, true)
+                .unwrap();
+            assert_eq!(
+                staged.exec_pairs, 4,
+                "the trigger pairs are still the stage's"
+            );
+        }
+        assert_eq!(
+            pairs_built_on_this_thread(),
+            built,
+            "the stage encoded I/O descriptors of its own"
+        );
+        let q = &req.tpb(0).unwrap().io_queues[&(ENGINE, QUEUE)];
+        let pass2 = RingId::new(2).unwrap();
+        for (slot, piece, rid) in [
+            (IO_RING_DESCS - 1, 0, RingId::INITIAL),
+            (0, 1, pass2),
+            (1, 2, pass2),
+        ] {
+            assert_eq!(q.tx().read(slot), Some(descs[piece].tx().with_ring_id(rid)));
+            assert_eq!(q.rx().read(slot), Some(descs[piece].rx().with_ring_id(rid)));
+        }
+        assert_eq!((q.tx().next_index(), q.tx().ring_id()), (2, pass2));
+    }
 
     #[test]
     fn a_collectives_chain_piece_over_64_kib_is_refused() {

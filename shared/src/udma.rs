@@ -282,6 +282,18 @@ impl UdmaDesc {
         RingId(((self.len_ctrl & LEN_CTRL_RING_ID_MASK) >> LEN_CTRL_RING_ID_SHIFT) as u8)
     }
 
+    /// This descriptor with its ring id (`len_ctrl[25:24]`) set to `ring_id` and every other
+    /// bit unchanged: the one field that depends on where in the ring the descriptor lands.
+    /// A descriptor encoded before its ring position is known is patched with it on append.
+    #[must_use]
+    pub const fn with_ring_id(self, ring_id: RingId) -> Self {
+        let rid = (ring_id.0 as u32) << LEN_CTRL_RING_ID_SHIFT;
+        Self {
+            len_ctrl: (self.len_ctrl & !LEN_CTRL_RING_ID_MASK) | rid,
+            ..self
+        }
+    }
+
     /// The length in bytes (1..=65536).
     pub fn len(&self) -> u32 {
         decode_len(self.len_ctrl)
@@ -419,6 +431,31 @@ pub fn check_pair(tx: &TxDesc, rx: &RxDesc) -> Result<(), DescError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_ring_id_changes_only_the_ring_id_bits() {
+        for barrier in [false, true] {
+            let (tx, rx) =
+                m2m_copy_descriptors(0x1234, 0x5678, 65536, RingId::INITIAL, barrier).unwrap();
+            for v in 0..=3 {
+                let rid = RingId::new(v).unwrap();
+                let (want_tx, want_rx) =
+                    m2m_copy_descriptors(0x1234, 0x5678, 65536, rid, barrier).unwrap();
+                assert_eq!(tx.with_ring_id(rid), want_tx, "TX ring id {v}");
+                assert_eq!(rx.with_ring_id(rid), want_rx, "RX ring id {v}");
+                assert_eq!(tx.with_ring_id(rid).ring_id(), rid);
+            }
+        }
+        // Every other bit of len_ctrl survives, including ones a decoder would refuse.
+        let odd = UdmaDesc::from_raw(!LEN_CTRL_RING_ID_MASK, 7, 9);
+        let patched = odd.with_ring_id(RingId::new(2).unwrap());
+        assert_eq!(
+            patched.len_ctrl() & !LEN_CTRL_RING_ID_MASK,
+            !LEN_CTRL_RING_ID_MASK
+        );
+        assert_eq!((patched.word1(), patched.buf_ptr()), (7, 9));
+        assert_eq!(patched.ring_id().value(), 2);
+    }
 
     #[test]
     fn the_ring_size_rule_is_the_drivers() {
