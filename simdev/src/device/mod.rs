@@ -23,7 +23,7 @@
 //! Each NC has two locks: `state` (its DMA queues, notification queue and exec-batch count)
 //! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
 //! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
-//! state. `memory` guards the address space and `clients` the pids of connected clients. The
+//! state. `memory` guards the address space and `clients` the processes of connected clients. The
 //! order is `state` → `claim` and `state` → `memory`; `claim`, `memory`, `clients`, `dmem`,
 //! `compute`, the sequencer lock, `faults`, `latency`, the lost hook and the trace buffer are
 //! leaves, held only for a lookup, an update or one
@@ -59,7 +59,7 @@ use shared::address_map::{AddressMap, REG_WINDOW_BASE};
 use shared::protocol::{DeviceInfo, DeviceStats, LatencyModel, NcCounters, Reply, Request};
 use shared::sequencer::SEQ_DMEM_SIZE;
 
-use crate::client::ClientId;
+use crate::client::{ClientId, Peer};
 use crate::compute::ComputeState;
 use crate::config::{Config, ConfigError};
 use crate::counters::Counters;
@@ -119,10 +119,11 @@ struct Nc {
     clock: SimClock,
 }
 
-/// What the device knows of a connected client.
-#[derive(Clone, Copy, Debug)]
+/// What the device knows of a connected client: its process, to tell whether it still lives
+/// when another client claims one of its NCs ([`crate::client`]).
+#[derive(Debug)]
 struct ClientInfo {
-    pid: u32,
+    peer: Peer,
 }
 
 /// What the device does when an injected DeviceLost fault fires, after posting DeviceLost to
@@ -218,14 +219,23 @@ impl Device {
         &self.core.map
     }
 
-    /// Registers a new client (a connection from process `pid`).
+    /// Registers a new client (a connection from process `pid`) that is never judged gone
+    /// before [`Device::disconnect`] (in-process clients).
     pub fn connect(&self, pid: u32) -> ClientId {
-        self.core.connect(pid)
+        self.core.connect(Peer::pid_only(pid))
+    }
+
+    /// Registers a new client whose process can be checked ([`Peer`]): a claim that
+    /// conflicts with one of its NCs after its process died reclaims it at once instead of
+    /// waiting for [`Device::disconnect`].
+    pub fn connect_peer(&self, peer: Peer) -> ClientId {
+        self.core.connect(peer)
     }
 
     /// The client went away (EOF, reset, kill -9): stops and forgets the queues and
     /// notification queues of its NCs, abandons their executions, zeroes their registers and
-    /// DMEM, clears their ownership, and frees all its memory chunks.
+    /// DMEM, clears their ownership (each NC counts a reset), and frees all its memory chunks.
+    /// Harmless after a claim already reclaimed the client.
     pub fn disconnect(&self, client: ClientId) {
         self.core.disconnect(client);
     }
