@@ -124,6 +124,7 @@ impl<'a> Runner<'a> {
             funtime: false,
             xu_capacity: r.xu_capacity,
             lnc: r.lnc,
+            ..RuntimeConfig::default()
         })
     }
 
