@@ -2,11 +2,12 @@
 //!
 //! [`Device::handle`] answers one [`Request`] of one client with one [`Reply`] (plus the fds
 //! it carries), exactly as the control socket would, so every behaviour can be exercised
-//! in-process. The server gives each connection a [`ClientId`] ([`Device::connect`]) and
+//! in-process. The server gives each connection a [`ClientId`] ([`Device::connect_peer`]) and
 //! reclaims everything the client owned when the connection ends ([`Device::disconnect`]).
 //!
 //! Ownership follows the driver (`reference/driver-abi.md` §1.2, DESIGN §5): an NC belongs to
-//! at most one client (a second claim is refused); memory chunks belong to the client that
+//! at most one client (a second claim is refused, unless the owner's process is gone: then it
+//! is reclaimed on the spot, see [`crate::client`]); memory chunks belong to the client that
 //! allocated them; DMA on a client's queues may touch only that client's chunks and the
 //! registers of its own NCs.
 //!

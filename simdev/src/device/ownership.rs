@@ -1,6 +1,6 @@
 //! Clients and NC ownership: connecting and disconnecting clients, claiming an NC (reclaiming a
-//! gone owner first), and an NC's reset, release and reclaim (`reference/driver-abi.md` §1.2; the locks are described in
-//! [`crate::device`]).
+//! gone owner first, [`crate::client`]), and an NC's reset, release and reclaim
+//! (`reference/driver-abi.md` §1.2; the locks are described in [`crate::device`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
