@@ -138,9 +138,21 @@ fn a_claim_reclaims_a_gone_owner_at_once_and_a_live_owner_still_refuses() {
     let busy = b.refused(Request::ClaimNc { nc: 0 });
     assert_eq!(busy.kind, ErrorKind::NcBusy, "a live owner keeps its NC");
 
-    // The owner dies; its connection thread has not reclaimed it yet.
+    // The owner dies; its connection thread has not reclaimed it yet. (A process another test
+    // forks holds a copy of `a_end` until it execs: retry for that moment.)
     drop(a_end);
-    b.claim(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while matches!(b.call(Request::ClaimNc { nc: 0 }), Reply::Error(_)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone owner was not reclaimed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        dev.counters(0).unwrap().resets >= 1,
+        "the reclaim reset NC 0"
+    );
     assert_eq!(b.semaphore(0, 2), 0, "the dead owner's state is gone");
     assert_eq!(read(&dev.core.memory).chunk_count(), 0, "and its memory");
     assert_eq!(dev.stats().clients, 1, "and the client itself");
