@@ -35,6 +35,7 @@ use crate::doorbell::kickoff_exec;
 use crate::error::{NrtError, NrtResult};
 use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
+use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
 use crate::tensor::{Placement, Tensor, TensorSet};
 use crate::xu::{
@@ -209,13 +210,14 @@ fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
 }
 
 impl Runtime {
-    /// `nrt_init` on `device` with `config`: claims the selected NCs (LNC=1: one NC per logical
-    /// core), creates their notification queues and exec queues, one XU per logical core and
-    /// its worker thread.
+    /// `nrt_init` on `device` with `config`: reserves the selected logical cores (claiming and
+    /// resetting their NCs, [`crate::reserve`]), creates their notification queues and exec
+    /// queues, one XU per logical core and its worker thread.
     ///
     /// # Errors
-    /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection; the device's
-    /// errors (an NC owned by another process is NRT_EXEC_NC_BUSY, naming it).
+    /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection or too few free
+    /// cores; the device's errors (an NC of a fixed selection owned by another process is
+    /// NRT_EXEC_NC_BUSY, naming it).
     pub fn init(device: Arc<dyn Device>, config: RuntimeConfig) -> NrtResult<Self> {
         let info = device.info();
         let nc_count = info.nc_count;
@@ -230,7 +232,7 @@ impl Runtime {
             ));
         }
         let logical = nc_count / lnc;
-        let (first, count) = config
+        let selection = config
             .select_vncs(logical)
             .map_err(|m| status_err(NrtStatus::LoadNotEnoughNc, m))?;
         let platform = Platform::of_backend(device.backend_name());
@@ -239,26 +241,20 @@ impl Runtime {
             Platform::Hardware => Target::Silicon,
         };
         let wait_budget = config.wait_budget(platform);
-        let vncs: Vec<Vnc> = (first..first + count)
-            .map(|v| Vnc {
-                ncs: (v * lnc..(v + 1) * lnc).collect(),
-            })
+        let reservation = reserve::reserve(&*device, selection, logical, lnc, config.reset_cores)?;
+        let vncs: Vec<Vnc> = reservation
+            .vncs
+            .into_iter()
+            .map(|ncs| Vnc { ncs })
             .collect();
-        let physical: Vec<u32> = vncs.iter().flat_map(|v| v.ncs.iter().copied()).collect();
-        let mut claimed = Vec::new();
+        let mut claimed = reservation.claimed;
         let mut readers = Vec::new();
         let mut hw_queues = HashMap::new();
         let slots = config.max_inflight().saturating_add(1);
         let setup = (|| -> NrtResult<()> {
-            for &nc in &physical {
-                let mut c = device.claim_nc(nc).map_err(|e| {
-                    let mut err = NrtError::from(e);
-                    err.message = format!("claiming NC {nc}: {}", err.message);
-                    err
-                })?;
-                let nq = device.notification_queue_init(nc, NQ_ENTRIES)?;
-                readers.push((nc, NqReader::new(nq, c.notification_fd.take())));
-                claimed.push(c);
+            for c in &mut claimed {
+                let nq = device.notification_queue_init(c.nc, NQ_ENTRIES)?;
+                readers.push((c.nc, NqReader::new(nq, c.notification_fd.take())));
             }
             // One set of exec queues per logical core, behind its main TPB's compute_req_lock.
             for v in &vncs {
@@ -270,9 +266,7 @@ impl Runtime {
             Ok(())
         })();
         if let Err(e) = setup {
-            for c in &claimed {
-                let _ = device.release_nc(c.nc);
-            }
+            reserve::release_all(&*device, &claimed);
             return Err(e);
         }
         let metrics = Arc::new(Metrics::new(nc_count as usize));

@@ -4,7 +4,8 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `NEURON_RT_VISIBLE_CORES` | exact logical cores: `3`, `3-5`, `3-5,6` (contiguous, increasing); wins over NUM_CORES |
-//! | `NEURON_RT_NUM_CORES` | reserve N cores (0 = all) |
+//! | `NEURON_RT_NUM_CORES` | reserve N *free* logical cores, the runtime choosing (0 = all) |
+//! | `NEURON_RT_RESET_CORES` | reset each reserved NC at init (default 1; 0 skips) |
 //! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
 //! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default 1 here (libnrt defaults to 2 on Trn2) |
 //! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (`async_pool`) with that many executions in flight per logical core, at most 63 |
@@ -40,6 +41,25 @@ pub struct RuntimeConfig {
     /// (`NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` or `NEURON_FAIL_ON_NAN=1`); off by
     /// default, as in libnrt since 2.25.
     pub report_numerical_errors: bool,
+    /// `NEURON_RT_RESET_CORES`: reset every reserved NC at init.
+    pub reset_cores: bool,
+}
+
+/// Which logical cores `nrt_init` reserves ([`RuntimeConfig::select_vncs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreSelection {
+    /// Exactly these (`NEURON_RT_VISIBLE_CORES`, or every core): a busy one is an error.
+    Fixed {
+        /// The first logical core.
+        first: u32,
+        /// How many, contiguous.
+        count: u32,
+    },
+    /// Any `count` free ones (`NEURON_RT_NUM_CORES`), tried in index order, busy ones skipped.
+    Free {
+        /// How many.
+        count: u32,
+    },
 }
 
 impl Default for RuntimeConfig {
@@ -54,6 +74,7 @@ impl Default for RuntimeConfig {
             xu_capacity: 16,
             lnc: 1,
             report_numerical_errors: false,
+            reset_cores: true,
         }
     }
 }
@@ -245,6 +266,9 @@ impl RuntimeConfig {
         if let Some(v) = get("NEURON_FAIL_ON_NAN").filter(|v| !v.trim().is_empty()) {
             c.report_numerical_errors |= parse_bool("NEURON_FAIL_ON_NAN", &v)?;
         }
+        if let Some(v) = get("NEURON_RT_RESET_CORES") {
+            c.reset_cores = parse_bool("NEURON_RT_RESET_CORES", &v)?;
+        }
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }
@@ -272,23 +296,28 @@ impl RuntimeConfig {
         }
     }
 
-    /// The logical cores to reserve out of `available`: (first, count).
+    /// The logical cores to reserve out of the device's `available`.
     ///
     /// # Errors
     /// `NRT_LOAD_NOT_ENOUGH_NC`-class problems as a message: more cores asked than exist.
-    pub fn select_vncs(&self, available: u32) -> Result<(u32, u32), String> {
+    pub fn select_vncs(&self, available: u32) -> Result<CoreSelection, String> {
         match self.visible_cores {
             Some((first, count))
                 if first.checked_add(count).is_some_and(|end| end <= available) =>
             {
-                Ok((first, count))
+                Ok(CoreSelection::Fixed { first, count })
             }
             Some((first, count)) => Err(format!(
                 "NEURON_RT_VISIBLE_CORES asks for cores {first}..{} but the device has {available}",
                 u64::from(first) + u64::from(count)
             )),
-            None if self.num_cores == 0 => Ok((0, available)),
-            None if self.num_cores <= available => Ok((0, self.num_cores)),
+            None if self.num_cores == 0 => Ok(CoreSelection::Fixed {
+                first: 0,
+                count: available,
+            }),
+            None if self.num_cores <= available => Ok(CoreSelection::Free {
+                count: self.num_cores,
+            }),
             None => Err(format!(
                 "NEURON_RT_NUM_CORES={} but the device has {available}",
                 self.num_cores
@@ -327,9 +356,17 @@ mod tests {
             ("NEURON_RT_NUM_CORES", "2"),
         ])
         .unwrap();
-        assert_eq!(c.select_vncs(2), Ok((1, 1)));
+        assert_eq!(
+            c.select_vncs(2),
+            Ok(CoreSelection::Fixed { first: 1, count: 1 })
+        );
         let c = cfg(&[("NEURON_RT_NUM_CORES", "1")]).unwrap();
-        assert_eq!(c.select_vncs(2), Ok((0, 1)));
+        assert_eq!(c.select_vncs(2), Ok(CoreSelection::Free { count: 1 }));
+        let c = cfg(&[("NEURON_RT_NUM_CORES", "0")]).unwrap();
+        assert_eq!(
+            c.select_vncs(2),
+            Ok(CoreSelection::Fixed { first: 0, count: 2 })
+        );
         assert!(
             cfg(&[("NEURON_RT_NUM_CORES", "3")])
                 .unwrap()
@@ -342,6 +379,13 @@ mod tests {
                 .select_vncs(2)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn cores_are_reset_unless_told_not_to() {
+        assert!(cfg(&[]).unwrap().reset_cores);
+        assert!(!cfg(&[("NEURON_RT_RESET_CORES", "0")]).unwrap().reset_cores);
+        assert!(cfg(&[("NEURON_RT_RESET_CORES", "maybe")]).is_err());
     }
 
     #[test]

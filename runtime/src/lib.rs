@@ -13,6 +13,7 @@
 //! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, I/O descriptors built),
 //!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
+//! - [`reserve`]: which cores `nrt_init` reserves, claiming and resetting them.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
 pub mod api;
@@ -27,6 +28,7 @@ pub mod doorbell;
 pub mod error;
 pub mod kmgr;
 pub mod metrics;
+pub mod reserve;
 pub mod stage;
 pub mod tensor;
 pub mod xu;

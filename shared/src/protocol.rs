@@ -373,7 +373,8 @@ pub struct FaultSpec {
 /// simdev's timing model, in simulated nanoseconds. With every field 0 (the default) an
 /// execution's device timestamps follow the wall clock; otherwise they follow the model
 /// exactly: an execution lasts `per_execution_ns + instructions · per_instruction_ns +
-/// reloads · per_config_reload_ns + table loads · per_table_load_ns` (plus any ExtraLatency).
+/// reloads · per_config_reload_ns + table loads · per_table_load_ns` (plus any ExtraLatency),
+/// and an NC reset (NcReset, release, reclaim) adds `per_nc_reset_ns` to the NC's clock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyModel {
     /// Fixed cost of every execution.
@@ -384,6 +385,8 @@ pub struct LatencyModel {
     pub per_config_reload_ns: u64,
     /// Cost of an activation/DVE table load (`load_act_dve_tables` = 1).
     pub per_table_load_ns: u64,
+    /// Cost of an NC reset (libnrt resets every core it reserves at `nrt_init`).
+    pub per_nc_reset_ns: u64,
     /// Also sleep the simulated duration in wall-clock time.
     pub wall_clock_pacing: bool,
 }

@@ -36,7 +36,7 @@ use shared::fd_passing;
 use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
 use thiserror::Error;
 
-use crate::client::ClientId;
+use crate::client::{ClientId, Peer};
 use crate::config::{Config, ConfigError, format_bytes};
 use crate::counters::CountersLine;
 use crate::device::Device;
@@ -563,7 +563,13 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
         return;
     }
     let pid = u32::try_from(peer.pid()).unwrap_or(0);
-    let client = device.connect(pid);
+    let client = match socket.try_clone() {
+        Ok(dup) => device.connect_peer(Peer::new(pid, dup)),
+        Err(e) => {
+            tracing::warn!("duplicating a connection socket: {e}; its death shows at EOF only");
+            device.connect(pid)
+        }
+    };
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
     let mut session = Session::new(client);
     let mut buf = vec![0u8; MAX_MSG_SIZE];

@@ -99,6 +99,7 @@ mod tests {
             per_instruction_ns: 10,
             per_config_reload_ns: 500_000,
             per_table_load_ns: 70_000,
+            per_nc_reset_ns: 0,
             wall_clock_pacing: false,
         };
         let plain = Charge {

@@ -496,6 +496,59 @@ fn a_killed_client_is_reclaimed_and_its_ncs_and_hbm_are_free_again() {
     drop(claimed);
 }
 
+/// A sim-client process owning NC 0, ready.
+fn spawn_owner(sim: &runtime::backend::sim::PrivateSimdev) -> std::process::Child {
+    let mut client = Command::new(env!("CARGO_BIN_EXE_sim-client"))
+        .arg("0")
+        .env("NEURON_SIMDEV_SOCKET", sim.socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(client.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    client
+}
+
+/// On silicon the driver releases a dead process's NCs before its parent's `waitpid` returns;
+/// simdev's reclaim on EOF is asynchronous, so a claim conflict checks the owner instead.
+#[test]
+fn a_killed_and_reaped_owners_nc_is_claimable_at_once() {
+    let sim = start_simdev(&["--hbm", HBM]);
+    let dev = connect(&sim);
+    for i in 0..50 {
+        let mut owner = spawn_owner(&sim);
+        owner.kill().unwrap(); // SIGKILL
+        owner.wait().unwrap();
+        if let Err(e) = dev.claim_nc(0) {
+            panic!(
+                "iteration {i}: the dead owner still holds NC 0: {e}: {:?}",
+                std::error::Error::source(&e).map(ToString::to_string)
+            );
+        }
+        dev.release_nc(0).unwrap();
+    }
+    let mut live = spawn_owner(&sim);
+    let busy = dev.claim_nc(0).unwrap_err();
+    assert_eq!(
+        remote_kind(&busy),
+        Some(ErrorKind::NcBusy),
+        "a live owner keeps NC 0"
+    );
+    assert!(
+        std::error::Error::source(&busy)
+            .is_some_and(|s| s.to_string().contains(&format!("pid {}", live.id()))),
+        "{busy}: {:?}",
+        std::error::Error::source(&busy).map(ToString::to_string)
+    );
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
 #[test]
 fn two_clients_on_different_ncs_run_at_once() {
     let sim = start_simdev(&["--hbm", HBM]);

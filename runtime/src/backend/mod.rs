@@ -351,7 +351,8 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     ) -> Result<NotificationQueue, DeviceError>;
 
     /// Resets NC `nc` (NC_RESET + NC_RESET_READY): its DMA queues and notification queue are
-    /// stopped, its semaphores and events zeroed.
+    /// stopped, its semaphores and events zeroed. `nrt_init` resets every NC it reserves
+    /// ([`crate::reserve`]).
     ///
     /// # Errors
     /// Out-of-range NC, NC not owned, reset failed.

@@ -258,7 +258,6 @@ impl Core {
             Request::NcReset { nc } => {
                 let (n, _) = self.owned(client, nc)?;
                 self.reset_nc(n, client, false);
-                bump(&n.counters.resets, 1);
                 ok()
             }
             Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters.snapshot())),

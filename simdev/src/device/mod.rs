@@ -2,11 +2,12 @@
 //!
 //! [`Device::handle`] answers one [`Request`] of one client with one [`Reply`] (plus the fds
 //! it carries), exactly as the control socket would, so every behaviour can be exercised
-//! in-process. The server gives each connection a [`ClientId`] ([`Device::connect`]) and
+//! in-process. The server gives each connection a [`ClientId`] ([`Device::connect_peer`]) and
 //! reclaims everything the client owned when the connection ends ([`Device::disconnect`]).
 //!
 //! Ownership follows the driver (`reference/driver-abi.md` §1.2, DESIGN §5): an NC belongs to
-//! at most one client (a second claim is refused); memory chunks belong to the client that
+//! at most one client (a second claim is refused, unless the owner's process is gone: then it
+//! is reclaimed on the spot, see [`crate::client`]); memory chunks belong to the client that
 //! allocated them; DMA on a client's queues may touch only that client's chunks and the
 //! registers of its own NCs.
 //!
@@ -23,7 +24,7 @@
 //! Each NC has two locks: `state` (its DMA queues, notification queue and exec-batch count)
 //! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
 //! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
-//! state. `memory` guards the address space and `clients` the pids of connected clients. The
+//! state. `memory` guards the address space and `clients` the processes of connected clients. The
 //! order is `state` → `claim` and `state` → `memory`; `claim`, `memory`, `clients`, `dmem`,
 //! `compute`, the sequencer lock, `faults`, `latency`, the lost hook and the trace buffer are
 //! leaves, held only for a lookup, an update or one
@@ -59,7 +60,7 @@ use shared::address_map::{AddressMap, REG_WINDOW_BASE};
 use shared::protocol::{DeviceInfo, DeviceStats, LatencyModel, NcCounters, Reply, Request};
 use shared::sequencer::SEQ_DMEM_SIZE;
 
-use crate::client::ClientId;
+use crate::client::{ClientId, Peer};
 use crate::compute::ComputeState;
 use crate::config::{Config, ConfigError};
 use crate::counters::Counters;
@@ -103,6 +104,11 @@ struct NcState {
 struct Nc {
     index: u32,
     counters: Counters,
+    /// Serialises changes of owner: a claim, and a reset (NcReset, release, reclaim), each hold
+    /// it for their whole run, taken before any other lock of the NC. A reset of a client that
+    /// no longer owns the NC (a reclaim at a claim conflict racing the dead client's own release
+    /// or its disconnect) finds another owner, or none, and does nothing.
+    ownership: Mutex<()>,
     claim: Mutex<Option<Arc<Claim>>>,
     state: Mutex<NcState>,
     /// The sequencer DMEM ([`SEQ_DMEM_SIZE`] bytes), written by DMA.
@@ -119,10 +125,11 @@ struct Nc {
     clock: SimClock,
 }
 
-/// What the device knows of a connected client.
-#[derive(Clone, Copy, Debug)]
+/// What the device knows of a connected client: its process, to tell whether it still lives
+/// when another client claims one of its NCs ([`crate::client`]).
+#[derive(Debug)]
 struct ClientInfo {
-    pid: u32,
+    peer: Peer,
 }
 
 /// What the device does when an injected DeviceLost fault fires, after posting DeviceLost to
@@ -218,14 +225,23 @@ impl Device {
         &self.core.map
     }
 
-    /// Registers a new client (a connection from process `pid`).
+    /// Registers a new client (a connection from process `pid`) that is never judged gone
+    /// before [`Device::disconnect`] (in-process clients).
     pub fn connect(&self, pid: u32) -> ClientId {
-        self.core.connect(pid)
+        self.core.connect(Peer::pid_only(pid))
+    }
+
+    /// Registers a new client whose process can be checked ([`Peer`]): a claim that
+    /// conflicts with one of its NCs after its process died reclaims it at once instead of
+    /// waiting for [`Device::disconnect`].
+    pub fn connect_peer(&self, peer: Peer) -> ClientId {
+        self.core.connect(peer)
     }
 
     /// The client went away (EOF, reset, kill -9): stops and forgets the queues and
     /// notification queues of its NCs, abandons their executions, zeroes their registers and
-    /// DMEM, clears their ownership, and frees all its memory chunks.
+    /// DMEM, clears their ownership (each NC counts a reset), and frees all its memory chunks.
+    /// Harmless after a claim already reclaimed the client.
     pub fn disconnect(&self, client: ClientId) {
         self.core.disconnect(client);
     }
@@ -333,6 +349,7 @@ impl Core {
             .map(|index| Nc {
                 index,
                 counters: Counters::default(),
+                ownership: Mutex::new(()),
                 claim: Mutex::new(None),
                 state: Mutex::new(NcState {
                     queues: DmaQueues::new(map, index),

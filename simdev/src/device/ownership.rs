@@ -1,6 +1,6 @@
-//! Clients and NC ownership: connecting and disconnecting clients, claiming an NC, and an NC's
-//! reset, release and reclaim (`reference/driver-abi.md` §1.2; the locks are described in
-//! [`crate::device`]).
+//! Clients and NC ownership: connecting and disconnecting clients, claiming an NC (reclaiming a
+//! gone owner first, [`crate::client`]), and an NC's reset, release and reclaim
+//! (`reference/driver-abi.md` §1.2; the locks are described in [`crate::device`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,16 +11,25 @@ use crate::registers::Registers;
 
 use super::dispatch::{Handled, os_refusal, refuse};
 use super::{Claim, ClientInfo, Core, Nc, lock, write};
-use crate::client::ClientId;
+use crate::client::{ClientId, Peer};
+use crate::counters::bump;
 
 impl Core {
-    pub(super) fn connect(&self, pid: u32) -> ClientId {
+    pub(super) fn connect(&self, peer: Peer) -> ClientId {
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
-        lock(&self.clients).insert(client, ClientInfo { pid });
+        lock(&self.clients).insert(client, ClientInfo { peer });
         client
     }
 
     pub(super) fn disconnect(&self, client: ClientId) {
+        self.reclaim(client, "its connection ended");
+    }
+
+    /// Takes back everything `client` holds: each of its NCs is reset and released, its
+    /// memory chunks are freed, and it is forgotten. `why` is logged. Idempotent: a client
+    /// reclaimed at a claim conflict is reclaimed again (finding nothing, or what requests
+    /// already in flight took since) when its connection ends.
+    fn reclaim(&self, client: ClientId, why: &str) {
         let mut ncs = 0;
         for nc in &self.ncs {
             if self.owned_by(nc, client) {
@@ -29,11 +38,22 @@ impl Core {
             }
         }
         let chunks = write(&self.memory).free_all(client);
-        let pid = lock(&self.clients).remove(&client).map_or(0, |c| c.pid);
+        let pid = lock(&self.clients)
+            .remove(&client)
+            .map_or(0, |c| c.peer.pid());
         tracing::info!(
-            "client {} (pid {pid}) gone: reclaimed {ncs} NCs and {chunks} chunks",
+            "client {} (pid {pid}) gone ({why}): reclaimed {ncs} NCs and {chunks} chunks",
             client.0
         );
+    }
+
+    /// Why `client` is gone, or `None` while it may live. A client no longer connected (already
+    /// reclaimed) is gone.
+    fn gone(&self, client: ClientId) -> Option<String> {
+        match lock(&self.clients).get(&client) {
+            Some(info) => info.peer.gone(),
+            None => Some("it is no longer connected".into()),
+        }
     }
 
     pub(super) fn nc_ref(&self, nc: u32) -> Option<&Nc> {
@@ -81,12 +101,27 @@ impl Core {
     }
 
     fn pid_of(&self, client: ClientId) -> u32 {
-        lock(&self.clients).get(&client).map_or(0, |c| c.pid)
+        lock(&self.clients).get(&client).map_or(0, |c| c.peer.pid())
     }
 
+    /// Claims NC `nc` for `client`. When another client owns it, that owner's process is
+    /// checked first: a gone owner (`crate::client`) is reclaimed now, as the driver releases
+    /// a dead process's NCs before its parent can reap it, and the claim proceeds.
     pub(super) fn claim_nc(&self, client: ClientId, nc: u32) -> Handled {
         let n = self.nc(nc)?;
+        if let Some(owner) = self.owner(n).filter(|c| c.client != client)
+            && let Some(why) = self.gone(owner.client)
+        {
+            tracing::info!(
+                "NC {nc} claimed by client {} while its owner, client {} (pid {}), is gone",
+                client.0,
+                owner.client.0,
+                owner.pid
+            );
+            self.reclaim(owner.client, &why);
+        }
         let pid = self.pid_of(client);
+        let _owner_change = lock(&n.ownership);
         let mut slot = lock(&n.claim);
         if let Some(claim) = slot.as_ref() {
             if claim.client != client {
@@ -116,11 +151,24 @@ impl Core {
         Ok((Reply::NcClaimed { nc }, fds))
     }
 
-    /// Stops and forgets `nc`'s queues, drops its notification queue (freeing its chunk),
-    /// abandons its execution (parked or running) and restarts its `compute_idx` count, zeroes
-    /// its registers, DMEM, SBUF and PSUM, forgets its activation tables and, when `release`,
-    /// clears its owner.
+    /// Resets `nc`: stops and forgets its queues, drops its notification queue (freeing its
+    /// chunk), abandons its execution (parked or running) and restarts its `compute_idx`
+    /// count, zeroes its registers (semaphores and events), DMEM, SBUF and PSUM, forgets its
+    /// activation tables and, when `release`, clears its owner. Every reset counts in the
+    /// NC's `resets` (an NcReset, a release and a reclaim alike) and takes the latency
+    /// model's `per_nc_reset_ns` of device time (slept when pacing).
+    ///
+    /// Does nothing when `owner` no longer holds the NC (see [`Nc::ownership`]).
     pub(super) fn reset_nc(&self, nc: &Nc, owner: ClientId, release: bool) {
+        let _owner_change = lock(&nc.ownership);
+        if !self.owned_by(nc, owner) {
+            tracing::debug!(
+                "NC {}: reset for client {} skipped: it no longer owns the NC",
+                nc.index,
+                owner.0
+            );
+            return;
+        }
         let nq = {
             let mut state = lock(&nc.state);
             // The epoch moves before the compute state is cleared: an engine checks it under
@@ -144,6 +192,24 @@ impl Core {
         if release {
             *slot = None;
             tracing::info!("NC {} released", nc.index);
+        }
+        drop(slot);
+        bump(&nc.counters.resets, 1);
+        self.charge_reset(nc);
+    }
+
+    /// The reset's modelled duration: `per_nc_reset_ns` on the NC's simulated clock, and in
+    /// wall-clock time when pacing.
+    fn charge_reset(&self, nc: &Nc) {
+        let Some(model) = self.latency_model() else {
+            return;
+        };
+        if model.per_nc_reset_ns == 0 {
+            return;
+        }
+        nc.clock.advance(model.per_nc_reset_ns);
+        if model.wall_clock_pacing {
+            std::thread::sleep(std::time::Duration::from_nanos(model.per_nc_reset_ns));
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The hidden `nrt scenario client`: a second runtime process the runner starts on the same
 //! simdev.
 //!
-//! Loop mode connects to `--socket`, initialises a runtime on `--visible-cores`, loads the
+//! Loop mode connects to `--socket`, initialises a runtime on `--visible-cores` (or
+//! `--num-cores` free ones), loads the
 //! identity model on each of its logical cores and prints `ready {...}` (or `refused {"status",
 //! "message"}` and exits 3 when init fails, e.g. an NC owned by another process). It then
 //! executes round-robin over its cores, checking every output, printing `progress N` every 16
@@ -32,6 +33,9 @@ pub struct ClientArgs {
     /// `NEURON_RT_VISIBLE_CORES` of this client.
     #[arg(long)]
     pub visible_cores: Option<String>,
+    /// `NEURON_RT_NUM_CORES` of this client (free cores, the runtime choosing).
+    #[arg(long, default_value_t = 0)]
+    pub num_cores: u32,
     /// Identity tensor bytes.
     #[arg(long, default_value_t = 4096)]
     pub bytes: u32,
@@ -85,6 +89,7 @@ pub fn main(args: &ClientArgs) -> ExitCode {
     };
     let config = RuntimeConfig {
         visible_cores,
+        num_cores: args.num_cores,
         exec_timeout: Duration::from_secs_f64(args.exec_timeout.max(0.001)),
         ..RuntimeConfig::default()
     };

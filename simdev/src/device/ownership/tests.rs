@@ -107,3 +107,97 @@ fn claims_are_exclusive_and_repeatable_by_the_owner() {
     a.ok(Request::ReleaseNc { nc: 0 });
     b.claim(0);
 }
+
+/// A client connected with a checkable [`Peer`] on one end of a socket pair; dropping the
+/// returned end is the process dying (the kernel closes its sockets before it can be reaped).
+fn peer_client(dev: &Device) -> (Client<'_>, std::os::fd::OwnedFd) {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let id = dev.connect_peer(crate::client::Peer::new(std::process::id(), ours));
+    (Client { dev, id }, theirs)
+}
+
+#[test]
+fn a_claim_reclaims_a_gone_owner_at_once_and_a_live_owner_still_refuses() {
+    let dev = device();
+    let (a, a_end) = peer_client(&dev);
+    a.claim(0);
+    a.ok(Request::SemaphoreWrite {
+        nc: 0,
+        index: 2,
+        value: 5,
+    });
+    a.alloc(MemLocation::Hbm { nc: 0 }, MIB);
+    let b = Client::new(&dev, 11);
+    let busy = b.refused(Request::ClaimNc { nc: 0 });
+    assert_eq!(busy.kind, ErrorKind::NcBusy, "a live owner keeps its NC");
+
+    // The owner dies; its connection thread has not reclaimed it yet. (A process another test
+    // forks holds a copy of `a_end` until it execs: retry for that moment.)
+    drop(a_end);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while matches!(b.call(Request::ClaimNc { nc: 0 }), Reply::Error(_)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone owner was not reclaimed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        dev.counters(0).unwrap().resets >= 1,
+        "the reclaim reset NC 0"
+    );
+    assert_eq!(b.semaphore(0, 2), 0, "the dead owner's state is gone");
+    assert_eq!(read(&dev.core.memory).chunk_count(), 0, "and its memory");
+    assert_eq!(dev.stats().clients, 1, "and the client itself");
+    // The connection thread's own disconnect, later, finds nothing left to take.
+    dev.disconnect(a.id);
+    assert_eq!(b.semaphore(0, 2), 0);
+    b.ok(Request::SemaphoreWrite {
+        nc: 0,
+        index: 2,
+        value: 1,
+    });
+    assert_eq!(b.semaphore(0, 2), 1, "the new owner keeps NC 0");
+}
+
+#[test]
+fn every_reset_counts_release_and_reclaim_included() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    a.claim(0);
+    a.claim(1);
+    a.ok(Request::NcReset { nc: 0 });
+    assert_eq!(a.counters(0).resets, 1);
+    a.ok(Request::ReleaseNc { nc: 0 });
+    assert_eq!(a.counters(0).resets, 2, "a release resets the NC");
+    assert_eq!(a.counters(1).resets, 0);
+    dev.disconnect(a.id);
+    assert_eq!(
+        dev.counters(1).unwrap().resets,
+        1,
+        "a gone client's NC is reset"
+    );
+}
+
+#[test]
+fn a_reset_takes_its_modelled_device_time() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    a.claim(0);
+    a.ok(Request::SetLatency(shared::protocol::LatencyModel {
+        per_execution_ns: 1_000,
+        per_nc_reset_ns: 250_000,
+        ..Default::default()
+    }));
+    a.ok(Request::NcReset { nc: 0 });
+    a.ok(Request::NcReset { nc: 0 });
+    assert_eq!(dev.core.ncs[0].clock.now(), 500_000);
+    assert_eq!(dev.core.ncs[1].clock.now(), 0);
+}

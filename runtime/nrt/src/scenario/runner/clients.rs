@@ -85,6 +85,9 @@ impl Runner<'_> {
         if let Some(v) = &step.visible_cores {
             cmd.arg("--visible-cores").arg(v.text());
         }
+        if let Some(n) = step.num_cores {
+            cmd.arg("--num-cores").arg(n.to_string());
+        }
         if let Some(n) = step.count {
             cmd.arg("--count").arg(n.to_string());
         }

@@ -132,6 +132,7 @@ impl<'a> Runner<'a> {
             xu_capacity: r.xu_capacity,
             lnc: r.lnc,
             report_numerical_errors,
+            ..RuntimeConfig::default()
         })
     }
 

@@ -108,6 +108,9 @@ pub struct LatencySpec {
     /// Cost of an activation/DVE table load.
     #[serde(default)]
     pub per_table_load_ns: u64,
+    /// Cost of an NC reset.
+    #[serde(default)]
+    pub per_nc_reset_ns: u64,
     /// Also sleep the simulated time in wall-clock time.
     #[serde(default)]
     pub wall_clock_pacing: bool,
@@ -121,6 +124,7 @@ impl LatencySpec {
             per_instruction_ns: self.per_instruction_ns,
             per_config_reload_ns: self.per_config_reload_ns,
             per_table_load_ns: self.per_table_load_ns,
+            per_nc_reset_ns: self.per_nc_reset_ns,
             wall_clock_pacing: self.wall_clock_pacing,
         }
     }

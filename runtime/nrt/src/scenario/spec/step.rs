@@ -336,6 +336,8 @@ pub struct SpawnClientStep {
     pub name: Option<String>,
     /// The client's `NEURON_RT_VISIBLE_CORES`.
     pub visible_cores: Option<Cores>,
+    /// The client's `NEURON_RT_NUM_CORES` (any free cores; without `visible_cores`).
+    pub num_cores: Option<u32>,
     /// Identity tensor bytes (default 4096).
     pub bytes: Option<u32>,
     /// Executions, then exit (default: until signalled).
