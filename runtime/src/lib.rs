@@ -29,6 +29,8 @@ pub mod kmgr;
 pub mod metrics;
 pub mod stage;
 pub mod tensor;
+#[cfg(test)]
+mod test_support;
 pub mod xu;
 
 pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};

@@ -33,7 +33,9 @@ use nix::sys::socket::{
 };
 use nix::sys::stat::{Mode, fchmod};
 use shared::fd_passing;
-use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
+use shared::protocol::{
+    self, Answer, ErrorKind, Handler, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode,
+};
 use thiserror::Error;
 
 use crate::client::ClientId;
@@ -623,20 +625,81 @@ fn receive(socket: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<Received>> {
     }))
 }
 
-/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
-fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
-    let mut buf = vec![0u8; MAX_MSG_SIZE];
-    let len = match encode(reply, &mut buf) {
-        Ok(len) => len,
+/// Encodes `reply` into `buf`; a reply that does not encode is replaced by an
+/// [`ErrorKind::Internal`] refusal. Returns the bytes used.
+fn encode_reply(reply: &Reply, buf: &mut [u8]) -> nix::Result<usize> {
+    match encode(reply, buf) {
+        Ok(len) => Ok(len),
         Err(e) => {
             tracing::error!("encoding a reply: {}", error_chain(&e));
             let fallback = Reply::error(ErrorKind::Internal, "simdev could not encode its reply");
-            encode(&fallback, &mut buf).map_err(|_| Errno::EMSGSIZE)?
+            encode(&fallback, buf).map_err(|_| Errno::EMSGSIZE)
         }
-    };
+    }
+}
+
+/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
+fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
+    let mut buf = vec![0u8; MAX_MSG_SIZE];
+    let len = encode_reply(reply, &mut buf)?;
     let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let data = buf.get(..len).unwrap_or(&[]);
     fd_passing::send_with_fds(socket.as_fd(), data, &fds).map(|_| ())
+}
+
+/// The device served in-process ([`Handler`]): each connection is a [`Session`], as on the
+/// socket (the first message must be a Hello of [`PROTOCOL_VERSION`](shared::protocol::PROTOCOL_VERSION)), with messages
+/// encoded as on the socket; only the peer-uid check has nothing to check.
+impl Handler for Device {
+    fn open(self: Arc<Self>, pid: u32) -> Box<dyn protocol::Connection> {
+        let client = Device::connect(&self, pid);
+        tracing::info!("client {} connected in-process (pid {pid})", client.0);
+        Box::new(InProcessConnection {
+            device: self,
+            session: Session::new(client),
+            closed: false,
+        })
+    }
+}
+
+/// One in-process connection: its session, until dropped (then the client is reclaimed, as at
+/// a socket's EOF).
+struct InProcessConnection {
+    device: Arc<Device>,
+    session: Session,
+    /// The handshake was refused: the socket server would have closed the connection.
+    closed: bool,
+}
+
+impl protocol::Connection for InProcessConnection {
+    fn respond(&mut self, message: &[u8]) -> Answer {
+        if self.closed {
+            return Answer::Closed;
+        }
+        // The socket's receive buffer holds MAX_MSG_SIZE bytes; a longer message is truncated.
+        let truncated = message.len() > MAX_MSG_SIZE;
+        let bytes = message.get(..MAX_MSG_SIZE).unwrap_or(message);
+        let encoded = |reply: &Reply| {
+            let mut buf = vec![0u8; MAX_MSG_SIZE];
+            let len = encode_reply(reply, &mut buf).unwrap_or(0);
+            buf.truncate(len);
+            buf
+        };
+        match self.session.respond(&self.device, bytes, truncated) {
+            Response::Reply(reply, fds) => Answer::Reply(encoded(&reply), fds),
+            Response::Silent => Answer::Silent,
+            Response::Close(reply) => {
+                self.closed = true;
+                Answer::Close(encoded(&reply))
+            }
+        }
+    }
+}
+
+impl Drop for InProcessConnection {
+    fn drop(&mut self) {
+        self.device.disconnect(self.session.client());
+    }
 }
 
 /// Handles an existing file at the socket path: refuses a non-socket or a live listener,

@@ -18,6 +18,7 @@
 //! Silicon has no completion interrupt (driver-abi §3, §7.5): [`ClaimedNc::notification_fd`] is
 //! always `None` and the runtime polls the notification queue or semaphores.
 
+#[cfg(any(test, feature = "test-backends"))]
 pub mod shim;
 mod sys;
 #[cfg(test)]
@@ -44,6 +45,7 @@ use super::{
     Allocation, ClaimedNc, Device, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
     check_queue, check_range,
 };
+#[cfg(any(test, feature = "test-backends"))]
 pub use shim::SimIoctlPort;
 pub use sys::DeviceFile;
 
