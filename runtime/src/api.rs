@@ -1157,3 +1157,6 @@ mod tests {
         assert!(e.message.contains("budget"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;

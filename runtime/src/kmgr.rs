@@ -454,3 +454,6 @@ impl ModelDb {
         }
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;
