@@ -12,7 +12,7 @@
 //! selection logic ([`super::select`]) uses it when no device is present.
 //!
 //! # Links
-//! The messages travel over a [`Link`]: the socket above, or (feature `test-backends`, and the
+//! The messages travel over a [`Link`]: the socket above, or (feature `test-support`, and the
 //! runtime's own unit tests) an in-process [`Handler`](shared::protocol::Handler) such as
 //! `simdev::Device`, called directly with the same encoded messages and the same session rules
 //! (Hello first, same version), so runtime code can be tested against the emulated device
@@ -63,7 +63,7 @@ enum Link {
     },
     /// A device in this process, called directly; the lock is held for each message, posted
     /// ones included (the handler's answer is immediate: a doorbell only wakes a sequencer).
-    #[cfg(any(test, feature = "test-backends"))]
+    #[cfg(any(test, feature = "test-support"))]
     InProcess(Mutex<Box<dyn shared::protocol::Connection>>),
 }
 
@@ -71,7 +71,7 @@ impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Socket { fd, .. } => f.debug_struct("Socket").field("fd", fd).finish(),
-            #[cfg(any(test, feature = "test-backends"))]
+            #[cfg(any(test, feature = "test-support"))]
             Self::InProcess(_) => f.write_str("InProcess"),
         }
     }
@@ -149,7 +149,7 @@ impl SimDevice {
     ///
     /// # Errors
     /// `Remote` when the handler refuses the handshake.
-    #[cfg(any(test, feature = "test-backends"))]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn in_process(
         handler: std::sync::Arc<dyn shared::protocol::Handler>,
     ) -> Result<Self, DeviceError> {
@@ -157,7 +157,7 @@ impl SimDevice {
     }
 
     /// [`SimDevice::in_process`] saying Hello with `version` (to test the handshake).
-    #[cfg(any(test, feature = "test-backends"))]
+    #[cfg(any(test, feature = "test-support"))]
     fn in_process_with_version(
         handler: std::sync::Arc<dyn shared::protocol::Handler>,
         version: u32,
@@ -255,7 +255,7 @@ impl SimDevice {
                 fd_passing::send_with_fds(fd.as_fd(), &buf[..n], &[]).map_err(io_err(op))?;
                 Ok(())
             }
-            #[cfg(any(test, feature = "test-backends"))]
+            #[cfg(any(test, feature = "test-support"))]
             Link::InProcess(connection) => {
                 debug_assert!(req.is_posted());
                 let mut connection = connection
@@ -282,7 +282,7 @@ impl SimDevice {
         debug_assert!(!req.is_posted());
         match &self.link {
             Link::Socket { fd, exchange } => self.request_socket(op, req, fd, exchange),
-            #[cfg(any(test, feature = "test-backends"))]
+            #[cfg(any(test, feature = "test-support"))]
             Link::InProcess(connection) => {
                 use shared::protocol::Answer;
                 let mut buf = [0u8; MAX_MSG_SIZE];
