@@ -793,3 +793,92 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use shared::protocol::{
+        self, Answer, ErrorKind, Handler, MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request,
+    };
+
+    use crate::config::Config;
+    use crate::device::Device;
+
+    fn encoded(request: &Request) -> Vec<u8> {
+        let mut buf = vec![0u8; MAX_MSG_SIZE];
+        let n = protocol::encode(request, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn decoded(answer: Answer) -> (Reply, usize) {
+        match answer {
+            Answer::Reply(bytes, fds) => (protocol::decode(&bytes).unwrap(), fds.len()),
+            Answer::Close(bytes) => (protocol::decode(&bytes).unwrap(), 0),
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    fn device() -> Arc<Device> {
+        Arc::new(Device::new(&Config::default()).unwrap())
+    }
+
+    #[test]
+    fn an_in_process_connection_keeps_the_sockets_session_rules() {
+        let dev = device();
+        let mut c = Arc::clone(&dev).open(42);
+        assert_eq!(dev.stats().clients, 1);
+        // Not a Hello first: refused and closed, as the socket server closes.
+        let refused = c.respond(&encoded(&Request::DeviceInfo));
+        assert!(matches!(refused, Answer::Close(_)), "{refused:?}");
+        let (reply, _) = decoded(refused);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::Handshake),
+            "{reply:?}"
+        );
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+        };
+        assert!(matches!(c.respond(&encoded(&hello)), Answer::Closed));
+        drop(c);
+        assert_eq!(
+            dev.stats().clients,
+            0,
+            "dropping the connection reclaims it"
+        );
+    }
+
+    #[test]
+    fn after_hello_replies_carry_their_fds_posted_requests_get_none_and_garbage_is_refused() {
+        let dev = device();
+        let mut c = Arc::clone(&dev).open(42);
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+        };
+        let (reply, _) = decoded(c.respond(&encoded(&hello)));
+        assert!(matches!(reply, Reply::Hello { .. }), "{reply:?}");
+        let (reply, fds) = decoded(c.respond(&encoded(&Request::ClaimNc { nc: 1 })));
+        assert_eq!(fds, reply.fd_count(), "{reply:?}");
+        assert_eq!(fds, 2);
+        let doorbell = Request::SemaphoreIncrement {
+            nc: 1,
+            index: 3,
+            value: 2,
+        };
+        assert!(matches!(c.respond(&encoded(&doorbell)), Answer::Silent));
+        let (reply, _) = decoded(c.respond(&encoded(&Request::SemaphoreRead { nc: 1, index: 3 })));
+        assert_eq!(reply, Reply::Value(2), "the posted increment landed first");
+        for garbage in [vec![0xFF; 7], vec![0; MAX_MSG_SIZE + 1]] {
+            let (reply, _) = decoded(c.respond(&garbage));
+            assert!(
+                matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::BadMessage),
+                "{} bytes: {reply:?}",
+                garbage.len()
+            );
+        }
+        assert_eq!(dev.stats().claimed_ncs, 1);
+        drop(c);
+        assert_eq!(dev.stats().claimed_ncs, 0);
+    }
+}
