@@ -1272,3 +1272,6 @@ mod tests {
         assert!(e.message.contains("budget"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;

@@ -279,3 +279,6 @@ fn worker_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;

@@ -32,3 +32,6 @@ pub fn kickoff_exec(device: &dyn Device, ncs: &[u32]) -> Result<(), NrtError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

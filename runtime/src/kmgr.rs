@@ -461,3 +461,6 @@ impl ModelDb {
         }
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;

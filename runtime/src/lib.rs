@@ -31,6 +31,8 @@ pub mod metrics;
 pub mod reserve;
 pub mod stage;
 pub mod tensor;
+#[cfg(test)]
+mod test_support;
 pub mod xu;
 
 pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};

@@ -622,3 +622,6 @@ mod tests {
         assert!(e.message.contains("collectives chain"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod in_process_tests;

@@ -620,6 +620,37 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecEr
     Ok(msg)
 }
 
+/// What a [`Connection`] answers to one message, as the socket server would send it.
+#[derive(Debug)]
+pub enum Answer {
+    /// An encoded reply and the fds that travel with it.
+    Reply(Vec<u8>, Vec<std::os::fd::OwnedFd>),
+    /// Nothing: the message was a posted request ([`Request::is_posted`]).
+    Silent,
+    /// An encoded reply, after which the connection is closed (a refused handshake): every
+    /// later message is answered with [`Answer::Closed`].
+    Close(Vec<u8>),
+    /// The connection is closed; nothing was handled.
+    Closed,
+}
+
+/// The device end of this protocol called in-process, without a socket (a test backend): the
+/// same messages, encoded the same way, answered by the same per-connection session as the
+/// socket server's, so the handshake and the codec are exercised as over the socket. Only the
+/// transport differs: fds are handed over as owned values instead of by `SCM_RIGHTS`.
+pub trait Handler: Send + Sync {
+    /// A new connection from process `pid` (what the socket's peer credentials would say).
+    /// Dropping the returned connection ends it: the device reclaims everything the client
+    /// owned, as at a socket's EOF.
+    fn open(self: std::sync::Arc<Self>, pid: u32) -> Box<dyn Connection>;
+}
+
+/// One client's connection to a [`Handler`].
+pub trait Connection: Send {
+    /// Answers one encoded message (at most [`MAX_MSG_SIZE`] bytes).
+    fn respond(&mut self, message: &[u8]) -> Answer;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

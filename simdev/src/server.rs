@@ -33,7 +33,9 @@ use nix::sys::socket::{
 };
 use nix::sys::stat::{Mode, fchmod};
 use shared::fd_passing;
-use shared::protocol::{ErrorKind, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode};
+use shared::protocol::{
+    self, Answer, ErrorKind, Handler, MAX_MSG_SIZE, RemoteError, Reply, Request, decode, encode,
+};
 use thiserror::Error;
 
 use crate::client::{ClientId, Peer};
@@ -629,20 +631,81 @@ fn receive(socket: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<Received>> {
     }))
 }
 
-/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
-fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
-    let mut buf = vec![0u8; MAX_MSG_SIZE];
-    let len = match encode(reply, &mut buf) {
-        Ok(len) => len,
+/// Encodes `reply` into `buf`; a reply that does not encode is replaced by an
+/// [`ErrorKind::Internal`] refusal. Returns the bytes used.
+fn encode_reply(reply: &Reply, buf: &mut [u8]) -> nix::Result<usize> {
+    match encode(reply, buf) {
+        Ok(len) => Ok(len),
         Err(e) => {
             tracing::error!("encoding a reply: {}", error_chain(&e));
             let fallback = Reply::error(ErrorKind::Internal, "simdev could not encode its reply");
-            encode(&fallback, &mut buf).map_err(|_| Errno::EMSGSIZE)?
+            encode(&fallback, buf).map_err(|_| Errno::EMSGSIZE)
         }
-    };
+    }
+}
+
+/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
+fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
+    let mut buf = vec![0u8; MAX_MSG_SIZE];
+    let len = encode_reply(reply, &mut buf)?;
     let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let data = buf.get(..len).unwrap_or(&[]);
     fd_passing::send_with_fds(socket.as_fd(), data, &fds).map(|_| ())
+}
+
+/// The device served in-process ([`Handler`]): each connection is a [`Session`], as on the
+/// socket (the first message must be a Hello of [`PROTOCOL_VERSION`](shared::protocol::PROTOCOL_VERSION)), with messages
+/// encoded as on the socket; only the peer-uid check has nothing to check.
+impl Handler for Device {
+    fn open(self: Arc<Self>, pid: u32) -> Box<dyn protocol::Connection> {
+        let client = Device::connect(&self, pid);
+        tracing::info!("client {} connected in-process (pid {pid})", client.0);
+        Box::new(InProcessConnection {
+            device: self,
+            session: Session::new(client),
+            closed: false,
+        })
+    }
+}
+
+/// One in-process connection: its session, until dropped (then the client is reclaimed, as at
+/// a socket's EOF).
+struct InProcessConnection {
+    device: Arc<Device>,
+    session: Session,
+    /// The handshake was refused: the socket server would have closed the connection.
+    closed: bool,
+}
+
+impl protocol::Connection for InProcessConnection {
+    fn respond(&mut self, message: &[u8]) -> Answer {
+        if self.closed {
+            return Answer::Closed;
+        }
+        // The socket's receive buffer holds MAX_MSG_SIZE bytes; a longer message is truncated.
+        let truncated = message.len() > MAX_MSG_SIZE;
+        let bytes = message.get(..MAX_MSG_SIZE).unwrap_or(message);
+        let encoded = |reply: &Reply| {
+            let mut buf = vec![0u8; MAX_MSG_SIZE];
+            let len = encode_reply(reply, &mut buf).unwrap_or(0);
+            buf.truncate(len);
+            buf
+        };
+        match self.session.respond(&self.device, bytes, truncated) {
+            Response::Reply(reply, fds) => Answer::Reply(encoded(&reply), fds),
+            Response::Silent => Answer::Silent,
+            Response::Close(reply) => {
+                self.closed = true;
+                Answer::Close(encoded(&reply))
+            }
+        }
+    }
+}
+
+impl Drop for InProcessConnection {
+    fn drop(&mut self) {
+        self.device.disconnect(self.session.client());
+    }
 }
 
 /// Handles an existing file at the socket path: refuses a non-socket or a live listener,
@@ -735,4 +798,93 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
         );
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use shared::protocol::{
+        self, Answer, ErrorKind, Handler, MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request,
+    };
+
+    use crate::config::Config;
+    use crate::device::Device;
+
+    fn encoded(request: &Request) -> Vec<u8> {
+        let mut buf = vec![0u8; MAX_MSG_SIZE];
+        let n = protocol::encode(request, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn decoded(answer: Answer) -> (Reply, usize) {
+        match answer {
+            Answer::Reply(bytes, fds) => (protocol::decode(&bytes).unwrap(), fds.len()),
+            Answer::Close(bytes) => (protocol::decode(&bytes).unwrap(), 0),
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    fn device() -> Arc<Device> {
+        Arc::new(Device::new(&Config::default()).unwrap())
+    }
+
+    #[test]
+    fn an_in_process_connection_keeps_the_sockets_session_rules() {
+        let dev = device();
+        let mut c = Arc::clone(&dev).open(42);
+        assert_eq!(dev.stats().clients, 1);
+        // Not a Hello first: refused and closed, as the socket server closes.
+        let refused = c.respond(&encoded(&Request::DeviceInfo));
+        assert!(matches!(refused, Answer::Close(_)), "{refused:?}");
+        let (reply, _) = decoded(refused);
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::Handshake),
+            "{reply:?}"
+        );
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+        };
+        assert!(matches!(c.respond(&encoded(&hello)), Answer::Closed));
+        drop(c);
+        assert_eq!(
+            dev.stats().clients,
+            0,
+            "dropping the connection reclaims it"
+        );
+    }
+
+    #[test]
+    fn after_hello_replies_carry_their_fds_posted_requests_get_none_and_garbage_is_refused() {
+        let dev = device();
+        let mut c = Arc::clone(&dev).open(42);
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+        };
+        let (reply, _) = decoded(c.respond(&encoded(&hello)));
+        assert!(matches!(reply, Reply::Hello { .. }), "{reply:?}");
+        let (reply, fds) = decoded(c.respond(&encoded(&Request::ClaimNc { nc: 1 })));
+        assert_eq!(fds, reply.fd_count(), "{reply:?}");
+        assert_eq!(fds, 2);
+        let doorbell = Request::SemaphoreIncrement {
+            nc: 1,
+            index: 3,
+            value: 2,
+        };
+        assert!(matches!(c.respond(&encoded(&doorbell)), Answer::Silent));
+        let (reply, _) = decoded(c.respond(&encoded(&Request::SemaphoreRead { nc: 1, index: 3 })));
+        assert_eq!(reply, Reply::Value(2), "the posted increment landed first");
+        for garbage in [vec![0xFF; 7], vec![0; MAX_MSG_SIZE + 1]] {
+            let (reply, _) = decoded(c.respond(&garbage));
+            assert!(
+                matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::BadMessage),
+                "{} bytes: {reply:?}",
+                garbage.len()
+            );
+        }
+        assert_eq!(dev.stats().claimed_ncs, 1);
+        drop(c);
+        assert_eq!(dev.stats().claimed_ncs, 0);
+    }
 }

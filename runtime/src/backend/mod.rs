@@ -11,7 +11,9 @@
 //!
 //! Backends:
 //! - [`sim::SimDevice`]: a `SOCK_SEQPACKET` connection to simdev (bincode 2 messages from
-//!   `shared::protocol`, fds by `SCM_RIGHTS`). Doorbells are posted.
+//!   `shared::protocol`, fds by `SCM_RIGHTS`). Doorbells are posted. With the test-only
+//!   feature `test-support` (and in this crate's unit tests) the same messages can go to a
+//!   device in this process instead (`SimDevice::in_process`), so tests need no simdev process.
 //! - [`neuron::NeuronDevice`]: `/dev/neuronN` through the driver's ioctls. **Not yet run on
 //!   silicon.**
 //!

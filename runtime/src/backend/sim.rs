@@ -17,6 +17,14 @@
 //!
 //! [`PrivateSimdev`] starts a simdev child on a private socket and stops it when dropped; the
 //! selection logic ([`super::select`]) uses it when no device is present.
+//!
+//! # Links
+//! The messages travel over a [`Link`]: the socket above, or (feature `test-support`, and the
+//! runtime's own unit tests) an in-process [`Handler`](shared::protocol::Handler) such as
+//! `simdev::Device`, called directly with the same encoded messages and the same session rules
+//! (Hello first, same version), so runtime code can be tested against the emulated device
+//! without starting a process. Posted requests go through the handler with no reply, as they
+//! go through the socket.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -52,11 +60,34 @@ struct Exchange {
     buf: Box<[u8; MAX_MSG_SIZE]>,
 }
 
+/// How messages reach simdev.
+enum Link {
+    /// A `SOCK_SEQPACKET` connection; `exchange` is held from a request's send to its reply
+    /// (posted requests do not take it).
+    Socket {
+        fd: OwnedFd,
+        exchange: Mutex<Exchange>,
+    },
+    /// A device in this process, called directly; the lock is held for each message, posted
+    /// ones included (the handler's answer is immediate: a doorbell only wakes a sequencer).
+    #[cfg(any(test, feature = "test-support"))]
+    InProcess(Mutex<Box<dyn shared::protocol::Connection>>),
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Socket { fd, .. } => f.debug_struct("Socket").field("fd", fd).finish(),
+            #[cfg(any(test, feature = "test-support"))]
+            Self::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
 /// A connected simdev.
 #[derive(Debug)]
 pub struct SimDevice {
-    fd: OwnedFd,
-    exchange: Mutex<Exchange>,
+    link: Link,
     info: DeviceInfo,
     socket: PathBuf,
     /// The process that opened the connection (the only one that may use it).
@@ -107,26 +138,62 @@ impl SimDevice {
             ),
         })?;
         let mut dev = SimDevice {
-            fd,
-            exchange: Mutex::new(Exchange {
-                buf: Box::new([0; MAX_MSG_SIZE]),
-            }),
+            link: Link::Socket {
+                fd,
+                exchange: Mutex::new(Exchange {
+                    buf: Box::new([0; MAX_MSG_SIZE]),
+                }),
+            },
             info: placeholder_info(),
             socket: socket.to_owned(),
             owner: std::process::id(),
             child: None,
         };
-        let (reply, _) = dev.request(
-            "Hello",
-            &Request::Hello {
-                version: PROTOCOL_VERSION,
-            },
-        )?;
-        match reply {
-            Reply::Hello { version, device } if version == PROTOCOL_VERSION => dev.info = device,
-            other => return Err(unexpected("Hello", &other)),
-        }
+        dev.hello(PROTOCOL_VERSION)?;
         Ok(dev)
+    }
+
+    /// Connects to `handler` in this process (e.g. an `Arc<simdev::Device>`) and performs the
+    /// handshake: the runtime's unit tests and the test crate drive the emulated device this
+    /// way without starting a process. [`SimDevice::socket`] is `in-process`.
+    ///
+    /// # Errors
+    /// `Remote` when the handler refuses the handshake.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn in_process(
+        handler: std::sync::Arc<dyn shared::protocol::Handler>,
+    ) -> Result<Self, DeviceError> {
+        Self::in_process_with_version(handler, PROTOCOL_VERSION)
+    }
+
+    /// [`SimDevice::in_process`] saying Hello with `version` (to test the handshake).
+    #[cfg(any(test, feature = "test-support"))]
+    fn in_process_with_version(
+        handler: std::sync::Arc<dyn shared::protocol::Handler>,
+        version: u32,
+    ) -> Result<Self, DeviceError> {
+        let connection = handler.open(std::process::id());
+        let mut dev = SimDevice {
+            link: Link::InProcess(Mutex::new(connection)),
+            info: placeholder_info(),
+            socket: PathBuf::from("in-process"),
+            owner: std::process::id(),
+            child: None,
+        };
+        dev.hello(version)?;
+        Ok(dev)
+    }
+
+    /// The handshake: Hello with `version`; the answer's device info becomes this device's.
+    fn hello(&mut self, version: u32) -> Result<(), DeviceError> {
+        let (reply, _) = self.request("Hello", &Request::Hello { version })?;
+        match reply {
+            Reply::Hello { version, device } if version == PROTOCOL_VERSION => {
+                self.info = device;
+                Ok(())
+            }
+            other => Err(unexpected("Hello", &other)),
+        }
     }
 
     /// Starts a private simdev with `command` and connects to it; the child is stopped when the
@@ -200,6 +267,8 @@ impl SimDevice {
         }
     }
 
+    /// Sends `req` with no reply expected: a posted request (or the socket half of
+    /// [`SimDevice::request`]).
     fn send(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
         self.check_owner(op)?;
         let mut buf = [0u8; MAX_MSG_SIZE];
@@ -207,8 +276,25 @@ impl SimDevice {
             op,
             detail: e.to_string(),
         })?;
-        fd_passing::send_with_fds(self.fd.as_fd(), &buf[..n], &[]).map_err(io_err(op))?;
-        Ok(())
+        match &self.link {
+            Link::Socket { fd, .. } => {
+                fd_passing::send_with_fds(fd.as_fd(), &buf[..n], &[]).map_err(io_err(op))?;
+                Ok(())
+            }
+            #[cfg(any(test, feature = "test-support"))]
+            Link::InProcess(connection) => {
+                debug_assert!(req.is_posted());
+                let mut connection = connection
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match connection.respond(&buf[..n]) {
+                    shared::protocol::Answer::Closed => Err(DeviceError::Disconnected { op }),
+                    // A posted request is answered with nothing; whatever else came back the
+                    // socket path would not read either.
+                    _ => Ok(()),
+                }
+            }
+        }
     }
 
     /// One request/reply exchange. Returns the reply and the fds that came with it (exactly
@@ -220,10 +306,43 @@ impl SimDevice {
         req: &Request,
     ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
         debug_assert!(!req.is_posted());
-        // Before the lock: a parent thread may have held it at the fork.
+        // Before any lock: a parent thread may have held it at the fork.
         self.check_owner(op)?;
-        let mut ex = self
-            .exchange
+        match &self.link {
+            Link::Socket { fd, exchange } => self.request_socket(op, req, fd, exchange),
+            #[cfg(any(test, feature = "test-support"))]
+            Link::InProcess(connection) => {
+                use shared::protocol::Answer;
+                let mut buf = [0u8; MAX_MSG_SIZE];
+                let n = protocol::encode(req, &mut buf).map_err(|e| DeviceError::Protocol {
+                    op,
+                    detail: e.to_string(),
+                })?;
+                let answer = connection
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .respond(&buf[..n]);
+                match answer {
+                    Answer::Reply(bytes, fds) => parse_reply(op, &bytes, fds),
+                    Answer::Close(bytes) => parse_reply(op, &bytes, Vec::new()),
+                    Answer::Silent => Err(DeviceError::Protocol {
+                        op,
+                        detail: "no reply to a request that is not posted".into(),
+                    }),
+                    Answer::Closed => Err(DeviceError::Disconnected { op }),
+                }
+            }
+        }
+    }
+
+    fn request_socket(
+        &self,
+        op: &'static str,
+        req: &Request,
+        fd: &OwnedFd,
+        exchange: &Mutex<Exchange>,
+    ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
+        let mut ex = exchange
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A send can fail because simdev already answered and closed (a refused uid): the
@@ -235,11 +354,12 @@ impl SimDevice {
             }
             recv_flags |= MsgFlags::MSG_DONTWAIT;
         }
-        let received = fd_passing::recv_with_fds(self.fd.as_fd(), &mut ex.buf[..], recv_flags)
-            .map_err(|e| match e {
+        let received = fd_passing::recv_with_fds(fd.as_fd(), &mut ex.buf[..], recv_flags).map_err(
+            |e| match e {
                 nix::Error::EAGAIN => DeviceError::Disconnected { op },
                 e => io_err(op)(e),
-            })?;
+            },
+        )?;
         let fds = received.fds;
         let len = received.len;
         let truncated = received.truncated || received.control_truncated;
@@ -252,24 +372,7 @@ impl SimDevice {
                 detail: "truncated reply".into(),
             });
         }
-        let reply: Reply = protocol::decode(&ex.buf[..len]).map_err(|e| DeviceError::Protocol {
-            op,
-            detail: e.to_string(),
-        })?;
-        if let Reply::Error(source) = reply {
-            return Err(DeviceError::Remote { op, source });
-        }
-        if fds.len() != reply.fd_count() {
-            return Err(DeviceError::Protocol {
-                op,
-                detail: format!(
-                    "{} fds with a reply that carries {}",
-                    fds.len(),
-                    reply.fd_count()
-                ),
-            });
-        }
-        Ok((reply, fds))
+        parse_reply(op, &ex.buf[..len], fds)
     }
 
     fn request_ok(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
@@ -299,6 +402,33 @@ impl SimDevice {
         self.check_nc(op, nc)?;
         check_range(op, "event", index, self.info.events_per_nc)
     }
+}
+
+/// Decodes a received reply and checks its fds: exactly `reply.fd_count()` of them, else a
+/// protocol error. An error reply becomes [`DeviceError::Remote`].
+fn parse_reply(
+    op: &'static str,
+    bytes: &[u8],
+    fds: Vec<OwnedFd>,
+) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
+    let reply: Reply = protocol::decode(bytes).map_err(|e| DeviceError::Protocol {
+        op,
+        detail: e.to_string(),
+    })?;
+    if let Reply::Error(source) = reply {
+        return Err(DeviceError::Remote { op, source });
+    }
+    if fds.len() != reply.fd_count() {
+        return Err(DeviceError::Protocol {
+            op,
+            detail: format!(
+                "{} fds with a reply that carries {}",
+                fds.len(),
+                reply.fd_count()
+            ),
+        });
+    }
+    Ok((reply, fds))
 }
 
 fn unexpected(op: &'static str, reply: &Reply) -> DeviceError {
@@ -705,3 +835,6 @@ impl Drop for PrivateSimdev {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests;

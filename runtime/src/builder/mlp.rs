@@ -511,7 +511,11 @@ impl MlpBuilder {
     }
 
     /// The stack computed on the host in f32, row by row: the reference the device is checked
-    /// against. `inputs` is row-major `[batch, in]`.
+    /// against. `inputs` is row-major `[batch, in]`. Test-only (feature `test-support`).
+    ///
+    /// # Errors
+    /// As [`MlpBuilder::build`], for a stack that does not build.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn reference_forward(&self, inputs: &[f32]) -> Result<Vec<f32>, BuildError> {
         let (stages, softmax) = self.stages()?;
         let batch = inputs.len() / self.input_features as usize;
@@ -554,6 +558,8 @@ impl MlpBuilder {
 }
 
 /// An activation function on one value (the reference semantics of `shared::isa::ActFunc`).
+/// Test-only (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
 pub fn apply(f: ActFunc, x: f32) -> f32 {
     match f {
         ActFunc::Identity => x,

@@ -14,10 +14,14 @@
 //! - [`NeuronDevice`]: the [`Device`] methods, one ioctl (or two) each. Ids are range-checked
 //!   against [`DeviceInfo`] before anything reaches the port, and the kernel-crashing or
 //!   driver-unchecked inputs (`rx_desc_count == 0`, event ids) are refused here.
+//! - `shim` (test-only, feature `test-support`): `SimIoctlPort`, a port that decodes the
+//!   driver's request values and argument bytes and forwards them to simdev, so the test crate
+//!   can run the whole runtime through this backend.
 //!
 //! Silicon has no completion interrupt (driver-abi §3, §7.5): [`ClaimedNc::notification_fd`] is
 //! always `None` and the runtime polls the notification queue or semaphores.
 
+#[cfg(any(test, feature = "test-support"))]
 pub mod shim;
 mod sys;
 #[cfg(test)]
@@ -44,6 +48,7 @@ use super::{
     Allocation, ClaimedNc, Device, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
     check_queue, check_range,
 };
+#[cfg(any(test, feature = "test-support"))]
 pub use shim::SimIoctlPort;
 pub use sys::DeviceFile;
 

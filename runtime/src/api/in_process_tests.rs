@@ -1,0 +1,97 @@
+//! `Runtime` against the emulated device in-process (no simdev process): load and execute,
+//! the LNC=2 doorbell fan-out, and what close gives back to the device.
+
+use std::time::Duration;
+
+use shared::NrtStatus;
+
+use crate::builder::{identity, identity_split};
+use crate::config::RuntimeConfig;
+use crate::test_support::{Rig, io, load, pattern};
+use crate::{Placement, TensorSet};
+
+#[test]
+fn execute_copies_each_input_to_its_output_and_close_returns_everything() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    // 200,000 bytes: four descriptor pairs of the I/O ring, the last one short.
+    let bytes = 200_000;
+    let m = load(&rt, &identity(bytes), 0);
+    let (i, o, ins, outs) = io(&rt, u64::from(bytes));
+    for seed in 0..3 {
+        let data = pattern(bytes as usize, seed);
+        i.write(&data, 0).unwrap();
+        rt.execute(m, &ins, &outs).unwrap();
+        let mut out = vec![0u8; data.len()];
+        o.read(&mut out, 0).unwrap();
+        assert!(out == data, "run {seed}: the output is not the input");
+    }
+    assert_eq!(rig.counters(0).executions, 3);
+    assert_eq!(rig.counters(1).executions, 0, "core 1 ran nothing");
+    assert_eq!(rig.backend.doorbells(), [0, 0, 0]);
+    assert_eq!(rt.compute_idx_tail(0), Some(3));
+    drop((i, o, ins, outs));
+    rt.close();
+    let stats = rig.device.stats();
+    assert_eq!(
+        (stats.claimed_ncs, stats.dma_queues, stats.chunks),
+        (0, 0, 0),
+        "close released every NC, DMA queue and chunk: {stats:?}"
+    );
+}
+
+#[test]
+fn lnc2_rings_each_tpb_of_the_logical_core_once_in_order() {
+    let rig = Rig::with(shared::Arch::Trn2, 4);
+    let rt = rig.runtime(RuntimeConfig {
+        lnc: 2,
+        exec_timeout: Duration::from_secs(10),
+        ..RuntimeConfig::default()
+    });
+    let m = load(&rt, &identity_split(4096), 1);
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    let data = pattern(4096, 7);
+    i.write(&data, 0).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    let mut out = vec![0u8; 4096];
+    o.read(&mut out, 0).unwrap();
+    assert!(out == data, "both halves copied");
+    assert_eq!(rig.backend.doorbells(), [2, 3, 2, 3]);
+    let executions: Vec<u64> = (0..4).map(|nc| rig.counters(nc).executions).collect();
+    assert_eq!(executions, [0, 0, 2, 2]);
+    assert_eq!(
+        (rt.compute_idx_tail(1), rt.compute_idx_tail(0)),
+        (Some(2), Some(0))
+    );
+    rt.close();
+}
+
+#[test]
+fn a_failed_doorbell_is_nrt_failure_and_poisons_the_logical_core() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let m = load(&rt, &identity(64), 0);
+    let (_i, _o, ins, outs) = io(&rt, 64);
+    rt.execute(m, &ins, &outs).unwrap();
+    rig.backend.fail_next_doorbells(1);
+    assert_eq!(
+        rt.execute(m, &ins, &outs).unwrap_err().status,
+        NrtStatus::Failure
+    );
+    assert_eq!(
+        rt.execute(m, &ins, &outs).unwrap_err().status,
+        NrtStatus::ExecUnitUnrecoverable,
+        "the XU is poisoned"
+    );
+    assert_eq!(rig.counters(0).executions, 1);
+    rt.close();
+}
