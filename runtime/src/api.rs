@@ -37,7 +37,7 @@ use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
-use crate::tensor::{Placement, Tensor, TensorSet};
+use crate::tensor::{Placement, RuntimeId, Tensor, TensorSet};
 use crate::xu::{
     CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
 };
@@ -158,6 +158,9 @@ pub struct Runtime {
     pool: Option<AsyncPool>,
     /// The process that initialised this runtime: the only one that may use it.
     pid: u32,
+    /// This runtime instance (recorded in its device tensors and models; bind refuses a tensor
+    /// of another instance).
+    id: RuntimeId,
 }
 
 /// The refusal of a call made in a process forked from the one that initialised the runtime.
@@ -319,6 +322,7 @@ impl Runtime {
             wait_budget,
             pool,
             pid: std::process::id(),
+            id: RuntimeId::next(),
         })
     }
 
@@ -428,6 +432,7 @@ impl Runtime {
             hw_queues: &self.hw_queues,
             target: self.target,
             max_inflight: inflight,
+            runtime: self.id,
         };
         let m = self.models.load(&ctx, bytes, vnc, ncs)?;
         Ok(ModelHandle { id: m.id(), vnc })
@@ -488,7 +493,14 @@ impl Runtime {
                         err
                     })?;
                 match self.device.mem_map(&a) {
-                    Ok(m) => Ok(Tensor::device(name, v, a, m, self.device.clone(), size)),
+                    Ok(m) => Ok(Tensor::device(
+                        name,
+                        (self.id, v),
+                        a,
+                        m,
+                        self.device.clone(),
+                        size,
+                    )),
                     Err(e) => {
                         let _ = self.device.mem_free(a.handle);
                         Err(e.into())

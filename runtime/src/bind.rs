@@ -19,7 +19,9 @@
 //!
 //! Status choices (the seed names the checks, not every code): a missing, unknown or wrongly
 //! sized tensor is NRT_INVALID (nrt-api.md: "tensor name/size mismatch with the model"); a
-//! tensor that is not in device memory of the model's vNC is NRT_EXEC_BAD_INPUT. Every message
+//! tensor that is not in device memory of the model's vNC is NRT_EXEC_BAD_INPUT; a device
+//! tensor allocated by another runtime instance (another connection, whose memory the model's NCs
+//! cannot reach: the device would refuse the DMA mid-execution) is NRT_INVALID. Every message
 //! names the tensor.
 
 use std::sync::Arc;
@@ -160,6 +162,7 @@ fn check_set(
                 ),
             ));
         }
+        check_same_runtime(model, t, &spec.name, kind)?;
         match t.placement() {
             Placement::Device { vnc } if vnc == model.vnc() => {}
             Placement::Device { vnc } => {
@@ -195,8 +198,32 @@ fn check_set(
     Ok(())
 }
 
+/// A device tensor must come from the runtime that loaded the model: its logical core numbers
+/// and its memory are that runtime's (checked before the placement, whose `vnc` means nothing in
+/// another runtime).
+fn check_same_runtime(
+    model: &LoadedModel,
+    t: &Tensor,
+    name: &str,
+    kind: &str,
+) -> Result<(), NrtError> {
+    match t.runtime() {
+        Some(owner) if owner != model.runtime() => Err(NrtError::new(
+            NrtStatus::Invalid,
+            format!(
+                "{kind} tensor {name:?} belongs to another runtime ({owner}; model {:?} was \
+                 loaded by {}): allocate the tensor with the runtime that loaded the model",
+                model.name(),
+                model.runtime()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `dlr_check_valid_io_sets`: tensor IO (every model input and output bound, names known,
-/// byte sizes equal) and placement (all in device memory of the model's vNC).
+/// byte sizes equal), ownership (device tensors of the runtime that loaded the model) and
+/// placement (all in device memory of the model's vNC).
 ///
 /// # Errors
 /// NRT_INVALID or NRT_EXEC_BAD_INPUT naming the tensor.

@@ -11,12 +11,23 @@
 //! `DeviceLost` entry fails the execution (fatal).
 //!
 //! # Status decode and what is fatal to the XU
+//! This section is the one statement of which statuses degrade a logical core. Seed 004 §5:
+//! when `exec_request_progress_one_step` returns 2 ([`Progress::Error`] here) the worker sets
+//! the XU to FATAL_SHUTDOWN, and every later submit gets NRT_EXEC_UNIT_UNRECOVERABLE (101); a
+//! completion with an error status ([`Progress::Done`]) leaves it healthy. The rule: an
+//! execution's status is fatal exactly when the device can no longer be trusted to run the next
+//! execution — the device is lost, a DMA queue is stopped, NC or unrepairable HBM memory is
+//! corrupt, or the execution timed out and may still be running. Errors confined to the
+//! execution (an out-of-bounds access alone, a repairable HBM error, a generic or numerical
+//! error) are not. The fault table in `scenarios/README.md` repeats this per injected fault, and
+//! `tests/tests/fault_table.rs` checks it against [`decode_flags`].
+//!
 //! Flags are decoded in this order (the first present wins):
 //!
 //! | flag | status | fatal |
 //! |---|---|---|
 //! | DEVICE_LOST | NRT_HW_ERROR (6) | yes: the device is gone |
-//! | OOB | NRT_EXEC_OOB (1006) | only with DMA_ABORT (a stopped queue) |
+//! | OOB | NRT_EXEC_OOB (1006) | only with DMA_ABORT (a DMA engine refused the access mid-execution and its queue is stopped) |
 //! | DMA_ABORT | NRT_EXEC_HW_ERR_DMA_ABORT (1203) | yes: the queue is stopped |
 //! | NC_UE | NRT_EXEC_HW_ERR_NC_UE (1202) | yes |
 //! | HBM_UE | NRT_EXEC_HW_ERR_HBM_UE (1201) | yes: results can no longer be trusted |
@@ -426,6 +437,36 @@ mod tests {
         req.ncs[0] = 3;
         req.compute_idx = compute_idx;
         ExecInfo::execute(1, req)
+    }
+
+    /// The degrade rule (module doc): each flag's completion is `Progress::Error` (the worker
+    /// poisons the XU, seed 004 §5) exactly when the status is fatal.
+    #[test]
+    fn only_fatal_statuses_complete_as_errors_that_poison_the_xu() {
+        use error_flags as f;
+        let cases = [
+            (f::OOB, Progress::Done(NrtStatus::ExecOob)),
+            (f::OOB | f::DMA_ABORT, Progress::Error(NrtStatus::ExecOob)),
+            (f::DMA_ABORT, Progress::Error(NrtStatus::ExecHwErrDmaAbort)),
+            (f::NC_UE, Progress::Error(NrtStatus::ExecHwErrNcUe)),
+            (f::HBM_UE, Progress::Error(NrtStatus::ExecHwErrHbmUe)),
+            (
+                f::HBM_UE_REPAIRABLE,
+                Progress::Done(NrtStatus::ExecHwErrRepairableHbmUe),
+            ),
+            (f::GENERIC, Progress::Done(NrtStatus::ExecCompletedWithErr)),
+            (f::DEVICE_LOST, Progress::Error(NrtStatus::HwError)),
+        ];
+        for (flags, want) in cases {
+            let (reader, w) = nq(4);
+            let engine = NqEngine::new(vec![(3, reader)]);
+            post(&w, 4, 0, 0, flags);
+            assert_eq!(
+                engine.progress_one_step(0, &mut info(0)),
+                want,
+                "flags {flags:#x}"
+            );
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::backend::{Allocation, Device};
 use crate::bind::TdrvComputeResources;
 use crate::error::NrtError;
 use crate::stage::{CcChain, HwExecQueue, IO_RING_DESCS};
-use crate::tensor::Tensor;
+use crate::tensor::{RuntimeId, Tensor};
 
 /// Alignment of each instruction block inside a TPB's block chunk.
 pub const BLOCK_ALIGN: u64 = 256;
@@ -52,6 +52,7 @@ pub struct LoadedModel {
     cc_chain: std::sync::OnceLock<Result<CcChain, NrtError>>,
     cc_builds: AtomicU64,
     device: Arc<dyn Device>,
+    runtime: RuntimeId,
 }
 
 impl LoadedModel {
@@ -68,6 +69,11 @@ impl LoadedModel {
     /// The logical core it runs on.
     pub fn vnc(&self) -> u32 {
         self.vnc
+    }
+
+    /// The runtime that loaded it.
+    pub fn runtime(&self) -> RuntimeId {
+        self.runtime
     }
 
     /// The container's metadata and programs.
@@ -246,6 +252,8 @@ pub struct LoadContext<'a> {
     pub target: Target,
     /// Executions that may be in flight per logical core (the XU depth).
     pub max_inflight: u32,
+    /// The runtime loading it (bind accepts only that runtime's tensors).
+    pub runtime: RuntimeId,
 }
 
 /// The model database: handle id → loaded model.
@@ -301,6 +309,7 @@ impl ModelDb {
             hw_queues,
             target,
             max_inflight,
+            runtime,
         } = *ctx;
         let model = Model::from_container(bytes, target)
             .map_err(|e| NrtError::new(NrtStatus::Invalid, e.to_string()))?;
@@ -413,6 +422,7 @@ impl ModelDb {
             cc_chain: std::sync::OnceLock::new(),
             cc_builds: AtomicU64::new(0),
             device: device.clone(),
+            runtime,
         });
         if let Err(e) = result {
             loaded.free();

@@ -31,6 +31,26 @@ pub enum Placement {
     Host,
 }
 
+/// The identity of one runtime instance ([`crate::api::Runtime`]), unique in the process: a
+/// device tensor records the runtime that allocated it, a loaded model the runtime that loaded
+/// it, and bind refuses a tensor of another runtime (`dlr_check_valid_io_sets`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuntimeId(u64);
+
+impl RuntimeId {
+    /// A new identity, never given before in this process.
+    pub(crate) fn next() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl std::fmt::Display for RuntimeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "runtime #{}", self.0)
+    }
+}
+
 #[derive(Debug)]
 pub(crate) enum Storage {
     Device {
@@ -39,6 +59,9 @@ pub(crate) enum Storage {
         device: Arc<dyn Device>,
         /// The process that allocated it: the only one that may read or write it.
         owner: u32,
+        /// The runtime instance that allocated it: the only one whose executions may bind it
+        /// (another runtime is another connection, whose NCs cannot reach this memory).
+        runtime: RuntimeId,
     },
     Host(Mutex<Vec<u8>>),
 }
@@ -93,7 +116,7 @@ impl Drop for TensorInner {
 impl Tensor {
     pub(crate) fn device(
         name: &str,
-        vnc: u32,
+        (runtime, vnc): (RuntimeId, u32),
         allocation: Allocation,
         memory: SharedChunk,
         device: Arc<dyn Device>,
@@ -111,6 +134,7 @@ impl Tensor {
                     memory,
                     device,
                     owner: std::process::id(),
+                    runtime,
                 },
             }),
         }
@@ -148,6 +172,14 @@ impl Tensor {
     /// Where it lives.
     pub fn placement(&self) -> Placement {
         self.inner.placement
+    }
+
+    /// The runtime that allocated it (device tensors only).
+    pub fn runtime(&self) -> Option<RuntimeId> {
+        match &self.inner.storage {
+            Storage::Device { runtime, .. } => Some(*runtime),
+            Storage::Host(_) => None,
+        }
     }
 
     /// The device PA of byte 0 (device tensors only).

@@ -57,6 +57,30 @@
 //! runtime's single index, and the completion engine matches each TPB's notification against
 //! that one index.
 
+//!
+//! # What an execution leaves behind (the guarantee between executions)
+//! A model's program may use the NC's program semaphores (indices below
+//! [`FIRST_RESERVED_SEMAPHORE`]) any way it likes during its execution, but it must leave each
+//! at the value it found (the builder's programs do: every consumer subtracts what it waited
+//! for). The driver resets semaphores only with the NC (NC_RESET) and the runtime never writes
+//! them between executions, so a value left behind would be seen by every later execution of
+//! every model on the NC — a wait satisfied early, or never — and nothing would tell which
+//! model was at fault. The sequencer therefore sums, per program semaphore, what the
+//! execution's program signalled (its `FLAG_SIGNAL`s, wrapping) and checks the sums when it
+//! ends: when any is not zero, it undoes every such net change and reports **that** execution
+//! as completed with an error: error flag `GENERIC` (NRT_EXEC_COMPLETED_WITH_ERR, 1004 — an
+//! error of the execution, not of the NC: not fatal, the next execution runs on restored
+//! state) with `source` = [`SEMAPHORE_LEAK_SOURCE`] | the lowest such index, and a log line
+//! naming each. Only the program's own signals count: the host may change a semaphore during an
+//! execution (the outside world a waiting engine waits for). Not covered: semaphore writes
+//! made by DMA descriptors, and events (the host sets them; the builder's programs do not
+//! write them). An abandoned execution (NC reset, release) is not checked: the reset zeroes
+//! everything.
+
+/// `source` of an `Execution` notification whose program left a program semaphore changed:
+/// this bit | the semaphore's index (see "What an execution leaves behind").
+pub const SEMAPHORE_LEAK_SOURCE: u16 = 0x8000;
+
 /// DMA engine of each NC's hardware exec queue.
 pub const EXEC_QUEUE_ENGINE: u32 = 0;
 /// Queue (on [`EXEC_QUEUE_ENGINE`]) of each NC's hardware exec queue.

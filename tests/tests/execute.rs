@@ -225,6 +225,64 @@ fn bad_io_sets_are_rejected_before_anything_is_staged_naming_the_tensor() {
     rig.rt.close();
 }
 
+/// Issue 11 item 4: a device tensor of another runtime instance (another connection to the
+/// same simdev) is refused at bind, naming the tensor, before anything is staged; the core stays
+/// healthy. (Before, its logical core number matched, the execution reached the device, simdev
+/// refused the DMA into another client's chunk — 1006 — and the core was poisoned for good.)
+#[test]
+fn a_tensor_of_another_runtime_is_refused_at_bind_and_the_core_stays_healthy() {
+    let rig = rig_with(RuntimeConfig {
+        visible_cores: Some((0, 1)),
+        exec_timeout: Duration::from_secs(10),
+        ..RuntimeConfig::default()
+    });
+    let m = load(&rig.rt, &identity(64), 0);
+    // The other runtime holds NC 1 as its logical core 0: same vNC number, another connection.
+    let other = Runtime::init(
+        Arc::new(connect(&rig.sim)),
+        RuntimeConfig {
+            visible_cores: Some((1, 1)),
+            exec_timeout: Duration::from_secs(10),
+            ..RuntimeConfig::default()
+        },
+    )
+    .expect("a second runtime on NC 1");
+    let (_foreign_in, foreign_out, foreign_ins, foreign_outs) =
+        io(&other, 64, Placement::Device { vnc: 0 });
+    let (_i, o, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    let before = counters(&rig, 0);
+    for (ins, outs, name) in [
+        (&foreign_ins, &outs, "input tensor \"input\""),
+        (&ins, &foreign_outs, "output tensor \"output\""),
+    ] {
+        let e = rig.rt.execute(m, ins, outs).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(name), "{e}");
+        assert!(e.message.contains("another runtime"), "{e}");
+    }
+    let after = counters(&rig, 0);
+    assert_eq!(
+        (after.doorbells, after.executions),
+        (before.doorbells, before.executions),
+        "nothing staged"
+    );
+    assert_eq!(
+        rig.rt.xu(0).unwrap().health(),
+        runtime::xu::XuHealth::Healthy
+    );
+    let data = pattern(64, 11);
+    ins.get("input").unwrap().write(&data, 0).unwrap();
+    rig.rt
+        .execute(m, &ins, &outs)
+        .expect("a later execution succeeds");
+    let mut got = vec![0; 64];
+    o.read(&mut got, 0).unwrap();
+    assert_eq!(got, data);
+    drop((foreign_out, foreign_ins, foreign_outs));
+    other.close();
+    rig.rt.close();
+}
+
 #[test]
 fn the_hot_path_makes_exactly_one_device_call_per_bound_tpb() {
     let rig = rig();

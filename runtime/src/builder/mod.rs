@@ -155,6 +155,21 @@ pub fn never_ending(event: u32) -> Model {
     m
 }
 
+/// An identity model whose SP program also signals program semaphore `semaphore` once and never
+/// consumes it: every execution leaves it one higher, which breaks the device contract
+/// (`shared::sequencer`, "What an execution leaves behind") — for tests of that contract.
+pub fn semaphore_leak(bytes: u32, semaphore: u32) -> Model {
+    let mut m = identity_with(bytes, "semaphore-leak", [0; 13], [0; 32]);
+    let n = u32::try_from(m.tpbs[0].io_rings[0].descs.len()).unwrap_or(u32::MAX);
+    let sem = u8::try_from(semaphore).unwrap_or(u8::MAX);
+    m.tpbs[0].blocks[4] = encode_program(&[
+        Instruction::new(Opcode::DmaStart, &[IDENTITY_ENGINE, IDENTITY_QUEUE, n]),
+        Instruction::new(Opcode::DmaWait, &[IDENTITY_ENGINE, IDENTITY_QUEUE]).signal(sem, 1),
+        Instruction::new(Opcode::End, &[]),
+    ]);
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

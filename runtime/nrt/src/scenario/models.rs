@@ -133,6 +133,10 @@ impl BuiltModel {
                         runtime::builder::never_ending(spec.event.unwrap_or(3)),
                         Reference::None,
                     ),
+                    "semaphore_leak" => finish(
+                        runtime::builder::semaphore_leak(bytes.max(1), spec.semaphore.unwrap_or(5)),
+                        Reference::Identity,
+                    ),
                     "digits" => {
                         let data = Digits::load(&digits::default_path()).map_err(err)?;
                         let batch = spec.batch.unwrap_or(1);
@@ -148,7 +152,7 @@ impl BuiltModel {
                     }
                     other => Err(err(format!(
                         "builder {other:?} is not one of identity, identity_split, identity_cc, \
-                         never_ending, digits"
+                         never_ending, semaphore_leak, digits"
                     ))),
                 }
             }

@@ -14,7 +14,9 @@ use shared::protocol::LatencyModel;
 use shared::address_map::Register;
 use shared::exec_request::DeviceExecRequest;
 use shared::notification::{NotificationEntry, NotificationKind, error_flags};
-use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE};
+use shared::sequencer::{
+    EXEC_QUEUE, EXEC_QUEUE_ENGINE, FIRST_RESERVED_SEMAPHORE, SEMAPHORE_LEAK_SOURCE,
+};
 use shared::udma::Direction;
 
 use crate::counters::bump;
@@ -22,7 +24,7 @@ use crate::device::dispatch::panic_text;
 use crate::device::dma_run::{Aborts, ClientBus};
 use crate::device::sequencer::{self, BATCH_HEAD_PAIRS};
 use crate::device::trace_events::TraceAt;
-use crate::device::{Core, Nc, NcState, lock};
+use crate::device::{Claim, Core, Nc, NcState, lock};
 use crate::dma::{Abort, Budget, DmaQueueId, PairEffect, PeekError, QueueStatus, error_chain};
 use crate::engines::{Limits, Stats, Stop};
 use crate::faults::{Delivery, Effects};
@@ -52,6 +54,8 @@ pub(super) struct Account {
     pub(super) room: usize,
     /// Events beyond `room`.
     pub(super) dropped: u64,
+    /// The program's net signals on the program semaphores.
+    pub(super) signals: ProgramSignals,
 }
 
 impl Account {
@@ -118,6 +122,57 @@ struct Timing {
     device_ts_ns: Option<u64>,
 }
 
+/// How an execution ended, as its notification tells it.
+#[derive(Clone, Copy, Debug)]
+struct Outcome {
+    compute_idx: u32,
+    flags: u32,
+    /// The notification's `source` ([`SEMAPHORE_LEAK_SOURCE`] | index for a leaked semaphore).
+    source: u16,
+}
+
+/// What an execution's program signalled on each program semaphore (those below
+/// [`FIRST_RESERVED_SEMAPHORE`]), net and wrapping: checked and undone when it ends (the
+/// contract in [`shared::sequencer`], "What an execution leaves behind"). Only the program's
+/// own signals count: the host may change a semaphore meanwhile (the outside world a waiting
+/// engine waits for), and that is not the execution's doing.
+pub(super) struct ProgramSignals(Vec<u32>);
+
+impl ProgramSignals {
+    fn new(arch: shared::address_map::Arch) -> Self {
+        let count = FIRST_RESERVED_SEMAPHORE.min(arch.semaphores_per_nc());
+        Self(vec![0; usize::try_from(count).unwrap_or(0)])
+    }
+
+    /// The program added `value` (wrapping) to semaphore `index`.
+    pub(super) fn add(&mut self, index: u32, value: u32) {
+        if let Some(net) = usize::try_from(index).ok().and_then(|i| self.0.get_mut(i)) {
+            *net = net.wrapping_add(value);
+        }
+    }
+
+    /// Undoes the net change of every program semaphore the execution left changed, each
+    /// logged naming it; the lowest such index, if any.
+    fn check_and_restore(&self, nc: u32, compute_idx: u32, claim: &Claim) -> Option<u16> {
+        let mut first = None;
+        for (index, &net) in (0u32..).zip(&self.0) {
+            if net == 0 {
+                continue;
+            }
+            let delta = i32::from_ne_bytes(net.to_ne_bytes());
+            tracing::warn!(
+                "NC {nc} execution {compute_idx} failed: its program left semaphore {index} \
+                 changed by {delta}; restored"
+            );
+            if let Err(e) = claim.registers.semaphore_sub(index, net) {
+                tracing::error!("NC {nc}: restoring semaphore {index}: {e}");
+            }
+            first = first.or(u16::try_from(index).ok());
+        }
+        first
+    }
+}
+
 /// DMA aborts collected during an execution as one failure: DMA_ABORT, plus OOB when any of
 /// them was an access outside the client's memory.
 pub(super) fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
@@ -171,6 +226,7 @@ impl Core {
             events: tracing.then(Vec::new),
             room: if tracing { self.tracer.room() } else { 0 },
             dropped: 0,
+            signals: ProgramSignals::new(self.map.arch),
         };
         for &kind in &effects.kinds {
             acct.record(
@@ -182,7 +238,10 @@ impl Core {
         }
         let flags = self.run_and_flag(nc, &work, &mut acct);
         if let Some(flags) = flags {
-            let flags = flags | effects.flags;
+            let leaked = acct
+                .signals
+                .check_and_restore(nc.index, compute_idx, &work.claim);
+            let flags = flags | effects.flags | leaked.map_or(0, |_| error_flags::GENERIC);
             let timing = self.time_execution(nc, work.epoch, started, &acct);
             acct.record(
                 nc.index,
@@ -194,7 +253,13 @@ impl Core {
                     instructions: acct.charge.instructions,
                 },
             );
-            self.finish_execution(nc, work.epoch, compute_idx, flags, timing, &effects);
+            let source = leaked.map_or(0, |index| SEMAPHORE_LEAK_SOURCE | index);
+            let outcome = Outcome {
+                compute_idx,
+                flags,
+                source,
+            };
+            self.finish_execution(nc, work.epoch, outcome, timing, &effects);
         }
         if let Some(events) = acct.events.take() {
             self.tracer.record_all(events, acct.dropped);
@@ -331,11 +396,15 @@ impl Core {
         &self,
         nc: &Nc,
         epoch: u64,
-        compute_idx: u32,
-        flags: u32,
+        outcome: Outcome,
         timing: Timing,
         effects: &Effects,
     ) {
+        let Outcome {
+            compute_idx,
+            flags,
+            source,
+        } = outcome;
         let mut state = lock(&nc.state);
         if self.abandoned(nc, epoch) {
             return;
@@ -346,7 +415,7 @@ impl Core {
         let entry = NotificationEntry {
             compute_idx,
             kind: NotificationKind::Execution as u16,
-            source: 0,
+            source,
             error_flags: flags,
             phase: 0,
             device_ts_ns: timing.device_ts_ns.unwrap_or_else(|| self.now_ns()),

@@ -60,8 +60,9 @@ impl engines::Host for ExecHost<'_> {
     }
 
     fn signal(&mut self, index: u32, value: u32) {
-        if let Err(e) = self.claim.registers.semaphore_add(index, value) {
-            tracing::error!("NC {}: signal: {e}", self.nc.index);
+        match self.claim.registers.semaphore_add(index, value) {
+            Ok(()) => self.acct.signals.add(index, value),
+            Err(e) => tracing::error!("NC {}: signal: {e}", self.nc.index),
         }
     }
 

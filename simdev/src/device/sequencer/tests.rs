@@ -16,7 +16,7 @@ use shared::notification::{
 use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
 use shared::sequencer::{
     EVENT_COLLECTIVES_CTX_LOAD, EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_ENGINE,
-    SEM_INFERENCE_START,
+    SEM_INFERENCE_START, SEMAPHORE_LEAK_SOURCE,
 };
 use shared::udma::RingId;
 
@@ -239,7 +239,12 @@ fn executions_run_the_batch_and_the_programs_and_count_compute_indices() {
             Instruction::new(Opcode::End, &[]),
         ],
     );
-    let pe = rig.program(2, &[Instruction::new(Opcode::End, &[]).wait(7, 1)]);
+    let pe = rig.program(
+        2,
+        &[Instruction::new(Opcode::End, &[])
+            .wait(7, 1)
+            .signal(7, u32::MAX)],
+    );
     let mut addrs = rig.ends_but_sp(Some(sp));
     addrs[Engine::Pe.index()] = pe;
     let flags = [(1, 1), (0, 0), (0, 1)];
@@ -555,13 +560,25 @@ fn engines_waiting_on_each_other_deadlock_with_generic() {
     let dev = device();
     let a = Client::new(&dev, 10);
     let mut rig = Rig::new(&a, 0);
+    // Each engine consumes what it waited for, so a run leaves the semaphores as it found them
+    // (the contract in `shared::sequencer`, "What an execution leaves behind").
     let act = rig.program(
         1,
-        &[Instruction::new(Opcode::End, &[]).wait(1, 1).signal(2, 1)],
+        &[
+            Instruction::new(Opcode::Nop, &[])
+                .wait(1, 1)
+                .signal(1, u32::MAX),
+            Instruction::new(Opcode::End, &[]).signal(2, 1),
+        ],
     );
     let dve = rig.program(
         2,
-        &[Instruction::new(Opcode::End, &[]).wait(2, 1).signal(1, 1)],
+        &[
+            Instruction::new(Opcode::Nop, &[])
+                .wait(2, 1)
+                .signal(2, u32::MAX),
+            Instruction::new(Opcode::End, &[]).signal(1, 1),
+        ],
     );
     let mut addrs = rig.ends_but_sp(None);
     addrs[Engine::Act.index()] = act;
@@ -576,7 +593,51 @@ fn engines_waiting_on_each_other_deadlock_with_generic() {
     });
     rig.stage(addrs, 0, 0, &[]);
     assert_eq!(summary(&rig.run()), execution(1, 0));
-    assert_eq!((a.semaphore(0, 1), a.semaphore(0, 2)), (2, 1));
+    assert_eq!((a.semaphore(0, 1), a.semaphore(0, 2)), (1, 0));
+}
+
+/// Issue 11 item 2: an execution whose program leaves a program semaphore at another value
+/// than it found carries the error (GENERIC, `source` naming the semaphore), the semaphore is
+/// restored, and the next execution — of another program that waits on it — is unaffected.
+#[test]
+fn an_execution_that_leaves_a_semaphore_changed_carries_the_error_and_it_is_restored() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let mut rig = Rig::new(&a, 0);
+    let leaks = rig.program(1, &[Instruction::new(Opcode::End, &[]).signal(7, 1)]);
+    rig.stage(rig.ends_but_sp(Some(leaks)), 1, 1, &[]);
+    let e = rig.run();
+    assert_eq!(summary(&e), execution(0, error_flags::GENERIC));
+    assert_eq!(e.source, SEMAPHORE_LEAK_SOURCE | 7, "names semaphore 7");
+    assert_eq!(a.semaphore(0, 7), 0, "restored");
+    // Another model: ACT produces semaphore 7 late, DVE waits for it and consumes it. With 7
+    // left at 1, DVE would run before ACT and the execution would leave 7 at 1.
+    let act = rig.program(
+        2,
+        &[
+            Instruction::new(Opcode::Nop, &[]),
+            Instruction::new(Opcode::Nop, &[]),
+            Instruction::new(Opcode::End, &[]).signal(7, 1),
+        ],
+    );
+    let dve = rig.program(
+        3,
+        &[Instruction::new(Opcode::End, &[])
+            .wait(7, 1)
+            .signal(7, u32::MAX)],
+    );
+    let mut addrs = rig.ends_but_sp(None);
+    addrs[Engine::Act.index()] = act;
+    addrs[Engine::Dve.index()] = dve;
+    for i in 1..4 {
+        rig.stage(addrs, 1, 1, &[]);
+        let e = rig.run();
+        assert_eq!(summary(&e), execution(i, 0));
+        assert_eq!(e.source, 0);
+    }
+    assert_eq!(a.semaphore(0, 7), 0);
+    assert_eq!(rig.exec_status(), Some(dma::QueueStatus::Running));
+    assert_eq!(a.counters(0).exec_errors, 1);
 }
 
 /// An SP program that waits for event 5 and ends.

@@ -237,6 +237,8 @@ pub struct ModelSpec {
     pub ctx_bytes: Option<u64>,
     /// The event the program waits on (never_ending; default 3).
     pub event: Option<u32>,
+    /// The program semaphore the program leaves one higher (semaphore_leak; default 5).
+    pub semaphore: Option<u32>,
     /// Largest |output − reference| accepted (digits; default 1e-4).
     pub tolerance: Option<f32>,
 }

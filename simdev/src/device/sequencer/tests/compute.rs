@@ -117,7 +117,7 @@ fn hbm_to_sbuf_then_matmul_and_activation_and_back_to_hbm() {
             Instruction::new(Opcode::DmaStart, &[1, 0, descs_in]),
             Instruction::new(Opcode::DmaWait, &[1, 0]).signal(1, 1),
             Instruction::new(Opcode::DmaStart, &[2, 0, mu]).wait(3, 1),
-            Instruction::new(Opcode::DmaWait, &[2, 0]),
+            Instruction::new(Opcode::DmaWait, &[2, 0]).signal(3, u32::MAX),
             end(),
         ],
     );
@@ -131,6 +131,7 @@ fn hbm_to_sbuf_then_matmul_and_activation_and_back_to_hbm() {
             )
             .wait(1, 1)
             .signal(2, 1),
+            Instruction::new(Opcode::Nop, &[]).signal(1, u32::MAX),
             end(),
         ],
     );
@@ -144,6 +145,7 @@ fn hbm_to_sbuf_then_matmul_and_activation_and_back_to_hbm() {
             )
             .wait(2, 1)
             .signal(3, 1),
+            Instruction::new(Opcode::Nop, &[]).signal(2, u32::MAX),
             end(),
         ],
     );
@@ -247,6 +249,7 @@ fn a_nan_marks_the_execution_numerical_and_the_results_are_delivered() {
             Instruction::with_tiles(Opcode::TensorTensor, &[q, x, x], &[AluOp::Divide as u32])
                 .wait(1, 1)
                 .signal(2, 1),
+            Instruction::new(Opcode::Nop, &[]).signal(1, u32::MAX),
             end(),
         ],
     );
@@ -254,7 +257,7 @@ fn a_nan_marks_the_execution_numerical_and_the_results_are_delivered() {
         3,
         &[
             Instruction::new(Opcode::DmaStart, &[2, 0, 1]).wait(2, 1),
-            Instruction::new(Opcode::DmaWait, &[2, 0]),
+            Instruction::new(Opcode::DmaWait, &[2, 0]).signal(2, u32::MAX),
             end(),
         ],
     );
