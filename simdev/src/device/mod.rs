@@ -161,6 +161,11 @@ struct Core {
     ncs: Vec<Nc>,
     memory: RwLock<AddressSpace>,
     clients: Mutex<HashMap<ClientId, ClientInfo>>,
+    /// Held for a whole reclaim and for a whole claim: a claim sees a gone client either with
+    /// everything it held or with nothing (its NCs released *and* its memory freed), as on
+    /// silicon, where the driver has released a dead process's resources before `waitpid`
+    /// returns. Taken before any NC lock.
+    reclaim_lock: Mutex<()>,
     next_client: AtomicU64,
     start: Instant,
     budget_pairs: AtomicU64,
@@ -370,6 +375,7 @@ impl Core {
             ncs,
             memory: RwLock::new(AddressSpace::new(map)),
             clients: Mutex::new(HashMap::new()),
+            reclaim_lock: Mutex::new(()),
             next_client: AtomicU64::new(1),
             start: Instant::now(),
             budget_pairs: AtomicU64::new(dma::DEFAULT_BUDGET_PAIRS),

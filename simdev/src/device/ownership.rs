@@ -30,6 +30,12 @@ impl Core {
     /// reclaimed at a claim conflict is reclaimed again (finding nothing, or what requests
     /// already in flight took since) when its connection ends.
     fn reclaim(&self, client: ClientId, why: &str) {
+        let _reclaim = lock(&self.reclaim_lock);
+        self.reclaim_locked(client, why);
+    }
+
+    /// [`Self::reclaim`], with `reclaim_lock` already held by the caller.
+    fn reclaim_locked(&self, client: ClientId, why: &str) {
         let mut ncs = 0;
         for nc in &self.ncs {
             if self.owned_by(nc, client) {
@@ -109,6 +115,8 @@ impl Core {
     /// a dead process's NCs before its parent can reap it, and the claim proceeds.
     pub(super) fn claim_nc(&self, client: ClientId, nc: u32) -> Handled {
         let n = self.nc(nc)?;
+        // For the whole claim: a reclaim in progress (a disconnect) finishes first.
+        let _reclaim = lock(&self.reclaim_lock);
         if let Some(owner) = self.owner(n).filter(|c| c.client != client)
             && let Some(why) = self.gone(owner.client)
         {
@@ -118,7 +126,7 @@ impl Core {
                 owner.client.0,
                 owner.pid
             );
-            self.reclaim(owner.client, &why);
+            self.reclaim_locked(owner.client, &why);
         }
         let pid = self.pid_of(client);
         let _owner_change = lock(&n.ownership);
