@@ -59,7 +59,9 @@
 //! stopping writes a Chrome trace-event JSON file ([`chrome_trace`]) that Perfetto and
 //! `chrome://tracing` open: one process (the runtime), per logical core a host track (bind to
 //! doorbell) and a logical-core track (doorbell to completion). Its `otherData` says that it is
-//! not NTFF and that the NEFF's instruction-level timeline is not in it.
+//! not NTFF and that the NEFF's instruction-level timeline is not in it. Unlike libnrt's
+//! (whose NTFF profile has no hook in `nrta_execute_schedule`), every execution path is
+//! captured: sync, explicit async and the implicit async pool.
 
 mod json;
 mod ring;
@@ -631,9 +633,12 @@ impl SysTrace {
             .filter(|t| cap.types & t.bit() != 0)
             .map(EventType::name)
             .collect::<Vec<_>>();
+        let capturing = cap.capturing;
+        // Model names are looked up (under the model database's lock) with no trace lock held.
+        drop(cap);
         Ok(json::fetch_document(
             self.origin_unix_ns,
-            cap.capturing,
+            capturing,
             &types,
             &ncs,
             &model_name,

@@ -52,8 +52,8 @@ pub enum Action {
     Load(LoadStep),
     /// Unload a handle.
     Unload(UnloadStep),
-    /// Run executions of a loaded handle.
-    Execute(ExecuteStep),
+    /// Run executions of a loaded handle (boxed: by far the largest step).
+    Execute(Box<ExecuteStep>),
     /// Wait for a background `execute` and judge it.
     Join(JoinStep),
     /// Close the runtime.
