@@ -165,7 +165,7 @@ pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String
         "displayTimeUnit": "ns",
         "otherData": {
             "format": "Chrome trace-event JSON (open it in Perfetto or chrome://tracing). This is NOT an NTFF file: neuron-profile cannot read it.",
-            "content": "Host-side spans of each execution of one model as this runtime observed them (bind to doorbell, doorbell to completion), with the device's reported execution time. The NEFF's instruction-level timeline is not in it: simdev cannot know it (it does not run the NEFF's engines instruction by instruction), and this runtime does not read the device profiler.",
+            "content": "Host-side spans of each execution of one model as this runtime observed them (bind to doorbell, doorbell to completion), with the device's reported execution time. The NEFF's instruction-level timeline is not in it: simdev cannot know it (it runs the model container's program, not the NEFF's engine instruction streams; `simdev --trace FILE` shows its own per-engine view of that program), and this runtime does not read a device profiler.",
             "backend": backend,
             "model": p.model_name,
             "model_id": p.model_id,
