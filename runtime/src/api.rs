@@ -37,6 +37,7 @@ use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
+use crate::sys_trace::SysTrace;
 use crate::tensor::{Placement, RuntimeId, Tensor, TensorSet};
 use crate::xu::{
     CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
@@ -161,6 +162,8 @@ pub struct Runtime {
     /// This runtime instance (recorded in its device tensors and models; bind refuses a tensor
     /// of another instance).
     id: RuntimeId,
+    /// The system trace and profiles ([`crate::sys_trace`]; the calls are in [`profiling`]).
+    trace: Arc<SysTrace>,
 }
 
 /// The refusal of a call made in a process forked from the one that initialised the runtime.
@@ -273,8 +276,12 @@ impl Runtime {
             return Err(e);
         }
         let metrics = Arc::new(Metrics::new(nc_count as usize));
-        let engine =
-            Arc::new(NqEngine::new(readers).with_numerical_errors(config.report_numerical_errors));
+        let trace = Arc::new(SysTrace::new(vncs.iter().map(|v| v.ncs.clone()).collect()));
+        let engine = Arc::new(
+            NqEngine::new(readers)
+                .with_numerical_errors(config.report_numerical_errors)
+                .with_sys_trace(trace.clone()),
+        );
         let mut xus = XuTable::new();
         let mut xu_list = Vec::new();
         for (i, v) in vncs.iter().enumerate() {
@@ -323,6 +330,7 @@ impl Runtime {
             pool,
             pid: std::process::id(),
             id: RuntimeId::next(),
+            trace,
         })
     }
 
@@ -679,6 +687,8 @@ impl Runtime {
                     e.status
                 })?;
                 info.request.deadline = Some(Instant::now() + timeout);
+                self.trace
+                    .stamp(&mut info.request.trace, || profiling::staged_seq_id(xu));
                 Ok(())
             };
         let doorbell = |_: &ExecInfo<ExecRequest>| {
@@ -786,6 +796,8 @@ impl Runtime {
                 self.stage(m, info, model_switch, skip)
                     .map_err(|e| e.status)?;
                 info.request.deadline = Some(Instant::now() + timeout);
+                // The pool sets the job id as the sequence id once it assigns it.
+                self.trace.stamp(&mut info.request.trace, || 0);
                 Ok(())
             };
         let doorbell = |_: &ExecInfo<ExecRequest>| {
@@ -1287,3 +1299,4 @@ mod tests {
 
 #[cfg(test)]
 mod in_process_tests;
+mod profiling;

@@ -186,6 +186,7 @@ impl AsyncPool {
             q.consecutive_model_counter + 1
         };
         let req_id = self.id_tracker.fetch_add(1, Ordering::Relaxed);
+        info.request.trace.seq_id = req_id;
         q.deque.push_back(AsyncReq { req_id, info });
         drop(q);
         w.has_work.notify_one();

@@ -44,8 +44,8 @@
 //! running the execution, so nothing more can be queued behind it.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -55,6 +55,7 @@ use shared::notification::{NotificationEntry, NotificationKind, NqCursor, error_
 use crate::backend::NotificationQueue;
 use crate::bind::ExecResources;
 use crate::kmgr::InflightGuard;
+use crate::sys_trace::{ExecStamp, SysTrace};
 use crate::xu::{CompletionEngine, ExecInfo, MAX_TPBS_PER_VNC, Progress};
 
 /// Most notifications of later executions held while an earlier one is late.
@@ -160,6 +161,8 @@ pub struct ExecRequest {
     pub resources: Option<ExecResources>,
     /// Keeps the model's in-flight count until the work item is freed.
     pub inflight: Option<InflightGuard>,
+    /// The system trace's stamp (set at stage while anything captures).
+    pub trace: ExecStamp,
 }
 
 /// The notification-queue completion engine: one [`NqReader`] per claimed NC.
@@ -171,6 +174,8 @@ pub struct NqEngine {
     report_numerical_errors: bool,
     /// What the last timeout of each logical core waited for (for the error message).
     timeouts: Mutex<Vec<(u32, String)>>,
+    /// Records each execution whose status it returns.
+    trace: Arc<SysTrace>,
 }
 
 impl NqEngine {
@@ -184,7 +189,15 @@ impl NqEngine {
             stale_total: AtomicU64::new(0),
             report_numerical_errors: false,
             timeouts: Mutex::new(Vec::new()),
+            trace: Arc::new(SysTrace::new(Vec::new())),
         }
+    }
+
+    /// Records every execution whose status the engine returns in `trace`.
+    #[must_use]
+    pub fn with_sys_trace(mut self, trace: Arc<SysTrace>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Reports numerical errors as NRT_EXEC_COMPLETED_WITH_NUM_ERR when `report` (see the
@@ -331,7 +344,21 @@ impl NqEngine {
 impl CompletionEngine for NqEngine {
     type Request = ExecRequest;
 
+    /// One step ([`NqEngine::progress`]); an execution that ends here is recorded in the
+    /// system trace.
     fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
+        let p = self.progress(vnc, info);
+        if let Progress::Done(s) | Progress::Error(s) = p {
+            self.trace.record_execution(vnc, info, s);
+        }
+        p
+    }
+}
+
+impl NqEngine {
+    /// `exec_request_progress_one_step`: harvests each TPB's notification queue once; done
+    /// when every TPB reported, an error on a fatal status or past the deadline.
+    fn progress(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
         let n = info.request.num_tpbs.min(MAX_TPBS_PER_VNC);
         for i in 0..n {
             let req = &mut info.request;

@@ -13,6 +13,7 @@
 //! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, I/O descriptors built),
 //!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
+//! - [`sys_trace`]: the system trace (bounded per-core event rings) and per-model profiles.
 //! - [`reserve`]: which cores `nrt_init` reserves, claiming and resetting them.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
@@ -30,6 +31,7 @@ pub mod kmgr;
 pub mod metrics;
 pub mod reserve;
 pub mod stage;
+pub mod sys_trace;
 pub mod tensor;
 #[cfg(test)]
 mod test_support;

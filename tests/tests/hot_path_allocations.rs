@@ -2,7 +2,7 @@
 //! request slots and rings are made at load or init, never per execution). A counting global
 //! allocator sees every thread of this process: the caller, the XU worker and the completion
 //! harvest; simdev is another process. Its own test binary, so the allocator counts nothing
-//! else.
+//! else. The same holds with the system trace capturing.
 
 use std::time::Duration;
 
@@ -65,6 +65,30 @@ fn a_steady_state_execute_allocates_at_most_its_work_item() {
         allocations <= k + k / 100,
         "{allocations} allocations in {k} executes ({:.3} each): the hot path allocates",
         allocations as f64 / k as f64
+    );
+    // The same with the system trace capturing: its rings were allocated at start, so each
+    // execution still allocates only its work item.
+    rt.sys_trace_start(&runtime::sys_trace::SysTraceConfig::new())
+        .unwrap();
+    for _ in 0..500 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let before = GLOBAL.allocations();
+    for _ in 0..k {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let allocations = GLOBAL.allocations() - before;
+    assert!(
+        allocations <= k + k / 100,
+        "{allocations} allocations in {k} traced executes ({:.3} each): tracing allocates on the hot path",
+        allocations as f64 / k as f64
+    );
+    let fetched = rt
+        .sys_trace_fetch_events(&runtime::sys_trace::SysTraceFetchOptions::default())
+        .unwrap();
+    assert!(
+        fetched.matches("\"type\":\"execute\"").count() >= 1000,
+        "the traced executions were recorded"
     );
     drop((i, o, ins, outs));
     rt.close();

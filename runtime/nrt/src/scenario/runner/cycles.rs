@@ -42,6 +42,7 @@ impl Runner<'_> {
             asynchronous: false,
             host: false,
             tensors_vnc: u32::try_from(vnc.max(0)).unwrap_or(0),
+            tensors_from: None,
             check: true,
             inflight: 1,
             seed: self.sc.device.seed,

@@ -8,6 +8,7 @@
 //! from one shared counter, so records sort into execution order whatever the thread.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,8 @@ pub(super) struct ExecParams {
     pub(super) host: bool,
     /// The logical core the tensors are allocated on.
     pub(super) tensors_vnc: u32,
+    /// The runtime that allocates the tensors, if not the one that executes (`tensors_from`).
+    pub(super) tensors_from: Option<Arc<Runtime>>,
     /// Check delivered outputs.
     pub(super) check: bool,
     /// Async: requests one thread keeps outstanding.
@@ -126,8 +129,9 @@ pub(super) struct Slot {
     pub(super) outs: TensorSet,
 }
 
-/// Allocates a slot's tensors where `p` says.
+/// Allocates a slot's tensors where `p` says (with `p.tensors_from` if set, else `rt`).
 pub(super) fn slot(rt: &Runtime, m: &BuiltModel, p: &ExecParams) -> Result<Slot, String> {
+    let rt = p.tensors_from.as_deref().unwrap_or(rt);
     let placement = if p.host {
         Placement::Host
     } else {
@@ -341,7 +345,15 @@ impl Runner<'_> {
                 .fail(at, format!("model {name:?} is loaded"), "it is not");
             return;
         };
+        let tensors_from = match &step.tensors_from {
+            Some(n) => match self.other_runtime(at, n) {
+                Some(o) => Some(o),
+                None => return,
+            },
+            None => None,
+        };
         let p = ExecParams {
+            tensors_from,
             count: step.count.unwrap_or(1),
             threads: step.threads.unwrap_or(1),
             asynchronous: step.mode == ExecMode::Async,

@@ -37,7 +37,7 @@ use shared::NrtStatus;
 
 use super::models::BuiltModel;
 use super::report::Recorder;
-use super::spec::{Action, CloseStep, LoadStep, Scenario, Step, UnloadStep};
+use super::spec::{Action, CloseStep, Cores, InitStep, LoadStep, Scenario, Step, UnloadStep};
 use checks::Snapshot;
 use clients::Client;
 use execution::Background;
@@ -59,6 +59,8 @@ pub struct Runner<'a> {
     simdev: Option<PrivateSimdev>,
     control: Option<SimDevice>,
     rt: Option<Arc<Runtime>>,
+    /// Further runtimes (`init` with `as`), each on its own connection, by name.
+    others: BTreeMap<String, Arc<Runtime>>,
     models: BTreeMap<String, Arc<BuiltModel>>,
     handles: BTreeMap<String, Loaded>,
     snapshots: BTreeMap<String, Snapshot>,
@@ -87,6 +89,7 @@ impl<'a> Runner<'a> {
             simdev: None,
             control: None,
             rt: None,
+            others: BTreeMap::new(),
             models: BTreeMap::new(),
             handles: BTreeMap::new(),
             snapshots: BTreeMap::new(),
@@ -100,8 +103,9 @@ impl<'a> Runner<'a> {
         self.sc.runtime.exec_timeout
     }
 
-    /// The runtime's configuration from `[runtime]` (never from the environment).
-    fn config(&self) -> Result<RuntimeConfig, String> {
+    /// The runtime's configuration from `[runtime]` (never from the environment), with an
+    /// `init` step's `visible_cores` instead of `[runtime]`'s if given.
+    fn config(&self, visible: Option<&Cores>) -> Result<RuntimeConfig, String> {
         let r = &self.sc.runtime;
         if !(r.exec_timeout > 0.0 && r.exec_timeout.is_finite()) {
             return Err(format!(
@@ -109,9 +113,8 @@ impl<'a> Runner<'a> {
                 r.exec_timeout
             ));
         }
-        let visible_cores = r
-            .visible_cores
-            .as_ref()
+        let visible_cores = visible
+            .or(r.visible_cores.as_ref())
             .map(|v| parse_visible_cores(&v.text()))
             .transpose()
             .map_err(|e| format!("[runtime] visible_cores: {e}"))?;
@@ -136,10 +139,17 @@ impl<'a> Runner<'a> {
         })
     }
 
-    /// Opens a runtime on its own connection to simdev.
+    /// Opens the scenario's runtime on its own connection to simdev.
     fn init_runtime(&mut self) -> Result<(), NrtError> {
+        let rt = self.open_runtime(None)?;
+        self.rt = Some(Arc::new(rt));
+        Ok(())
+    }
+
+    /// A new runtime on its own connection to simdev.
+    fn open_runtime(&self, visible: Option<&Cores>) -> Result<Runtime, NrtError> {
         let config = self
-            .config()
+            .config(visible)
             .map_err(|m| NrtError::new(NrtStatus::Invalid, m))?;
         let socket = self
             .simdev
@@ -147,9 +157,7 @@ impl<'a> Runner<'a> {
             .map(|s| s.socket().to_owned())
             .ok_or_else(|| NrtError::new(NrtStatus::HwError, "simdev is not running"))?;
         let dev = SimDevice::connect(&socket)?;
-        let rt = Runtime::init(Arc::new(dev) as Arc<dyn Device>, config)?;
-        self.rt = Some(Arc::new(rt));
-        Ok(())
+        Runtime::init(Arc::new(dev) as Arc<dyn Device>, config)
     }
 
     /// Runs the whole scenario.
@@ -218,6 +226,11 @@ impl<'a> Runner<'a> {
             }
         }
         self.handles.clear();
+        for (_, rt) in std::mem::take(&mut self.others) {
+            if let Ok(rt) = Arc::try_unwrap(rt) {
+                rt.close();
+            }
+        }
         if let Some(rt) = self.rt.take()
             && let Ok(rt) = Arc::try_unwrap(rt)
         {
@@ -261,6 +274,7 @@ impl<'a> Runner<'a> {
     /// Runs one step.
     fn step(&mut self, n: usize, at: &str, step: &Step) {
         match &step.action {
+            Action::Init(s) if s.runtime_as.is_some() => self.init_other(at, s),
             Action::Init(s) => {
                 if self.rt.is_some() {
                     self.rec
@@ -268,7 +282,9 @@ impl<'a> Runner<'a> {
                     return;
                 }
                 let t0 = Instant::now();
-                let r = self.init_runtime();
+                let r = self
+                    .open_runtime(s.visible_cores.as_ref())
+                    .map(|rt| self.rt = Some(Arc::new(rt)));
                 self.judge_call(at, s.call_expect(), &r, t0.elapsed().as_secs_f64());
             }
             Action::Load(s) => self.load(at, s),
@@ -341,15 +357,59 @@ impl<'a> Runner<'a> {
         self.judge_call(at, step.call_expect(), &r, t0.elapsed().as_secs_f64());
     }
 
+    /// `init` with `as`: a further runtime under that name.
+    fn init_other(&mut self, at: &str, step: &InitStep) {
+        let name = step.runtime_as.clone().unwrap_or_default();
+        if self.others.contains_key(&name) {
+            self.rec.fail(
+                at,
+                format!("no runtime named {name:?} is open"),
+                "one is: close it first",
+            );
+            return;
+        }
+        let t0 = Instant::now();
+        let r = self.open_runtime(step.visible_cores.as_ref());
+        let took = t0.elapsed().as_secs_f64();
+        let unit = r.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.judge_call(at, step.call_expect(), &unit, took);
+        if let Ok(rt) = r {
+            self.others.insert(name, Arc::new(rt));
+        }
+    }
+
+    /// A runtime opened by `init` with `as`, or a failed expectation saying there is none.
+    fn other_runtime(&mut self, at: &str, name: &str) -> Option<Arc<Runtime>> {
+        let rt = self.others.get(name).cloned();
+        if rt.is_none() {
+            self.rec.fail(
+                at,
+                format!("a runtime named {name:?} is open"),
+                "there is none (no init step with this `as`, or closed)",
+            );
+        }
+        rt
+    }
+
     /// `close`: only when no background step still holds the runtime.
     fn close(&mut self, at: &str, step: &CloseStep) {
-        let Some(rt) = self.rt.take() else {
-            self.rec.fail(at, "a runtime is open", "there is none");
+        let named = step.runtime.as_ref();
+        let rt = match named {
+            Some(n) => self.others.remove(n),
+            None => self.rt.take(),
+        };
+        let Some(rt) = rt else {
+            let what = named.map_or("a runtime is open".into(), |n| {
+                format!("a runtime named {n:?} is open")
+            });
+            self.rec.fail(at, what, "there is none");
             return;
         };
         match Arc::try_unwrap(rt) {
             Ok(rt) => {
-                self.handles.clear();
+                if named.is_none() {
+                    self.handles.clear();
+                }
                 let t0 = Instant::now();
                 rt.close();
                 let took = t0.elapsed().as_secs_f64();
@@ -366,7 +426,12 @@ impl<'a> Runner<'a> {
                 );
             }
             Err(rt) => {
-                self.rt = Some(rt);
+                match named {
+                    Some(n) => {
+                        self.others.insert(n.clone(), rt);
+                    }
+                    None => self.rt = Some(rt),
+                }
                 self.rec.fail(
                     at,
                     "no background step still uses the runtime",

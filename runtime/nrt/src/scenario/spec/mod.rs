@@ -18,7 +18,7 @@ use shared::protocol::{FaultKind, FaultSpec, FaultWhen, LatencyModel};
 
 pub use check::Check;
 pub use step::{
-    Action, CallExpect, CloseStep, CyclesStep, ExecMode, ExecuteStep, ExitKind, JoinStep,
+    Action, CallExpect, CloseStep, CyclesStep, ExecMode, ExecuteStep, ExitKind, InitStep, JoinStep,
     LifecycleStep, LoadStep, SetLatencyStep, SpawnClientStep, Step, UnloadStep, WaitClientStep,
 };
 

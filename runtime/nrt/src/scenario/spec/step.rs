@@ -52,8 +52,8 @@ pub enum Action {
     Load(LoadStep),
     /// Unload a handle.
     Unload(UnloadStep),
-    /// Run executions of a loaded handle.
-    Execute(ExecuteStep),
+    /// Run executions of a loaded handle (boxed: by far the largest step).
+    Execute(Box<ExecuteStep>),
     /// Wait for a background `execute` and judge it.
     Join(JoinStep),
     /// Close the runtime.
@@ -127,6 +127,8 @@ impl Action {
                     parts.push("async".into());
                 }
             }
+            Self::Init(s) => parts.extend(s.runtime_as.clone()),
+            Self::Close(s) => parts.extend(s.runtime.clone()),
             Self::Join(s) => parts.extend(s.name.clone()),
             Self::Sleep(s) => parts.extend(s.ms.map(|ms| format!("{ms} ms"))),
             Self::Fault(f) => parts.push(f.kind.clone()),
@@ -143,9 +145,7 @@ impl Action {
                 parts.extend(s.name.clone());
                 parts.extend(s.count.map(|c| format!("×{c}")));
             }
-            Self::Init(_)
-            | Self::Close(_)
-            | Self::ClearFaults(_)
+            Self::ClearFaults(_)
             | Self::SetLatency(_)
             | Self::Check(_)
             | Self::RestartSimdev(_)
@@ -180,6 +180,13 @@ pub struct CallExpect<'a> {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InitStep {
+    /// A further runtime under this name, on its own connection to the same simdev (steps
+    /// keep using the scenario's runtime; `execute`'s `tensors_from` and `close`'s `runtime`
+    /// name it). Default: the scenario's runtime.
+    #[serde(rename = "as")]
+    pub runtime_as: Option<String>,
+    /// This runtime's `NEURON_RT_VISIBLE_CORES` instead of `[runtime]`'s.
+    pub visible_cores: Option<Cores>,
     /// The call's status (default NRT_SUCCESS).
     pub expect: Option<StatusSel>,
     /// The error message contains this.
@@ -249,6 +256,9 @@ pub struct ExecuteStep {
     pub host_tensors: Option<bool>,
     /// Allocate the tensors on this logical core instead of the model's.
     pub tensors_on_vnc: Option<u32>,
+    /// Allocate the tensors with the runtime of this name (an `init` step's `as`) instead of
+    /// the scenario's (on `tensors_on_vnc`, default the handle's logical core number).
+    pub tensors_from: Option<String>,
     /// Check outputs of executions that delivered them (default true).
     pub check_outputs: Option<bool>,
     /// Run in the background under this name (see `join`).
@@ -291,6 +301,8 @@ pub struct JoinStep {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloseStep {
+    /// Close the runtime of this name (an `init` step's `as`) instead of the scenario's.
+    pub runtime: Option<String>,
     /// Close returns within this many seconds.
     pub max_step_s: Option<f64>,
 }
@@ -602,6 +614,28 @@ mod tests {
         };
         assert_eq!(c.check.len(), 1);
         assert_eq!(c.check[0].what(), "xu_health");
+
+        let s = one_step("init", "as = \"other\"\nvisible_cores = \"1\"").unwrap();
+        let Action::Init(i) = &s.action else {
+            panic!("{s:?}")
+        };
+        assert_eq!(i.runtime_as.as_deref(), Some("other"));
+        assert_eq!(
+            i.visible_cores.as_ref().map(Cores::text).as_deref(),
+            Some("1")
+        );
+        assert_eq!(s.action.describe(), "init(other)");
+        let s = one_step("execute", "model = \"m\"\ntensors_from = \"other\"").unwrap();
+        let Action::Execute(e) = &s.action else {
+            panic!("{s:?}")
+        };
+        assert_eq!(e.tensors_from.as_deref(), Some("other"));
+        let s = one_step("close", "runtime = \"other\"").unwrap();
+        let Action::Close(c) = &s.action else {
+            panic!("{s:?}")
+        };
+        assert_eq!(c.runtime.as_deref(), Some("other"));
+        assert_eq!(s.action.describe(), "close(other)");
 
         let s = one_step("sleep", "label = \"a pause\"\nms = 7").unwrap();
         assert_eq!(s.label.as_deref(), Some("a pause"));

@@ -1,0 +1,179 @@
+//! The two documents: the system trace fetch (schema in the parent module's docs) and the
+//! profile's Chrome trace-event file.
+
+use serde_json::{Value, json};
+
+use super::{Event, ExecuteEvent, Profile, TensorOpEvent};
+
+/// One logical core's part of a fetch.
+#[derive(Debug)]
+pub(super) struct NcSection<'a> {
+    pub(super) nc_idx: usize,
+    pub(super) physical_ncs: &'a [u32],
+    pub(super) capture_enabled: bool,
+    pub(super) capacity: usize,
+    pub(super) recorded: u64,
+    pub(super) dropped: u64,
+    pub(super) held: usize,
+    pub(super) first_event_idx: u64,
+    pub(super) events: Vec<Event>,
+}
+
+fn execute_event(
+    e: &ExecuteEvent,
+    event_idx: u64,
+    model_name: &dyn Fn(u64) -> Option<String>,
+) -> Value {
+    json!({
+        "type": "execute",
+        "event_idx": event_idx,
+        "nc_idx": e.vnc,
+        "physical_ncs": &e.ncs[..e.num_ncs],
+        "model_id": e.model_id,
+        "model": model_name(e.model_id),
+        "seq_id": e.seq_id,
+        "seq_num": shared::ids::SeqId::from_raw(e.seq_id).seq_num(),
+        "compute_idx": e.compute_idx,
+        "submit_ns": e.submit_ns,
+        "start_ns": e.start_ns,
+        "end_ns": e.end_ns,
+        "device_ts_ns": e.device_ts_ns,
+        "device_busy_ns": e.device_busy_ns,
+        "status": e.status.name(),
+        "status_code": e.status.as_u32(),
+    })
+}
+
+fn tensor_op_event(e: &TensorOpEvent, event_idx: u64) -> Value {
+    json!({
+        "type": "tensor_op",
+        "event_idx": event_idx,
+        "nc_idx": e.vnc,
+        "op": e.op.name(),
+        "seq_id": e.seq_id,
+        "seq_num": shared::ids::SeqId::from_raw(e.seq_id).seq_num(),
+        "queue": e.queue,
+        "bytes": e.bytes,
+        "submit_ns": e.submit_ns,
+        "start_ns": e.start_ns,
+        "end_ns": e.end_ns,
+        "status": e.status.name(),
+        "status_code": e.status.as_u32(),
+    })
+}
+
+/// The fetch document.
+pub(super) fn fetch_document(
+    origin_unix_ns: u64,
+    capturing: bool,
+    event_types: &[&str],
+    ncs: &[NcSection<'_>],
+    model_name: &dyn Fn(u64) -> Option<String>,
+) -> String {
+    let ncs: Vec<Value> = ncs
+        .iter()
+        .map(|s| {
+            let events: Vec<Value> = s
+                .events
+                .iter()
+                .zip(s.first_event_idx..)
+                .map(|(e, idx)| match e {
+                    Event::Execute(x) => execute_event(x, idx, model_name),
+                    Event::TensorOp(t) => tensor_op_event(t, idx),
+                })
+                .collect();
+            json!({
+                "nc_idx": s.nc_idx,
+                "physical_ncs": s.physical_ncs,
+                "capture_enabled": s.capture_enabled,
+                "capacity": s.capacity,
+                "recorded": s.recorded,
+                "dropped": s.dropped,
+                "held": s.held,
+                "events": events,
+            })
+        })
+        .collect();
+    json!({
+        "schema": "nrt_sys_trace/1",
+        "clock": "host monotonic ns since nrt_init",
+        "epoch_unix_ns": origin_unix_ns,
+        "capturing": capturing,
+        "event_types": event_types,
+        "ncs": ncs,
+    })
+    .to_string()
+}
+
+/// Microseconds (Chrome trace `ts`/`dur` unit) from nanoseconds.
+fn us(ns: u64) -> f64 {
+    // Exact below 2^53 ns (104 days of uptime).
+    ns as f64 / 1000.0
+}
+
+/// The profile file: Chrome trace-event JSON (object form) of `p`'s executions, for process
+/// `pid` on a device whose backend is `backend`, the model's logical core being physical NCs
+/// `ncs`. Two tracks: `tid = 2·vnc + 1` the host (bind to doorbell), `tid = 2·vnc + 2` the
+/// logical core (doorbell to completion).
+pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String {
+    let host_tid = 2 * p.vnc + 1;
+    let core_tid = 2 * p.vnc + 2;
+    let nc_list = ncs
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let mut events = vec![
+        json!({"ph": "M", "name": "process_name", "pid": pid,
+               "args": {"name": format!("nrt runtime (pid {pid}, {backend})")}}),
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": host_tid,
+               "args": {"name": format!("logical core {} host: bind → doorbell", p.vnc)}}),
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": core_tid,
+               "args": {"name": format!("logical core {} (NC {nc_list}): doorbell → completion", p.vnc)}}),
+        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": host_tid,
+               "args": {"sort_index": host_tid}}),
+        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": core_tid,
+               "args": {"sort_index": core_tid}}),
+    ];
+    let executions = p.ring.snapshot();
+    for e in &executions {
+        let seq_num = shared::ids::SeqId::from_raw(e.seq_id).seq_num();
+        events.push(json!({
+            "ph": "X", "cat": "host", "name": format!("bind + stage {}", p.model_name),
+            "pid": pid, "tid": host_tid,
+            "ts": us(e.submit_ns), "dur": us(e.start_ns - e.submit_ns),
+            "args": {"seq_id": e.seq_id, "seq_num": seq_num},
+        }));
+        events.push(json!({
+            "ph": "X", "cat": "execute", "name": p.model_name,
+            "pid": pid, "tid": core_tid,
+            "ts": us(e.start_ns), "dur": us(e.end_ns - e.start_ns),
+            "args": {
+                "model_id": e.model_id,
+                "seq_id": e.seq_id,
+                "seq_num": seq_num,
+                "compute_idx": e.compute_idx,
+                "status": e.status.name(),
+                "status_code": e.status.as_u32(),
+                "device_busy_ns": e.device_busy_ns,
+                "device_ts_ns": e.device_ts_ns,
+            },
+        }));
+    }
+    json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ns",
+        "otherData": {
+            "format": "Chrome trace-event JSON (open it in Perfetto or chrome://tracing). This is NOT an NTFF file: neuron-profile cannot read it.",
+            "content": "Host-side spans of each execution of one model as this runtime observed them (bind to doorbell, doorbell to completion), with the device's reported execution time. The NEFF's instruction-level timeline is not in it: simdev cannot know it (it runs the model container's program, not the NEFF's engine instruction streams; `simdev --trace FILE` shows its own per-engine view of that program), and this runtime does not read a device profiler.",
+            "backend": backend,
+            "model": p.model_name,
+            "model_id": p.model_id,
+            "logical_core": p.vnc,
+            "executions": executions.len(),
+            "dropped_executions": p.ring.dropped(),
+            "clock": "host monotonic us since nrt_init",
+        },
+    })
+    .to_string()
+}
