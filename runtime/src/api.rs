@@ -1294,12 +1294,12 @@ pub mod nrt {
 
     /// The device's physical NC count and generation, probed once without initialising: opens
     /// the device the environment selects (a private simdev starts and stops), reads its info.
-    fn probe_device() -> NrtResult<(u32, shared::Arch)> {
+    fn probe_device(opts: &OpenOptions) -> NrtResult<(u32, shared::Arch)> {
         static PROBED: std::sync::OnceLock<(u32, shared::Arch)> = std::sync::OnceLock::new();
         if let Some(p) = PROBED.get() {
             return Ok(*p);
         }
-        let device = open(&OpenOptions::from_env()?)?;
+        let device = open(opts)?;
         let info = device.info();
         Ok(*PROBED.get_or_init(|| (info.nc_count, info.arch)))
     }
@@ -1317,17 +1317,17 @@ pub mod nrt {
 
     /// `nrt_get_total_vnc_count`: logical cores of the device, whatever NEURON_RT_VISIBLE_CORES
     /// and NEURON_RT_NUM_CORES say. Callable before `init` (it then opens the device once to
-    /// count its cores).
+    /// count its cores, as `opts` selects it).
     ///
     /// # Errors
     /// A bad configuration; no device.
-    pub fn total_vnc_count() -> NrtResult<u32> {
+    pub fn total_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
         if let Some(rt) = initialized() {
             return Ok(rt.device().info().nc_count / rt.config().lnc.max(1));
         }
         let config =
             RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
-        let (ncs, _) = probe_device()?;
+        let (ncs, _) = probe_device(opts)?;
         Ok(ncs / config.lnc.max(1))
     }
 
@@ -1336,13 +1336,13 @@ pub mod nrt {
     ///
     /// # Errors
     /// A bad configuration or an impossible selection; no device.
-    pub fn visible_vnc_count() -> NrtResult<u32> {
+    pub fn visible_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
         if let Some(rt) = initialized() {
             return Ok(rt.visible_vnc_count());
         }
         let config =
             RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
-        let total = total_vnc_count()?;
+        let total = total_vnc_count(opts)?;
         match config
             .select_vncs(total)
             .map_err(|m| NrtError::new(NrtStatus::LoadNotEnoughNc, m))?
