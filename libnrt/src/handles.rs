@@ -128,7 +128,7 @@ fn refused(kind: Kind, handle: usize, what: &str) -> NrtError {
             ),
         }
     };
-    tracing::error!(target: "nrt::handles", "{message}");
+    // The export's boundary logs the refusal with the function's name.
     NrtError::new(NrtStatus::Invalid, message)
 }
 
