@@ -168,3 +168,150 @@ fn every_status_gate_answers_from_c() {
         "{stderr}"
     );
 }
+
+#[test]
+fn eight_c_threads_execute_one_model_and_every_output_is_right() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["threads.c"], "threads", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "threads", "THREADS OK 400");
+}
+
+/// The reference's table (`nrt-api.md` §2.2) and enum values, as `layout.c` prints them.
+const LAYOUT: &[(&str, i64)] = &[
+    ("sizeof(nrt_version_t)", 224),
+    ("offsetof(nrt_version_t,rt_major)", 0),
+    ("offsetof(nrt_version_t,rt_minor)", 8),
+    ("offsetof(nrt_version_t,rt_patch)", 16),
+    ("offsetof(nrt_version_t,rt_maintenance)", 24),
+    ("offsetof(nrt_version_t,rt_detail)", 32),
+    ("offsetof(nrt_version_t,git_hash)", 160),
+    ("sizeof(nrt_instance_info_t)", 32),
+    ("offsetof(nrt_instance_info_t,family)", 0),
+    ("offsetof(nrt_instance_info_t,size)", 4),
+    ("offsetof(nrt_instance_info_t,arch_name)", 8),
+    ("offsetof(nrt_instance_info_t,device_revision)", 24),
+    ("sizeof(nrt_tensor_info_t)", 296),
+    ("offsetof(nrt_tensor_info_t,name)", 0),
+    ("offsetof(nrt_tensor_info_t,usage)", 256),
+    ("offsetof(nrt_tensor_info_t,size)", 264),
+    ("offsetof(nrt_tensor_info_t,dtype)", 272),
+    ("offsetof(nrt_tensor_info_t,shape)", 280),
+    ("offsetof(nrt_tensor_info_t,ndim)", 288),
+    ("sizeof(nrt_tensor_info_array_t)", 8),
+    ("offsetof(nrt_tensor_info_array_t,tensor_count)", 0),
+    ("offsetof(nrt_tensor_info_array_t,tensor_array)", 8),
+    ("sizeof(nrt_tensor_device_allocation_info_t)", 24),
+    ("offsetof(nrt_tensor_device_allocation_info_t,physical_address)", 0),
+    ("offsetof(nrt_tensor_device_allocation_info_t,size)", 8),
+    ("offsetof(nrt_tensor_device_allocation_info_t,hbm_index)", 16),
+    ("sizeof(nrt_vnc_memory_stats_t)", 16),
+    ("offsetof(nrt_vnc_memory_stats_t,bytes_used)", 0),
+    ("offsetof(nrt_vnc_memory_stats_t,bytes_limit)", 8),
+    ("sizeof(nrt_model_info_t)", 4),
+    ("offsetof(nrt_model_info_t,vnc)", 0),
+    ("sizeof(NRT_STATUS)", 4),
+    ("sizeof(nrt_dtype_t)", 4),
+    ("sizeof(nrta_seq_t)", 8),
+    ("NRT_DTYPE_UINT64", 0x1),
+    ("NRT_DTYPE_INT8", 0x2),
+    ("NRT_DTYPE_UINT8", 0x3),
+    ("NRT_DTYPE_INT16", 0x4),
+    ("NRT_DTYPE_UINT16", 0x5),
+    ("NRT_DTYPE_BFLOAT16", 0x6),
+    ("NRT_DTYPE_FLOAT16", 0x7),
+    ("NRT_DTYPE_INT32", 0x8),
+    ("NRT_DTYPE_UINT32", 0x9),
+    ("NRT_DTYPE_FLOAT32", 0xA),
+    ("NRT_DTYPE_FP32R", 0xB),
+    ("NRT_DTYPE_INT64", 0xC),
+    ("NRT_DTYPE_FP8_E3", 0xD),
+    ("NRT_DTYPE_FP8_E4", 0xE),
+    ("NRT_DTYPE_FP8_E5", 0xF),
+    ("NRTA_XU_TENSOR_OP", 0),
+    ("NRTA_XU_COMPUTE", 1),
+    ("NRTA_XU_COLLECTIVES", 2),
+    ("NRTA_XU_TYPE_NUM", 3),
+    ("NRT_TENSOR_PLACEMENT_DEVICE", 0),
+    ("NRT_TENSOR_PLACEMENT_HOST", 1),
+    ("NRT_TENSOR_USAGE_INPUT", 0),
+    ("NRT_TENSOR_USAGE_OUTPUT", 1),
+    ("NRT_FRAMEWORK_TYPE_NO_FW", 1),
+    ("NRT_INSTANCE_TRN1", 2),
+    ("NRT_INSTANCE_INF2", 4),
+    ("NRT_INSTANCE_TRN2", 5),
+    ("NRT_INSTANCE_TRN3E", 17),
+    ("NRT_INSTANCE_SIZE_UNKNOWN", 9),
+    ("NRT_TENSOR_NAME_MAX", 256),
+    ("NRT_UNINITIALIZED", 13),
+    ("NRT_CLOSED", 14),
+    ("NRT_QUEUE_FULL", 7),
+    ("NRT_EXEC_UNIT_UNRECOVERABLE", 101),
+    ("NRT_EXEC_OOB", 1006),
+    ("NRT_NETWORK_PROXY_FAILURE", 1206),
+    ("NRTA_SEQ_GET_SEQ_NUM(0x0001000000000005ULL)", 5),
+    ("NRTA_SEQ_GET_XU_ID(0x0001000000000005ULL)", 1),
+];
+
+#[test]
+fn struct_layouts_and_enum_values_match_the_reference_in_c_and_cxx() {
+    let prefix = Prefix::new();
+    for (compiler, std, exe) in [("cc", "c11", "layout_c"), ("c++", "c++17", "layout_cxx")] {
+        let bin = if compiler == "cc" {
+            compile(&prefix, compiler, std, &["layout.c"], exe, false)
+        } else {
+            // The same program as C++.
+            let src = prefix.out("layout.cpp");
+            std::fs::copy(crate_dir().join("tests/c/layout.c"), &src).unwrap();
+            let out = prefix.out(exe);
+            let o = Command::new(compiler)
+                .args([&format!("-std={std}"), "-Wall", "-Wextra", "-Werror", "-pedantic"])
+                .arg("-I")
+                .arg(crate_dir().join("include"))
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            out
+        };
+        let o = Command::new(&bin).output().unwrap();
+        assert!(o.status.success());
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let printed: Vec<(String, i64)> = stdout
+            .lines()
+            .map(|l| {
+                let (k, v) = l.rsplit_once(' ').unwrap();
+                (k.to_string(), v.parse().unwrap())
+            })
+            .collect();
+        let expected: Vec<(String, i64)> = LAYOUT.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        assert_eq!(printed, expected, "{compiler}");
+    }
+}
+
+#[test]
+fn the_digits_mlp_through_the_c_api_scores_0_986111() {
+    use runtime::builder::digits::{Digits, default_path};
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["digits.c"], "digits", true);
+    let data = Digits::load(&default_path()).unwrap();
+    let model = data.mlp().build(1).unwrap();
+    let container = model.to_container(shared::model::Target::Simdev).unwrap();
+    let (m, i, l) = (prefix.out("digits.nrtm"), prefix.out("inputs.bin"), prefix.out("labels.bin"));
+    std::fs::write(&m, container).unwrap();
+    std::fs::write(&i, data.inputs.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(&l, data.labels.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.args([&m, &i, &l]);
+        c
+    });
+    let stdout = assert_ran(&o, "digits", "accuracy");
+    assert!(stdout.contains("images 360 correct 355 accuracy 0.986111"), "{stdout}");
+}
