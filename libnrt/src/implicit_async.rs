@@ -14,8 +14,11 @@ use crate::{boundary, rt};
 pub type AsyncExecCallback = extern "C" fn(*mut c_void, u32, u32, u64, u32);
 
 /// `nrt_register_async_exec_callback`: replaces the completion callback.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_register_async_exec_callback(
+pub unsafe extern "C" fn nrt_register_async_exec_callback(
     callback: Option<AsyncExecCallback>,
     params: *mut c_void,
 ) -> u32 {
@@ -37,8 +40,11 @@ pub extern "C" fn nrt_register_async_exec_callback(
 }
 
 /// `nrt_async_drain_queued_execs`: blocks until logical core `vnc` has nothing queued.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_async_drain_queued_execs(vnc: i32) -> u32 {
+pub unsafe extern "C" fn nrt_async_drain_queued_execs(vnc: i32) -> u32 {
     boundary::status("nrt_async_drain_queued_execs", || {
         let rt = rt()?;
         let v = u32::try_from(vnc).map_err(|_| {

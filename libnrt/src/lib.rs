@@ -9,7 +9,7 @@
 //! under [`boundary`] (`catch_unwind`: no panic crosses into C). All behaviour lives in the
 //! `runtime` crate; the device is found by the runtime's backend selection (`/dev/neuron0`, else
 //! `NEURON_SIMDEV_SOCKET`, else a private simdev: `NEURON_SIMDEV_BIN`, then a `simdev` beside
-//! this library, then beside the executable, then on `PATH`).
+//! this library or in its `../bin`, then beside the executable, then on `PATH`).
 //!
 //! The exports, by header: [`lifecycle`] (`nrt.h` lifecycle and topology, `nrt_status.h`,
 //! `nrt_version.h`), [`model`] (`nrt.h` models, `nrt_experimental.h` tensor info), [`tensor`]

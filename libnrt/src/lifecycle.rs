@@ -37,14 +37,17 @@ fn library_dir() -> Option<PathBuf> {
 }
 
 /// Where the runtime finds its device: the environment's choice; a private simdev is
-/// `NEURON_SIMDEV_BIN`, else a `simdev` beside this library, else the runtime's own search
-/// (beside the executable, then `PATH`).
+/// `NEURON_SIMDEV_BIN`, else a `simdev` beside this library or in `../bin` (the layout of
+/// `nrt install`), else the runtime's own search (beside the executable, then `PATH`).
 pub(crate) fn open_options() -> Result<OpenOptions, NrtError> {
     let mut opts = OpenOptions::from_env()?;
+    let beside = library_dir().and_then(|d| {
+        [d.join("simdev"), d.join("../bin/simdev")]
+            .into_iter()
+            .find(|p| p.is_file())
+    });
     if opts.simdev_bin.is_none()
-        && let Some(beside) = library_dir()
-            .map(|d| d.join("simdev"))
-            .filter(|p| p.is_file())
+        && let Some(beside) = beside
     {
         opts.simdev_command = Some(SimdevCommand {
             program: beside,
@@ -56,8 +59,11 @@ pub(crate) fn open_options() -> Result<OpenOptions, NrtError> {
 }
 
 /// `nrt_init`: reads the environment, opens the device, reserves the logical cores.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_init(
+pub unsafe extern "C" fn nrt_init(
     framework: u32,
     fw_version: *const c_char,
     fal_version: *const c_char,
@@ -77,8 +83,11 @@ pub extern "C" fn nrt_init(
 }
 
 /// `nrt_close`: stops the runtime and releases its cores.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_close() {
+pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
         nrt::close();
         Ok(())
@@ -101,8 +110,11 @@ fn version() -> NrtVersion {
 }
 
 /// `nrt_get_version`: at most `size` bytes of `nrt_version_t`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_version(ver: *mut c_void, size: usize) -> u32 {
+pub unsafe extern "C" fn nrt_get_version(ver: *mut c_void, size: usize) -> u32 {
     boundary::status("nrt_get_version", || {
         if size == 0 {
             return Err(NrtError::new(NrtStatus::Invalid, "size 0"));
@@ -115,8 +127,11 @@ pub extern "C" fn nrt_get_version(ver: *mut c_void, size: usize) -> u32 {
 
 /// `nrt_get_status_as_str`: the status's name (a static string; "NRT_UNKNOWN_STATUS" for a
 /// value that is no status).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_status_as_str(status: u32) -> *const c_char {
+pub unsafe extern "C" fn nrt_get_status_as_str(status: u32) -> *const c_char {
     static NAMES: OnceLock<Vec<(u32, CString)>> = OnceLock::new();
     const UNKNOWN: &CStr = c"NRT_UNKNOWN_STATUS";
     boundary::value("nrt_get_status_as_str", UNKNOWN.as_ptr(), || {
@@ -146,20 +161,29 @@ fn count_export(
 }
 
 /// `nrt_get_total_vnc_count` (callable before `nrt_init`).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_total_vnc_count(vnc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_total_vnc_count(vnc_count: *mut u32) -> u32 {
     count_export("nrt_get_total_vnc_count", vnc_count, nrt::total_vnc_count)
 }
 
 /// `nrt_get_total_nc_count`: the deprecated name of `nrt_get_total_vnc_count`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_total_nc_count(nc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_total_nc_count(nc_count: *mut u32) -> u32 {
     count_export("nrt_get_total_nc_count", nc_count, nrt::total_vnc_count)
 }
 
 /// `nrt_get_visible_vnc_count` (callable before `nrt_init`).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_visible_vnc_count(vnc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_visible_vnc_count(vnc_count: *mut u32) -> u32 {
     count_export(
         "nrt_get_visible_vnc_count",
         vnc_count,
@@ -168,14 +192,20 @@ pub extern "C" fn nrt_get_visible_vnc_count(vnc_count: *mut u32) -> u32 {
 }
 
 /// `nrt_get_visible_nc_count`: the deprecated name of `nrt_get_visible_vnc_count`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_visible_nc_count(nc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_visible_nc_count(nc_count: *mut u32) -> u32 {
     count_export("nrt_get_visible_nc_count", nc_count, nrt::visible_vnc_count)
 }
 
 /// `nrt_get_instance_info`: at most `instance_info_len` bytes of `nrt_instance_info_t`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_instance_info(info: *mut c_void, instance_info_len: usize) -> u32 {
+pub unsafe extern "C" fn nrt_get_instance_info(info: *mut c_void, instance_info_len: usize) -> u32 {
     boundary::status("nrt_get_instance_info", || {
         raw::check_out(info, "info")?;
         if instance_info_len == 0 {
@@ -195,8 +225,11 @@ pub extern "C" fn nrt_get_instance_info(info: *mut c_void, instance_info_len: us
 
 /// `nrt_get_vnc_memory_stats`: at most `stats_size_in` bytes of `nrt_vnc_memory_stats_t`,
 /// the count written to `*stats_size_out`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_vnc_memory_stats(
+pub unsafe extern "C" fn nrt_get_vnc_memory_stats(
     vnc: u32,
     stats: *mut c_void,
     stats_size_in: usize,
@@ -238,25 +271,30 @@ mod tests {
     #[test]
     fn the_version_is_size_versioned_and_checks_its_arguments() {
         let mut buf = [0xEEu8; 240];
-        assert_eq!(nrt_get_version(buf.as_mut_ptr().cast(), 8), 0);
+        // SAFETY (each call): `buf` is valid for the size passed, or the pointer is NULL.
+        let version = |p: *mut u8, n| unsafe { nrt_get_version(p.cast(), n) };
+        assert_eq!(version(buf.as_mut_ptr(), 8), 0);
         assert_eq!(&buf[..8], &2u64.to_le_bytes());
         assert_eq!(buf[8], 0xEE, "nothing beyond the caller's size");
-        assert_eq!(nrt_get_version(buf.as_mut_ptr().cast(), 240), 0);
+        assert_eq!(version(buf.as_mut_ptr(), 240), 0);
         assert_eq!(&buf[224..], &[0xEE; 16], "nothing beyond nrt_version_t");
-        assert_eq!(nrt_get_version(std::ptr::null_mut(), 224), 2);
-        assert_eq!(nrt_get_version(buf.as_mut_ptr().cast(), 0), 2);
+        assert_eq!(version(std::ptr::null_mut(), 224), 2);
+        assert_eq!(version(buf.as_mut_ptr(), 0), 2);
     }
 
     #[test]
     fn calls_before_init_answer_uninitialized() {
         let mut n = 0usize;
         let mut stats = [0u8; 16];
+        // SAFETY (each call): `stats` holds 16 bytes, `n` is a usize, or the pointer is NULL.
+        let call =
+            |p: *mut u8, n: &mut usize| unsafe { nrt_get_vnc_memory_stats(0, p.cast(), 16, n) };
         assert_eq!(
-            nrt_get_vnc_memory_stats(0, stats.as_mut_ptr().cast(), 16, &mut n),
+            call(stats.as_mut_ptr(), &mut n),
             NrtStatus::Uninitialized as u32
         );
         assert_eq!(
-            nrt_get_vnc_memory_stats(0, std::ptr::null_mut(), 16, &mut n),
+            call(std::ptr::null_mut(), &mut n),
             NrtStatus::Invalid as u32
         );
     }

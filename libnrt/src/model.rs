@@ -28,8 +28,11 @@ fn check_vnc_count(vnc_count: i32) -> Result<(), NrtError> {
 }
 
 /// `nrt_load`: loads `size` bytes of model on logical core `vnc`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_load(
+pub unsafe extern "C" fn nrt_load(
     neff_bytes: *const c_void,
     size: usize,
     vnc: i32,
@@ -51,8 +54,11 @@ pub extern "C" fn nrt_load(
 }
 
 /// `nrt_load_collectives`: a group of one rank loads like `nrt_load`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_load_collectives(
+pub unsafe extern "C" fn nrt_load_collectives(
     neff_bytes: *const c_void,
     size: usize,
     vnc: i32,
@@ -76,8 +82,11 @@ pub extern "C" fn nrt_load_collectives(
 }
 
 /// `nrt_unload`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_unload(model: *mut c_void) -> u32 {
+pub unsafe extern "C" fn nrt_unload(model: *mut c_void) -> u32 {
     boundary::status("nrt_unload", || {
         let rt = rt()?;
         let m = MODELS.get(model, "model")?;
@@ -104,8 +113,11 @@ pub(crate) fn resolve_set(set: *const c_void, what: &str) -> Result<TensorSet, N
 }
 
 /// `nrt_execute`: runs the model once, synchronously.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_execute(
+pub unsafe extern "C" fn nrt_execute(
     model: *mut c_void,
     input_set: *const c_void,
     output_set: *mut c_void,
@@ -120,8 +132,11 @@ pub extern "C" fn nrt_execute(
 }
 
 /// `nrt_execute_repeat`: only a repeat count of 1 (or less) runs.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_execute_repeat(
+pub unsafe extern "C" fn nrt_execute_repeat(
     model: *mut c_void,
     input_set: *const c_void,
     output_set: *mut c_void,
@@ -137,8 +152,11 @@ pub extern "C" fn nrt_execute_repeat(
 }
 
 /// `nrt_get_model_info`: at most `info_size_in` bytes of `nrt_model_info_t`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_model_info(
+pub unsafe extern "C" fn nrt_get_model_info(
     model: *const c_void,
     info: *mut c_void,
     info_size_in: usize,
@@ -169,14 +187,20 @@ fn model_vnc_count(name: &'static str, model: *const c_void, out: *mut u32) -> u
 }
 
 /// `nrt_get_model_vnc_count`: a model uses one logical core.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_model_vnc_count(model: *const c_void, vnc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_model_vnc_count(model: *const c_void, vnc_count: *mut u32) -> u32 {
     model_vnc_count("nrt_get_model_vnc_count", model, vnc_count)
 }
 
 /// `nrt_get_model_nc_count`: the deprecated name of `nrt_get_model_vnc_count`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_model_nc_count(model: *const c_void, nc_count: *mut u32) -> u32 {
+pub unsafe extern "C" fn nrt_get_model_nc_count(model: *const c_void, nc_count: *mut u32) -> u32 {
     model_vnc_count("nrt_get_model_nc_count", model, nc_count)
 }
 
@@ -224,8 +248,11 @@ fn info_array(specs: &[(&TensorSpec, u32)]) -> InfoArray {
 }
 
 /// `nrt_get_model_tensor_info`: a library-allocated array of every input and output.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_model_tensor_info(
+pub unsafe extern "C" fn nrt_get_model_tensor_info(
     model: *mut c_void,
     tensor_info: *mut *mut c_void,
 ) -> u32 {
@@ -253,8 +280,11 @@ pub extern "C" fn nrt_get_model_tensor_info(
 }
 
 /// `nrt_free_model_tensor_info`: frees an array this library handed out (once).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_free_model_tensor_info(tensor_info: *mut c_void) -> u32 {
+pub unsafe extern "C" fn nrt_free_model_tensor_info(tensor_info: *mut c_void) -> u32 {
     boundary::status("nrt_free_model_tensor_info", || {
         let removed = INFO_ARRAYS
             .lock()
@@ -309,9 +339,9 @@ mod tests {
     #[test]
     fn a_foreign_info_array_is_refused() {
         let mut local = [0u64; 4];
-        assert_eq!(
-            nrt_free_model_tensor_info(local.as_mut_ptr().cast()),
-            NrtStatus::Invalid as u32
-        );
+        // SAFETY: a pointer to our own array; the library must refuse it without touching it.
+        let status = unsafe { nrt_free_model_tensor_info(local.as_mut_ptr().cast()) };
+        assert_eq!(status, NrtStatus::Invalid as u32);
+        assert_eq!(local, [0; 4]);
     }
 }

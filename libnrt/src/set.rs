@@ -11,8 +11,11 @@ use crate::handles::{SETS, SetEntry, TENSORS};
 use crate::{boundary, raw, rt};
 
 /// `nrt_allocate_tensor_set`: a new, empty set.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_allocate_tensor_set(result: *mut *mut c_void) -> u32 {
+pub unsafe extern "C" fn nrt_allocate_tensor_set(result: *mut *mut c_void) -> u32 {
     boundary::status("nrt_allocate_tensor_set", || {
         rt()?;
         raw::check_out(result, "result")?;
@@ -22,8 +25,11 @@ pub extern "C" fn nrt_allocate_tensor_set(result: *mut *mut c_void) -> u32 {
 }
 
 /// `nrt_destroy_tensor_set`: frees the set (not its tensors) and NULLs the caller's pointer.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_destroy_tensor_set(tensor_set: *mut *mut c_void) {
+pub unsafe extern "C" fn nrt_destroy_tensor_set(tensor_set: *mut *mut c_void) {
     boundary::value("nrt_destroy_tensor_set", (), || {
         let h = raw::read_in(tensor_set, "tensor_set")?;
         if h.is_null() {
@@ -35,8 +41,11 @@ pub extern "C" fn nrt_destroy_tensor_set(tensor_set: *mut *mut c_void) {
 }
 
 /// `nrt_add_tensor_to_tensor_set`: adds or replaces `tensor_name`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_add_tensor_to_tensor_set(
+pub unsafe extern "C" fn nrt_add_tensor_to_tensor_set(
     tensor_set: *mut c_void,
     tensor_name: *const c_char,
     tensor: *mut c_void,
@@ -56,8 +65,11 @@ pub extern "C" fn nrt_add_tensor_to_tensor_set(
 
 /// `nrt_get_tensor_from_tensor_set`: the tensor under `tensor_name`; NRT_FAILURE and no write
 /// when absent.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_tensor_from_tensor_set(
+pub unsafe extern "C" fn nrt_get_tensor_from_tensor_set(
     tensor_set: *mut c_void,
     tensor_name: *const c_char,
     tensor: *mut *mut c_void,

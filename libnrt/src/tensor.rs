@@ -36,8 +36,11 @@ fn tensor(handle: *const c_void, what: &str) -> Result<Tensor, NrtError> {
 }
 
 /// `nrt_tensor_allocate`: device memory of logical core `vnc`, or host memory.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_allocate(
+pub unsafe extern "C" fn nrt_tensor_allocate(
     tensor_placement: u32,
     vnc: i32,
     size: usize,
@@ -70,8 +73,11 @@ pub extern "C" fn nrt_tensor_allocate(
 
 /// `nrt_tensor_free`: frees the tensor and NULLs the caller's pointer. A pointer this library
 /// did not hand out is refused (logged) and left as it is.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
+pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
     boundary::value("nrt_tensor_free", (), || {
         let h = raw::read_in(tensor, "tensor")?;
         if h.is_null() {
@@ -83,8 +89,11 @@ pub extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
 }
 
 /// `nrt_tensor_read`: `size` bytes from byte `offset` into `buf`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_read(
+pub unsafe extern "C" fn nrt_tensor_read(
     tensor: *const c_void,
     buf: *mut c_void,
     offset: usize,
@@ -100,8 +109,11 @@ pub extern "C" fn nrt_tensor_read(
 }
 
 /// `nrt_tensor_write`: `size` bytes from `buf` to byte `offset`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_write(
+pub unsafe extern "C" fn nrt_tensor_write(
     tensor: *mut c_void,
     buf: *const c_void,
     offset: usize,
@@ -117,8 +129,11 @@ pub extern "C" fn nrt_tensor_write(
 }
 
 /// `nrt_tensor_copy`: `size` bytes between tensors.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_copy(
+pub unsafe extern "C" fn nrt_tensor_copy(
     src: *const c_void,
     src_offset: usize,
     dst: *mut c_void,
@@ -134,8 +149,11 @@ pub extern "C" fn nrt_tensor_copy(
 }
 
 /// `nrt_tensor_memset`: `size` bytes from byte `offset` set to `value` as a byte.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_memset(
+pub unsafe extern "C" fn nrt_tensor_memset(
     tensor: *mut c_void,
     offset: u64,
     value: i32,
@@ -150,16 +168,22 @@ pub extern "C" fn nrt_tensor_memset(
 }
 
 /// `nrt_tensor_get_size`: bytes, or 0 for a handle that is no tensor (logged).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_get_size(tensor: *const c_void) -> usize {
+pub unsafe extern "C" fn nrt_tensor_get_size(tensor: *const c_void) -> usize {
     boundary::value("nrt_tensor_get_size", 0, || {
         to_usize(self::tensor(tensor, "tensor")?.size(), "size")
     })
 }
 
 /// `nrt_tensor_get_va`: the host address of the tensor's memory, or NULL (logged).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_get_va(tensor: *const c_void) -> *mut c_void {
+pub unsafe extern "C" fn nrt_tensor_get_va(tensor: *const c_void) -> *mut c_void {
     boundary::value("nrt_tensor_get_va", std::ptr::null_mut(), || {
         let t = self::tensor(tensor, "tensor")?;
         t.host_address()
@@ -169,8 +193,11 @@ pub extern "C" fn nrt_tensor_get_va(tensor: *const c_void) -> *mut c_void {
 }
 
 /// `nrt_tensor_allocate_slice`: a tensor aliasing part of another.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_allocate_slice(
+pub unsafe extern "C" fn nrt_tensor_allocate_slice(
     tensor_source: *const c_void,
     offset: usize,
     size: usize,
@@ -188,8 +215,14 @@ pub extern "C" fn nrt_tensor_allocate_slice(
 }
 
 /// `nrt_tensor_allocate_empty`: a tensor with no memory yet.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_allocate_empty(name: *const c_char, tensor: *mut *mut c_void) -> u32 {
+pub unsafe extern "C" fn nrt_tensor_allocate_empty(
+    name: *const c_char,
+    tensor: *mut *mut c_void,
+) -> u32 {
     boundary::status("nrt_tensor_allocate_empty", || {
         rt()?;
         raw::check_out(tensor, "tensor")?;
@@ -200,8 +233,11 @@ pub extern "C" fn nrt_tensor_allocate_empty(name: *const c_char, tensor: *mut *m
 
 /// `nrt_tensor_attach_buffer`: the tensor now uses the caller's buffer; its previous memory is
 /// freed (unless slices of it remain).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_attach_buffer(
+pub unsafe extern "C" fn nrt_tensor_attach_buffer(
     tensor: *mut c_void,
     buffer: *mut c_void,
     size: usize,
@@ -221,8 +257,11 @@ pub extern "C" fn nrt_tensor_attach_buffer(
 }
 
 /// `nrt_tensor_get_device_allocation_info`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_get_device_allocation_info(
+pub unsafe extern "C" fn nrt_tensor_get_device_allocation_info(
     tensor: *const c_void,
     alloc_info: *mut c_void,
 ) -> u32 {
@@ -244,8 +283,11 @@ pub extern "C" fn nrt_tensor_get_device_allocation_info(
 }
 
 /// `nrt_tensor_get_lnc_index`: the logical core of a device tensor.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx: *mut i32) -> u32 {
+pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx: *mut i32) -> u32 {
     boundary::status("nrt_tensor_get_lnc_index", || {
         rt()?;
         raw::check_out(lnc_idx, "lnc_idx")?;
@@ -280,8 +322,15 @@ fn device_tensor_at(va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
 }
 
 /// `nrt_memcpy_to_device`: copies into a device tensor's mapping, found by address.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_memcpy_to_device(dest: *mut c_void, src: *const c_void, size: usize) -> u32 {
+pub unsafe extern "C" fn nrt_memcpy_to_device(
+    dest: *mut c_void,
+    src: *const c_void,
+    size: usize,
+) -> u32 {
     boundary::status("nrt_memcpy_to_device", || {
         rt()?;
         if dest.is_null() {
@@ -295,8 +344,11 @@ pub extern "C" fn nrt_memcpy_to_device(dest: *mut c_void, src: *const c_void, si
 
 /// `nrt_get_dmabuf_fd`: a descriptor mapping the device memory at `va` (the start of a device
 /// allocation) from offset 0.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
 #[unsafe(no_mangle)]
-pub extern "C" fn nrt_get_dmabuf_fd(va: u64, size: u64, fd: *mut i32) -> u32 {
+pub unsafe extern "C" fn nrt_get_dmabuf_fd(va: u64, size: u64, fd: *mut i32) -> u32 {
     boundary::status("nrt_get_dmabuf_fd", || {
         rt()?;
         raw::check_out(fd, "fd")?;

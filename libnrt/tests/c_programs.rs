@@ -10,7 +10,13 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// target/<profile>: where cargo put libnrt.so and simdev.
+/// The library cargo built for these tests: `deps/libnrt.so` (cargo uplifts it to
+/// target/<profile> only when the package itself is built, not when a test needs it).
+fn built_library() -> PathBuf {
+    profile_dir().join("deps").join("libnrt.so")
+}
+
+/// target/<profile>: where cargo put simdev and nrt.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
@@ -30,7 +36,7 @@ impl Prefix {
         let dir = tempfile::tempdir().expect("tempdir");
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
-        let built = profile_dir().join("libnrt.so");
+        let built = built_library();
         assert!(built.is_file(), "{} not built", built.display());
         std::fs::copy(&built, lib.join("libnrt.so.1")).unwrap();
         std::os::unix::fs::symlink("libnrt.so.1", lib.join("libnrt.so")).unwrap();
@@ -206,9 +212,15 @@ const LAYOUT: &[(&str, i64)] = &[
     ("offsetof(nrt_tensor_info_array_t,tensor_count)", 0),
     ("offsetof(nrt_tensor_info_array_t,tensor_array)", 8),
     ("sizeof(nrt_tensor_device_allocation_info_t)", 24),
-    ("offsetof(nrt_tensor_device_allocation_info_t,physical_address)", 0),
+    (
+        "offsetof(nrt_tensor_device_allocation_info_t,physical_address)",
+        0,
+    ),
     ("offsetof(nrt_tensor_device_allocation_info_t,size)", 8),
-    ("offsetof(nrt_tensor_device_allocation_info_t,hbm_index)", 16),
+    (
+        "offsetof(nrt_tensor_device_allocation_info_t,hbm_index)",
+        16,
+    ),
     ("sizeof(nrt_vnc_memory_stats_t)", 16),
     ("offsetof(nrt_vnc_memory_stats_t,bytes_used)", 0),
     ("offsetof(nrt_vnc_memory_stats_t,bytes_limit)", 8),
@@ -269,7 +281,13 @@ fn struct_layouts_and_enum_values_match_the_reference_in_c_and_cxx() {
             std::fs::copy(crate_dir().join("tests/c/layout.c"), &src).unwrap();
             let out = prefix.out(exe);
             let o = Command::new(compiler)
-                .args([&format!("-std={std}"), "-Wall", "-Wextra", "-Werror", "-pedantic"])
+                .args([
+                    &format!("-std={std}"),
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-pedantic",
+                ])
                 .arg("-I")
                 .arg(crate_dir().join("include"))
                 .arg(&src)
@@ -290,7 +308,8 @@ fn struct_layouts_and_enum_values_match_the_reference_in_c_and_cxx() {
                 (k.to_string(), v.parse().unwrap())
             })
             .collect();
-        let expected: Vec<(String, i64)> = LAYOUT.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let expected: Vec<(String, i64)> =
+            LAYOUT.iter().map(|(k, v)| (k.to_string(), *v)).collect();
         assert_eq!(printed, expected, "{compiler}");
     }
 }
@@ -303,15 +322,211 @@ fn the_digits_mlp_through_the_c_api_scores_0_986111() {
     let data = Digits::load(&default_path()).unwrap();
     let model = data.mlp().build(1).unwrap();
     let container = model.to_container(shared::model::Target::Simdev).unwrap();
-    let (m, i, l) = (prefix.out("digits.nrtm"), prefix.out("inputs.bin"), prefix.out("labels.bin"));
+    let (m, i, l) = (
+        prefix.out("digits.nrtm"),
+        prefix.out("inputs.bin"),
+        prefix.out("labels.bin"),
+    );
     std::fs::write(&m, container).unwrap();
-    std::fs::write(&i, data.inputs.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-    std::fs::write(&l, data.labels.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(
+        &i,
+        data.inputs
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    std::fs::write(
+        &l,
+        data.labels
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
     let o = run({
         let mut c = Command::new(&exe);
         c.args([&m, &i, &l]);
         c
     });
     let stdout = assert_ran(&o, "digits", "accuracy");
-    assert!(stdout.contains("images 360 correct 355 accuracy 0.986111"), "{stdout}");
+    assert!(
+        stdout.contains("images 360 correct 355 accuracy 0.986111"),
+        "{stdout}"
+    );
+}
+
+/// Functions the headers declare whose exports other branches add (the explicit async API, the
+/// profile and the system trace). Removed from this list when they land.
+const PENDING: &[&str] = &[
+    // nrt_async.h (explicit async 3.x)
+    "nrta_execute_schedule",
+    "nrta_tensor_read",
+    "nrta_tensor_write",
+    "nrta_tensor_copy",
+    "nrta_is_completed",
+    "nrta_get_sequence",
+    "nrta_event_register_seq_id_completion",
+    "nrta_event_register_xu_completion",
+    // nrt_profile.h
+    "nrt_profile_start",
+    "nrt_profile_stop",
+    // nrt_sys_trace.h
+    "nrt_sys_trace_config_allocate",
+    "nrt_sys_trace_config_free",
+    "nrt_sys_trace_config_set_defaults",
+    "nrt_sys_trace_config_set_max_events_per_nc",
+    "nrt_sys_trace_config_set_capture_enabled_for_nc",
+    "nrt_sys_trace_config_set_capture_enabled_for_event_type",
+    "nrt_sys_trace_start",
+    "nrt_sys_trace_stop",
+    "nrt_sys_trace_fetch_options_allocate",
+    "nrt_sys_trace_fetch_options_free",
+    "nrt_sys_trace_fetch_options_set_nc_idx",
+    "nrt_sys_trace_fetch_events",
+    "nrt_sys_trace_buffer_free",
+];
+
+/// Every function the headers declare: a line starting with a return type and naming an
+/// `nrt`/`nrta` identifier followed by `(`.
+fn declared_functions() -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(crate_dir().join("include/nrt")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for line in text.lines() {
+            let l = line.trim_start();
+            let Some(rest) = ["NRT_STATUS ", "void ", "size_t ", "const char *", "void *"]
+                .iter()
+                .find_map(|ret| l.strip_prefix(ret))
+            else {
+                continue;
+            };
+            let rest = rest.trim_start_matches('*');
+            if let Some((name, _)) = rest.split_once('(')
+                && name.starts_with("nrt")
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                out.insert(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The functions libnrt.so exports (`nm -D --defined-only`).
+fn exported_functions() -> std::collections::BTreeSet<String> {
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(built_library())
+        .output()
+        .expect("nm");
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_library_exports_exactly_the_functions_the_headers_declare() {
+    let declared = declared_functions();
+    for p in PENDING {
+        assert!(declared.contains(*p), "pending {p} is not declared");
+    }
+    // The list (a sample from each header) is declared.
+    for f in [
+        "nrt_init",
+        "nrt_get_version",
+        "nrt_get_status_as_str",
+        "nrt_tensor_get_va",
+        "nrt_get_model_tensor_info",
+        "nrt_async_drain_queued_execs",
+    ] {
+        assert!(declared.contains(f), "{f}");
+    }
+    let expected: std::collections::BTreeSet<String> = declared
+        .into_iter()
+        .filter(|f| !PENDING.contains(&f.as_str()))
+        .collect();
+    assert_eq!(exported_functions(), expected);
+}
+
+/// `nrt install --prefix DIR` with the workspace's `nrt` binary.
+fn nrt_install() -> tempfile::TempDir {
+    let nrt = profile_dir().join("nrt");
+    assert!(
+        nrt.is_file(),
+        "{} not built (cargo build --workspace)",
+        nrt.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(&nrt)
+        .args(["install", "--prefix"])
+        .arg(dir.path())
+        .arg("--lib")
+        .arg(built_library())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lib = dir.path().join("lib");
+    assert!(lib.join("libnrt.so.1").is_file());
+    assert_eq!(
+        std::fs::read_link(lib.join("libnrt.so")).unwrap(),
+        Path::new("libnrt.so.1")
+    );
+    for h in [
+        "nrt.h",
+        "nrt_status.h",
+        "nrt_version.h",
+        "nrt_async.h",
+        "nrt_experimental.h",
+        "nrt_profile.h",
+        "nrt_sys_trace.h",
+    ] {
+        let installed = std::fs::read(dir.path().join("include/nrt").join(h)).unwrap();
+        assert_eq!(
+            installed,
+            std::fs::read(crate_dir().join("include/nrt").join(h)).unwrap()
+        );
+    }
+    dir
+}
+
+#[test]
+fn a_dlopen_user_resolves_every_export_from_an_installed_prefix_and_runs_the_flow() {
+    let prefix = nrt_install();
+    let scratch = Prefix::new();
+    let exe = compile(&scratch, "cc", "c11", &["dlopen.c"], "dlopen", false);
+    let names: Vec<String> = exported_functions().into_iter().collect();
+    assert!(names.len() >= 40);
+    // Found by name through the loader's path, with the simdev the prefix carries (no
+    // NEURON_SIMDEV_BIN: the library looks in its ../bin).
+    let o = Command::new(&exe)
+        .arg(identity_model())
+        .args(&names)
+        .env("LD_LIBRARY_PATH", prefix.path().join("lib"))
+        .env("NEURON_RT_BACKEND", "sim")
+        .env_remove("NEURON_SIMDEV_BIN")
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .env_remove("NEURON_RT_NUM_CORES")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert_ran(&o, "dlopen", &format!("DLOPEN OK {} symbols", names.len()));
+}
+
+#[test]
+fn a_cxx17_program_includes_every_header_and_links() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "c++",
+        "c++17",
+        &["all_headers.cpp"],
+        "all_headers",
+        true,
+    );
+    let o = run(Command::new(&exe));
+    assert_ran(&o, "c++", "CXX OK libnrt C ABI");
 }

@@ -6,7 +6,8 @@
  * and layouts are ABI). This libnrt.so.1 runs on a Neuron device when /dev/neuron0 exists and
  * otherwise on simdev, an emulated device: NEURON_SIMDEV_SOCKET names a running one, else a
  * private one is started (the program named by NEURON_SIMDEV_BIN, else `simdev` beside this
- * library, else on PATH). Models are simdev model containers.
+ * library or in its ../bin, as `nrt install` lays it out, else on PATH). Models are simdev
+ * model containers.
  *
  * Conventions: every call returns NRT_STATUS unless stated; a NULL where a pointer is required
  * is NRT_INVALID; a handle this library did not hand out, or already freed, is NRT_INVALID
