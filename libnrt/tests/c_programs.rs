@@ -530,3 +530,28 @@ fn a_cxx17_program_includes_every_header_and_links() {
     let o = run(Command::new(&exe));
     assert_ran(&o, "c++", "CXX OK libnrt C ABI");
 }
+
+#[test]
+fn slices_attached_buffers_dmabuf_and_model_queries_work_from_c() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["tensors.c"], "tensors", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "tensors", "TENSORS OK");
+}
+
+#[test]
+fn the_implicit_async_mode_calls_back_from_c_and_drains() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["async.c"], "async", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model())
+            .env("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3");
+        c
+    });
+    assert_ran(&o, "async", "ASYNC OK 20");
+}
