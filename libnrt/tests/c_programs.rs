@@ -555,3 +555,44 @@ fn the_implicit_async_mode_calls_back_from_c_and_drains() {
     });
     assert_ran(&o, "async", "ASYNC OK 20");
 }
+
+/// The C program of the README's libnrt section.
+fn readme_program() -> String {
+    let readme = std::fs::read_to_string(crate_dir().join("../README.md")).unwrap();
+    let section = readme
+        .split("## The C library: libnrt.so.1")
+        .nth(1)
+        .expect("the README's libnrt section");
+    let code = section.split("```c\n").nth(1).expect("a C block");
+    code.split("```").next().unwrap().to_string()
+}
+
+#[test]
+fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
+    let prefix = nrt_install();
+    let src = prefix.path().join("app.c");
+    std::fs::write(&src, readme_program()).unwrap();
+    let exe = prefix.path().join("app");
+    let lib = prefix.path().join("lib");
+    let o = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+        .arg(&src)
+        .arg("-I")
+        .arg(prefix.path().join("include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lnrt")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    let stdout = assert_ran(&o, "README program", "output starts 7 7 7 7");
+    assert!(stdout.contains("input  input: 512 bytes"), "{stdout}");
+}
