@@ -9,10 +9,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use runtime::{ModelHandle, NrtError, Tensor};
+use runtime::{ModelHandle, NrtError, Tensor, TensorSet};
 use shared::NrtStatus;
 
 /// High bits of every handle (bits 48..63 set: not a canonical user-space address).
@@ -85,11 +85,25 @@ impl TensorEntry {
     }
 }
 
-/// A tensor set's entry: I/O name → tensor handle.
+/// Bumped whenever a tensor handle stops naming the tensor it named (freed, or given another
+/// buffer): a set resolved before then must be resolved again.
+pub static TENSOR_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// A tensor set's entry: I/O name → tensor handle, and the runtime's set those handles
+/// resolved to (reused by every execution until a member or any tensor handle changes).
 #[derive(Debug, Default)]
 pub struct SetEntry {
+    /// The members and the cached resolution.
+    pub state: Mutex<SetState>,
+}
+
+/// What a [`SetEntry`] guards.
+#[derive(Debug, Default)]
+pub struct SetState {
     /// The members.
-    pub members: Mutex<HashMap<String, usize>>,
+    pub members: HashMap<String, usize>,
+    /// The members resolved, and the [`TENSOR_GENERATION`] they were resolved at.
+    pub resolved: Option<(u64, Arc<TensorSet>)>,
 }
 
 /// One kind of handle → its entry.

@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use runtime::{NrtError, TensorSet};
 use shared::NrtStatus;
@@ -10,7 +11,7 @@ use shared::model::TensorSpec;
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, NrtModelInfo, NrtTensorInfo, TENSOR_INFO_ARRAY_HEADER, c_field};
-use crate::handles::{MODELS, SETS, SetEntry, TENSORS};
+use crate::handles::{MODELS, SETS, SetEntry, TENSOR_GENERATION, TENSORS};
 use crate::{boundary, raw, rt};
 
 fn invalid(message: impl Into<String>) -> NrtError {
@@ -96,19 +97,30 @@ pub unsafe extern "C" fn nrt_unload(model: *mut c_void) -> u32 {
 }
 
 /// A C tensor set resolved to the runtime's: every member handle must still name a tensor.
-pub(crate) fn resolve_set(set: *const c_void, what: &str) -> Result<TensorSet, NrtError> {
-    let entry: std::sync::Arc<SetEntry> = SETS.get(set, what)?;
-    let members = entry
-        .members
+/// The resolution is cached on the set until a member changes or any tensor handle is freed
+/// or re-attached ([`TENSOR_GENERATION`]), so an execution on an unchanged set allocates
+/// nothing here.
+pub(crate) fn resolve_set(set: *const c_void, what: &str) -> Result<Arc<TensorSet>, NrtError> {
+    let entry: Arc<SetEntry> = SETS.get(set, what)?;
+    let mut state = entry
+        .state
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let generation = TENSOR_GENERATION.load(Ordering::Acquire);
+    if let Some((g, resolved)) = &state.resolved
+        && *g == generation
+    {
+        return Ok(resolved.clone());
+    }
     let mut out = TensorSet::new();
-    for (name, h) in members.iter() {
+    for (name, h) in &state.members {
         let t = TENSORS
             .get(*h as *const c_void, &format!("tensor {name:?} of {what}"))?
             .get();
         out.add(name, &t);
     }
+    let out = Arc::new(out);
+    state.resolved = Some((generation, out.clone()));
     Ok(out)
 }
 

@@ -55,10 +55,12 @@ pub unsafe extern "C" fn nrt_add_tensor_to_tensor_set(
         let set = SETS.get(tensor_set, "tensor_set")?;
         let name = raw::c_str(tensor_name, "tensor_name")?;
         TENSORS.get(tensor, "tensor")?;
-        set.members
+        let mut state = set
+            .state
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(name.to_string(), tensor as usize);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.members.insert(name.to_string(), tensor as usize);
+        state.resolved = None;
         Ok(())
     })
 }
@@ -80,9 +82,10 @@ pub unsafe extern "C" fn nrt_get_tensor_from_tensor_set(
         let set = SETS.get(tensor_set, "tensor_set")?;
         let name = raw::c_str(tensor_name, "tensor_name")?;
         let h = set
-            .members
+            .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .members
             .get(name)
             .copied()
             .ok_or_else(|| {

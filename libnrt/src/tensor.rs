@@ -2,6 +2,7 @@
 
 use std::ffi::{c_char, c_void};
 use std::os::fd::IntoRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use runtime::{NrtError, Placement, Tensor};
@@ -9,7 +10,7 @@ use shared::NrtStatus;
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, NrtTensorDeviceAllocationInfo};
-use crate::handles::{TENSORS, TensorEntry};
+use crate::handles::{TENSOR_GENERATION, TENSORS, TensorEntry};
 use crate::{boundary, raw, rt};
 
 fn invalid(message: impl Into<String>) -> NrtError {
@@ -84,6 +85,7 @@ pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
             return Ok(());
         }
         TENSORS.remove(h, "tensor")?;
+        TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
         raw::write_out(tensor, std::ptr::null_mut(), "tensor")
     });
 }
@@ -252,6 +254,7 @@ pub unsafe extern "C" fn nrt_tensor_attach_buffer(
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let name = t.name().to_string();
         *t = Tensor::attached(&name, Arc::new(buf));
+        TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
         Ok(())
     })
 }

@@ -145,6 +145,15 @@ int main(int argc, char **argv) {
     CHECK(nrt_add_tensor_to_tensor_set(bad_set, "input", other));
     nrt_tensor_free(&other);
     EXPECT(nrt_execute(model, bad_set, outputs), NRT_INVALID);
+    /* Also after the set was used (and its resolution reused) by a good execution. */
+    nrt_destroy_tensor_set(&bad_set);
+    CHECK(nrt_allocate_tensor_set(&bad_set));
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 512, "used", &other));
+    CHECK(nrt_add_tensor_to_tensor_set(bad_set, "input", other));
+    CHECK(nrt_execute(model, bad_set, outputs));
+    CHECK(nrt_execute(model, bad_set, outputs));
+    nrt_tensor_free(&other);
+    EXPECT(nrt_execute(model, bad_set, outputs), NRT_INVALID);
     EXPECT(nrt_free_model_tensor_info((nrt_tensor_info_array_t *)foreign), NRT_INVALID);
     CHECK(nrt_get_model_tensor_info(model, &info));
     CHECK(nrt_free_model_tensor_info(info));

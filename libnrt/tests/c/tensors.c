@@ -118,6 +118,12 @@ int main(int argc, char **argv) {
     CHECK(nrt_execute(model, inputs, outputs));
     CHECK(nrt_tensor_read(host, buf, 0, 8));
     ASSERT(memcmp(buf + 3, "hello", 5) == 0);
+    /* Another buffer attached to the same tensor: the next execution reads it. */
+    memset(buf, 0x77, 512);
+    CHECK(nrt_tensor_attach_buffer(empty, buf, 512));
+    CHECK(nrt_execute(model, inputs, outputs));
+    CHECK(nrt_tensor_read(host, caller, 0, 8));
+    ASSERT(caller[0] == 0x77 && caller[7] == 0x77);
 
     /* nrt_load_collectives: a group of one loads, a larger one is refused. */
     EXPECT(nrt_load_collectives(bytes, size, 0, -1, 1, 4, &group), NRT_INVALID);
