@@ -256,11 +256,12 @@ mod tests {
 
     #[test]
     fn status_names_are_the_enum_names() {
-        // SAFETY: nrt_get_status_as_str returns static NUL-terminated strings.
         let name = |s| {
-            unsafe { CStr::from_ptr(nrt_get_status_as_str(s)) }
-                .to_str()
-                .unwrap()
+            // SAFETY: nrt_get_status_as_str takes no pointer and returns static
+            // NUL-terminated strings.
+            let p = unsafe { nrt_get_status_as_str(s) };
+            // SAFETY: as above: a static NUL-terminated string.
+            unsafe { CStr::from_ptr(p) }.to_str().unwrap()
         };
         assert_eq!(name(0), "NRT_SUCCESS");
         assert_eq!(name(13), "NRT_UNINITIALIZED");
@@ -271,8 +272,10 @@ mod tests {
     #[test]
     fn the_version_is_size_versioned_and_checks_its_arguments() {
         let mut buf = [0xEEu8; 240];
-        // SAFETY (each call): `buf` is valid for the size passed, or the pointer is NULL.
-        let version = |p: *mut u8, n| unsafe { nrt_get_version(p.cast(), n) };
+        let version = |p: *mut u8, n| {
+            // SAFETY: `p` is `buf` (valid for the size passed) or NULL.
+            unsafe { nrt_get_version(p.cast(), n) }
+        };
         assert_eq!(version(buf.as_mut_ptr(), 8), 0);
         assert_eq!(&buf[..8], &2u64.to_le_bytes());
         assert_eq!(buf[8], 0xEE, "nothing beyond the caller's size");
@@ -286,9 +289,10 @@ mod tests {
     fn calls_before_init_answer_uninitialized() {
         let mut n = 0usize;
         let mut stats = [0u8; 16];
-        // SAFETY (each call): `stats` holds 16 bytes, `n` is a usize, or the pointer is NULL.
-        let call =
-            |p: *mut u8, n: &mut usize| unsafe { nrt_get_vnc_memory_stats(0, p.cast(), 16, n) };
+        let call = |p: *mut u8, n: &mut usize| {
+            // SAFETY: `p` is `stats` (16 bytes) or NULL; `n` is a usize.
+            unsafe { nrt_get_vnc_memory_stats(0, p.cast(), 16, n) }
+        };
         assert_eq!(
             call(stats.as_mut_ptr(), &mut n),
             NrtStatus::Uninitialized as u32

@@ -744,11 +744,11 @@ mod tests {
             self.0.lock().unwrap().len() as u64
         }
         fn read(&self, offset: u64, buf: &mut [u8]) {
-            let o = offset as usize;
+            let o = usize::try_from(offset).unwrap();
             buf.copy_from_slice(&self.0.lock().unwrap()[o..o + buf.len()]);
         }
         fn write(&self, offset: u64, data: &[u8]) {
-            let o = offset as usize;
+            let o = usize::try_from(offset).unwrap();
             self.0.lock().unwrap()[o..o + data.len()].copy_from_slice(data);
         }
         fn address(&self) -> *mut u8 {
