@@ -1,6 +1,10 @@
 //! The C programs of `tests/c/`, compiled with the system compiler against our headers and the
 //! built `libnrt.so` (as `libnrt.so.1` in a private prefix), each run against its own private
 //! simdev: the library starts it through `NEURON_SIMDEV_BIN`, as any C program on a laptop.
+//!
+//! They need the workspace's `simdev` and `nrt` binaries in target/<profile> (`cargo test
+//! --workspace` builds them), a C and a C++ compiler, `nm` and `valgrind` (`.ci/run` installs
+//! it when missing).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

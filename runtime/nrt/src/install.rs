@@ -1,8 +1,8 @@
 //! `nrt install --prefix DIR`: the C library and headers laid out like `/opt/aws/neuron`, so
 //! `cc app.c -IDIR/include -LDIR/lib -lnrt` and `dlopen("libnrt.so.1")` work:
 //!
-//! - `DIR/lib/libnrt.so.1` (the built `libnrt.so`, found beside this executable or given with
-//!   `--lib`) and the `DIR/lib/libnrt.so` link to it;
+//! - `DIR/lib/libnrt.so.1` (the built `libnrt.so`, found beside this executable — or in cargo's
+//!   `deps/` there, if newer — or given with `--lib`) and the `DIR/lib/libnrt.so` link to it;
 //! - `DIR/include/nrt/*.h` (carried inside this executable);
 //! - `DIR/bin/nrt` (this executable) and the `DIR/bin/simdev` link to it: the library starts
 //!   that simdev when no device is present (it looks beside itself, then in `../bin`).
@@ -71,7 +71,19 @@ fn replace_with_link(target: &str, link: &Path) -> Result<(), String> {
     std::os::unix::fs::symlink(target, link).map_err(|e| io_err(link, e))
 }
 
-/// Installs into `prefix`; the library is `lib`, else `libnrt.so` beside this executable.
+/// The library beside this executable: `libnrt.so`, or cargo's `deps/libnrt.so` when that one
+/// is newer (cargo refreshes only the latter when tests, not the package, needed the library).
+fn library_beside(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    let modified = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    [dir.join("libnrt.so"), dir.join("deps").join("libnrt.so")]
+        .into_iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| modified(p))
+        .or_else(|| Some(dir.join("libnrt.so")))
+}
+
+/// Installs into `prefix`; the library is `lib`, else the one beside this executable.
 ///
 /// # Errors
 /// A message naming what is missing or which file could not be written.
@@ -79,10 +91,7 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
     let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
     let source = match lib {
         Some(l) => l.to_path_buf(),
-        None => exe
-            .parent()
-            .map(|d| d.join("libnrt.so"))
-            .ok_or("this executable has no directory")?,
+        None => library_beside(&exe).ok_or("this executable has no directory")?,
     };
     if !source.is_file() {
         return Err(format!(
@@ -128,6 +137,29 @@ mod tests {
         let mut carried: Vec<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
         carried.sort();
         assert_eq!(carried, on_disk);
+    }
+
+    #[test]
+    fn the_newer_of_the_library_and_cargos_deps_copy_is_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("deps")).unwrap();
+        let exe = dir.path().join("nrt");
+        let (top, deps) = (
+            dir.path().join("libnrt.so"),
+            dir.path().join("deps/libnrt.so"),
+        );
+        std::fs::write(&top, "old").unwrap();
+        std::fs::write(&deps, "new").unwrap();
+        let at = |p: &Path, secs| {
+            let f = std::fs::File::options().write(true).open(p).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+                .unwrap();
+        };
+        at(&top, 1_000_000);
+        at(&deps, 2_000_000);
+        assert_eq!(library_beside(&exe), Some(deps.clone()));
+        std::fs::remove_file(&deps).unwrap();
+        assert_eq!(library_beside(&exe), Some(top));
     }
 
     #[test]
