@@ -520,8 +520,8 @@ impl Tensor {
     pub fn memset(&self, offset: u64, value: u8, size: u64) -> Result<(), NrtError> {
         const PIECE: u64 = 64 << 10;
         self.check_range(offset, size)?;
-        let piece = zeroed_host_bytes("a memset buffer", size.min(PIECE))?;
-        let piece: Vec<u8> = piece.into_iter().map(|_| value).collect();
+        let mut piece = zeroed_host_bytes("a memset buffer", size.min(PIECE))?;
+        piece.fill(value);
         let mut done = 0;
         while done < size {
             let n = (size - done).min(PIECE);
