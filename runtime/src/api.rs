@@ -19,7 +19,8 @@
 //! tensors the child inherited and drops.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shared::NrtStatus;
@@ -38,7 +39,7 @@ use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
 use crate::sys_trace::SysTrace;
-use crate::tensor::{Placement, RuntimeId, Tensor, TensorSet};
+use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet};
 use crate::xu::{
     CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
 };
@@ -164,6 +165,50 @@ pub struct Runtime {
     id: RuntimeId,
     /// The system trace and profiles ([`crate::sys_trace`]; the calls are in [`profiling`]).
     trace: Arc<SysTrace>,
+    /// Device bytes held per logical core by tensors and models (`nrt_get_vnc_memory_stats`).
+    mem_used: Vec<Arc<AtomicU64>>,
+    /// The charge of each loaded model, by handle id, released at unload.
+    model_charges: Mutex<HashMap<u64, MemCharge>>,
+}
+
+/// What `nrt_get_instance_info` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceInfo {
+    /// `NRT_INSTANCE_*` family (TRN1 2, INF2 4, TRN2 5).
+    pub family: u32,
+    /// `NRT_INSTANCE_SIZE_*` (UNKNOWN 9: a simulated device has no instance size).
+    pub size: u32,
+    /// The device generation's name (`trn1`, `inf2`, `trn2`).
+    pub arch_name: String,
+    /// The device revision (`v2`, `v3`).
+    pub device_revision: String,
+}
+
+/// Device memory of one logical core (`nrt_get_vnc_memory_stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VncMemoryStats {
+    /// Bytes held by this process's tensors and models on the core.
+    pub bytes_used: u64,
+    /// HBM bytes of the core's NCs.
+    pub bytes_limit: u64,
+}
+
+/// `NRT_INSTANCE_SIZE_UNKNOWN`.
+pub const INSTANCE_SIZE_UNKNOWN: u32 = 9;
+
+/// The instance description of a device of `arch`.
+pub fn instance_info_of(arch: shared::Arch) -> InstanceInfo {
+    let family = match arch {
+        shared::Arch::Trn1 => 2,
+        shared::Arch::Inf2 => 4,
+        shared::Arch::Trn2 => 5,
+    };
+    InstanceInfo {
+        family,
+        size: INSTANCE_SIZE_UNKNOWN,
+        arch_name: arch.name().to_string(),
+        device_revision: format!("v{}", arch.version()),
+    }
 }
 
 /// The refusal of a call made in a process forked from the one that initialised the runtime.
@@ -316,7 +361,6 @@ impl Runtime {
         Ok(Self {
             device,
             config,
-            vncs,
             hw_queues,
             xus,
             xu_list,
@@ -327,10 +371,15 @@ impl Runtime {
             claimed,
             target,
             wait_budget,
+            mem_used: (0..vncs.len())
+                .map(|_| Arc::new(AtomicU64::new(0)))
+                .collect(),
+            vncs,
             pool,
             pid: std::process::id(),
             id: RuntimeId::next(),
             trace,
+            model_charges: Mutex::new(HashMap::new()),
         })
     }
 
@@ -443,7 +492,64 @@ impl Runtime {
             runtime: self.id,
         };
         let m = self.models.load(&ctx, bytes, vnc, ncs)?;
+        let charge = MemCharge::new(&self.mem_used[vnc as usize], m.device_bytes());
+        self.model_charges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(m.id(), charge);
         Ok(ModelHandle { id: m.id(), vnc })
+    }
+
+    /// `nrt_load_collectives`: rank `device_id` of a group of `device_count`. A group of one
+    /// loads like [`Runtime::load`].
+    ///
+    /// # Errors
+    /// NRT_INVALID for a larger group (collectives are not simulated yet) or a rank outside the
+    /// group; otherwise as [`Runtime::load`].
+    pub fn load_collectives(
+        &self,
+        bytes: &[u8],
+        vnc: i32,
+        device_id: u32,
+        device_count: u32,
+    ) -> NrtResult<ModelHandle> {
+        self.check_process()?;
+        if device_count != 1 || device_id != 0 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "nrt_load_collectives: rank {device_id} of a group of {device_count}: collectives across ranks are not simulated yet (only a group of one rank, rank 0, loads)"
+                ),
+            ));
+        }
+        self.load(bytes, vnc)
+    }
+
+    /// `nrt_get_vnc_memory_stats`: device bytes held on logical core `vnc` and its HBM size.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a core not visible to this process.
+    pub fn vnc_memory_stats(&self, vnc: u32) -> NrtResult<VncMemoryStats> {
+        self.check_process()?;
+        let (Some(used), Some(v)) = (self.mem_used.get(vnc as usize), self.vncs.get(vnc as usize))
+        else {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "logical core {vnc} is not visible to this process ({} visible)",
+                    self.vncs.len()
+                ),
+            ));
+        };
+        Ok(VncMemoryStats {
+            bytes_used: used.load(Ordering::Relaxed),
+            bytes_limit: self.device.info().hbm_bytes_per_nc * v.ncs.len() as u64,
+        })
+    }
+
+    /// `nrt_get_instance_info`: the device's family, size, arch name and revision.
+    pub fn instance_info(&self) -> InstanceInfo {
+        instance_info_of(self.device.info().arch)
     }
 
     /// `nrt_unload`: waits for the model's in-flight executions, then frees it.
@@ -452,7 +558,12 @@ impl Runtime {
     /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
     pub fn unload(&self, model: ModelHandle) -> NrtResult<()> {
         self.check_process()?;
-        self.models.unload(model.id)
+        self.models.unload(model.id)?;
+        self.model_charges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&model.id);
+        Ok(())
     }
 
     /// The loaded model behind `model`.
@@ -500,15 +611,14 @@ impl Runtime {
                         err.message = format!("tensor {name:?} ({size} bytes): {}", err.message);
                         err
                     })?;
+                let charge = MemCharge::new(&self.mem_used[v as usize], a.size);
                 match self.device.mem_map(&a) {
-                    Ok(m) => Ok(Tensor::device(
-                        name,
-                        (self.id, v),
-                        a,
-                        m,
-                        self.device.clone(),
-                        size,
-                    )),
+                    Ok(m) => {
+                        Ok(
+                            Tensor::device(name, (self.id, v), a, m, self.device.clone(), size)
+                                .with_charge(charge),
+                        )
+                    }
                     Err(e) => {
                         let _ = self.device.mem_free(a.handle);
                         Err(e.into())
@@ -1192,6 +1302,66 @@ pub mod nrt {
         repeat: i32,
     ) -> NrtResult<()> {
         runtime()?.execute_repeat(model, inputs, outputs, repeat)
+    }
+
+    /// The device's physical NC count and generation, probed once without initialising: opens
+    /// the device the environment selects (a private simdev starts and stops), reads its info.
+    fn probe_device(opts: &OpenOptions) -> NrtResult<(u32, shared::Arch)> {
+        static PROBED: std::sync::OnceLock<(u32, shared::Arch)> = std::sync::OnceLock::new();
+        if let Some(p) = PROBED.get() {
+            return Ok(*p);
+        }
+        let device = open(opts)?;
+        let info = device.info();
+        Ok(*PROBED.get_or_init(|| (info.nc_count, info.arch)))
+    }
+
+    /// The initialised runtime of this process, if any (no gate error).
+    fn initialized() -> Option<Arc<Runtime>> {
+        match &*STATE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            State::Initialized(rt) if rt.check_process().is_ok() => Some(rt.clone()),
+            _ => None,
+        }
+    }
+
+    /// `nrt_get_total_vnc_count`: logical cores of the device, whatever NEURON_RT_VISIBLE_CORES
+    /// and NEURON_RT_NUM_CORES say. Callable before `init` (it then opens the device once to
+    /// count its cores, as `opts` selects it).
+    ///
+    /// # Errors
+    /// A bad configuration; no device.
+    pub fn total_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
+        if let Some(rt) = initialized() {
+            return Ok(rt.device().info().nc_count / rt.config().lnc.max(1));
+        }
+        let config =
+            RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        let (ncs, _) = probe_device(opts)?;
+        Ok(ncs / config.lnc.max(1))
+    }
+
+    /// `nrt_get_visible_vnc_count`: logical cores this process has (after `init`) or would
+    /// have (before it: the environment's selection applied to the device's cores).
+    ///
+    /// # Errors
+    /// A bad configuration or an impossible selection; no device.
+    pub fn visible_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
+        if let Some(rt) = initialized() {
+            return Ok(rt.visible_vnc_count());
+        }
+        let config =
+            RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        let total = total_vnc_count(opts)?;
+        match config
+            .select_vncs(total)
+            .map_err(|m| NrtError::new(NrtStatus::LoadNotEnoughNc, m))?
+        {
+            crate::config::CoreSelection::Fixed { count, .. }
+            | crate::config::CoreSelection::Free { count } => Ok(count),
+        }
     }
 
     /// The initialised runtime, for calls beyond this facade.

@@ -204,6 +204,14 @@ impl LoadedModel {
         }
     }
 
+    /// Device bytes the model holds (instruction blocks and internal buffers of every TPB).
+    pub fn device_bytes(&self) -> u64 {
+        self.tpbs
+            .iter()
+            .map(|t| t.blocks.size + t.buffers.iter().map(|b| b.size).sum::<u64>())
+            .sum()
+    }
+
     fn free(&self) {
         for tpb in &self.tpbs {
             let _ = self.device.mem_free(tpb.blocks.handle);

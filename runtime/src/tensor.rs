@@ -5,12 +5,20 @@
 //! execute path clones it to device memory and copies results back (seed 000 §1 GOTCHA), the
 //! implicit-async path refuses it.
 //!
+//! A tensor is a view (`offset`, `size`, optional own name) of refcounted storage: a slice
+//! (`nrt_tensor_allocate_slice`) aliases a byte range of its source without copying, and the
+//! storage lives until the last view of it is dropped. Storage is device memory, host memory,
+//! a caller-owned [`HostBuffer`] (`nrt_tensor_attach_buffer`), or none at all
+//! (`nrt_tensor_allocate_empty`, until a buffer is attached).
+//!
 //! A device tensor's mapping is shared with the device (`MAP_SHARED`), so a process forked from
 //! the one that allocated it would read and write the parent's tensor through it: reads and
 //! writes from another process are refused (NRT_UNINITIALIZED naming the allocating process),
 //! and a drop there frees nothing (the sim backend refuses the inherited connection).
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shared::NrtStatus;
@@ -64,12 +72,81 @@ pub(crate) enum Storage {
         runtime: RuntimeId,
     },
     Host(Mutex<Vec<u8>>),
+    /// Memory the caller owns (`nrt_tensor_attach_buffer`); never freed here.
+    Attached(Arc<dyn HostBuffer>),
+    /// No storage yet (`nrt_tensor_allocate_empty`).
+    Empty,
 }
 
-/// A tensor: a named byte buffer on the device or the host. Cloning shares the storage.
+/// Caller-owned host memory a tensor can be attached to (`nrt_tensor_attach_buffer`).
+///
+/// The runtime checks every range against [`HostBuffer::len`] before calling `read` or `write`,
+/// so an implementation only ever sees in-bounds ranges.
+pub trait HostBuffer: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn len(&self) -> u64;
+    /// Whether the buffer has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `buf.len()` bytes from byte `offset` (in bounds) into `buf`.
+    fn read(&self, offset: u64, buf: &mut [u8]);
+    /// Copies `data` to byte `offset` (in bounds).
+    fn write(&self, offset: u64, data: &[u8]);
+    /// The address of byte 0, as the caller gave it.
+    fn address(&self) -> *mut u8;
+}
+
+/// Device bytes charged to one logical core while a tensor or model holds them
+/// (`nrt_get_vnc_memory_stats`); released on drop.
+#[derive(Debug)]
+pub struct MemCharge {
+    used: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl MemCharge {
+    /// Adds `bytes` to `used` until the charge is dropped.
+    pub fn new(used: &Arc<AtomicU64>, bytes: u64) -> Self {
+        used.fetch_add(bytes, Ordering::Relaxed);
+        Self {
+            used: used.clone(),
+            bytes,
+        }
+    }
+}
+
+impl Drop for MemCharge {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Where a device tensor's bytes are, as `nrt_tensor_get_device_allocation_info` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAllocationInfo {
+    /// Device PA of the tensor's first byte.
+    pub physical_address: u64,
+    /// Size of the allocation holding it (at least the tensor's size).
+    pub size: u64,
+    /// The HBM (one per NC on simdev: the NC's index).
+    pub hbm_index: u32,
+}
+
+/// A tensor: a named view of a byte buffer on the device or the host. Cloning shares the
+/// storage; so does [`Tensor::slice`].
+///
+/// # Invariants
+/// `offset + size` never exceeds the storage's size.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     pub(crate) inner: Arc<TensorInner>,
+    /// First byte of the storage this view starts at.
+    offset: u64,
+    /// Bytes in the view.
+    size: u64,
+    /// The view's own name (a slice's), else the storage's.
+    name: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -83,6 +160,8 @@ pub(crate) struct TensorInner {
     /// tensor").
     pending: Mutex<u32>,
     idle: std::sync::Condvar,
+    /// The device bytes charged to the tensor's logical core while it lives.
+    charge: Option<MemCharge>,
 }
 
 /// `len` zero bytes of host memory for `what`, allocated fallibly: a size the allocator refuses
@@ -122,22 +201,40 @@ impl Tensor {
         device: Arc<dyn Device>,
         size: u64,
     ) -> Self {
+        Self::view_of(TensorInner {
+            name: name.into(),
+            size,
+            placement: Placement::Device { vnc },
+            pending: Mutex::new(0),
+            idle: std::sync::Condvar::new(),
+            charge: None,
+            storage: Storage::Device {
+                allocation,
+                memory,
+                device,
+                owner: std::process::id(),
+                runtime,
+            },
+        })
+    }
+
+    /// The whole of `inner`.
+    fn view_of(inner: TensorInner) -> Self {
         Self {
-            inner: Arc::new(TensorInner {
-                name: name.into(),
-                size,
-                placement: Placement::Device { vnc },
-                pending: Mutex::new(0),
-                idle: std::sync::Condvar::new(),
-                storage: Storage::Device {
-                    allocation,
-                    memory,
-                    device,
-                    owner: std::process::id(),
-                    runtime,
-                },
-            }),
+            offset: 0,
+            size: inner.size,
+            name: None,
+            inner: Arc::new(inner),
         }
+    }
+
+    /// Charges the tensor's device bytes to a logical core's usage while its storage lives.
+    /// Only a freshly allocated tensor (no other view of its storage) takes a charge.
+    pub(crate) fn with_charge(mut self, charge: MemCharge) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.charge = Some(charge);
+        }
+        self
     }
 
     /// A host tensor of `size` zero bytes.
@@ -147,26 +244,150 @@ impl Tensor {
     /// on a caller's size).
     pub fn host(name: &str, size: u64) -> Result<Self, NrtError> {
         let bytes = zeroed_host_bytes(&format!("host tensor {name:?}"), size)?;
+        Ok(Self::view_of(TensorInner {
+            name: name.into(),
+            size,
+            placement: Placement::Host,
+            pending: Mutex::new(0),
+            idle: std::sync::Condvar::new(),
+            charge: None,
+            storage: Storage::Host(Mutex::new(bytes)),
+        }))
+    }
+
+    /// A tensor with no storage (`nrt_tensor_allocate_empty`): size 0, every access refused
+    /// until a buffer is attached ([`Tensor::attached`]).
+    pub fn empty(name: &str) -> Self {
+        Self::view_of(TensorInner {
+            name: name.into(),
+            size: 0,
+            placement: Placement::Host,
+            pending: Mutex::new(0),
+            idle: std::sync::Condvar::new(),
+            charge: None,
+            storage: Storage::Empty,
+        })
+    }
+
+    /// A host tensor over caller-owned memory (`nrt_tensor_attach_buffer`): reads and writes go
+    /// to `buffer`, which is never freed here.
+    pub fn attached(name: &str, buffer: Arc<dyn HostBuffer>) -> Self {
+        Self::view_of(TensorInner {
+            name: name.into(),
+            size: buffer.len(),
+            placement: Placement::Host,
+            pending: Mutex::new(0),
+            idle: std::sync::Condvar::new(),
+            charge: None,
+            storage: Storage::Attached(buffer),
+        })
+    }
+
+    /// A tensor aliasing `size` bytes of this one from byte `offset` (`nrt_tensor_allocate_slice`):
+    /// no copy; the storage lives as long as any view of it.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a range outside this tensor or of size 0.
+    pub fn slice(&self, offset: u64, size: u64, name: &str) -> Result<Self, NrtError> {
+        let end = offset.checked_add(size);
+        if size == 0 || end.is_none_or(|e| e > self.size) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "slice {name:?} of tensor {:?}: bytes {offset}+{size} are not inside its {} bytes",
+                    self.name(),
+                    self.size
+                ),
+            ));
+        }
         Ok(Self {
-            inner: Arc::new(TensorInner {
-                name: name.into(),
-                size,
-                placement: Placement::Host,
-                pending: Mutex::new(0),
-                idle: std::sync::Condvar::new(),
-                storage: Storage::Host(Mutex::new(bytes)),
-            }),
+            inner: self.inner.clone(),
+            offset: self.offset + offset,
+            size,
+            name: Some(Arc::from(name)),
         })
     }
 
     /// The tensor's own name (for logs).
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.name.as_deref().unwrap_or(&self.inner.name)
     }
 
     /// Size in bytes (`nrt_tensor_get_size`).
     pub fn size(&self) -> u64 {
-        self.inner.size
+        self.size
+    }
+
+    /// Byte offset of this view in its storage (0 unless a slice).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Whether the tensor has storage (an empty tensor has none until a buffer is attached).
+    pub fn has_storage(&self) -> bool {
+        !matches!(self.inner.storage, Storage::Empty)
+    }
+
+    /// The logical core of a device tensor.
+    pub fn vnc(&self) -> Option<u32> {
+        match self.inner.placement {
+            Placement::Device { vnc } => Some(vnc),
+            Placement::Host => None,
+        }
+    }
+
+    /// The host address of the tensor's first byte (`nrt_tensor_get_va`): inside the mapping
+    /// of a device tensor, the host buffer, or the attached buffer; `None` without storage.
+    pub fn host_address(&self) -> Option<*mut u8> {
+        match &self.inner.storage {
+            Storage::Device {
+                allocation, memory, ..
+            } => memory.host_address(allocation.pa + self.offset).ok(),
+            Storage::Host(v) => {
+                let mut v = v.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let start = usize::try_from(self.offset).ok()?;
+                Some(v.as_mut_ptr().wrapping_add(start))
+            }
+            Storage::Attached(b) => {
+                Some(b.address().wrapping_add(usize::try_from(self.offset).ok()?))
+            }
+            Storage::Empty => None,
+        }
+    }
+
+    /// Where a device tensor's bytes are (`nrt_tensor_get_device_allocation_info`).
+    pub fn device_allocation(&self) -> Option<DeviceAllocationInfo> {
+        match &self.inner.storage {
+            Storage::Device { allocation, .. } => Some(DeviceAllocationInfo {
+                physical_address: allocation.pa + self.offset,
+                size: allocation.size,
+                hbm_index: match allocation.location {
+                    shared::protocol::MemLocation::Hbm { nc } => nc,
+                    _ => 0,
+                },
+            }),
+            _ => None,
+        }
+    }
+
+    /// A descriptor that maps the device memory holding this tensor (`nrt_get_dmabuf_fd`;
+    /// simdev: the chunk's memfd), and the tensor's offset in that mapping.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a host tensor; the device's error when it cannot export memory.
+    pub fn dmabuf_fd(&self) -> Result<(OwnedFd, u64), NrtError> {
+        match &self.inner.storage {
+            Storage::Device {
+                allocation, device, ..
+            } => Ok((device.mem_export_fd(allocation)?, self.offset)),
+            _ => Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "tensor {:?} is not in device memory: it has no dma-buf",
+                    self.name()
+                ),
+            )),
+        }
     }
 
     /// Where it lives.
@@ -178,15 +399,15 @@ impl Tensor {
     pub fn runtime(&self) -> Option<RuntimeId> {
         match &self.inner.storage {
             Storage::Device { runtime, .. } => Some(*runtime),
-            Storage::Host(_) => None,
+            _ => None,
         }
     }
 
     /// The device PA of byte 0 (device tensors only).
     pub fn device_pa(&self) -> Option<u64> {
         match &self.inner.storage {
-            Storage::Device { allocation, .. } => Some(allocation.pa),
-            Storage::Host(_) => None,
+            Storage::Device { allocation, .. } => Some(allocation.pa + self.offset),
+            _ => None,
         }
     }
 
@@ -203,13 +424,31 @@ impl Tensor {
                 ));
             }
         }
-        let end = offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > self.inner.size) {
+        if let Storage::Empty = &self.inner.storage {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "tensor {:?} has no storage (allocated empty): attach a buffer first",
+                    self.name()
+                ),
+            ));
+        }
+        self.check_range(offset, len as u64)
+    }
+
+    /// Whether `offset..offset+len` lies inside the tensor (NRT_INVALID naming it otherwise).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a range outside the tensor.
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<(), NrtError> {
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.size) {
             return Err(NrtError::new(
                 NrtStatus::Invalid,
                 format!(
                     "tensor {:?}: access {offset}+{len} beyond its {} bytes",
-                    self.inner.name, self.inner.size
+                    self.name(),
+                    self.size
                 ),
             ));
         }
@@ -224,14 +463,12 @@ impl Tensor {
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, buf.len())?;
         self.wait_idle();
+        let offset = self.offset + offset;
         match &self.inner.storage {
             Storage::Device {
                 allocation, memory, ..
             } => memory.read(allocation.pa + offset, buf).map_err(|e| {
-                NrtError::new(
-                    NrtStatus::Failure,
-                    format!("tensor {:?}: {e}", self.inner.name),
-                )
+                NrtError::new(NrtStatus::Failure, format!("tensor {:?}: {e}", self.name()))
             }),
             Storage::Host(v) => {
                 let v = v.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -239,6 +476,11 @@ impl Tensor {
                 buf.copy_from_slice(&v[start..start + buf.len()]);
                 Ok(())
             }
+            Storage::Attached(b) => {
+                b.read(offset, buf);
+                Ok(())
+            }
+            Storage::Empty => Ok(()), // refused by `check`
         }
     }
 
@@ -250,14 +492,12 @@ impl Tensor {
     pub fn write(&self, data: &[u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, data.len())?;
         self.wait_idle();
+        let offset = self.offset + offset;
         match &self.inner.storage {
             Storage::Device {
                 allocation, memory, ..
             } => memory.write(allocation.pa + offset, data).map_err(|e| {
-                NrtError::new(
-                    NrtStatus::Failure,
-                    format!("tensor {:?}: {e}", self.inner.name),
-                )
+                NrtError::new(NrtStatus::Failure, format!("tensor {:?}: {e}", self.name()))
             }),
             Storage::Host(v) => {
                 let mut v = v.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -265,7 +505,61 @@ impl Tensor {
                 v[start..start + data.len()].copy_from_slice(data);
                 Ok(())
             }
+            Storage::Attached(b) => {
+                b.write(offset, data);
+                Ok(())
+            }
+            Storage::Empty => Ok(()), // refused by `check`
         }
+    }
+
+    /// Sets `size` bytes from byte `offset` to `value` (`nrt_tensor_memset`).
+    ///
+    /// # Errors
+    /// As [`Tensor::write`].
+    pub fn memset(&self, offset: u64, value: u8, size: u64) -> Result<(), NrtError> {
+        const PIECE: u64 = 64 << 10;
+        self.check_range(offset, size)?;
+        let mut piece = zeroed_host_bytes("a memset buffer", size.min(PIECE))?;
+        piece.fill(value);
+        let mut done = 0;
+        while done < size {
+            let n = (size - done).min(PIECE);
+            self.write(&piece[..usize::try_from(n).unwrap_or(0)], offset + done)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `size` bytes from byte `src_offset` of `src` to byte `dst_offset` of this tensor
+    /// (`nrt_tensor_copy`); device tensors must be on the same logical core.
+    ///
+    /// # Errors
+    /// NRT_INVALID for ranges outside either tensor or device tensors on different cores.
+    pub fn copy_range(
+        &self,
+        dst_offset: u64,
+        src: &Tensor,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), NrtError> {
+        src.check_range(src_offset, size)?;
+        self.check_range(dst_offset, size)?;
+        if let (Some(a), Some(b)) = (src.vnc(), self.vnc())
+            && a != b
+        {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "copying tensor {:?} (logical core {a}) to {:?} (logical core {b}): device tensors must be on the same core",
+                    src.name(),
+                    self.name()
+                ),
+            ));
+        }
+        let mut buf = zeroed_host_bytes(&format!("a copy of tensor {:?}", src.name()), size)?;
+        src.read(&mut buf, src_offset)?;
+        self.write(&buf, dst_offset)
     }
 
     /// Copies all of `src` into this tensor (same size).
@@ -397,6 +691,123 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert!(s.get("x").unwrap().same_storage(&b));
         assert_eq!(s.get("y").unwrap_err().status, NrtStatus::Failure);
+    }
+
+    #[test]
+    fn a_slice_aliases_its_source_and_keeps_the_storage_alive() {
+        let t = Tensor::host("t", 16).unwrap();
+        t.write(&(0..16).collect::<Vec<u8>>(), 0).unwrap();
+        let s = t.slice(4, 8, "s").unwrap();
+        assert_eq!((s.size(), s.offset(), s.name()), (8, 4, "s"));
+        assert!(s.same_storage(&t));
+        let mut b = [0u8; 8];
+        s.read(&mut b, 0).unwrap();
+        assert_eq!(b, [4, 5, 6, 7, 8, 9, 10, 11]);
+        s.write(&[0xAA], 7).unwrap();
+        let mut one = [0u8];
+        t.read(&mut one, 11).unwrap();
+        assert_eq!(one, [0xAA], "a write through the slice lands in the source");
+        // A slice of a slice is relative to its parent and stays inside it.
+        let ss = s.slice(2, 2, "ss").unwrap();
+        assert_eq!(ss.offset(), 6);
+        assert_eq!(s.slice(7, 2, "x").unwrap_err().status, NrtStatus::Invalid);
+        assert_eq!(s.slice(0, 0, "x").unwrap_err().status, NrtStatus::Invalid);
+        assert_eq!(
+            s.read(&mut [0u8; 2], 7).unwrap_err().status,
+            NrtStatus::Invalid
+        );
+        drop(t);
+        ss.read(&mut b[..2], 0).unwrap();
+        assert_eq!(&b[..2], &[6, 7], "the storage outlives the source's handle");
+    }
+
+    #[test]
+    fn memset_sets_the_range_only_and_checks_bounds() {
+        let t = Tensor::host("t", 200_000).unwrap();
+        t.memset(3, 0x5A, 150_000).unwrap();
+        let mut b = vec![0u8; 200_000];
+        t.read(&mut b, 0).unwrap();
+        assert_eq!(&b[..3], &[0, 0, 0]);
+        assert!(b[3..150_003].iter().all(|&x| x == 0x5A));
+        assert!(b[150_003..].iter().all(|&x| x == 0));
+        assert_eq!(
+            t.memset(199_999, 1, 2).unwrap_err().status,
+            NrtStatus::Invalid
+        );
+    }
+
+    #[derive(Debug)]
+    struct VecBuffer(Mutex<Vec<u8>>);
+
+    impl HostBuffer for VecBuffer {
+        fn len(&self) -> u64 {
+            self.0.lock().unwrap().len() as u64
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) {
+            let o = usize::try_from(offset).unwrap();
+            buf.copy_from_slice(&self.0.lock().unwrap()[o..o + buf.len()]);
+        }
+        fn write(&self, offset: u64, data: &[u8]) {
+            let o = usize::try_from(offset).unwrap();
+            self.0.lock().unwrap()[o..o + data.len()].copy_from_slice(data);
+        }
+        fn address(&self) -> *mut u8 {
+            self.0.lock().unwrap().as_mut_ptr()
+        }
+    }
+
+    #[test]
+    fn an_empty_tensor_refuses_access_until_a_buffer_is_attached() {
+        let e = Tensor::empty("e");
+        assert_eq!((e.size(), e.has_storage()), (0, false));
+        assert_eq!(e.host_address(), None);
+        let err = e.read(&mut [], 0).unwrap_err();
+        assert_eq!(err.status, NrtStatus::Invalid);
+        assert!(err.message.contains("no storage"), "{err}");
+        let buf = Arc::new(VecBuffer(Mutex::new(vec![0; 8])));
+        let a = Tensor::attached("a", buf.clone());
+        assert_eq!((a.size(), a.placement()), (8, Placement::Host));
+        a.write(&[1, 2], 6).unwrap();
+        assert_eq!(buf.0.lock().unwrap()[6..], [1, 2]);
+        assert_eq!(a.write(&[1, 2], 7).unwrap_err().status, NrtStatus::Invalid);
+        assert_eq!(a.host_address(), Some(buf.address()));
+        assert_eq!(
+            a.slice(2, 2, "s").unwrap().host_address(),
+            Some(buf.address().wrapping_add(2))
+        );
+    }
+
+    #[test]
+    fn copy_range_copies_between_tensors_within_bounds() {
+        let a = Tensor::host("a", 8).unwrap();
+        let b = Tensor::host("b", 8).unwrap();
+        a.write(&[1, 2, 3, 4, 5, 6, 7, 8], 0).unwrap();
+        b.copy_range(5, &a, 1, 3).unwrap();
+        let mut out = [0u8; 8];
+        b.read(&mut out, 0).unwrap();
+        assert_eq!(out, [0, 0, 0, 0, 0, 2, 3, 4]);
+        assert_eq!(
+            b.copy_range(6, &a, 0, 3).unwrap_err().status,
+            NrtStatus::Invalid
+        );
+        assert_eq!(
+            b.copy_range(0, &a, 6, 3).unwrap_err().status,
+            NrtStatus::Invalid
+        );
+    }
+
+    #[test]
+    fn a_memory_charge_lasts_as_long_as_the_storage() {
+        let used = Arc::new(AtomicU64::new(0));
+        let t = Tensor::host("t", 4)
+            .unwrap()
+            .with_charge(MemCharge::new(&used, 4096));
+        let s = t.slice(0, 2, "s").unwrap();
+        assert_eq!(used.load(Ordering::Relaxed), 4096);
+        drop(t);
+        assert_eq!(used.load(Ordering::Relaxed), 4096, "the slice holds it");
+        drop(s);
+        assert_eq!(used.load(Ordering::Relaxed), 0);
     }
 
     /// Set in the child process of [`a_huge_host_tensor_is_nrt_resource_not_an_abort`].

@@ -172,6 +172,9 @@ impl Device for Recorder {
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
         self.inner.mem_map(allocation)
     }
+    fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
+        self.inner.mem_export_fd(allocation)
+    }
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
         self.inner.dma_queue_init(queue, rings)
     }

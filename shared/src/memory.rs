@@ -144,6 +144,16 @@ impl SharedChunk {
         false
     }
 
+    /// The host address of device PA `pa` inside the mapping (what `nrt_tensor_get_va`
+    /// returns). Computing it is safe; using it is the caller's business.
+    ///
+    /// # Errors
+    /// [`MemError::OutOfBounds`] when `pa` is not a byte of the chunk.
+    pub fn host_address(&self, pa: u64) -> Result<*mut u8, MemError> {
+        let off = self.offset(pa, 1)?;
+        Ok(self.map.as_mut_ptr().wrapping_add(off))
+    }
+
     /// Whether `pa..pa+len` lies inside the chunk.
     pub fn contains(&self, pa: u64, len: usize) -> bool {
         self.offset(pa, len).is_ok()

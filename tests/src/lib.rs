@@ -298,6 +298,10 @@ impl runtime::Device for InterposedDevice {
         self.count("mem_map");
         self.inner.mem_map(allocation)
     }
+
+    fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
+        self.inner.mem_export_fd(allocation)
+    }
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
         self.count("dma_queue_init");
         self.inner.dma_queue_init(queue, rings)?;

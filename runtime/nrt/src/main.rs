@@ -6,7 +6,10 @@
 //!   latency percentiles and throughput.
 //! - `nrt scenario run FILE... [--json]`: run scripted device scenarios (faults, timing, model
 //!   switches, crashes), one private simdev each, with a PASS/FAIL line per expectation.
-//! - `nrt simdev [simdev options]`: run as the simdev device process. `nrt` re-executes itself
+//! - `nrt install --prefix DIR [--lib FILE]`: the C library (`libnrt.so.1`) and its headers laid
+//!   out like `/opt/aws/neuron`, with a simdev for the library to start.
+//! - `nrt simdev [simdev options]` (or this program run under the name `simdev`): run as the
+//!   simdev device process. `nrt` re-executes itself
 //!   this way to start a private device when none is present, so one binary works on a fresh
 //!   clone.
 
@@ -20,6 +23,7 @@ use serde::Serialize;
 
 mod bench;
 use bench::BenchOptions;
+mod install;
 mod scenario;
 
 #[derive(Parser, Debug)]
@@ -76,6 +80,16 @@ enum Command {
         /// What to do.
         #[command(subcommand)]
         command: scenario::ScenarioCommand,
+    },
+    /// Install the C library and headers: DIR/lib/libnrt.so.1 (+ libnrt.so), DIR/include/nrt/,
+    /// DIR/bin/nrt and DIR/bin/simdev (the device libnrt starts when none is present).
+    Install {
+        /// The prefix (like /opt/aws/neuron).
+        #[arg(long)]
+        prefix: std::path::PathBuf,
+        /// The library to install (default: libnrt.so beside this executable).
+        #[arg(long)]
+        lib: Option<std::path::PathBuf>,
     },
     /// Run as the simdev device process (what `nrt` starts when no device is present).
     #[command(disable_help_flag = true)]
@@ -229,6 +243,14 @@ fn main() -> ExitCode {
     // `nrt simdev ...` hands the whole argument list to simdev before clap sees it, so every
     // simdev option (including --help) is simdev's.
     let mut args: Vec<OsString> = std::env::args_os().collect();
+    // Installed as `simdev` too (`nrt install`): that name runs the device.
+    let invoked_as_simdev = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "simdev");
+    if invoked_as_simdev {
+        return simdev::cli::main_with_args(args);
+    }
     if args.get(1).is_some_and(|a| a == "simdev") {
         args.remove(0);
         return simdev::cli::main_with_args(args);
@@ -303,6 +325,18 @@ fn main() -> ExitCode {
             }
         }
         Command::Scenario { command } => scenario::main(command),
+        Command::Install { prefix, lib } => match install::install(&prefix, lib.as_deref()) {
+            Ok(i) => {
+                println!("library  {}", i.library.display());
+                println!("headers  {}", i.headers.display());
+                println!("simdev   {}", i.simdev.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nrt install: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Simdev { args } => {
             simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
         }

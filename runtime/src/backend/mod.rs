@@ -277,6 +277,21 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Unknown or foreign handle; mmap failure.
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError>;
 
+    /// A descriptor that maps a whole chunk from offset 0, for a caller to hand to another
+    /// driver (`nrt_get_dmabuf_fd`; simdev: the chunk's memfd). The default: unsupported.
+    ///
+    /// # Errors
+    /// [`DeviceError::Config`] when the backend cannot export memory; the backend's errors.
+    fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
+        Err(DeviceError::Config {
+            message: format!(
+                "the {} backend cannot export device memory {:#x} as a descriptor",
+                self.backend_name(),
+                allocation.pa
+            ),
+        })
+    }
+
     /// Binds a TX and an RX ring to a DMA queue and restarts it at index 0, ring id 1
     /// (DMA_QUEUE_INIT).
     ///

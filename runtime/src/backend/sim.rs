@@ -541,6 +541,21 @@ impl Device for SimDevice {
             .map_err(|source| DeviceError::Map { op, source })
     }
 
+    fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
+        // simdev answers MemMap with the chunk's own memfd, mapping it from offset 0.
+        let op = "MemMap";
+        let (reply, mut fds) = self.request(
+            op,
+            &Request::MemMap {
+                handle: allocation.handle.0,
+            },
+        )?;
+        if !matches!(reply, Reply::MemMapped { .. }) {
+            return Err(unexpected(op, &reply));
+        }
+        fds.pop().ok_or_else(|| unexpected(op, &reply))
+    }
+
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
         let op = "DmaQueueInit";
         check_queue(op, &self.info, queue)?;

@@ -1,0 +1,37 @@
+//! `libnrt.so.1`: libnrt's C ABI over this project's runtime, so that unchanged C and C++
+//! programs (compiled against `include/nrt/*.h`, linked with `-lnrt`) and `dlopen` users run on
+//! a Neuron device or, without one, on simdev.
+//!
+//! A thin layer: every export checks its arguments ([`raw`]: NULL, bounded strings, buffers),
+//! resolves the opaque handles it was given through the registries of [`handles`] (a pointer
+//! this library did not hand out, or already freed, is refused with NRT_INVALID and logged,
+//! never dereferenced), calls the runtime and maps its error to an NRT_STATUS. Every entry runs
+//! under [`boundary`] (`catch_unwind`: no panic crosses into C). All behaviour lives in the
+//! `runtime` crate; the device is found by the runtime's backend selection (`/dev/neuron0`, else
+//! `NEURON_SIMDEV_SOCKET`, else a private simdev: `NEURON_SIMDEV_BIN`, then a `simdev` beside
+//! this library or in its `../bin`, then beside the executable, then on `PATH`).
+//!
+//! The exports, by header: [`lifecycle`] (`nrt.h` lifecycle and topology, `nrt_status.h`,
+//! `nrt_version.h`), [`model`] (`nrt.h` models, `nrt_experimental.h` tensor info), [`tensor`]
+//! (`nrt.h` tensors, `nrt_experimental.h` mapped copies), [`set`] (`nrt.h` tensor sets),
+//! [`implicit_async`] (`nrt_experimental.h` implicit asynchronous mode).
+
+pub mod abi;
+mod boundary;
+pub mod handles;
+pub mod implicit_async;
+pub mod lifecycle;
+pub mod model;
+mod raw;
+pub mod set;
+pub mod tensor;
+
+use std::sync::Arc;
+
+use runtime::{NrtError, Runtime, nrt};
+
+/// The initialised runtime, behind libnrt's gates (13 before `nrt_init`, 14 after
+/// `nrt_close`).
+fn rt() -> Result<Arc<Runtime>, NrtError> {
+    nrt::current()
+}

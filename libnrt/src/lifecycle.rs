@@ -1,0 +1,312 @@
+//! Lifecycle and topology (`nrt.h`), status names (`nrt_status.h`) and the version
+//! (`nrt_version.h`). The version, total-count and visible-count calls work before `nrt_init`.
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use runtime::backend::OpenOptions;
+use runtime::backend::sim::SimdevCommand;
+use runtime::{NrtError, nrt};
+use shared::NrtStatus;
+use zerocopy::IntoBytes;
+
+use crate::abi::{self, NrtInstanceInfo, NrtVersion, NrtVncMemoryStats, c_field};
+use crate::{boundary, raw, rt};
+
+/// The directory of the file this code was loaded from (libnrt.so.1), from `/proc/self/maps`.
+fn library_dir() -> Option<PathBuf> {
+    let here = library_dir as *const () as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let (range, rest) = line.split_once(' ')?;
+        let (start, end) = range.split_once('-')?;
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        if !(start..end).contains(&here) {
+            return None;
+        }
+        // perms offset dev inode path
+        let path = rest
+            .split_whitespace()
+            .skip(4)
+            .collect::<Vec<_>>()
+            .join(" ");
+        Path::new(&path).parent().map(Path::to_path_buf)
+    })
+}
+
+/// Where the runtime finds its device: the environment's choice; a private simdev is
+/// `NEURON_SIMDEV_BIN`, else a `simdev` beside this library or in `../bin` (the layout of
+/// `nrt install`), else the runtime's own search (beside the executable, then `PATH`).
+pub(crate) fn open_options() -> Result<OpenOptions, NrtError> {
+    let mut opts = OpenOptions::from_env()?;
+    let beside = library_dir().and_then(|d| {
+        [d.join("simdev"), d.join("../bin/simdev")]
+            .into_iter()
+            .find(|p| p.is_file())
+    });
+    if opts.simdev_bin.is_none()
+        && let Some(beside) = beside
+    {
+        opts.simdev_command = Some(SimdevCommand {
+            program: beside,
+            args_prefix: Vec::new(),
+            extra_args: Vec::new(),
+        });
+    }
+    Ok(opts)
+}
+
+/// `nrt_init`: reads the environment, opens the device, reserves the logical cores.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_init(
+    framework: u32,
+    fw_version: *const c_char,
+    fal_version: *const c_char,
+) -> u32 {
+    boundary::status("nrt_init", || {
+        if framework > abi::FRAMEWORK_TYPE_MAX {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("framework type {framework} is not an nrt_framework_type_t"),
+            ));
+        }
+        let fw = raw::opt_c_str(fw_version, "fw_version")?.unwrap_or_default();
+        let fal = raw::opt_c_str(fal_version, "fal_version")?.unwrap_or_default();
+        tracing::info!(target: "nrt", framework, fw, fal, "nrt_init");
+        nrt::init_with(&open_options()?)
+    })
+}
+
+/// `nrt_close`: stops the runtime and releases its cores.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_close() {
+    boundary::value("nrt_close", (), || {
+        nrt::close();
+        Ok(())
+    });
+}
+
+/// The version this library reports.
+fn version() -> NrtVersion {
+    NrtVersion {
+        rt_major: 2,
+        rt_minor: 0,
+        rt_patch: 0,
+        rt_maintenance: 0,
+        rt_detail: c_field(&format!(
+            "libnrt C ABI over the Rust runtime {} (device or simdev)",
+            env!("CARGO_PKG_VERSION")
+        )),
+        git_hash: c_field(env!("LIBNRT_GIT_HASH")),
+    }
+}
+
+/// `nrt_get_version`: at most `size` bytes of `nrt_version_t`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_version(ver: *mut c_void, size: usize) -> u32 {
+    boundary::status("nrt_get_version", || {
+        if size == 0 {
+            return Err(NrtError::new(NrtStatus::Invalid, "size 0"));
+        }
+        let v = version();
+        let bytes = v.as_bytes();
+        raw::write_struct_prefix(ver, &bytes[..size.min(bytes.len())], "ver")
+    })
+}
+
+/// `nrt_get_status_as_str`: the status's name (a static string; "NRT_UNKNOWN_STATUS" for a
+/// value that is no status).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_status_as_str(status: u32) -> *const c_char {
+    static NAMES: OnceLock<Vec<(u32, CString)>> = OnceLock::new();
+    const UNKNOWN: &CStr = c"NRT_UNKNOWN_STATUS";
+    boundary::value("nrt_get_status_as_str", UNKNOWN.as_ptr(), || {
+        let names = NAMES.get_or_init(|| {
+            (0..=2000u32)
+                .filter_map(NrtStatus::from_u32)
+                .filter_map(|s| Some((s as u32, CString::new(s.name()).ok()?)))
+                .collect()
+        });
+        Ok(names
+            .iter()
+            .find(|(v, _)| *v == status)
+            .map_or(UNKNOWN.as_ptr(), |(_, n)| n.as_ptr()))
+    })
+}
+
+fn count_export(
+    name: &'static str,
+    out: *mut u32,
+    f: fn(&OpenOptions) -> runtime::NrtResult<u32>,
+) -> u32 {
+    boundary::status(name, || {
+        raw::check_out(out, "the count")?;
+        let n = f(&open_options()?)?;
+        raw::write_out(out, n, "the count")
+    })
+}
+
+/// `nrt_get_total_vnc_count` (callable before `nrt_init`).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_total_vnc_count(vnc_count: *mut u32) -> u32 {
+    count_export("nrt_get_total_vnc_count", vnc_count, nrt::total_vnc_count)
+}
+
+/// `nrt_get_total_nc_count`: the deprecated name of `nrt_get_total_vnc_count`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_total_nc_count(nc_count: *mut u32) -> u32 {
+    count_export("nrt_get_total_nc_count", nc_count, nrt::total_vnc_count)
+}
+
+/// `nrt_get_visible_vnc_count` (callable before `nrt_init`).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_visible_vnc_count(vnc_count: *mut u32) -> u32 {
+    count_export(
+        "nrt_get_visible_vnc_count",
+        vnc_count,
+        nrt::visible_vnc_count,
+    )
+}
+
+/// `nrt_get_visible_nc_count`: the deprecated name of `nrt_get_visible_vnc_count`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_visible_nc_count(nc_count: *mut u32) -> u32 {
+    count_export("nrt_get_visible_nc_count", nc_count, nrt::visible_vnc_count)
+}
+
+/// `nrt_get_instance_info`: at most `instance_info_len` bytes of `nrt_instance_info_t`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_instance_info(info: *mut c_void, instance_info_len: usize) -> u32 {
+    boundary::status("nrt_get_instance_info", || {
+        raw::check_out(info, "info")?;
+        if instance_info_len == 0 {
+            return Err(NrtError::new(NrtStatus::Invalid, "instance_info_len 0"));
+        }
+        let i = rt()?.instance_info();
+        let out = NrtInstanceInfo {
+            family: i.family,
+            size: i.size,
+            arch_name: c_field(&i.arch_name),
+            device_revision: c_field(&i.device_revision),
+        };
+        let bytes = out.as_bytes();
+        raw::write_struct_prefix(info, &bytes[..instance_info_len.min(bytes.len())], "info")
+    })
+}
+
+/// `nrt_get_vnc_memory_stats`: at most `stats_size_in` bytes of `nrt_vnc_memory_stats_t`,
+/// the count written to `*stats_size_out`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_vnc_memory_stats(
+    vnc: u32,
+    stats: *mut c_void,
+    stats_size_in: usize,
+    stats_size_out: *mut usize,
+) -> u32 {
+    boundary::status("nrt_get_vnc_memory_stats", || {
+        raw::check_out(stats, "stats")?;
+        raw::check_out(stats_size_out, "stats_size_out")?;
+        let s = rt()?.vnc_memory_stats(vnc)?;
+        let out = NrtVncMemoryStats {
+            bytes_used: s.bytes_used,
+            bytes_limit: s.bytes_limit,
+        };
+        let bytes = out.as_bytes();
+        let n = stats_size_in.min(bytes.len());
+        raw::write_struct_prefix(stats, &bytes[..n], "stats")?;
+        raw::write_out(stats_size_out, n, "stats_size_out")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_are_the_enum_names() {
+        let name = |s| {
+            // SAFETY: nrt_get_status_as_str takes no pointer and returns static
+            // NUL-terminated strings.
+            let p = unsafe { nrt_get_status_as_str(s) };
+            // SAFETY: as above: a static NUL-terminated string.
+            unsafe { CStr::from_ptr(p) }.to_str().unwrap()
+        };
+        assert_eq!(name(0), "NRT_SUCCESS");
+        assert_eq!(name(13), "NRT_UNINITIALIZED");
+        assert_eq!(name(1206), "NRT_NETWORK_PROXY_FAILURE");
+        assert_eq!(name(8), "NRT_UNKNOWN_STATUS");
+    }
+
+    #[test]
+    fn the_version_is_size_versioned_and_checks_its_arguments() {
+        let mut buf = [0xEEu8; 240];
+        let version = |p: *mut u8, n| {
+            // SAFETY: `p` is `buf` (valid for the size passed) or NULL.
+            unsafe { nrt_get_version(p.cast(), n) }
+        };
+        assert_eq!(version(buf.as_mut_ptr(), 8), 0);
+        assert_eq!(&buf[..8], &2u64.to_le_bytes());
+        assert_eq!(buf[8], 0xEE, "nothing beyond the caller's size");
+        assert_eq!(version(buf.as_mut_ptr(), 240), 0);
+        assert_eq!(&buf[224..], &[0xEE; 16], "nothing beyond nrt_version_t");
+        assert_eq!(version(std::ptr::null_mut(), 224), 2);
+        assert_eq!(version(buf.as_mut_ptr(), 0), 2);
+    }
+
+    #[test]
+    fn calls_before_init_answer_uninitialized() {
+        let mut n = 0usize;
+        let mut stats = [0u8; 16];
+        let call = |p: *mut u8, n: &mut usize| {
+            // SAFETY: `p` is `stats` (16 bytes) or NULL; `n` is a usize.
+            unsafe { nrt_get_vnc_memory_stats(0, p.cast(), 16, n) }
+        };
+        assert_eq!(
+            call(stats.as_mut_ptr(), &mut n),
+            NrtStatus::Uninitialized as u32
+        );
+        assert_eq!(
+            call(std::ptr::null_mut(), &mut n),
+            NrtStatus::Invalid as u32
+        );
+    }
+
+    #[test]
+    fn the_library_directory_is_found() {
+        // In the test harness this code is part of the test executable.
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(library_dir().as_deref(), exe.parent());
+    }
+}

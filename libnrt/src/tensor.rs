@@ -1,0 +1,368 @@
+//! Tensors (`nrt.h`) and copies into mapped device memory (`nrt_experimental.h`).
+
+use std::ffi::{c_char, c_void};
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+
+use runtime::{NrtError, Placement, Tensor};
+use shared::NrtStatus;
+use zerocopy::IntoBytes;
+
+use crate::abi::{self, NrtTensorDeviceAllocationInfo};
+use crate::handles::{TENSOR_GENERATION, TENSORS, TensorEntry};
+use crate::{boundary, raw, rt};
+
+fn invalid(message: impl Into<String>) -> NrtError {
+    NrtError::new(NrtStatus::Invalid, message)
+}
+
+fn to_u64(v: usize) -> u64 {
+    v as u64
+}
+
+fn to_usize(v: u64, what: &str) -> Result<usize, NrtError> {
+    usize::try_from(v).map_err(|_| invalid(format!("{what} {v} does not fit the address space")))
+}
+
+fn register(tensor: Tensor, out: *mut *mut c_void) -> Result<(), NrtError> {
+    let h = TENSORS.insert(TensorEntry {
+        tensor: RwLock::new(tensor),
+    });
+    raw::write_out(out, h, "tensor")
+}
+
+fn tensor(handle: *const c_void, what: &str) -> Result<Tensor, NrtError> {
+    Ok(TENSORS.get(handle, what)?.get())
+}
+
+/// `nrt_tensor_allocate`: device memory of logical core `vnc`, or host memory.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_allocate(
+    tensor_placement: u32,
+    vnc: i32,
+    size: usize,
+    name: *const c_char,
+    tensor: *mut *mut c_void,
+) -> u32 {
+    boundary::status("nrt_tensor_allocate", || {
+        let rt = rt()?;
+        raw::check_out(tensor, "tensor")?;
+        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
+        let placement = match tensor_placement {
+            abi::PLACEMENT_DEVICE => Placement::Device {
+                vnc: u32::try_from(vnc).map_err(|_| {
+                    invalid(format!(
+                        "tensor {name:?}: a device tensor needs a logical core, not {vnc}"
+                    ))
+                })?,
+            },
+            abi::PLACEMENT_HOST => Placement::Host,
+            other => {
+                return Err(invalid(format!(
+                    "tensor {name:?}: placement {other} is not an nrt_tensor_placement_t"
+                )));
+            }
+        };
+        let t = rt.tensor_allocate(placement, to_u64(size), name)?;
+        register(t, tensor)
+    })
+}
+
+/// `nrt_tensor_free`: frees the tensor and NULLs the caller's pointer. A pointer this library
+/// did not hand out is refused (logged) and left as it is.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
+    boundary::value("nrt_tensor_free", (), || {
+        let h = raw::read_in(tensor, "tensor")?;
+        if h.is_null() {
+            return Ok(());
+        }
+        TENSORS.remove(h, "tensor")?;
+        TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
+        raw::write_out(tensor, std::ptr::null_mut(), "tensor")
+    });
+}
+
+/// `nrt_tensor_read`: `size` bytes from byte `offset` into `buf`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_read(
+    tensor: *const c_void,
+    buf: *mut c_void,
+    offset: usize,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_tensor_read", || {
+        rt()?;
+        let t = self::tensor(tensor, "tensor")?;
+        t.check_range(to_u64(offset), to_u64(size))?;
+        let buf = raw::bytes_mut(buf, size, "buf")?;
+        t.read(buf, to_u64(offset))
+    })
+}
+
+/// `nrt_tensor_write`: `size` bytes from `buf` to byte `offset`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_write(
+    tensor: *mut c_void,
+    buf: *const c_void,
+    offset: usize,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_tensor_write", || {
+        rt()?;
+        let t = self::tensor(tensor, "tensor")?;
+        t.check_range(to_u64(offset), to_u64(size))?;
+        let buf = raw::bytes(buf, size, "buf")?;
+        t.write(buf, to_u64(offset))
+    })
+}
+
+/// `nrt_tensor_copy`: `size` bytes between tensors.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_copy(
+    src: *const c_void,
+    src_offset: usize,
+    dst: *mut c_void,
+    dst_offset: usize,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_tensor_copy", || {
+        rt()?;
+        let s = tensor(src, "src")?;
+        let d = tensor(dst, "dst")?;
+        d.copy_range(to_u64(dst_offset), &s, to_u64(src_offset), to_u64(size))
+    })
+}
+
+/// `nrt_tensor_memset`: `size` bytes from byte `offset` set to `value` as a byte.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_memset(
+    tensor: *mut c_void,
+    offset: u64,
+    value: i32,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_tensor_memset", || {
+        rt()?;
+        let t = self::tensor(tensor, "tensor")?;
+        // memset(3)'s conversion: the low byte of the int.
+        t.memset(offset, value.to_le_bytes()[0], to_u64(size))
+    })
+}
+
+/// `nrt_tensor_get_size`: bytes, or 0 for a handle that is no tensor (logged).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_get_size(tensor: *const c_void) -> usize {
+    boundary::value("nrt_tensor_get_size", 0, || {
+        to_usize(self::tensor(tensor, "tensor")?.size(), "size")
+    })
+}
+
+/// `nrt_tensor_get_va`: the host address of the tensor's memory, or NULL (logged).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_get_va(tensor: *const c_void) -> *mut c_void {
+    boundary::value("nrt_tensor_get_va", std::ptr::null_mut(), || {
+        let t = self::tensor(tensor, "tensor")?;
+        t.host_address()
+            .map(|p| p.cast::<c_void>())
+            .ok_or_else(|| invalid(format!("tensor {:?} has no memory", t.name())))
+    })
+}
+
+/// `nrt_tensor_allocate_slice`: a tensor aliasing part of another.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_allocate_slice(
+    tensor_source: *const c_void,
+    offset: usize,
+    size: usize,
+    name: *const c_char,
+    tensor_slice: *mut *mut c_void,
+) -> u32 {
+    boundary::status("nrt_tensor_allocate_slice", || {
+        rt()?;
+        raw::check_out(tensor_slice, "tensor_slice")?;
+        let src = tensor(tensor_source, "tensor_source")?;
+        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
+        let s = src.slice(to_u64(offset), to_u64(size), name)?;
+        register(s, tensor_slice)
+    })
+}
+
+/// `nrt_tensor_allocate_empty`: a tensor with no memory yet.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_allocate_empty(
+    name: *const c_char,
+    tensor: *mut *mut c_void,
+) -> u32 {
+    boundary::status("nrt_tensor_allocate_empty", || {
+        rt()?;
+        raw::check_out(tensor, "tensor")?;
+        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
+        register(Tensor::empty(name), tensor)
+    })
+}
+
+/// `nrt_tensor_attach_buffer`: the tensor now uses the caller's buffer; its previous memory is
+/// freed (unless slices of it remain).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_attach_buffer(
+    tensor: *mut c_void,
+    buffer: *mut c_void,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_tensor_attach_buffer", || {
+        rt()?;
+        let entry = TENSORS.get(tensor, "tensor")?;
+        let buf = raw::AttachedBuffer::new(buffer, size)?;
+        let mut t = entry
+            .tensor
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = t.name().to_string();
+        *t = Tensor::attached(&name, Arc::new(buf));
+        TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+/// `nrt_tensor_get_device_allocation_info`.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_get_device_allocation_info(
+    tensor: *const c_void,
+    alloc_info: *mut c_void,
+) -> u32 {
+    boundary::status("nrt_tensor_get_device_allocation_info", || {
+        rt()?;
+        raw::check_out(alloc_info, "alloc_info")?;
+        let t = self::tensor(tensor, "tensor")?;
+        let a = t
+            .device_allocation()
+            .ok_or_else(|| invalid(format!("tensor {:?} is not in device memory", t.name())))?;
+        let out = NrtTensorDeviceAllocationInfo {
+            physical_address: a.physical_address,
+            size: a.size,
+            hbm_index: i32::try_from(a.hbm_index).unwrap_or(i32::MAX),
+            _pad: 0,
+        };
+        raw::write_struct_prefix(alloc_info, out.as_bytes(), "alloc_info")
+    })
+}
+
+/// `nrt_tensor_get_lnc_index`: the logical core of a device tensor.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx: *mut i32) -> u32 {
+    boundary::status("nrt_tensor_get_lnc_index", || {
+        rt()?;
+        raw::check_out(lnc_idx, "lnc_idx")?;
+        let t = self::tensor(tensor, "tensor")?;
+        let vnc = t
+            .vnc()
+            .ok_or_else(|| invalid(format!("tensor {:?} is not in device memory", t.name())))?;
+        raw::write_out(lnc_idx, i32::try_from(vnc).unwrap_or(i32::MAX), "lnc_idx")
+    })
+}
+
+/// The device tensor whose mapping holds `va..va+size`, and `va`'s offset in it.
+fn device_tensor_at(va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
+    let end = va
+        .checked_add(size)
+        .ok_or_else(|| invalid(format!("{va:#x}+{size} overflows")))?;
+    TENSORS
+        .snapshot()
+        .into_iter()
+        .map(|(_, e)| e.get())
+        .filter(|t| t.vnc().is_some())
+        .find_map(|t| {
+            let start = t.host_address()? as usize;
+            let t_end = start.checked_add(usize::try_from(t.size()).ok()?)?;
+            (va >= start && end <= t_end).then(|| (t, to_u64(va - start)))
+        })
+        .ok_or_else(|| {
+            invalid(format!(
+                "{va:#x}+{size} is not inside the memory of a device tensor of this library"
+            ))
+        })
+}
+
+/// `nrt_memcpy_to_device`: copies into a device tensor's mapping, found by address.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_memcpy_to_device(
+    dest: *mut c_void,
+    src: *const c_void,
+    size: usize,
+) -> u32 {
+    boundary::status("nrt_memcpy_to_device", || {
+        rt()?;
+        if dest.is_null() {
+            return Err(invalid("dest is NULL"));
+        }
+        let (t, offset) = device_tensor_at(dest as usize, size)?;
+        let data = raw::bytes(src, size, "src")?;
+        t.write(data, offset)
+    })
+}
+
+/// `nrt_get_dmabuf_fd`: a descriptor mapping the device memory at `va` (the start of a device
+/// allocation) from offset 0.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_dmabuf_fd(va: u64, size: u64, fd: *mut i32) -> u32 {
+    boundary::status("nrt_get_dmabuf_fd", || {
+        rt()?;
+        raw::check_out(fd, "fd")?;
+        let (t, offset) = device_tensor_at(to_usize(va, "va")?, to_usize(size, "size")?)?;
+        let (owned, base) = t.dmabuf_fd()?;
+        if base + offset != 0 {
+            return Err(invalid(format!(
+                "va {va:#x} is {} bytes into its device allocation: a dma-buf maps a whole allocation, pass its first address",
+                base + offset
+            )));
+        }
+        raw::write_out(fd, owned.into_raw_fd(), "fd")
+    })
+}

@@ -1,0 +1,147 @@
+/*
+ * The rest of the tensor and model API from C: slices (aliases over shared, refcounted
+ * memory), empty tensors with an attached caller buffer, memset, copy, the host address and
+ * a write through it, the device allocation info and logical core, the dma-buf descriptor
+ * (mmap'ed: the same memory), model info and core counts, instance info, memory statistics,
+ * nrt_load_collectives with a group of one (a larger group refused), nrt_execute_repeat.
+ * Usage: tensors MODEL
+ */
+#define _DEFAULT_SOURCE
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "nrt/nrt.h"
+#include "nrt/nrt_experimental.h"
+#include "common.h"
+
+int main(int argc, char **argv) {
+    size_t size = 0, n = 0;
+    void *bytes;
+    nrt_model_t *model = NULL, *group = NULL;
+    nrt_tensor_t *big = NULL, *slice = NULL, *out_big = NULL, *out_slice = NULL, *empty = NULL;
+    nrt_tensor_t *host = NULL;
+    nrt_tensor_set_t *inputs = NULL, *outputs = NULL;
+    unsigned char buf[1024], caller[512];
+    unsigned char *va, *mapped;
+    nrt_tensor_device_allocation_info_t alloc;
+    nrt_model_info_t minfo;
+    nrt_instance_info_t iinfo;
+    nrt_vnc_memory_stats_t before, during, after;
+    uint32_t count = 0;
+    int lnc = -1, fd = -1, i;
+
+    ASSERT(argc == 2);
+    CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    bytes = read_file(argv[1], &size);
+
+    CHECK(nrt_get_vnc_memory_stats(0, &before, sizeof before, &n));
+    ASSERT(n == sizeof before && before.bytes_limit > 0);
+    CHECK(nrt_load(bytes, size, 0, -1, &model));
+    CHECK(nrt_get_model_info(model, &minfo, sizeof minfo, &n));
+    ASSERT(n == sizeof minfo && minfo.vnc == 0);
+    CHECK(nrt_get_model_vnc_count(model, &count));
+    ASSERT(count == 1);
+    CHECK(nrt_get_model_nc_count(model, &count));
+    ASSERT(count == 1);
+    CHECK(nrt_get_instance_info(&iinfo, sizeof iinfo));
+    ASSERT(iinfo.family == NRT_INSTANCE_TRN1 && strcmp(iinfo.arch_name, "trn1") == 0);
+
+    /* A 1024-byte device tensor; the model's input is a 512-byte slice from byte 256. */
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 1024, "big", &big));
+    CHECK(nrt_get_vnc_memory_stats(0, &during, sizeof during, &n));
+    ASSERT(during.bytes_used >= before.bytes_used + 1024);
+    for (i = 0; i < 1024; i++) {
+        buf[i] = (unsigned char)(i * 13);
+    }
+    CHECK(nrt_tensor_write(big, buf, 0, sizeof buf));
+    CHECK(nrt_tensor_allocate_slice(big, 256, 512, "slice", &slice));
+    ASSERT(nrt_tensor_get_size(slice) == 512);
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 1024, "out_big", &out_big));
+    CHECK(nrt_tensor_memset(out_big, 0, 0xA5, 1024));
+    CHECK(nrt_tensor_allocate_slice(out_big, 512, 512, "out_slice", &out_slice));
+    CHECK(nrt_allocate_tensor_set(&inputs));
+    CHECK(nrt_allocate_tensor_set(&outputs));
+    CHECK(nrt_add_tensor_to_tensor_set(inputs, "input", slice));
+    CHECK(nrt_add_tensor_to_tensor_set(outputs, "output", out_slice));
+    nrt_tensor_free(&big); /* the slice keeps the memory */
+    CHECK(nrt_execute_repeat(model, inputs, outputs, 1));
+    memset(buf, 0, sizeof buf);
+    CHECK(nrt_tensor_read(out_big, buf, 0, sizeof buf));
+    for (i = 0; i < 512; i++) {
+        ASSERT(buf[i] == 0xA5); /* outside the output slice: untouched */
+        ASSERT(buf[512 + i] == (unsigned char)((256 + i) * 13));
+    }
+
+    /* The host address, the device allocation and the logical core of a slice. */
+    va = nrt_tensor_get_va(out_slice);
+    ASSERT(va != NULL && va == (unsigned char *)nrt_tensor_get_va(out_big) + 512);
+    ASSERT(va[0] == (unsigned char)(256 * 13));
+    CHECK(nrt_tensor_get_device_allocation_info(out_slice, &alloc));
+    ASSERT(alloc.size >= 1024);
+    CHECK(nrt_tensor_get_lnc_index(out_slice, &lnc));
+    ASSERT(lnc == 0);
+    CHECK(nrt_memcpy_to_device(va + 10, "hello", 5));
+    CHECK(nrt_tensor_read(out_slice, buf, 10, 5));
+    ASSERT(memcmp(buf, "hello", 5) == 0);
+    EXPECT(nrt_memcpy_to_device(va + 510, "hello", 5), NRT_INVALID); /* past the tensor */
+    EXPECT(nrt_memcpy_to_device(caller, "hello", 5), NRT_INVALID);   /* not device memory */
+
+    /* The dma-buf descriptor maps the same device memory. */
+    EXPECT(nrt_get_dmabuf_fd((uint64_t)(uintptr_t)va, 512, &fd), NRT_INVALID); /* mid-allocation */
+    CHECK(nrt_get_dmabuf_fd((uint64_t)(uintptr_t)nrt_tensor_get_va(out_big), 1024, &fd));
+    ASSERT(fd >= 0);
+    mapped = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(mapped != MAP_FAILED);
+    ASSERT(memcmp(mapped + 522, "hello", 5) == 0);
+    mapped[0] = 0x42;
+    CHECK(nrt_tensor_read(out_big, buf, 0, 1));
+    ASSERT(buf[0] == 0x42);
+    munmap(mapped, 4096);
+    close(fd);
+
+    /* Copy between tensors; an empty tensor with the caller's buffer attached. */
+    CHECK(nrt_tensor_allocate_empty("empty", &empty));
+    ASSERT(nrt_tensor_get_size(empty) == 0);
+    EXPECT(nrt_tensor_read(empty, buf, 0, 1), NRT_INVALID);
+    memset(caller, 0, sizeof caller);
+    CHECK(nrt_tensor_attach_buffer(empty, caller, sizeof caller));
+    ASSERT(nrt_tensor_get_size(empty) == sizeof caller);
+    ASSERT(nrt_tensor_get_va(empty) == caller);
+    CHECK(nrt_tensor_copy(out_slice, 10, empty, 3, 5));
+    ASSERT(memcmp(caller + 3, "hello", 5) == 0);
+    /* As a host input of an execution: the identity model copies it to the output. */
+    CHECK(nrt_add_tensor_to_tensor_set(inputs, "input", empty));
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_HOST, -1, 512, "host", &host));
+    CHECK(nrt_add_tensor_to_tensor_set(outputs, "output", host));
+    CHECK(nrt_execute(model, inputs, outputs));
+    CHECK(nrt_tensor_read(host, buf, 0, 8));
+    ASSERT(memcmp(buf + 3, "hello", 5) == 0);
+    /* Another buffer attached to the same tensor: the next execution reads it. */
+    memset(buf, 0x77, 512);
+    CHECK(nrt_tensor_attach_buffer(empty, buf, 512));
+    CHECK(nrt_execute(model, inputs, outputs));
+    CHECK(nrt_tensor_read(host, caller, 0, 8));
+    ASSERT(caller[0] == 0x77 && caller[7] == 0x77);
+
+    /* nrt_load_collectives: a group of one loads, a larger one is refused. */
+    EXPECT(nrt_load_collectives(bytes, size, 0, -1, 1, 4, &group), NRT_INVALID);
+    CHECK(nrt_load_collectives(bytes, size, 0, -1, 0, 1, &group));
+    CHECK(nrt_unload(group));
+
+    nrt_destroy_tensor_set(&inputs);
+    nrt_destroy_tensor_set(&outputs);
+    nrt_tensor_free(&slice);
+    nrt_tensor_free(&out_slice);
+    nrt_tensor_free(&out_big);
+    nrt_tensor_free(&empty);
+    nrt_tensor_free(&host);
+    CHECK(nrt_unload(model));
+    CHECK(nrt_get_vnc_memory_stats(0, &after, sizeof after, &n));
+    ASSERT(after.bytes_used == before.bytes_used);
+    nrt_close();
+    free(bytes);
+    printf("TENSORS OK\n");
+    return 0;
+}

@@ -1,0 +1,602 @@
+//! The C programs of `tests/c/`, compiled with the system compiler against our headers and the
+//! built `libnrt.so` (as `libnrt.so.1` in a private prefix), each run against its own private
+//! simdev: the library starts it through `NEURON_SIMDEV_BIN`, as any C program on a laptop.
+//!
+//! They need the workspace's `simdev` and `nrt` binaries in target/<profile> (`cargo test
+//! --workspace` builds them), a C and a C++ compiler, `nm` and `valgrind` (`.ci/run` installs
+//! it when missing).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The crate's directory.
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The library cargo built for these tests: `deps/libnrt.so` (cargo uplifts it to
+/// target/<profile> only when the package itself is built, not when a test needs it).
+fn built_library() -> PathBuf {
+    profile_dir().join("deps").join("libnrt.so")
+}
+
+/// target/<profile>: where cargo put simdev and nrt.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// A prefix laid out like /opt/aws/neuron: lib/libnrt.so.1 (the built library) with the
+/// libnrt.so link, include/ = our headers.
+struct Prefix {
+    dir: tempfile::TempDir,
+}
+
+impl Prefix {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        let built = built_library();
+        assert!(built.is_file(), "{} not built", built.display());
+        std::fs::copy(&built, lib.join("libnrt.so.1")).unwrap();
+        std::os::unix::fs::symlink("libnrt.so.1", lib.join("libnrt.so")).unwrap();
+        Self { dir }
+    }
+
+    fn lib(&self) -> PathBuf {
+        self.dir.path().join("lib")
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// Compiles `sources` (in tests/c) into `exe` with `compiler` and `std`, warnings as errors,
+/// linking libnrt unless `link_nrt` is false.
+fn compile(
+    prefix: &Prefix,
+    compiler: &str,
+    std: &str,
+    sources: &[&str],
+    exe: &str,
+    link_nrt: bool,
+) -> PathBuf {
+    let out = prefix.out(exe);
+    let c = crate_dir().join("tests/c");
+    let mut cmd = Command::new(compiler);
+    cmd.arg(format!("-std={std}"))
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-O1", "-g"])
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg("-I")
+        .arg(&c);
+    for s in sources {
+        cmd.arg(c.join(s));
+    }
+    cmd.arg("-o").arg(&out).arg("-pthread");
+    if link_nrt {
+        cmd.arg("-L")
+            .arg(prefix.lib())
+            .arg("-lnrt")
+            .arg(format!("-Wl,-rpath,{}", prefix.lib().display()));
+    } else {
+        cmd.arg("-ldl");
+    }
+    let o = cmd.output().expect("run the compiler");
+    assert!(
+        o.status.success(),
+        "{compiler} {sources:?} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// Runs `cmd` with the environment of a laptop without a device: a private simdev from
+/// `NEURON_SIMDEV_BIN`.
+fn run(mut cmd: Command) -> Output {
+    let simdev = tests::simdev_command(&[]).program;
+    cmd.env("NEURON_SIMDEV_BIN", simdev)
+        .env("NEURON_RT_BACKEND", "sim")
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .env_remove("NEURON_RT_NUM_CORES")
+        .env("NEURON_RT_LOG_LEVEL", "error");
+    cmd.output().expect("run the program")
+}
+
+fn assert_ran(o: &Output, what: &str, marker: &str) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success() && stdout.contains(marker),
+        "{what}: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+fn identity_model() -> PathBuf {
+    crate_dir().join("../scenarios/data/identity_512.nrtm")
+}
+
+#[test]
+fn the_developer_guide_flow_runs_clean_under_valgrind() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["flow.c"], "flow", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "flow", "FLOW OK");
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    assert!(
+        valgrind.is_ok_and(|o| o.status.success()),
+        "valgrind is missing: install it (`apt-get install valgrind`; .ci/run does)"
+    );
+    let o = run({
+        let mut c = Command::new("valgrind");
+        c.args([
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--error-exitcode=1",
+            "--quiet",
+        ])
+        .arg(&exe)
+        .arg(identity_model());
+        c
+    });
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_ran(&o, "flow under valgrind", "FLOW OK");
+    assert!(!stderr.contains("definitely lost"), "{stderr}");
+}
+
+#[test]
+fn every_status_gate_answers_from_c() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["gates.c"], "gates", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "gates", "GATES OK");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // Refusals are logged, naming what was wrong.
+    assert!(
+        stderr.contains("not handed out by this library"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("already freed"), "{stderr}");
+    assert!(
+        stderr.contains("is a tensor set handle, not a tensor"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn eight_c_threads_execute_one_model_and_every_output_is_right() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["threads.c"], "threads", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "threads", "THREADS OK 400");
+}
+
+/// The reference's table (`nrt-api.md` §2.2) and enum values, as `layout.c` prints them.
+const LAYOUT: &[(&str, i64)] = &[
+    ("sizeof(nrt_version_t)", 224),
+    ("offsetof(nrt_version_t,rt_major)", 0),
+    ("offsetof(nrt_version_t,rt_minor)", 8),
+    ("offsetof(nrt_version_t,rt_patch)", 16),
+    ("offsetof(nrt_version_t,rt_maintenance)", 24),
+    ("offsetof(nrt_version_t,rt_detail)", 32),
+    ("offsetof(nrt_version_t,git_hash)", 160),
+    ("sizeof(nrt_instance_info_t)", 32),
+    ("offsetof(nrt_instance_info_t,family)", 0),
+    ("offsetof(nrt_instance_info_t,size)", 4),
+    ("offsetof(nrt_instance_info_t,arch_name)", 8),
+    ("offsetof(nrt_instance_info_t,device_revision)", 24),
+    ("sizeof(nrt_tensor_info_t)", 296),
+    ("offsetof(nrt_tensor_info_t,name)", 0),
+    ("offsetof(nrt_tensor_info_t,usage)", 256),
+    ("offsetof(nrt_tensor_info_t,size)", 264),
+    ("offsetof(nrt_tensor_info_t,dtype)", 272),
+    ("offsetof(nrt_tensor_info_t,shape)", 280),
+    ("offsetof(nrt_tensor_info_t,ndim)", 288),
+    ("sizeof(nrt_tensor_info_array_t)", 8),
+    ("offsetof(nrt_tensor_info_array_t,tensor_count)", 0),
+    ("offsetof(nrt_tensor_info_array_t,tensor_array)", 8),
+    ("sizeof(nrt_tensor_device_allocation_info_t)", 24),
+    (
+        "offsetof(nrt_tensor_device_allocation_info_t,physical_address)",
+        0,
+    ),
+    ("offsetof(nrt_tensor_device_allocation_info_t,size)", 8),
+    (
+        "offsetof(nrt_tensor_device_allocation_info_t,hbm_index)",
+        16,
+    ),
+    ("sizeof(nrt_vnc_memory_stats_t)", 16),
+    ("offsetof(nrt_vnc_memory_stats_t,bytes_used)", 0),
+    ("offsetof(nrt_vnc_memory_stats_t,bytes_limit)", 8),
+    ("sizeof(nrt_model_info_t)", 4),
+    ("offsetof(nrt_model_info_t,vnc)", 0),
+    ("sizeof(NRT_STATUS)", 4),
+    ("sizeof(nrt_dtype_t)", 4),
+    ("sizeof(nrta_seq_t)", 8),
+    ("NRT_DTYPE_UINT64", 0x1),
+    ("NRT_DTYPE_INT8", 0x2),
+    ("NRT_DTYPE_UINT8", 0x3),
+    ("NRT_DTYPE_INT16", 0x4),
+    ("NRT_DTYPE_UINT16", 0x5),
+    ("NRT_DTYPE_BFLOAT16", 0x6),
+    ("NRT_DTYPE_FLOAT16", 0x7),
+    ("NRT_DTYPE_INT32", 0x8),
+    ("NRT_DTYPE_UINT32", 0x9),
+    ("NRT_DTYPE_FLOAT32", 0xA),
+    ("NRT_DTYPE_FP32R", 0xB),
+    ("NRT_DTYPE_INT64", 0xC),
+    ("NRT_DTYPE_FP8_E3", 0xD),
+    ("NRT_DTYPE_FP8_E4", 0xE),
+    ("NRT_DTYPE_FP8_E5", 0xF),
+    ("NRTA_XU_TENSOR_OP", 0),
+    ("NRTA_XU_COMPUTE", 1),
+    ("NRTA_XU_COLLECTIVES", 2),
+    ("NRTA_XU_TYPE_NUM", 3),
+    ("NRT_TENSOR_PLACEMENT_DEVICE", 0),
+    ("NRT_TENSOR_PLACEMENT_HOST", 1),
+    ("NRT_TENSOR_USAGE_INPUT", 0),
+    ("NRT_TENSOR_USAGE_OUTPUT", 1),
+    ("NRT_FRAMEWORK_TYPE_NO_FW", 1),
+    ("NRT_INSTANCE_TRN1", 2),
+    ("NRT_INSTANCE_INF2", 4),
+    ("NRT_INSTANCE_TRN2", 5),
+    ("NRT_INSTANCE_TRN3E", 17),
+    ("NRT_INSTANCE_SIZE_UNKNOWN", 9),
+    ("NRT_TENSOR_NAME_MAX", 256),
+    ("NRT_UNINITIALIZED", 13),
+    ("NRT_CLOSED", 14),
+    ("NRT_QUEUE_FULL", 7),
+    ("NRT_EXEC_UNIT_UNRECOVERABLE", 101),
+    ("NRT_EXEC_OOB", 1006),
+    ("NRT_NETWORK_PROXY_FAILURE", 1206),
+    ("NRTA_SEQ_GET_SEQ_NUM(0x0001000000000005ULL)", 5),
+    ("NRTA_SEQ_GET_XU_ID(0x0001000000000005ULL)", 1),
+];
+
+#[test]
+fn struct_layouts_and_enum_values_match_the_reference_in_c_and_cxx() {
+    let prefix = Prefix::new();
+    for (compiler, std, exe) in [("cc", "c11", "layout_c"), ("c++", "c++17", "layout_cxx")] {
+        let bin = if compiler == "cc" {
+            compile(&prefix, compiler, std, &["layout.c"], exe, false)
+        } else {
+            // The same program as C++.
+            let src = prefix.out("layout.cpp");
+            std::fs::copy(crate_dir().join("tests/c/layout.c"), &src).unwrap();
+            let out = prefix.out(exe);
+            let o = Command::new(compiler)
+                .args([
+                    &format!("-std={std}"),
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-pedantic",
+                ])
+                .arg("-I")
+                .arg(crate_dir().join("include"))
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            out
+        };
+        let o = Command::new(&bin).output().unwrap();
+        assert!(o.status.success());
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let printed: Vec<(String, i64)> = stdout
+            .lines()
+            .map(|l| {
+                let (k, v) = l.rsplit_once(' ').unwrap();
+                (k.to_string(), v.parse().unwrap())
+            })
+            .collect();
+        let expected: Vec<(String, i64)> =
+            LAYOUT.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        assert_eq!(printed, expected, "{compiler}");
+    }
+}
+
+#[test]
+fn the_digits_mlp_through_the_c_api_scores_0_986111() {
+    use runtime::builder::digits::{Digits, default_path};
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["digits.c"], "digits", true);
+    let data = Digits::load(&default_path()).unwrap();
+    let model = data.mlp().build(1).unwrap();
+    let container = model.to_container(shared::model::Target::Simdev).unwrap();
+    let (m, i, l) = (
+        prefix.out("digits.nrtm"),
+        prefix.out("inputs.bin"),
+        prefix.out("labels.bin"),
+    );
+    std::fs::write(&m, container).unwrap();
+    std::fs::write(
+        &i,
+        data.inputs
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    std::fs::write(
+        &l,
+        data.labels
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.args([&m, &i, &l]);
+        c
+    });
+    let stdout = assert_ran(&o, "digits", "accuracy");
+    assert!(
+        stdout.contains("images 360 correct 355 accuracy 0.986111"),
+        "{stdout}"
+    );
+}
+
+/// Functions the headers declare whose exports other branches add (the explicit async API, the
+/// profile and the system trace). Removed from this list when they land.
+const PENDING: &[&str] = &[
+    // nrt_async.h (explicit async 3.x)
+    "nrta_execute_schedule",
+    "nrta_tensor_read",
+    "nrta_tensor_write",
+    "nrta_tensor_copy",
+    "nrta_is_completed",
+    "nrta_get_sequence",
+    "nrta_event_register_seq_id_completion",
+    "nrta_event_register_xu_completion",
+    // nrt_profile.h
+    "nrt_profile_start",
+    "nrt_profile_stop",
+    // nrt_sys_trace.h
+    "nrt_sys_trace_config_allocate",
+    "nrt_sys_trace_config_free",
+    "nrt_sys_trace_config_set_defaults",
+    "nrt_sys_trace_config_set_max_events_per_nc",
+    "nrt_sys_trace_config_set_capture_enabled_for_nc",
+    "nrt_sys_trace_config_set_capture_enabled_for_event_type",
+    "nrt_sys_trace_start",
+    "nrt_sys_trace_stop",
+    "nrt_sys_trace_fetch_options_allocate",
+    "nrt_sys_trace_fetch_options_free",
+    "nrt_sys_trace_fetch_options_set_nc_idx",
+    "nrt_sys_trace_fetch_events",
+    "nrt_sys_trace_buffer_free",
+];
+
+/// Every function the headers declare: a line starting with a return type and naming an
+/// `nrt`/`nrta` identifier followed by `(`.
+fn declared_functions() -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(crate_dir().join("include/nrt")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for line in text.lines() {
+            let l = line.trim_start();
+            let Some(rest) = ["NRT_STATUS ", "void ", "size_t ", "const char *", "void *"]
+                .iter()
+                .find_map(|ret| l.strip_prefix(ret))
+            else {
+                continue;
+            };
+            let rest = rest.trim_start_matches('*');
+            if let Some((name, _)) = rest.split_once('(')
+                && name.starts_with("nrt")
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                out.insert(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The functions libnrt.so exports (`nm -D --defined-only`).
+fn exported_functions() -> std::collections::BTreeSet<String> {
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(built_library())
+        .output()
+        .expect("nm");
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_library_exports_exactly_the_functions_the_headers_declare() {
+    let declared = declared_functions();
+    for p in PENDING {
+        assert!(declared.contains(*p), "pending {p} is not declared");
+    }
+    // The issue's list (a sample from each header) is declared.
+    for f in [
+        "nrt_init",
+        "nrt_get_version",
+        "nrt_get_status_as_str",
+        "nrt_tensor_get_va",
+        "nrt_get_model_tensor_info",
+        "nrt_async_drain_queued_execs",
+    ] {
+        assert!(declared.contains(f), "{f}");
+    }
+    let expected: std::collections::BTreeSet<String> = declared
+        .into_iter()
+        .filter(|f| !PENDING.contains(&f.as_str()))
+        .collect();
+    assert_eq!(exported_functions(), expected);
+}
+
+/// `nrt install --prefix DIR` with the workspace's `nrt` binary.
+fn nrt_install() -> tempfile::TempDir {
+    let nrt = profile_dir().join("nrt");
+    assert!(
+        nrt.is_file(),
+        "{} not built (cargo build --workspace)",
+        nrt.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(&nrt)
+        .args(["install", "--prefix"])
+        .arg(dir.path())
+        .arg("--lib")
+        .arg(built_library())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lib = dir.path().join("lib");
+    assert!(lib.join("libnrt.so.1").is_file());
+    assert_eq!(
+        std::fs::read_link(lib.join("libnrt.so")).unwrap(),
+        Path::new("libnrt.so.1")
+    );
+    for h in [
+        "nrt.h",
+        "nrt_status.h",
+        "nrt_version.h",
+        "nrt_async.h",
+        "nrt_experimental.h",
+        "nrt_profile.h",
+        "nrt_sys_trace.h",
+    ] {
+        let installed = std::fs::read(dir.path().join("include/nrt").join(h)).unwrap();
+        assert_eq!(
+            installed,
+            std::fs::read(crate_dir().join("include/nrt").join(h)).unwrap()
+        );
+    }
+    dir
+}
+
+#[test]
+fn a_dlopen_user_resolves_every_export_from_an_installed_prefix_and_runs_the_flow() {
+    let prefix = nrt_install();
+    let scratch = Prefix::new();
+    let exe = compile(&scratch, "cc", "c11", &["dlopen.c"], "dlopen", false);
+    let names: Vec<String> = exported_functions().into_iter().collect();
+    assert!(names.len() >= 40);
+    // Found by name through the loader's path, with the simdev the prefix carries (no
+    // NEURON_SIMDEV_BIN: the library looks in its ../bin).
+    let o = Command::new(&exe)
+        .arg(identity_model())
+        .args(&names)
+        .env("LD_LIBRARY_PATH", prefix.path().join("lib"))
+        .env("NEURON_RT_BACKEND", "sim")
+        .env_remove("NEURON_SIMDEV_BIN")
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .env_remove("NEURON_RT_NUM_CORES")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert_ran(&o, "dlopen", &format!("DLOPEN OK {} symbols", names.len()));
+}
+
+#[test]
+fn a_cxx17_program_includes_every_header_and_links() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "c++",
+        "c++17",
+        &["all_headers.cpp"],
+        "all_headers",
+        true,
+    );
+    let o = run(Command::new(&exe));
+    assert_ran(&o, "c++", "CXX OK libnrt C ABI");
+}
+
+#[test]
+fn slices_attached_buffers_dmabuf_and_model_queries_work_from_c() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["tensors.c"], "tensors", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "tensors", "TENSORS OK");
+}
+
+#[test]
+fn the_implicit_async_mode_calls_back_from_c_and_drains() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["async.c"], "async", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model())
+            .env("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3");
+        c
+    });
+    assert_ran(&o, "async", "ASYNC OK 20");
+}
+
+/// The C program of the README's libnrt section.
+fn readme_program() -> String {
+    let readme = std::fs::read_to_string(crate_dir().join("../README.md")).unwrap();
+    let section = readme
+        .split("## The C library: libnrt.so.1")
+        .nth(1)
+        .expect("the README's libnrt section");
+    let code = section.split("```c\n").nth(1).expect("a C block");
+    code.split("```").next().unwrap().to_string()
+}
+
+#[test]
+fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
+    let prefix = nrt_install();
+    let src = prefix.path().join("app.c");
+    std::fs::write(&src, readme_program()).unwrap();
+    let exe = prefix.path().join("app");
+    let lib = prefix.path().join("lib");
+    let o = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+        .arg(&src)
+        .arg("-I")
+        .arg(prefix.path().join("include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lnrt")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    let stdout = assert_ran(&o, "README program", "output starts 7 7 7 7");
+    assert!(stdout.contains("input  input: 512 bytes"), "{stdout}");
+}
