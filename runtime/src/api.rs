@@ -37,11 +37,16 @@ use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
-use crate::tensor::{Placement, RuntimeId, Tensor, TensorSet};
+use crate::tensor::{Placement, RuntimeId, Tensor, TensorSet, UseHold};
 use crate::xu::{
     CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
 };
 use shared::ids::SeqId;
+
+mod tensor_op;
+
+pub use tensor_op::ScheduledTensorOp;
+use tensor_op::TensorOps;
 
 /// Entries of each NC's notification queue.
 pub const NQ_ENTRIES: u32 = 1024;
@@ -161,6 +166,8 @@ pub struct Runtime {
     /// This runtime instance (recorded in its device tensors and models; bind refuses a tensor
     /// of another instance).
     id: RuntimeId,
+    /// The TENSOR_OP XUs (two per logical core), their engine and workers; `None` once closed.
+    tensor_ops: Option<TensorOps>,
 }
 
 /// The refusal of a call made in a process forked from the one that initialised the runtime.
@@ -183,6 +190,7 @@ impl Drop for Runtime {
             return;
         }
         std::mem::forget(self.workers.take());
+        std::mem::forget(self.tensor_ops.take());
         std::mem::forget(self.pool.take());
         std::mem::forget(std::mem::take(&mut self.xu_list));
         std::mem::forget(std::mem::take(&mut self.models));
@@ -280,6 +288,7 @@ impl Runtime {
         for (i, v) in vncs.iter().enumerate() {
             let cfg = XuConfig {
                 vnc: u32::try_from(i).unwrap_or(u32::MAX),
+                queue: 0,
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
                 // One pooled completion eventfd per XU slot: every sync waiter whose request
@@ -296,6 +305,15 @@ impl Runtime {
         }
         let workers =
             XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
+        let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
+        let tensor_ops = match TensorOps::start(&device, &engine, &vnc_ncs, &config) {
+            Ok(t) => t,
+            Err(e) => {
+                workers.destroy();
+                reserve::release_all(&*device, &claimed);
+                return Err(e);
+            }
+        };
         let pool = if config.async_max_inflight > 0 {
             Some(AsyncPool::start(
                 &vncs.iter().map(|v| v.ncs.clone()).collect::<Vec<_>>(),
@@ -323,6 +341,7 @@ impl Runtime {
             pool,
             pid: std::process::id(),
             id: RuntimeId::next(),
+            tensor_ops: Some(tensor_ops),
         })
     }
 
@@ -438,7 +457,10 @@ impl Runtime {
         Ok(ModelHandle { id: m.id(), vnc })
     }
 
-    /// `nrt_unload`: waits for the model's in-flight executions, then frees it.
+    /// `nrt_unload`: waits for the model's in-flight executions — sync ones and scheduled
+    /// explicit-async ones alike (each work item holds the model's in-flight count until it
+    /// is freed) — then frees it. The handle is gone at once: a schedule on it meanwhile is
+    /// NRT_INVALID_HANDLE.
     ///
     /// # Errors
     /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
@@ -874,9 +896,14 @@ impl Runtime {
         )?;
         let status = Arc::new(ExecStatus::new());
         let cell = status.clone();
-        let seq_id = self.funnel(&m, resources, move |xu, info, stage, doorbell| {
+        // Marks every bound tensor as used by this request until its work item is freed.
+        let hold = UseHold::on(inputs.iter().chain(outputs.iter()).map(|(_, t)| t));
+        let namer = hold.namer();
+        let seq_id = self.funnel(&m, resources, move |xu, mut info, stage, doorbell| {
+            info.request.hold = Some(hold);
             xu.schedule_request(info, Some(cell), stage, doorbell)
         })?;
+        namer.name(seq_id);
         Ok(ScheduledExecution {
             seq_id,
             status,
@@ -1001,6 +1028,9 @@ impl Runtime {
         }
         if let Some(pool) = self.pool.take() {
             pool.shutdown();
+        }
+        if let Some(t) = self.tensor_ops.take() {
+            t.shutdown();
         }
         crate::xu::unit::shutdown(&self.xu_list, ExecRequest::default);
         if let Some(w) = self.workers.take() {
@@ -1259,6 +1289,7 @@ mod tests {
         let xu = Xu::new(
             XuConfig {
                 vnc: 0,
+                queue: 0,
                 tpbs: vec![0],
                 capacity: 4,
                 efd_pool_size: 0,

@@ -31,11 +31,13 @@ pub mod metrics;
 pub mod reserve;
 pub mod stage;
 pub mod tensor;
+pub mod tensor_op;
 #[cfg(test)]
 mod test_support;
 pub mod xu;
 
-pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};
+pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledTensorOp, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};
 pub use tensor::{Placement, Tensor, TensorSet};
+pub use tensor_op::ReadBuffer;
