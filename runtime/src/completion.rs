@@ -545,6 +545,82 @@ mod tests {
         .unwrap();
     }
 
+    /// Posts entry `n` of kind `kind` with `source` and `flags` (compute_idx 0).
+    fn post_kind(w: &SharedChunk, entries: u32, n: u64, kind: NotificationKind, source: u16, flags: u32) {
+        let base =
+            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
+        let e = NotificationEntry {
+            kind: kind as u16,
+            source,
+            error_flags: flags,
+            ..Default::default()
+        };
+        let mut body = zerocopy::IntoBytes::as_bytes(&e).to_vec();
+        body[NOTIFICATION_PHASE_OFFSET..NOTIFICATION_PHASE_OFFSET + 4].copy_from_slice(&[0; 4]);
+        w.write(base, &body).unwrap();
+        w.store_u32(
+            base + NOTIFICATION_PHASE_OFFSET as u64,
+            phase_of(n / u64::from(entries)),
+            Ordering::Release,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn dma_queue_errors_reach_the_queue_they_name_whoever_drains_them() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        let (abort, oob) = (error_flags::DMA_ABORT, error_flags::DMA_ABORT | error_flags::OOB);
+        // The compute harvest drains one while it waits for its execution.
+        post_kind(&w, 8, 0, NotificationKind::DmaQueueError, 0x0F0C, abort);
+        let mut first = info(0);
+        assert_eq!(engine.progress_one_step(0, &mut first), Progress::InFlight);
+        // Another reader drains the next one; the Execution entry behind it is kept for compute.
+        post_kind(&w, 8, 1, NotificationKind::DmaQueueError, 0x0F0D, oob);
+        post(&w, 8, 2, 0, 0);
+        assert!(!engine.drain_for_dma_errors(3));
+        assert_eq!(engine.take_dma_error(3, 0x0F0C), Some(abort));
+        assert_eq!(engine.take_dma_error(3, 0x0F0C), None, "taken once");
+        assert_eq!(engine.take_dma_error(3, 0x0F0D), Some(oob));
+        assert_eq!(engine.take_dma_error(4, 0x0F0D), None, "another NC");
+        assert_eq!(
+            engine.progress_one_step(0, &mut first),
+            Progress::Done(NrtStatus::Success),
+            "the drained Execution entry is credited to its execution"
+        );
+        assert_eq!(engine.stale_notifications(), 0);
+    }
+
+    #[test]
+    fn early_entries_older_than_the_execution_are_discarded_as_stale() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        // Execution 0 timed out; its late entry and execution 1's are drained by another
+        // reader before execution 1's harvest.
+        post(&w, 8, 0, 0, error_flags::GENERIC);
+        post(&w, 8, 1, 1, 0);
+        engine.drain_for_dma_errors(3);
+        assert_eq!(
+            engine.progress_one_step(0, &mut info(1)),
+            Progress::Done(NrtStatus::Success)
+        );
+        assert_eq!(engine.stale_notifications(), 1, "idx 0 discarded, not held forever");
+        let r = engine.reader(3).unwrap().lock().unwrap();
+        assert!(r.early.is_empty(), "{:?}", r.early);
+    }
+
+    #[test]
+    fn a_device_lost_drained_by_another_reader_fails_the_compute_harvest() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        post_kind(&w, 8, 0, NotificationKind::DeviceLost, 0, 0);
+        assert!(engine.drain_for_dma_errors(3), "lost");
+        assert_eq!(
+            engine.progress_one_step(0, &mut info(0)),
+            Progress::Error(NrtStatus::HwError)
+        );
+    }
+
     fn info(compute_idx: u32) -> ExecInfo<ExecRequest> {
         let mut req = ExecRequest {
             num_tpbs: 1,

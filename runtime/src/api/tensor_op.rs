@@ -266,6 +266,40 @@ impl Runtime {
         Ok(())
     }
 
+    fn tensor_op_xu_checked(&self, lnc: u32, queue: u8) -> NrtResult<&Arc<Xu<TensorOpEngine>>> {
+        self.tensor_ops()?
+            .xu(lnc, queue)
+            .ok_or_else(|| invalid(format!("no TENSOR_OP queue {queue} on logical core {lnc}")))
+    }
+
+    /// The funnel's refusals seen before any staging is leased or filled (the funnel checks
+    /// again under its lock): a degraded or full queue costs the caller no copy.
+    fn tensor_op_precheck(&self, lnc: u32, queue: u8) -> NrtResult<()> {
+        let xu = self.tensor_op_xu_checked(lnc, queue)?;
+        let refused = if xu.health() == crate::xu::XuHealth::FatalShutdown {
+            Some(NrtStatus::ExecUnitUnrecoverable)
+        } else if xu.depth() >= self.config.xu_capacity as u64 {
+            Some(NrtStatus::QueueFull)
+        } else {
+            None
+        };
+        refused.map_or(Ok(()), |s| Err(Self::tensor_op_refusal(s, lnc, queue)))
+    }
+
+    fn tensor_op_refusal(s: NrtStatus, lnc: u32, queue: u8) -> NrtError {
+        let msg = match s {
+            NrtStatus::ExecUnitUnrecoverable => format!(
+                "TENSOR_OP queue {queue} of logical core {lnc} is degraded by an earlier fatal error"
+            ),
+            NrtStatus::QueueFull => format!(
+                "TENSOR_OP queue {queue} of logical core {lnc} is full; nothing was scheduled"
+            ),
+            NrtStatus::Closed => "the runtime is closing".to_string(),
+            s => format!("scheduling on TENSOR_OP queue {queue} of logical core {lnc}: {s}"),
+        };
+        status_err(s, msg)
+    }
+
     /// Schedules `req` on TENSOR_OP queue `queue` of logical core `lnc` through the XU funnel
     /// and names its hold with the sequence id.
     fn schedule_tensor_op(
@@ -274,11 +308,7 @@ impl Runtime {
         queue: u8,
         mut req: TensorOpRequest,
     ) -> NrtResult<ScheduledTensorOp> {
-        let xu = self.tensor_ops()?.xu(lnc, queue).ok_or_else(|| {
-            invalid(format!(
-                "no TENSOR_OP queue {queue} on logical core {lnc}"
-            ))
-        })?;
+        let xu = self.tensor_op_xu_checked(lnc, queue)?;
         let hold = UseHold::on(&req.tensors);
         let namer = hold.namer();
         req.hold = Some(hold);
@@ -291,19 +321,7 @@ impl Runtime {
                 |_, _| Ok(()),
                 |_| Ok(()),
             )
-            .map_err(|s| {
-                let msg = match s {
-                    NrtStatus::ExecUnitUnrecoverable => format!(
-                        "TENSOR_OP queue {queue} of logical core {lnc} is degraded by an earlier fatal error"
-                    ),
-                    NrtStatus::QueueFull => format!(
-                        "TENSOR_OP queue {queue} of logical core {lnc} is full; nothing was scheduled"
-                    ),
-                    NrtStatus::Closed => "the runtime is closing".to_string(),
-                    s => format!("scheduling on TENSOR_OP queue {queue} of logical core {lnc}: {s}"),
-                };
-                status_err(s, msg)
-            })?;
+            .map_err(|s| Self::tensor_op_refusal(s, lnc, queue))?;
         namer.name(seq_id);
         Ok(ScheduledTensorOp {
             seq_id,
@@ -335,6 +353,7 @@ impl Runtime {
         let size = buf.len() as u64;
         Self::check_size(size)?;
         let dst_pa = self.tensor_op_span("destination", tensor, offset, size, lnc)?;
+        self.tensor_op_precheck(lnc, queue)?;
         let ops = self.tensor_ops()?;
         let pool = ops
             .engine
@@ -380,6 +399,7 @@ impl Runtime {
                 dest.len()
             )));
         }
+        self.tensor_op_precheck(lnc, queue)?;
         let ops = self.tensor_ops()?;
         let pool = ops
             .engine

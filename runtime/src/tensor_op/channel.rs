@@ -130,6 +130,11 @@ impl Channel {
         Ok(token)
     }
 
+    /// Segments posted so far.
+    pub fn segments_posted(&self) -> u64 {
+        self.next_token - 1
+    }
+
     /// Whether the segment of `token` has landed (acquire on the completion word).
     pub fn arrived(&self, token: u64) -> bool {
         self.memory

@@ -121,6 +121,25 @@ impl TensorOpEngine {
         Self::channel(self.lane(vnc, queue)?).as_ref().map(Channel::id)
     }
 
+    /// Segments posted so far on tensor-op queue `queue` of logical core `vnc` (each a DMA
+    /// doorbell ending with a completion pair).
+    pub fn segments_posted(&self, vnc: u32, queue: u8) -> Option<u64> {
+        Self::channel(self.lane(vnc, queue)?)
+            .as_ref()
+            .map(Channel::segments_posted)
+    }
+
+    /// Holds the channel of (`vnc`, `queue`) so its worker's step blocks (tests: a stalled
+    /// queue).
+    #[cfg(test)]
+    pub(crate) fn hold_lane_for_test(
+        &self,
+        vnc: u32,
+        queue: u8,
+    ) -> MutexGuard<'_, Option<Channel>> {
+        Self::channel(self.lane(vnc, queue).expect("a lane"))
+    }
+
     /// The staging pool of tensor-op queue `queue` of logical core `vnc`.
     pub(crate) fn staging(&self, vnc: u32, queue: u8) -> Option<&Arc<StagingPool>> {
         self.lane(vnc, queue).map(|l| &l.staging)
