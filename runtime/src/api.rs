@@ -223,7 +223,8 @@ fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
 impl Runtime {
     /// `nrt_init` on `device` with `config`: reserves the selected logical cores (claiming and
     /// resetting their NCs, [`crate::reserve`]), creates their notification queues and exec
-    /// queues, one XU per logical core and its worker thread.
+    /// queues, one XU per logical core and its worker thread, and per logical core the two
+    /// TENSOR_OP XUs with their DMA queues and workers ([`crate::tensor_op`]).
     ///
     /// # Errors
     /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection or too few free

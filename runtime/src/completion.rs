@@ -546,7 +546,14 @@ mod tests {
     }
 
     /// Posts entry `n` of kind `kind` with `source` and `flags` (compute_idx 0).
-    fn post_kind(w: &SharedChunk, entries: u32, n: u64, kind: NotificationKind, source: u16, flags: u32) {
+    fn post_kind(
+        w: &SharedChunk,
+        entries: u32,
+        n: u64,
+        kind: NotificationKind,
+        source: u16,
+        flags: u32,
+    ) {
         let base =
             PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
         let e = NotificationEntry {
@@ -570,7 +577,10 @@ mod tests {
     fn dma_queue_errors_reach_the_queue_they_name_whoever_drains_them() {
         let (reader, w) = nq(8);
         let engine = NqEngine::new(vec![(3, reader)]);
-        let (abort, oob) = (error_flags::DMA_ABORT, error_flags::DMA_ABORT | error_flags::OOB);
+        let (abort, oob) = (
+            error_flags::DMA_ABORT,
+            error_flags::DMA_ABORT | error_flags::OOB,
+        );
         // The compute harvest drains one while it waits for its execution.
         post_kind(&w, 8, 0, NotificationKind::DmaQueueError, 0x0F0C, abort);
         let mut first = info(0);
@@ -604,7 +614,11 @@ mod tests {
             engine.progress_one_step(0, &mut info(1)),
             Progress::Done(NrtStatus::Success)
         );
-        assert_eq!(engine.stale_notifications(), 1, "idx 0 discarded, not held forever");
+        assert_eq!(
+            engine.stale_notifications(),
+            1,
+            "idx 0 discarded, not held forever"
+        );
         let r = engine.reader(3).unwrap().lock().unwrap();
         assert!(r.early.is_empty(), "{:?}", r.early);
     }

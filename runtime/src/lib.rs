@@ -13,6 +13,8 @@
 //! - [`kmgr`] (model database, load/unload), [`bind`] (I/O validation, I/O descriptors built),
 //!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
+//! - [`tensor_op`]: the TENSOR_OP XUs' engine: tensor writes, reads and copies moved by the
+//!   device's DMA on queues reserved for them (async 3.x `nrta_tensor_*`).
 //! - [`reserve`]: which cores `nrt_init` reserves, claiming and resetting them.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 

@@ -47,6 +47,11 @@ struct Waiting<T> {
     what: T,
 }
 
+/// The tensors' slot of step `step`.
+fn slot_of(step: u64) -> usize {
+    usize::try_from(step).unwrap() % SLOTS
+}
+
 /// Blocks until one of the front requests' eventfds is readable.
 fn wait_any(fds: &[&OwnedFd]) {
     if fds.is_empty() {
@@ -71,15 +76,28 @@ const PER_XU: usize = 3;
 fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_in_flight() {
     let (rt, _sim) = rig();
     let m = rt
-        .load(&identity(BYTES as u32).to_container(Target::Simdev).unwrap(), 0)
+        .load(
+            &identity(u32::try_from(BYTES).unwrap())
+                .to_container(Target::Simdev)
+                .unwrap(),
+            0,
+        )
         .unwrap();
     let slots: Vec<(Tensor, Tensor, TensorSet, TensorSet, ReadBuffer)> = (0..SLOTS)
         .map(|k| {
             let i = rt
-                .tensor_allocate(Placement::Device { vnc: 0 }, BYTES as u64, &format!("in{k}"))
+                .tensor_allocate(
+                    Placement::Device { vnc: 0 },
+                    BYTES as u64,
+                    &format!("in{k}"),
+                )
                 .unwrap();
             let o = rt
-                .tensor_allocate(Placement::Device { vnc: 0 }, BYTES as u64, &format!("out{k}"))
+                .tensor_allocate(
+                    Placement::Device { vnc: 0 },
+                    BYTES as u64,
+                    &format!("out{k}"),
+                )
                 .unwrap();
             let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
             ins.add("input", &i);
@@ -103,58 +121,90 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
         let mut progressed = false;
         // Writes on queue 0, while a slot is free (step `next - SLOTS` was checked).
         while next < STEPS && writes.len() < PER_XU && next < checked + SLOTS as u64 {
-            let slot = &slots[(next % SLOTS as u64) as usize];
+            let slot = &slots[slot_of(next)];
             let op = rt
                 .tensor_write_schedule(&slot.0, &pattern(BYTES, next), 0, 0, 0)
                 .unwrap();
             let efd = q0.install_fresh_comp_efd(op.seq_id()).unwrap();
-            writes.push_back(Waiting { step: next, seq: op.seq_id(), efd, what: op });
+            writes.push_back(Waiting {
+                step: next,
+                seq: op.seq_id(),
+                efd,
+                what: op,
+            });
             next += 1;
             progressed = true;
         }
         while writes.front().is_some_and(|w| q0.is_completed(w.seq)) {
             let w = writes.pop_front().unwrap();
-            assert_eq!(w.what.status(), Some(NrtStatus::Success), "write {}", w.step);
+            assert_eq!(
+                w.what.status(),
+                Some(NrtStatus::Success),
+                "write {}",
+                w.step
+            );
             written.push_back(w.step);
             progressed = true;
         }
         // The execution of each written step, in order.
         while execs.len() < PER_XU && !written.is_empty() {
             let step = written.pop_front().unwrap();
-            let slot = &slots[(step % SLOTS as u64) as usize];
+            let slot = &slots[slot_of(step)];
             let e = rt.execute_schedule(m, &slot.2, &slot.3).unwrap();
             let efd = compute.install_fresh_comp_efd(e.seq_id()).unwrap();
-            execs.push_back(Waiting { step, seq: e.seq_id(), efd, what: e });
+            execs.push_back(Waiting {
+                step,
+                seq: e.seq_id(),
+                efd,
+                what: e,
+            });
             progressed = true;
         }
         while execs.front().is_some_and(|e| compute.is_completed(e.seq)) {
             let e = execs.pop_front().unwrap();
-            assert_eq!(e.what.status(), Some(NrtStatus::Success), "execution {}", e.step);
+            assert_eq!(
+                e.what.status(),
+                Some(NrtStatus::Success),
+                "execution {}",
+                e.step
+            );
             executed.push_back(e.step);
             progressed = true;
         }
         // Reads of the outputs on queue 1.
         while reads.len() < PER_XU && !executed.is_empty() {
             let step = executed.pop_front().unwrap();
-            let slot = &slots[(step % SLOTS as u64) as usize];
+            let slot = &slots[slot_of(step)];
             let op = rt
                 .tensor_read_schedule(&slot.4, &slot.1, 0, BYTES as u64, 0, 1)
                 .unwrap();
             let efd = q1.install_fresh_comp_efd(op.seq_id()).unwrap();
-            reads.push_back(Waiting { step, seq: op.seq_id(), efd, what: op });
+            reads.push_back(Waiting {
+                step,
+                seq: op.seq_id(),
+                efd,
+                what: op,
+            });
             progressed = true;
         }
         while reads.front().is_some_and(|r| q1.is_completed(r.seq)) {
             let r = reads.pop_front().unwrap();
             assert_eq!(r.what.status(), Some(NrtStatus::Success), "read {}", r.step);
             assert_eq!(r.step, checked, "steps complete in order");
-            let slot = &slots[(r.step % SLOTS as u64) as usize];
+            let slot = &slots[slot_of(r.step)];
             let got = slot.4.to_vec().unwrap();
-            assert!(got == pattern(BYTES, r.step), "step {}: wrong output", r.step);
+            assert!(
+                got == pattern(BYTES, r.step),
+                "step {}: wrong output",
+                r.step
+            );
             checked += 1;
             progressed = true;
         }
-        for (k, n) in [writes.len(), execs.len(), reads.len()].into_iter().enumerate() {
+        for (k, n) in [writes.len(), execs.len(), reads.len()]
+            .into_iter()
+            .enumerate()
+        {
             most_in_flight[k] = most_in_flight[k].max(n);
         }
         if !progressed {
@@ -186,8 +236,12 @@ fn a_dma_abort_injected_into_a_tensor_write_is_1203_there_and_nowhere_else() {
     let m = rt
         .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
         .unwrap();
-    let i = rt.tensor_allocate(Placement::Device { vnc: 0 }, 64, "i").unwrap();
-    let o = rt.tensor_allocate(Placement::Device { vnc: 0 }, 64, "o").unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "o")
+        .unwrap();
     let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
     ins.add("input", &i);
     outs.add("output", &o);
@@ -206,7 +260,10 @@ fn a_dma_abort_injected_into_a_tensor_write_is_1203_there_and_nowhere_else() {
     let ops: Vec<_> = (0..3u8)
         .map(|k| rt.tensor_write_schedule(&i, &[k; 64], 0, 0, 0).unwrap())
         .collect();
-    let statuses: Vec<_> = ops.iter().map(|op| rt.wait_tensor_op(op).unwrap()).collect();
+    let statuses: Vec<_> = ops
+        .iter()
+        .map(|op| rt.wait_tensor_op(op).unwrap())
+        .collect();
     assert_eq!(
         statuses,
         [
@@ -220,7 +277,9 @@ fn a_dma_abort_injected_into_a_tensor_write_is_1203_there_and_nowhere_else() {
     let q0 = rt.tensor_op_xu(0, 0).unwrap();
     assert_eq!(q0.health(), XuHealth::FatalShutdown);
     assert_eq!(
-        rt.tensor_write_schedule(&i, &[9; 64], 0, 0, 0).unwrap_err().status,
+        rt.tensor_write_schedule(&i, &[9; 64], 0, 0, 0)
+            .unwrap_err()
+            .status,
         NrtStatus::ExecUnitUnrecoverable
     );
     // Queue 1 and the compute XU keep working.
@@ -243,8 +302,12 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
     let m = rt
         .load(&identity(1 << 20).to_container(Target::Simdev).unwrap(), 0)
         .unwrap();
-    let i = rt.tensor_allocate(Placement::Device { vnc: 0 }, 1 << 20, "i").unwrap();
-    let o = rt.tensor_allocate(Placement::Device { vnc: 0 }, 1 << 20, "o").unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1 << 20, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 1 << 20, "o")
+        .unwrap();
     let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
     ins.add("input", &i);
     outs.add("output", &o);
@@ -261,7 +324,10 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
     rt.unload(m).unwrap();
     // Each work item holds the model until the worker frees it, after the device ran it.
     let ran = rt.device().nc_counters(0).unwrap().executions;
-    assert_eq!(ran, 8, "unload returned after every scheduled execution ran (from {before})");
+    assert_eq!(
+        ran, 8,
+        "unload returned after every scheduled execution ran (from {before})"
+    );
     for e in &execs {
         assert_eq!(rt.wait(e).unwrap(), NrtStatus::Success);
     }
@@ -269,7 +335,10 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
     match freed {
         Err(e) => {
             assert_eq!(e.status, NrtStatus::Invalid);
-            assert!(e.message.contains("COMPUTE queue 0 of logical core 0"), "{e}");
+            assert!(
+                e.message.contains("COMPUTE queue 0 of logical core 0"),
+                "{e}"
+            );
             assert!(o_handle.is_some());
             drop((ins, outs));
             rt.tensor_free(&mut o_handle).unwrap();
@@ -277,7 +346,9 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
         Ok(()) => assert!(o_handle.is_none()),
     }
     let dest = ReadBuffer::new(1 << 20).unwrap();
-    let r = rt.tensor_read_schedule(&dest, &o, 0, 1 << 20, 0, 1).unwrap();
+    let r = rt
+        .tensor_read_schedule(&dest, &o, 0, 1 << 20, 0, 1)
+        .unwrap();
     assert_eq!(rt.wait_tensor_op(&r).unwrap(), NrtStatus::Success);
     assert!(dest.to_vec().unwrap() == data);
     rt.close();

@@ -355,10 +355,11 @@ impl Runtime {
         let dst_pa = self.tensor_op_span("destination", tensor, offset, size, lnc)?;
         self.tensor_op_precheck(lnc, queue)?;
         let ops = self.tensor_ops()?;
-        let pool = ops
-            .engine
-            .staging(lnc, queue)
-            .ok_or_else(|| invalid(format!("no staging for queue {queue} of logical core {lnc}")))?;
+        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
+            invalid(format!(
+                "no staging for queue {queue} of logical core {lnc}"
+            ))
+        })?;
         let staging = pool.lease(size)?;
         staging.write(buf)?;
         let req = TensorOpRequest {
@@ -401,10 +402,11 @@ impl Runtime {
         }
         self.tensor_op_precheck(lnc, queue)?;
         let ops = self.tensor_ops()?;
-        let pool = ops
-            .engine
-            .staging(lnc, queue)
-            .ok_or_else(|| invalid(format!("no staging for queue {queue} of logical core {lnc}")))?;
+        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
+            invalid(format!(
+                "no staging for queue {queue} of logical core {lnc}"
+            ))
+        })?;
         let staging = pool.lease(size)?;
         let req = TensorOpRequest {
             kind: TensorOpKind::Read,

@@ -46,7 +46,11 @@ impl Channel {
     ///
     /// # Errors
     /// The device's errors, naming the queue.
-    pub fn create(dev: &Arc<dyn Device>, id: DmaQueueId, ring_descs: u32) -> Result<Self, NrtError> {
+    pub fn create(
+        dev: &Arc<dyn Device>,
+        id: DmaQueueId,
+        ring_descs: u32,
+    ) -> Result<Self, NrtError> {
         let fail = |e: &dyn std::fmt::Display, status| {
             NrtError::new(
                 status,
@@ -110,7 +114,13 @@ impl Channel {
     /// # Errors
     /// The status the request completes with: the doorbell's (1203 for a queue a DMA abort
     /// stopped) or NRT_FAILURE when a descriptor cannot be written.
-    pub fn post(&mut self, dev: &dyn Device, src: u64, dst: u64, len: u64) -> Result<u64, NrtStatus> {
+    pub fn post(
+        &mut self,
+        dev: &dyn Device,
+        src: u64,
+        dst: u64,
+        len: u64,
+    ) -> Result<u64, NrtStatus> {
         let token = self.next_token;
         self.next_token += 1;
         let base = self.words.pa;

@@ -118,7 +118,9 @@ impl TensorOpEngine {
 
     /// The DMA queue serving tensor-op queue `queue` of logical core `vnc`.
     pub fn dma_queue(&self, vnc: u32, queue: u8) -> Option<DmaQueueId> {
-        Self::channel(self.lane(vnc, queue)?).as_ref().map(Channel::id)
+        Self::channel(self.lane(vnc, queue)?)
+            .as_ref()
+            .map(Channel::id)
     }
 
     /// Segments posted so far on tensor-op queue `queue` of logical core `vnc` (each a DMA

@@ -39,9 +39,10 @@ fn read(rt: &Runtime, t: &Tensor, offset: u64, size: u64, queue: i32) -> (NrtSta
 }
 
 fn arm(rig: &Rig, spec: FaultSpec) {
-    let (reply, _) = rig
-        .device
-        .handle(simdev::client::ClientId(u64::MAX), Request::InjectFault(spec));
+    let (reply, _) = rig.device.handle(
+        simdev::client::ClientId(u64::MAX),
+        Request::InjectFault(spec),
+    );
     assert!(matches!(reply, Reply::Ok), "{reply:?}");
 }
 
@@ -82,7 +83,10 @@ fn writes_and_reads_move_through_the_devices_dma_and_close_returns_everything() 
         "the device's DMA moved the bytes ({moved} bytes counted)"
     );
     assert_eq!(
-        rt.tensor_op_engine().unwrap().dma_queue(0, 1).map(|q| (q.nc, q.engine, q.queue)),
+        rt.tensor_op_engine()
+            .unwrap()
+            .dma_queue(0, 1)
+            .map(|q| (q.nc, q.engine, q.queue)),
         Some((0, 15, 13))
     );
     drop(t);
@@ -259,9 +263,15 @@ fn a_dma_abort_fails_that_request_with_1203_and_degrades_only_its_xu() {
     arm(&rig, copy_start_fault(FaultKind::DmaAbort, 12, 2));
     assert_eq!(write(&rt, &t, &[1; 64], 0, 0), NrtStatus::Success);
     let op = rt.tensor_write_schedule(&t, &[2; 64], 0, 0, 0).unwrap();
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::ExecHwErrDmaAbort);
+    assert_eq!(
+        rt.wait_tensor_op(&op).unwrap(),
+        NrtStatus::ExecHwErrDmaAbort
+    );
     assert_eq!(op.status(), Some(NrtStatus::ExecHwErrDmaAbort));
-    assert_eq!(rt.tensor_op_xu(0, 0).unwrap().health(), XuHealth::FatalShutdown);
+    assert_eq!(
+        rt.tensor_op_xu(0, 0).unwrap().health(),
+        XuHealth::FatalShutdown
+    );
     let e = rt.tensor_write_schedule(&t, &[3; 64], 0, 0, 0).unwrap_err();
     assert_eq!(e.status, NrtStatus::ExecUnitUnrecoverable, "{e}");
     // The other queue and the compute XU are unaffected.
@@ -288,13 +298,16 @@ fn an_out_of_bounds_dma_fault_is_1006_and_degrades_that_xu() {
     let dest = ReadBuffer::new(64).unwrap();
     let op = rt.tensor_read_schedule(&dest, &t, 0, 64, 0, 1).unwrap();
     assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::ExecOob);
-    assert_eq!(rt.tensor_op_xu(0, 1).unwrap().health(), XuHealth::FatalShutdown);
+    assert_eq!(
+        rt.tensor_op_xu(0, 1).unwrap().health(),
+        XuHealth::FatalShutdown
+    );
     assert_eq!(write(&rt, &t, &[4; 64], 0, 0), NrtStatus::Success);
     rt.close();
 }
 
 #[test]
-fn an_abort_the_compute_harvest_drained_still_reaches_the_tensor_op() {
+fn a_stalled_compute_xu_blocks_no_tensor_op_and_its_harvest_routes_their_aborts() {
     // The compute worker harvests (and drains the NQ) while the tensor write aborts: the
     // DmaQueueError goes to the queue's record whichever reader sees it first.
     let rig = Rig::new();
@@ -304,10 +317,18 @@ fn an_abort_the_compute_harvest_drained_still_reaches_the_tensor_op() {
     let t = device_tensor(&rt, 0, 4096, "t");
     let exec = rt.execute_schedule(m, &ins, &outs).unwrap();
     std::thread::sleep(Duration::from_millis(20));
+    // The compute XU is stalled on its execution: tensor operations on its core go on.
+    assert_eq!(write(&rt, &t, &[1; 64], 0, 0), NrtStatus::Success);
+    assert_eq!(read(&rt, &t, 0, 64, 1), (NrtStatus::Success, vec![1; 64]));
+    assert_eq!(exec.status(), None, "the execution is still in flight");
     arm(&rig, copy_start_fault(FaultKind::DmaAbort, 12, 1));
     assert_eq!(write(&rt, &t, &[2; 64], 0, 0), NrtStatus::ExecHwErrDmaAbort);
     rig.backend.event_set(0, 9, 1).unwrap();
-    assert_eq!(rt.wait(&exec).unwrap(), NrtStatus::Success, "the execution's own entry");
+    assert_eq!(
+        rt.wait(&exec).unwrap(),
+        NrtStatus::Success,
+        "the execution's own entry"
+    );
     assert_eq!(rt.stale_notifications(), 0);
     rt.close();
 }
@@ -331,21 +352,81 @@ fn bad_requests_are_refused_with_nrt_invalid_naming_what_and_change_nothing() {
     let foreign = device_tensor(&other_rt, 0, 4096, "foreign");
     let dest = ReadBuffer::new(4096).unwrap();
     let small = ReadBuffer::new(8).unwrap();
-    let cases: Vec<(&str, crate::NrtResult<super::super::ScheduledTensorOp>, &str)> = vec![
-        ("beyond", rt.tensor_write_schedule(&t, &[1; 8], 4090, 0, 0), "offset 4090 + size 8 is beyond its 4096 bytes"),
-        ("overflow", rt.tensor_write_schedule(&t, &[1; 8], u64::MAX - 2, 0, 0), "is beyond its 4096 bytes"),
-        ("read beyond", rt.tensor_read_schedule(&dest, &t, 0, 4097, 0, 0), "size 4097 is beyond"),
-        ("size 0", rt.tensor_write_schedule(&t, &[], 0, 0, 0), "size 0"),
-        ("read size 0", rt.tensor_read_schedule(&dest, &t, 0, 0, 0, 1), "size 0"),
-        ("host", rt.tensor_write_schedule(&host, &[1; 8], 0, 0, 0), "\"h\" is in host memory"),
-        ("other runtime", rt.tensor_write_schedule(&foreign, &[1; 8], 0, 0, 0), "\"foreign\" was allocated by runtime #"),
-        ("queue 2", rt.tensor_write_schedule(&t, &[1; 8], 0, 0, 2), "tensor-op queue 2 does not exist"),
-        ("queue -1", rt.tensor_read_schedule(&dest, &t, 0, 8, 0, -1), "tensor-op queue -1 does not exist"),
-        ("lnc", rt.tensor_write_schedule(&t, &[1; 8], 0, 1, 0), "logical core 1 is not visible"),
-        ("short destination", rt.tensor_read_schedule(&small, &t, 0, 64, 0, 0), "holds 8 bytes, the read is 64"),
-        ("copy host", rt.tensor_copy_schedule(&host, 0, &t, 0, 8, 0), "\"h\" is in host memory"),
-        ("copy beyond", rt.tensor_copy_schedule(&t, 0, &t, 4095, 2, 0), "offset 4095 + size 2"),
-        ("copy other runtime", rt.tensor_copy_schedule(&t, 0, &foreign, 0, 8, 0), "\"foreign\" was allocated by"),
+    let cases: Vec<(
+        &str,
+        crate::NrtResult<super::super::ScheduledTensorOp>,
+        &str,
+    )> = vec![
+        (
+            "beyond",
+            rt.tensor_write_schedule(&t, &[1; 8], 4090, 0, 0),
+            "offset 4090 + size 8 is beyond its 4096 bytes",
+        ),
+        (
+            "overflow",
+            rt.tensor_write_schedule(&t, &[1; 8], u64::MAX - 2, 0, 0),
+            "is beyond its 4096 bytes",
+        ),
+        (
+            "read beyond",
+            rt.tensor_read_schedule(&dest, &t, 0, 4097, 0, 0),
+            "size 4097 is beyond",
+        ),
+        (
+            "size 0",
+            rt.tensor_write_schedule(&t, &[], 0, 0, 0),
+            "size 0",
+        ),
+        (
+            "read size 0",
+            rt.tensor_read_schedule(&dest, &t, 0, 0, 0, 1),
+            "size 0",
+        ),
+        (
+            "host",
+            rt.tensor_write_schedule(&host, &[1; 8], 0, 0, 0),
+            "\"h\" is in host memory",
+        ),
+        (
+            "other runtime",
+            rt.tensor_write_schedule(&foreign, &[1; 8], 0, 0, 0),
+            "\"foreign\" was allocated by runtime #",
+        ),
+        (
+            "queue 2",
+            rt.tensor_write_schedule(&t, &[1; 8], 0, 0, 2),
+            "tensor-op queue 2 does not exist",
+        ),
+        (
+            "queue -1",
+            rt.tensor_read_schedule(&dest, &t, 0, 8, 0, -1),
+            "tensor-op queue -1 does not exist",
+        ),
+        (
+            "lnc",
+            rt.tensor_write_schedule(&t, &[1; 8], 0, 1, 0),
+            "logical core 1 is not visible",
+        ),
+        (
+            "short destination",
+            rt.tensor_read_schedule(&small, &t, 0, 64, 0, 0),
+            "holds 8 bytes, the read is 64",
+        ),
+        (
+            "copy host",
+            rt.tensor_copy_schedule(&host, 0, &t, 0, 8, 0),
+            "\"h\" is in host memory",
+        ),
+        (
+            "copy beyond",
+            rt.tensor_copy_schedule(&t, 0, &t, 4095, 2, 0),
+            "offset 4095 + size 2",
+        ),
+        (
+            "copy other runtime",
+            rt.tensor_copy_schedule(&t, 0, &foreign, 0, 8, 0),
+            "\"foreign\" was allocated by",
+        ),
     ];
     for (what, r, needle) in cases {
         let e = r.expect_err(what);
@@ -353,8 +434,15 @@ fn bad_requests_are_refused_with_nrt_invalid_naming_what_and_change_nothing() {
         assert!(e.message.contains(needle), "{what}: {e}");
     }
     for q in 0..2 {
-        assert_eq!(rt.tensor_op_xu(0, q).unwrap().depth(), 0, "nothing scheduled");
-        assert_eq!(rt.tensor_op_engine().unwrap().segments_posted(0, q), Some(0));
+        assert_eq!(
+            rt.tensor_op_xu(0, q).unwrap().depth(),
+            0,
+            "nothing scheduled"
+        );
+        assert_eq!(
+            rt.tensor_op_engine().unwrap().segments_posted(0, q),
+            Some(0)
+        );
     }
     assert!(dest.to_vec().unwrap().iter().all(|&b| b == 0));
     // The first accepted request gets sequence number 1.
@@ -374,11 +462,15 @@ fn a_copy_across_logical_cores_is_refused() {
     let b = device_tensor(&rt, 1, 64, "b");
     let e = rt.tensor_copy_schedule(&a, 0, &b, 0, 64, 0).unwrap_err();
     assert_eq!(e.status, NrtStatus::Invalid);
-    assert!(e.message.contains("a copy stays on one logical core"), "{e}");
+    assert!(
+        e.message.contains("a copy stays on one logical core"),
+        "{e}"
+    );
     assert!(e.message.contains("\"b\" is on logical core 1"), "{e}");
     let e = rt.tensor_write_schedule(&b, &[1; 8], 0, 0, 0).unwrap_err();
     assert!(
-        e.message.contains("\"b\" is on logical core 1, the request is for logical core 0"),
+        e.message
+            .contains("\"b\" is on logical core 1, the request is for logical core 0"),
         "{e}"
     );
     rt.close();
@@ -398,7 +490,10 @@ fn a_tensor_a_scheduled_tensor_op_uses_is_not_freed_until_it_completes() {
     let e = rt.tensor_free(&mut t).unwrap_err();
     assert_eq!(e.status, NrtStatus::Invalid);
     assert!(
-        e.message.contains(&format!("{:#x} (TENSOR_OP queue 1 of logical core 0)", op.seq_id().raw())),
+        e.message.contains(&format!(
+            "{:#x} (TENSOR_OP queue 1 of logical core 0)",
+            op.seq_id().raw()
+        )),
         "{e}"
     );
     assert!(t.is_some(), "the handle stays");
@@ -421,7 +516,10 @@ fn a_tensor_a_scheduled_execution_uses_is_not_freed_until_it_completes() {
     drop((ins, outs));
     let e = rt.tensor_free(&mut i).unwrap_err();
     assert!(
-        e.message.contains(&format!("{:#x} (COMPUTE queue 0 of logical core 0)", exec.seq_id().raw())),
+        e.message.contains(&format!(
+            "{:#x} (COMPUTE queue 0 of logical core 0)",
+            exec.seq_id().raw()
+        )),
         "{e}"
     );
     rig.backend.event_set(0, 9, 1).unwrap();

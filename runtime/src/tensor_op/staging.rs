@@ -67,17 +67,17 @@ impl StagingPool {
             Some(b) => b,
             None => {
                 let size = len.max(4096).checked_next_power_of_two().unwrap_or(len);
-                let allocation = self
-                    .device
-                    .mem_alloc(MemLocation::Host, size, 0)
-                    .map_err(|e| {
-                        let mut err = NrtError::from(e);
-                        err.message = format!(
-                            "allocating {size} bytes of DMA-able host staging: {}",
-                            err.message
-                        );
-                        err
-                    })?;
+                let allocation =
+                    self.device
+                        .mem_alloc(MemLocation::Host, size, 0)
+                        .map_err(|e| {
+                            let mut err = NrtError::from(e);
+                            err.message = format!(
+                                "allocating {size} bytes of DMA-able host staging: {}",
+                                err.message
+                            );
+                            err
+                        })?;
                 match self.device.mem_map(&allocation) {
                     Ok(memory) => StagingBuf { allocation, memory },
                     Err(e) => {

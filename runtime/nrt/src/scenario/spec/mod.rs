@@ -600,7 +600,12 @@ mod tests {
             at_execution: Some(1),
             ..doorbell
         };
-        assert!(stray.spec(0).unwrap_err().contains("apply to at_copy_start"));
+        assert!(
+            stray
+                .spec(0)
+                .unwrap_err()
+                .contains("apply to at_copy_start")
+        );
         assert_eq!(
             f(None, Some(5)).spec(9).unwrap().when,
             FaultWhen::Probability {
