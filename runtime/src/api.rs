@@ -39,11 +39,16 @@ use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{HwExecQueue, StagedProgram};
 use crate::sys_trace::SysTrace;
-use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet};
+use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet, UseHold};
 use crate::xu::{
     CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
 };
 use shared::ids::SeqId;
+
+mod tensor_op;
+
+pub use tensor_op::ScheduledTensorOp;
+use tensor_op::TensorOps;
 
 /// Entries of each NC's notification queue.
 pub const NQ_ENTRIES: u32 = 1024;
@@ -169,6 +174,8 @@ pub struct Runtime {
     mem_used: Vec<Arc<AtomicU64>>,
     /// The charge of each loaded model, by handle id, released at unload.
     model_charges: Mutex<HashMap<u64, MemCharge>>,
+    /// The TENSOR_OP XUs (two per logical core), their engine and workers; `None` once closed.
+    tensor_ops: Option<TensorOps>,
 }
 
 /// What `nrt_get_instance_info` reports.
@@ -231,6 +238,7 @@ impl Drop for Runtime {
             return;
         }
         std::mem::forget(self.workers.take());
+        std::mem::forget(self.tensor_ops.take());
         std::mem::forget(self.pool.take());
         std::mem::forget(std::mem::take(&mut self.xu_list));
         std::mem::forget(std::mem::take(&mut self.models));
@@ -263,7 +271,8 @@ fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
 impl Runtime {
     /// `nrt_init` on `device` with `config`: reserves the selected logical cores (claiming and
     /// resetting their NCs, [`crate::reserve`]), creates their notification queues and exec
-    /// queues, one XU per logical core and its worker thread.
+    /// queues, one XU per logical core and its worker thread, and per logical core the two
+    /// TENSOR_OP XUs with their DMA queues and workers ([`crate::tensor_op`]).
     ///
     /// # Errors
     /// NRT_LOAD_NOT_ENOUGH_NC / NRT_INVALID for an impossible core selection or too few free
@@ -332,6 +341,7 @@ impl Runtime {
         for (i, v) in vncs.iter().enumerate() {
             let cfg = XuConfig {
                 vnc: u32::try_from(i).unwrap_or(u32::MAX),
+                queue: 0,
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
                 // One pooled completion eventfd per XU slot: every sync waiter whose request
@@ -348,6 +358,15 @@ impl Runtime {
         }
         let workers =
             XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
+        let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
+        let tensor_ops = match TensorOps::start(&device, &engine, &vnc_ncs, &config) {
+            Ok(t) => t,
+            Err(e) => {
+                workers.destroy();
+                reserve::release_all(&*device, &claimed);
+                return Err(e);
+            }
+        };
         let pool = if config.async_max_inflight > 0 {
             Some(AsyncPool::start(
                 &vncs.iter().map(|v| v.ncs.clone()).collect::<Vec<_>>(),
@@ -380,6 +399,7 @@ impl Runtime {
             id: RuntimeId::next(),
             trace,
             model_charges: Mutex::new(HashMap::new()),
+            tensor_ops: Some(tensor_ops),
         })
     }
 
@@ -552,7 +572,10 @@ impl Runtime {
         instance_info_of(self.device.info().arch)
     }
 
-    /// `nrt_unload`: waits for the model's in-flight executions, then frees it.
+    /// `nrt_unload`: waits for the model's in-flight executions — sync ones and scheduled
+    /// explicit-async ones alike (each work item holds the model's in-flight count until it
+    /// is freed) — then frees it. The handle is gone at once: a schedule on it meanwhile is
+    /// NRT_INVALID_HANDLE.
     ///
     /// # Errors
     /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
@@ -996,9 +1019,14 @@ impl Runtime {
         )?;
         let status = Arc::new(ExecStatus::new());
         let cell = status.clone();
-        let seq_id = self.funnel(&m, resources, move |xu, info, stage, doorbell| {
+        // Marks every bound tensor as used by this request until its work item is freed.
+        let hold = UseHold::on(inputs.iter().chain(outputs.iter()).map(|(_, t)| t));
+        let namer = hold.namer();
+        let seq_id = self.funnel(&m, resources, move |xu, mut info, stage, doorbell| {
+            info.request.hold = Some(hold);
             xu.schedule_request(info, Some(cell), stage, doorbell)
         })?;
+        namer.name(seq_id);
         Ok(ScheduledExecution {
             seq_id,
             status,
@@ -1123,6 +1151,9 @@ impl Runtime {
         }
         if let Some(pool) = self.pool.take() {
             pool.shutdown();
+        }
+        if let Some(t) = self.tensor_ops.take() {
+            t.shutdown();
         }
         crate::xu::unit::shutdown(&self.xu_list, ExecRequest::default);
         if let Some(w) = self.workers.take() {
@@ -1441,6 +1472,7 @@ mod tests {
         let xu = Xu::new(
             XuConfig {
                 vnc: 0,
+                queue: 0,
                 tpbs: vec![0],
                 capacity: 4,
                 efd_pool_size: 0,

@@ -10,6 +10,19 @@
 //! is late) is held until its own execution asks for it ([`EARLY_LIMIT`] of them at most). A
 //! `DeviceLost` entry fails the execution (fatal).
 //!
+//! # Other readers of the NQ: DMA queue errors
+//! The NQ also carries `DmaQueueError` entries: a DMA queue stopped outside an execution (a
+//! doorbell's DMA aborted), naming the queue in `source = engine << 8 | queue`. They belong to
+//! whoever moves data on that queue — the tensor-op engine ([`crate::tensor_op`]) — so whichever
+//! reader drains one records it in the engine's [`DmaQueueErrors`] board, where the owner of the
+//! queue takes it ([`NqEngine::take_dma_error`]). The tensor-op step drains an NQ itself
+//! ([`NqEngine::drain_for_dma_errors`]) when its completion word has not arrived; it takes no
+//! Execution entry from the compute harvest: it holds them in the reader's `early` list, and the
+//! compute harvest credits an early entry with its own `compute_idx` and discards (as stale,
+//! counted) an early entry older than it, as it does for the entries it reads directly. A
+//! `DeviceLost` entry, whoever reads it, marks the reader lost for good: every later harvest on
+//! that NC fails with it.
+//!
 //! # Status decode and what is fatal to the XU
 //! This section is the one statement of which statuses degrade a logical core. Seed 004 §5:
 //! when `exec_request_progress_one_step` returns 2 ([`Progress::Error`] here) the worker sets
@@ -98,8 +111,11 @@ pub struct NqReader {
     notify_fd: Option<OwnedFd>,
     stale: u64,
     /// Notifications of executions after the one being harvested that arrived before it
-    /// (possible when the device posts one late), held until their turn.
+    /// (possible when the device posts one late), or that another reader drained, held until
+    /// their turn.
     early: Vec<NotificationEntry>,
+    /// A DeviceLost entry was read: the device is gone (sticky).
+    lost: bool,
 }
 
 impl NqReader {
@@ -111,6 +127,7 @@ impl NqReader {
             notify_fd,
             stale: 0,
             early: Vec::new(),
+            lost: false,
         }
     }
 
@@ -140,6 +157,38 @@ impl NqReader {
     }
 }
 
+/// `DmaQueueError` notifications routed by the queue they name, until the queue's owner takes
+/// them: per (NC, `source = engine << 8 | queue`) the error flags of the first one not yet
+/// taken (a stopped queue stays stopped: later ones add nothing). At most one record per queue,
+/// so the board is bounded by the device's queue count.
+#[derive(Debug, Default)]
+pub struct DmaQueueErrors {
+    records: Mutex<Vec<(u32, u16, u32)>>,
+}
+
+impl DmaQueueErrors {
+    /// Records a DmaQueueError of NC `nc` for queue `source` (the first one wins until taken).
+    pub fn record(&self, nc: u32, source: u16, flags: u32) {
+        let mut r = self
+            .records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !r.iter().any(|&(n, s, _)| (n, s) == (nc, source)) {
+            r.push((nc, source, flags));
+        }
+    }
+
+    /// Takes the record of queue `source` of NC `nc`: its error flags.
+    pub fn take(&self, nc: u32, source: u16) -> Option<u32> {
+        let mut r = self
+            .records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pos = r.iter().position(|&(n, s, _)| (n, s) == (nc, source))?;
+        Some(r.swap_remove(pos).2)
+    }
+}
+
 /// The per-execution state the engine keeps in the work item (`exec_request` state).
 #[derive(Debug, Default)]
 pub struct ExecRequest {
@@ -163,6 +212,9 @@ pub struct ExecRequest {
     pub inflight: Option<InflightGuard>,
     /// The system trace's stamp (set at stage while anything captures).
     pub trace: ExecStamp,
+    /// Marks the bound tensors as used by this scheduled request until the work item is freed
+    /// (an explicit free is refused meanwhile, naming the request).
+    pub hold: Option<crate::tensor::UseHold>,
 }
 
 /// The notification-queue completion engine: one [`NqReader`] per claimed NC.
@@ -176,6 +228,8 @@ pub struct NqEngine {
     timeouts: Mutex<Vec<(u32, String)>>,
     /// Records each execution whose status it returns.
     trace: Arc<SysTrace>,
+    /// DmaQueueError notifications, routed to the queue they name.
+    dma_errors: DmaQueueErrors,
 }
 
 impl NqEngine {
@@ -190,6 +244,7 @@ impl NqEngine {
             report_numerical_errors: false,
             timeouts: Mutex::new(Vec::new()),
             trace: Arc::new(SysTrace::new(Vec::new())),
+            dma_errors: DmaQueueErrors::default(),
         }
     }
 
@@ -254,6 +309,53 @@ impl NqEngine {
         self.stale_total.load(Ordering::Relaxed)
     }
 
+    /// Takes the DmaQueueError recorded for queue `source` (`engine << 8 | queue`) of NC `nc`:
+    /// its error flags (DMA_ABORT, with OOB for an out-of-bounds access).
+    pub fn take_dma_error(&self, nc: u32, source: u16) -> Option<u32> {
+        self.dma_errors.take(nc, source)
+    }
+
+    /// Drains NC `nc`'s notification queue for another reader than the compute harvest (the
+    /// tensor-op step): DmaQueueError entries go to the board ([`NqEngine::take_dma_error`]),
+    /// Execution entries are held in the reader's `early` list for the compute harvest (none is
+    /// consumed here), DeviceLost marks the reader lost. Never blocks: when the compute harvest
+    /// holds the reader, it is the one draining, and this returns at once. Returns whether the
+    /// device was lost.
+    pub fn drain_for_dma_errors(&self, nc: u32) -> bool {
+        let Some(reader) = self.reader(nc) else {
+            return false;
+        };
+        let mut r = match reader.try_lock() {
+            Ok(r) => r,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        while r.early.len() < EARLY_LIMIT {
+            let Some(e) = r.try_next() else { break };
+            match NotificationKind::from_u16(e.kind) {
+                Some(NotificationKind::Execution) => r.early.push(e),
+                Some(NotificationKind::DeviceLost) => {
+                    tracing::error!(nc, "the device was lost");
+                    r.lost = true;
+                }
+                Some(NotificationKind::DmaQueueError) => self.route_dma_error(nc, &e),
+                None => tracing::warn!(nc, kind = e.kind, "unknown notification kind"),
+            }
+        }
+        r.lost
+    }
+
+    fn route_dma_error(&self, nc: u32, e: &NotificationEntry) {
+        tracing::warn!(
+            nc,
+            engine = e.source >> 8,
+            queue = e.source & 0xff,
+            flags = e.error_flags,
+            "a DMA queue stopped outside an execution"
+        );
+        self.dma_errors.record(nc, e.source, e.error_flags);
+    }
+
     /// Drains NC `i` of `req`; returns a fatal status if the NQ says so.
     fn harvest(
         &self,
@@ -269,6 +371,27 @@ impl NqEngine {
         let mut r = reader
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if r.lost {
+            req.done[i] = true;
+            req.flags[i] = error_flags::DEVICE_LOST;
+            return None;
+        }
+        // Early entries older than this execution are late notifications of executions that
+        // already ended (another reader may have drained them into `early`): stale.
+        let before = r.early.len();
+        r.early
+            .retain(|e| (req.compute_idx.wrapping_sub(e.compute_idx) as i32) <= 0);
+        let dropped = (before - r.early.len()) as u64;
+        if dropped > 0 {
+            r.stale += dropped;
+            self.stale_total.fetch_add(dropped, Ordering::Relaxed);
+            tracing::warn!(
+                nc,
+                dropped,
+                current = req.compute_idx,
+                "discarding late notifications held early"
+            );
+        }
         if let Some(pos) = r
             .early
             .iter()
@@ -323,17 +446,11 @@ impl NqEngine {
                 }
                 Some(NotificationKind::DeviceLost) => {
                     tracing::error!(nc, "the device was lost");
+                    r.lost = true;
                     req.done[i] = true;
                     req.flags[i] = error_flags::DEVICE_LOST;
                 }
-                Some(NotificationKind::DmaQueueError) => {
-                    tracing::warn!(
-                        nc,
-                        source = e.source,
-                        flags = e.error_flags,
-                        "a DMA queue stopped outside an execution"
-                    );
-                }
+                Some(NotificationKind::DmaQueueError) => self.route_dma_error(nc, &e),
                 None => tracing::warn!(nc, kind = e.kind, "unknown notification kind"),
             }
         }
@@ -453,6 +570,96 @@ mod tests {
             Ordering::Release,
         )
         .unwrap();
+    }
+
+    /// Posts entry `n` of kind `kind` with `source` and `flags` (compute_idx 0).
+    fn post_kind(
+        w: &SharedChunk,
+        entries: u32,
+        n: u64,
+        kind: NotificationKind,
+        source: u16,
+        flags: u32,
+    ) {
+        let base =
+            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
+        let e = NotificationEntry {
+            kind: kind as u16,
+            source,
+            error_flags: flags,
+            ..Default::default()
+        };
+        let mut body = zerocopy::IntoBytes::as_bytes(&e).to_vec();
+        body[NOTIFICATION_PHASE_OFFSET..NOTIFICATION_PHASE_OFFSET + 4].copy_from_slice(&[0; 4]);
+        w.write(base, &body).unwrap();
+        w.store_u32(
+            base + NOTIFICATION_PHASE_OFFSET as u64,
+            phase_of(n / u64::from(entries)),
+            Ordering::Release,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn dma_queue_errors_reach_the_queue_they_name_whoever_drains_them() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        let (abort, oob) = (
+            error_flags::DMA_ABORT,
+            error_flags::DMA_ABORT | error_flags::OOB,
+        );
+        // The compute harvest drains one while it waits for its execution.
+        post_kind(&w, 8, 0, NotificationKind::DmaQueueError, 0x0F0C, abort);
+        let mut first = info(0);
+        assert_eq!(engine.progress_one_step(0, &mut first), Progress::InFlight);
+        // Another reader drains the next one; the Execution entry behind it is kept for compute.
+        post_kind(&w, 8, 1, NotificationKind::DmaQueueError, 0x0F0D, oob);
+        post(&w, 8, 2, 0, 0);
+        assert!(!engine.drain_for_dma_errors(3));
+        assert_eq!(engine.take_dma_error(3, 0x0F0C), Some(abort));
+        assert_eq!(engine.take_dma_error(3, 0x0F0C), None, "taken once");
+        assert_eq!(engine.take_dma_error(3, 0x0F0D), Some(oob));
+        assert_eq!(engine.take_dma_error(4, 0x0F0D), None, "another NC");
+        assert_eq!(
+            engine.progress_one_step(0, &mut first),
+            Progress::Done(NrtStatus::Success),
+            "the drained Execution entry is credited to its execution"
+        );
+        assert_eq!(engine.stale_notifications(), 0);
+    }
+
+    #[test]
+    fn early_entries_older_than_the_execution_are_discarded_as_stale() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        // Execution 0 timed out; its late entry and execution 1's are drained by another
+        // reader before execution 1's harvest.
+        post(&w, 8, 0, 0, error_flags::GENERIC);
+        post(&w, 8, 1, 1, 0);
+        engine.drain_for_dma_errors(3);
+        assert_eq!(
+            engine.progress_one_step(0, &mut info(1)),
+            Progress::Done(NrtStatus::Success)
+        );
+        assert_eq!(
+            engine.stale_notifications(),
+            1,
+            "idx 0 discarded, not held forever"
+        );
+        let r = engine.reader(3).unwrap().lock().unwrap();
+        assert!(r.early.is_empty(), "{:?}", r.early);
+    }
+
+    #[test]
+    fn a_device_lost_drained_by_another_reader_fails_the_compute_harvest() {
+        let (reader, w) = nq(8);
+        let engine = NqEngine::new(vec![(3, reader)]);
+        post_kind(&w, 8, 0, NotificationKind::DeviceLost, 0, 0);
+        assert!(engine.drain_for_dma_errors(3), "lost");
+        assert_eq!(
+            engine.progress_one_step(0, &mut info(0)),
+            Progress::Error(NrtStatus::HwError)
+        );
     }
 
     fn info(compute_idx: u32) -> ExecInfo<ExecRequest> {

@@ -14,6 +14,8 @@
 //!   [`stage`] (`device_exec_request`, trigger pairs), [`doorbell`] (INFERENCE_START),
 //!   [`completion`] (notification-queue harvest): the submit path of seed 000.
 //! - [`sys_trace`]: the system trace (bounded per-core event rings) and per-model profiles.
+//! - [`tensor_op`]: the TENSOR_OP XUs' engine: tensor writes, reads and copies moved by the
+//!   device's DMA on queues reserved for them (async 3.x `nrta_tensor_*`).
 //! - [`reserve`]: which cores `nrt_init` reserves, claiming and resetting them.
 //! - [`tensor`], [`config`], [`error`], [`builder`] (model containers for simdev).
 
@@ -33,11 +35,13 @@ pub mod reserve;
 pub mod stage;
 pub mod sys_trace;
 pub mod tensor;
+pub mod tensor_op;
 #[cfg(test)]
 mod test_support;
 pub mod xu;
 
-pub use api::{ModelHandle, Runtime, ScheduledExecution, nrt};
+pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledTensorOp, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};
 pub use tensor::{Placement, Tensor, TensorSet};
+pub use tensor_op::ReadBuffer;

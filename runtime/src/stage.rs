@@ -161,13 +161,24 @@ impl HwExecQueue {
     /// Creates the I/O ring (engine, queue) of NC `nc` if it does not exist yet (at model load).
     ///
     /// # Errors
-    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue) or an NC not
+    /// The device's error; NRT_INVALID for the exec queue's own (engine, queue), a queue
+    /// reserved for tensor operations ([`crate::tensor_op::TENSOR_OP_DMA_QUEUES`]) or an NC not
     /// of this vNC.
     pub fn ensure_io_queue(&self, nc: u32, engine: u32, queue: u32) -> Result<(), NrtError> {
         if (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE) {
             return Err(NrtError::new(
                 NrtStatus::Invalid,
                 format!("I/O ring on ({engine}, {queue}) collides with the exec queue"),
+            ));
+        }
+        if engine == crate::tensor_op::TENSOR_OP_DMA_ENGINE
+            && crate::tensor_op::TENSOR_OP_DMA_QUEUES.contains(&queue)
+        {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "I/O ring on ({engine}, {queue}) collides with a queue reserved for tensor operations"
+                ),
             ));
         }
         let mut req = self

@@ -78,6 +78,75 @@ pub(crate) enum Storage {
     Empty,
 }
 
+/// [`UseHold`]'s state before the request has its sequence id.
+const HOLD_SCHEDULING: u64 = 0;
+/// [`UseHold`]'s state once the request's work item is freed.
+const HOLD_DONE: u64 = u64::MAX;
+
+/// A scheduled request's mark on the tensors it uses (a tensor operation's, an explicit-async
+/// execution's), from before it is scheduled until its work item is freed at completion (or
+/// the funnel refuses it): [`crate::api::Runtime::tensor_free`] refuses a tensor with a live
+/// mark, naming the request's sequence id. The request also holds the tensors themselves, so
+/// their storage outlives it whatever the caller drops.
+///
+/// The mark is one word shared with each tensor: 0 while the request is being scheduled, its
+/// raw sequence id once known (never 0: sequence numbers start at 1), `u64::MAX` once done.
+#[derive(Debug)]
+pub struct UseHold(Arc<AtomicU64>);
+
+impl UseHold {
+    /// A mark on every tensor of `tensors`, in the "being scheduled" state.
+    pub(crate) fn on<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Self {
+        let word = Arc::new(AtomicU64::new(HOLD_SCHEDULING));
+        for t in tensors {
+            let mut h = t
+                .inner
+                .holders
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            h.retain(|w| w.load(Ordering::Acquire) != HOLD_DONE);
+            h.push(word.clone());
+        }
+        Self(word)
+    }
+
+    /// The scheduler's handle for naming the request once its sequence id is known.
+    pub(crate) fn namer(&self) -> HoldNamer {
+        HoldNamer(self.0.clone())
+    }
+}
+
+impl Drop for UseHold {
+    fn drop(&mut self) {
+        self.0.store(HOLD_DONE, Ordering::Release);
+    }
+}
+
+/// Names a [`UseHold`]'s request after the funnel gave it its sequence id.
+#[derive(Debug)]
+pub(crate) struct HoldNamer(Arc<AtomicU64>);
+
+impl HoldNamer {
+    /// Records `seq_id` unless the request is already done.
+    pub(crate) fn name(self, seq_id: shared::ids::SeqId) {
+        let _ = self.0.compare_exchange(
+            HOLD_SCHEDULING,
+            seq_id.raw(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+}
+
+/// Who holds a tensor ([`Tensor::scheduled_user`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduledUser {
+    /// A request being scheduled right now (its sequence id is not known yet).
+    Scheduling,
+    /// The scheduled request with this sequence id.
+    Request(shared::ids::SeqId),
+}
+
 /// Caller-owned host memory a tensor can be attached to (`nrt_tensor_attach_buffer`).
 ///
 /// The runtime checks every range against [`HostBuffer::len`] before calling `read` or `write`,
@@ -162,6 +231,8 @@ pub(crate) struct TensorInner {
     idle: std::sync::Condvar,
     /// The device bytes charged to the tensor's logical core while it lives.
     charge: Option<MemCharge>,
+    /// The marks of scheduled requests that use the tensor ([`UseHold`]).
+    holders: Mutex<Vec<Arc<AtomicU64>>>,
 }
 
 /// `len` zero bytes of host memory for `what`, allocated fallibly: a size the allocator refuses
@@ -208,6 +279,7 @@ impl Tensor {
             pending: Mutex::new(0),
             idle: std::sync::Condvar::new(),
             charge: None,
+            holders: Mutex::new(Vec::new()),
             storage: Storage::Device {
                 allocation,
                 memory,
@@ -251,6 +323,7 @@ impl Tensor {
             pending: Mutex::new(0),
             idle: std::sync::Condvar::new(),
             charge: None,
+            holders: Mutex::new(Vec::new()),
             storage: Storage::Host(Mutex::new(bytes)),
         }))
     }
@@ -265,6 +338,7 @@ impl Tensor {
             pending: Mutex::new(0),
             idle: std::sync::Condvar::new(),
             charge: None,
+            holders: Mutex::new(Vec::new()),
             storage: Storage::Empty,
         })
     }
@@ -279,6 +353,7 @@ impl Tensor {
             pending: Mutex::new(0),
             idle: std::sync::Condvar::new(),
             charge: None,
+            holders: Mutex::new(Vec::new()),
             storage: Storage::Attached(buffer),
         })
     }
@@ -605,6 +680,20 @@ impl Tensor {
                 .wait(n)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+    }
+
+    /// A scheduled request that uses the tensor and has not completed, if any (the oldest).
+    pub fn scheduled_user(&self) -> Option<ScheduledUser> {
+        let mut h = self
+            .inner
+            .holders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        h.retain(|w| w.load(Ordering::Acquire) != HOLD_DONE);
+        h.first().map(|w| match w.load(Ordering::Acquire) {
+            HOLD_SCHEDULING => ScheduledUser::Scheduling,
+            raw => ScheduledUser::Request(shared::ids::SeqId::from_raw(raw)),
+        })
     }
 
     /// Whether two handles share storage.

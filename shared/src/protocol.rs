@@ -349,6 +349,18 @@ pub enum FaultKind {
 pub enum FaultWhen {
     /// At the Nth execution on the NC counted from when the fault was armed (1 = the next).
     NthExecution(u64),
+    /// At the Nth DMA doorbell (DMA_QUEUE_COPY_START) on queue (`engine`, `queue`) of the NC,
+    /// counted from when the fault was armed (1 = the next); fires once. Only `DmaAbort` (the
+    /// queue stops, a DmaQueueError notification with DMA_ABORT) and `OutOfBounds` (the same
+    /// with OOB) apply: the doorbell's descriptors are not processed. Executions do not count.
+    NthCopyStart {
+        /// DMA engine on the NC.
+        engine: u32,
+        /// Queue on the engine.
+        queue: u32,
+        /// Which doorbell (1 = the next).
+        n: u64,
+    },
     /// On each execution with probability `per_million` / 1e6, from a generator seeded with
     /// `seed` (deterministic for a given execution order).
     Probability {
@@ -366,7 +378,8 @@ pub struct FaultSpec {
     pub kind: FaultKind,
     /// The NC; `None` = every NC.
     pub nc: Option<u32>,
-    /// When it fires. An `NthExecution` fault fires once; a `Probability` fault stays armed.
+    /// When it fires. An `NthExecution` or `NthCopyStart` fault fires once; a `Probability`
+    /// fault stays armed.
     pub when: FaultWhen,
 }
 

@@ -235,6 +235,12 @@ pub enum Fault {
     /// The data copy failed (a simdev bug: both sides were resolved).
     #[error("copying the data")]
     Copy(#[source] MemError),
+    /// A fault injected at the doorbell ([`shared::protocol::FaultWhen::NthCopyStart`]).
+    #[error("injected fault at the DMA doorbell ({})", if *oob { "out of bounds" } else { "DMA abort" })]
+    Injected {
+        /// An out-of-bounds access (`OutOfBounds`) rather than a plain abort (`DmaAbort`).
+        oob: bool,
+    },
     /// The doorbell's work budget is spent.
     #[error(
         "the doorbell's budget of {pairs} descriptor pairs / {bytes} bytes is spent (a queue re-arming itself?)"
@@ -260,6 +266,7 @@ impl Fault {
                 | Self::ForeignRegister { .. }
                 | Self::ForeignDmem { .. }
                 | Self::ForeignSbuf { .. }
+                | Self::Injected { oob: true }
         )
     }
 }

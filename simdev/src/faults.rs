@@ -12,6 +12,13 @@
 //!   [`SplitMix64`] seeded with `seed` and fires when the draw falls below `per_million` in a
 //!   million; it stays armed. For a given order of executions the same seed hits the same
 //!   executions.
+//! - [`FaultWhen::NthCopyStart`]`{ engine, queue, n }` counts something else: the DMA doorbells
+//!   (DMA_QUEUE_COPY_START) on that queue of a matching NC ([`FaultTable::on_copy_start`]), and
+//!   fires on the `n`th, once. It is how a DMA fault reaches work that is not an execution (the
+//!   runtime's tensor operations, which move data on a DMA queue of their own): the device stops
+//!   the queue before processing the doorbell's descriptors and posts a DmaQueueError
+//!   notification naming it (`source = engine << 8 | queue`) with DMA_ABORT (`DmaAbort`) or
+//!   DMA_ABORT | OOB (`OutOfBounds`); no other kind can fire there (refused at arming).
 //!
 //! What fired is reduced to one [`Effects`] value ([`Effects::of`], a pure function), which
 //! the sequencer applies to the execution: error flags added to its notification (the
@@ -58,8 +65,18 @@ impl SplitMix64 {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ArmError {
     /// `NthExecution(0)`.
-    #[error("NthExecution(0): executions are counted from 1 (1 = the next execution)")]
+    #[error(
+        "NthExecution(0) / NthCopyStart with n = 0: executions and doorbells are counted from 1 (1 = the next)"
+    )]
     ZerothExecution,
+    /// A doorbell fault of a kind a DMA doorbell cannot have.
+    #[error(
+        "NthCopyStart fires only dma_abort or out_of_bounds (a DMA doorbell has no {kind} fault)"
+    )]
+    NotADmaFault {
+        /// The kind given.
+        kind: &'static str,
+    },
     /// A probability above certainty.
     #[error(
         "a probability of {per_million} per million is more than certain (at most {PER_MILLION})"
@@ -93,8 +110,17 @@ impl FaultTable {
     /// [`ArmError`] when `when` cannot fire as asked.
     pub fn arm(&mut self, spec: FaultSpec) -> Result<(), ArmError> {
         let seed = match spec.when {
-            FaultWhen::NthExecution(0) => return Err(ArmError::ZerothExecution),
-            FaultWhen::NthExecution(_) => 0,
+            FaultWhen::NthExecution(0) | FaultWhen::NthCopyStart { n: 0, .. } => {
+                return Err(ArmError::ZerothExecution);
+            }
+            FaultWhen::NthCopyStart { .. }
+                if !matches!(spec.kind, FaultKind::DmaAbort | FaultKind::OutOfBounds) =>
+            {
+                return Err(ArmError::NotADmaFault {
+                    kind: kind_name(spec.kind),
+                });
+            }
+            FaultWhen::NthExecution(_) | FaultWhen::NthCopyStart { .. } => 0,
             FaultWhen::Probability { per_million, .. } if per_million > PER_MILLION => {
                 return Err(ArmError::Probability { per_million });
             }
@@ -146,6 +172,36 @@ impl FaultTable {
                     }
                     true
                 }
+                // Doorbells count these, not executions.
+                FaultWhen::NthCopyStart { .. } => true,
+            }
+        });
+        fired
+    }
+
+    /// A DMA doorbell (DMA_QUEUE_COPY_START) on queue (`engine`, `queue`) of NC `nc`: counts it
+    /// for every matching [`FaultWhen::NthCopyStart`] fault and returns the kinds that fire on
+    /// it, in arming order (they are then disarmed).
+    pub fn on_copy_start(&mut self, nc: u32, engine: u32, queue: u32) -> Vec<FaultKind> {
+        let mut fired = Vec::new();
+        self.armed.retain_mut(|armed| {
+            if armed.spec.nc.is_some_and(|n| n != nc) {
+                return true;
+            }
+            match armed.spec.when {
+                FaultWhen::NthCopyStart {
+                    engine: e,
+                    queue: q,
+                    n,
+                } if (e, q) == (engine, queue) => {
+                    armed.seen += 1;
+                    if armed.seen == n {
+                        fired.push(armed.spec.kind);
+                        return false;
+                    }
+                    true
+                }
+                _ => true,
             }
         });
         fired
@@ -342,6 +398,41 @@ mod tests {
         table.arm(chance(None, 1, 0)).unwrap();
         assert_eq!(table.clear(), 2);
         assert!(table.on_execution(0).is_empty());
+    }
+
+    #[test]
+    fn a_copy_start_fault_counts_only_doorbells_on_its_queue_and_fires_once() {
+        let spec = |kind, n| FaultSpec {
+            kind,
+            nc: Some(1),
+            when: FaultWhen::NthCopyStart {
+                engine: 15,
+                queue: 12,
+                n,
+            },
+        };
+        let mut table = FaultTable::default();
+        table.arm(spec(FaultKind::DmaAbort, 2)).unwrap();
+        assert!(table.on_execution(1).is_empty(), "executions do not count");
+        assert!(table.on_copy_start(1, 15, 13).is_empty(), "another queue");
+        assert!(table.on_copy_start(0, 15, 12).is_empty(), "another NC");
+        assert!(table.on_copy_start(1, 15, 12).is_empty(), "1st");
+        assert_eq!(table.on_copy_start(1, 15, 12), [FaultKind::DmaAbort], "2nd");
+        assert!(table.is_empty());
+        assert!(table.on_copy_start(1, 15, 12).is_empty());
+        table.arm(spec(FaultKind::OutOfBounds, 1)).unwrap();
+        assert_eq!(table.on_copy_start(1, 15, 12), [FaultKind::OutOfBounds]);
+        assert_eq!(
+            table.arm(spec(FaultKind::GenericError, 1)),
+            Err(ArmError::NotADmaFault {
+                kind: "GenericError"
+            })
+        );
+        assert_eq!(
+            table.arm(spec(FaultKind::DmaAbort, 0)),
+            Err(ArmError::ZerothExecution)
+        );
+        assert!(table.is_empty());
     }
 
     #[test]

@@ -402,6 +402,7 @@ fn deferred_unstage_runs_after_the_last_execution_of_the_model() {
 fn an_execution_reaching_the_step_in_implicit_async_mode_trips_the_assert() {
     let cfg = XuConfig {
         vnc: 0,
+        queue: 0,
         tpbs: vec![0],
         capacity: 4,
         efd_pool_size: 1,
@@ -544,6 +545,7 @@ fn a_read_error_on_the_completion_eventfd_is_nrt_failure_not_a_panic() {
     // Non-blocking pool eventfds: read(2) before the completion fails with EAGAIN.
     let cfg = XuConfig {
         vnc: 0,
+        queue: 0,
         tpbs: vec![0],
         capacity: 4,
         efd_pool_size: 1,

@@ -195,6 +195,8 @@ impl EfdPool {
 pub struct XuConfig {
     /// The vNC (index into the XU table).
     pub vnc: u32,
+    /// The queue index within the XU type (the xu_id's queue field).
+    pub queue: u8,
     /// Physical NCs bound to the vNC (1, or 2 at LNC=2), for per-TPB metrics.
     pub tpbs: Vec<u32>,
     /// Ring capacity in slots (> 0).
@@ -293,7 +295,7 @@ impl<E: CompletionEngine> Xu<E> {
             return Err(NrtStatus::Invalid);
         }
         let vnc = u8::try_from(config.vnc).map_err(|_| NrtStatus::Invalid)?;
-        let xu_id = XuId::new(xu_type, 0, vnc);
+        let xu_id = XuId::new(xu_type, config.queue, vnc);
         let (producer, consumer) = XuQueue::with_capacity(xu_id, config.capacity)?;
         let has_work_efd = EventFd::from_value_and_flags(
             0,

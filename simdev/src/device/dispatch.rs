@@ -209,7 +209,12 @@ impl Core {
                     .queues
                     .post(engine, queue, tx_desc_count, rx_desc_count)
                     .map_err(|e| queue_refusal(&e))?;
-                self.run_dma(client, DmaQueueId { nc, engine, queue });
+                let fired = lock(&self.faults).on_copy_start(nc, engine, queue);
+                if fired.is_empty() {
+                    self.run_dma(client, DmaQueueId { nc, engine, queue });
+                } else {
+                    self.abort_doorbell(n, engine, queue, &fired);
+                }
                 ok()
             }
             Request::SemaphoreIncrement { nc, index, value } => {

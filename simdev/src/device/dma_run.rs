@@ -130,6 +130,25 @@ impl Core {
         Ok(())
     }
 
+    /// An injected doorbell fault ([`crate::faults::FaultTable::on_copy_start`]) fired: the
+    /// queue stops before processing the doorbell's descriptors and a DmaQueueError
+    /// notification names it (DMA_ABORT, with OOB when an `OutOfBounds` fault fired).
+    pub(super) fn abort_doorbell(
+        &self,
+        nc: &Nc,
+        engine: u32,
+        queue: u32,
+        fired: &[shared::protocol::FaultKind],
+    ) {
+        let oob = fired.contains(&shared::protocol::FaultKind::OutOfBounds);
+        bump_fired(nc, fired.len());
+        let mut state = lock(&nc.state);
+        let fault = Fault::Injected { oob };
+        if let Some(abort) = state.queues.abort(engine, queue, &fault, &nc.counters) {
+            self.report_abort(nc, &mut state, &abort);
+        }
+    }
+
     fn on_abort(&self, nc: &Nc, state: &mut NcState, abort: Abort, aborts: &mut Aborts<'_>) {
         match aborts {
             Aborts::Notify => self.report_abort(nc, state, &abort),
@@ -163,6 +182,12 @@ pub(super) enum Aborts<'a> {
     Notify,
     /// Collected for the execution that started the DMA, which reports them itself.
     Capture(&'a mut Vec<Abort>),
+}
+
+fn bump_fired(nc: &Nc, n: usize) {
+    nc.counters
+        .faults_fired
+        .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 fn schedule(worklist: &mut VecDeque<DmaQueueId>, queue: DmaQueueId) {

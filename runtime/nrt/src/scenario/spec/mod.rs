@@ -255,6 +255,13 @@ pub struct FaultEntry {
     pub nc: Option<u32>,
     /// Fire at the Nth execution on the NC counted from arming (1 = the next).
     pub at_execution: Option<u64>,
+    /// Or fire at the Nth DMA doorbell on queue (`engine`, `queue`) of the NC (dma_abort and
+    /// out_of_bounds only).
+    pub at_copy_start: Option<u64>,
+    /// `at_copy_start`: the DMA engine.
+    pub engine: Option<u32>,
+    /// `at_copy_start`: the queue on the engine.
+    pub queue: Option<u32>,
     /// Or fire on each execution with this chance in a million.
     pub per_million: Option<u32>,
     /// The probability's seed (default `[device] seed`).
@@ -308,21 +315,34 @@ impl FaultEntry {
         if self.ns.is_some() && !matches!(kind, FaultKind::ExtraLatency { .. }) {
             return Err(format!("ns applies to extra_latency, not {}", self.kind));
         }
-        let when = match (self.at_execution, self.per_million) {
-            (Some(n), None) => {
+        if self.at_copy_start.is_none() && (self.engine.is_some() || self.queue.is_some()) {
+            return Err("engine and queue apply to at_copy_start faults".into());
+        }
+        let when = match (self.at_execution, self.per_million, self.at_copy_start) {
+            (None, None, Some(n)) => FaultWhen::NthCopyStart {
+                engine: self
+                    .engine
+                    .ok_or("at_copy_start needs engine (the DMA engine of the NC)")?,
+                queue: self
+                    .queue
+                    .ok_or("at_copy_start needs queue (the queue of the DMA engine)")?,
+                n,
+            },
+            (Some(n), None, None) => {
                 if self.seed.is_some() {
                     return Err("seed applies to per_million faults".into());
                 }
                 FaultWhen::NthExecution(n)
             }
-            (None, Some(per_million)) => FaultWhen::Probability {
+            (None, Some(per_million), None) => FaultWhen::Probability {
                 per_million,
                 seed: self.seed.unwrap_or(default_seed),
             },
             _ => {
                 return Err(format!(
-                    "fault {}: give exactly one of at_execution (the Nth execution) or \
-                     per_million (a seeded probability)",
+                    "fault {}: give exactly one of at_execution (the Nth execution), \
+                     at_copy_start (the Nth DMA doorbell on a queue) or per_million (a seeded \
+                     probability)",
                     self.kind
                 ));
             }
@@ -544,6 +564,9 @@ mod tests {
             kind: "numerical".into(),
             nc: None,
             at_execution: at,
+            at_copy_start: None,
+            engine: None,
+            queue: None,
             per_million: pm,
             seed: None,
             delay_ms: None,
@@ -551,6 +574,38 @@ mod tests {
         };
         assert!(f(None, None).spec(0).is_err());
         assert!(f(Some(1), Some(1)).spec(0).is_err());
+        let doorbell = FaultEntry {
+            kind: "dma_abort".into(),
+            at_execution: None,
+            at_copy_start: Some(2),
+            engine: Some(15),
+            queue: Some(12),
+            ..f(None, None)
+        };
+        assert_eq!(
+            doorbell.spec(0).unwrap().when,
+            FaultWhen::NthCopyStart {
+                engine: 15,
+                queue: 12,
+                n: 2
+            }
+        );
+        let no_queue = FaultEntry {
+            queue: None,
+            ..doorbell.clone()
+        };
+        assert!(no_queue.spec(0).unwrap_err().contains("needs queue"));
+        let stray = FaultEntry {
+            at_copy_start: None,
+            at_execution: Some(1),
+            ..doorbell
+        };
+        assert!(
+            stray
+                .spec(0)
+                .unwrap_err()
+                .contains("apply to at_copy_start")
+        );
         assert_eq!(
             f(None, Some(5)).spec(9).unwrap().when,
             FaultWhen::Probability {

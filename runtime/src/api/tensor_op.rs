@@ -1,0 +1,535 @@
+//! The explicit async API's tensor operations (`nrta_tensor_write`, `nrta_tensor_read`,
+//! `nrta_tensor_copy`; issue 12 item 2) and `nrt_tensor_free` (item 4), on [`Runtime`].
+//!
+//! Each call checks everything before anything is enqueued — each refusal is NRT_INVALID
+//! naming what was wrong, with nothing changed: the queue index (0 or 1), the logical core, a
+//! size of 0 (refused: every sequence number of a TENSOR_OP XU stands for bytes the DMA moved;
+//! libnrt's documentation does not say what 0 does), the tensor's placement (device tensors
+//! only; on `lnc_idx`, both tensors of a copy on one logical core), its runtime, and
+//! `offset + size` within the tensor (overflow-safe). A write copies the caller's bytes into
+//! DMA-able staging before it returns; a read's bytes reach its [`ReadBuffer`] before the
+//! request shows as completed. QUEUE_FULL consumes no sequence and writes no slot.
+//!
+//! **Nothing is freed under a scheduled request.** A scheduled tensor operation or
+//! explicit-async execution holds the storage of every tensor it uses until its work item is
+//! freed at completion, and marks them ([`crate::tensor::UseHold`]):
+//! [`Runtime::tensor_free`] refuses such a tensor with NRT_INVALID naming the request's
+//! sequence id (nothing is freed; free it again once the request completed). `nrt_unload`
+//! waits for the model's scheduled executions, as the sync path does (the in-flight count each
+//! work item holds), then frees the model.
+//!
+//! The TENSOR_OP XUs ([`TensorOps`]) have their own worker threads, started and stopped here
+//! in one place.
+
+use std::sync::Arc;
+
+use shared::NrtStatus;
+use shared::ids::{SeqId, XuType};
+
+use super::{Runtime, status_err};
+use crate::backend::Device;
+use crate::completion::NqEngine;
+use crate::config::RuntimeConfig;
+use crate::error::{NrtError, NrtResult};
+use crate::metrics::Metrics;
+use crate::tensor::{Placement, ScheduledUser, Tensor, UseHold};
+use crate::tensor_op::request::TensorOpKind;
+use crate::tensor_op::{
+    ReadBuffer, TENSOR_OP_QUEUES, TensorOpConfig, TensorOpEngine, TensorOpRequest,
+};
+use crate::xu::{ExecInfo, ExecStatus, Xu, XuConfig, XuWorkers};
+
+/// The TENSOR_OP XUs of a runtime: per logical core `v`, queues 0 and 1 at `xus[2v]`,
+/// `xus[2v + 1]`, their engine, workers and metrics (kept apart from the executions').
+#[derive(Debug)]
+pub(crate) struct TensorOps {
+    engine: Arc<TensorOpEngine>,
+    xus: Vec<Arc<Xu<TensorOpEngine>>>,
+    workers: Option<XuWorkers>,
+    metrics: Arc<Metrics>,
+}
+
+impl TensorOps {
+    /// Creates the engine (a DMA queue per logical core and queue) and two TENSOR_OP XUs per
+    /// logical core, and starts their workers.
+    pub(crate) fn start(
+        device: &Arc<dyn Device>,
+        nq: &Arc<NqEngine>,
+        vncs: &[Vec<u32>],
+        config: &RuntimeConfig,
+    ) -> NrtResult<Self> {
+        let first_ncs: Vec<u32> = vncs.iter().filter_map(|v| v.first().copied()).collect();
+        let engine = Arc::new(TensorOpEngine::new(
+            device.clone(),
+            nq.clone(),
+            &first_ncs,
+            TensorOpConfig {
+                timeout: config.exec_timeout,
+                ..TensorOpConfig::default()
+            },
+        )?);
+        let metrics = Arc::new(Metrics::new(device.info().nc_count as usize));
+        let mut xus = Vec::new();
+        let built = (|| {
+            for (v, ncs) in vncs.iter().enumerate() {
+                for queue in 0..TENSOR_OP_QUEUES {
+                    let cfg = XuConfig {
+                        vnc: u32::try_from(v).unwrap_or(u32::MAX),
+                        queue,
+                        tpbs: ncs.clone(),
+                        capacity: config.xu_capacity,
+                        efd_pool_size: config.xu_capacity,
+                        implicit_async_mode: false,
+                    };
+                    let xu = Xu::new_typed(XuType::TensorOp, cfg, engine.clone(), metrics.clone())
+                        .map_err(|s| status_err(s, "creating a tensor-op execution unit"))?;
+                    xus.push(Arc::new(xu));
+                }
+            }
+            XuWorkers::start(&xus).map_err(|s| status_err(s, "starting the tensor-op workers"))
+        })();
+        match built {
+            Ok(workers) => Ok(Self {
+                engine,
+                xus,
+                workers: Some(workers),
+                metrics,
+            }),
+            Err(e) => {
+                engine.release();
+                Err(e)
+            }
+        }
+    }
+
+    /// Drains and stops the XUs (`tpb_xu_shutdown`), joins the workers, releases the DMA
+    /// queues and staging.
+    pub(crate) fn shutdown(mut self) {
+        crate::xu::unit::shutdown(&self.xus, TensorOpRequest::default);
+        if let Some(w) = self.workers.take() {
+            w.destroy();
+        }
+        self.engine.release();
+    }
+
+    fn xu(&self, vnc: u32, queue: u8) -> Option<&Arc<Xu<TensorOpEngine>>> {
+        self.xus
+            .get(vnc as usize * usize::from(TENSOR_OP_QUEUES) + usize::from(queue))
+    }
+}
+
+/// A request scheduled on a TENSOR_OP XU.
+#[derive(Clone, Debug)]
+pub struct ScheduledTensorOp {
+    seq_id: SeqId,
+    status: Arc<ExecStatus>,
+    lnc: u32,
+    queue: u8,
+}
+
+impl ScheduledTensorOp {
+    /// Its sequence id (`xu_id << 48 | seq_num`, `xu_id = {TENSOR_OP, queue, lnc}`).
+    pub fn seq_id(&self) -> SeqId {
+        self.seq_id
+    }
+
+    /// Its status (`ret`) once completed; `None` while in flight. Written before the request
+    /// shows as completed.
+    pub fn status(&self) -> Option<NrtStatus> {
+        self.status.get()
+    }
+
+    /// The logical core.
+    pub fn lnc(&self) -> u32 {
+        self.lnc
+    }
+
+    /// The tensor-op queue (0 or 1).
+    pub fn queue(&self) -> u8 {
+        self.queue
+    }
+}
+
+/// Names a request for messages: `0x… (TENSOR_OP queue 1 of logical core 0)`.
+pub(crate) fn describe(seq: SeqId) -> String {
+    let id = seq.xu_id();
+    let kind = match id.xu_type() {
+        Some(XuType::TensorOp) => "TENSOR_OP",
+        Some(XuType::Compute) => "COMPUTE",
+        Some(XuType::Collectives) => "COLLECTIVES",
+        None => "unknown XU type",
+    };
+    format!(
+        "{:#x} ({kind} queue {} of logical core {})",
+        seq.raw(),
+        id.queue(),
+        id.vnc_id()
+    )
+}
+
+fn invalid(msg: String) -> NrtError {
+    status_err(NrtStatus::Invalid, msg)
+}
+
+impl Runtime {
+    fn tensor_ops(&self) -> NrtResult<&TensorOps> {
+        self.tensor_ops
+            .as_ref()
+            .ok_or_else(|| status_err(NrtStatus::Closed, "the runtime is closing"))
+    }
+
+    /// The TENSOR_OP XU of queue `queue` (0 or 1) of logical core `lnc`.
+    pub fn tensor_op_xu(&self, lnc: u32, queue: u8) -> Option<&Arc<Xu<TensorOpEngine>>> {
+        self.tensor_ops.as_ref()?.xu(lnc, queue)
+    }
+
+    /// The TENSOR_OP XUs' completion engine.
+    pub fn tensor_op_engine(&self) -> Option<&Arc<TensorOpEngine>> {
+        self.tensor_ops.as_ref().map(|t| &t.engine)
+    }
+
+    /// Per-NC counts and latencies of the completed tensor operations (apart from the
+    /// executions' [`Runtime::metrics`]).
+    pub fn tensor_op_metrics(&self) -> Option<&Arc<Metrics>> {
+        self.tensor_ops.as_ref().map(|t| &t.metrics)
+    }
+
+    fn tensor_op_queue(queue: i32) -> NrtResult<u8> {
+        u8::try_from(queue)
+            .ok()
+            .filter(|q| *q < TENSOR_OP_QUEUES)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "tensor-op queue {queue} does not exist: a logical core has TENSOR_OP queues 0 and 1"
+                ))
+            })
+    }
+
+    fn tensor_op_lnc(&self, lnc: i32) -> NrtResult<u32> {
+        u32::try_from(lnc)
+            .ok()
+            .filter(|v| (*v as usize) < self.vncs.len())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "logical core {lnc} is not visible to this process ({} visible)",
+                    self.vncs.len()
+                ))
+            })
+    }
+
+    /// Checks that `t` (the request's `role`) is a device tensor of this runtime on logical
+    /// core `lnc` and that `offset + size` lies within it; returns the device PA at `offset`.
+    fn tensor_op_span(
+        &self,
+        role: &str,
+        t: &Tensor,
+        offset: u64,
+        size: u64,
+        lnc: u32,
+    ) -> NrtResult<u64> {
+        let name = t.name();
+        let Placement::Device { vnc } = t.placement() else {
+            return Err(invalid(format!(
+                "{role} tensor {name:?} is in host memory: tensor operations move data to and from device tensors"
+            )));
+        };
+        if t.runtime() != Some(self.id) {
+            return Err(invalid(format!(
+                "{role} tensor {name:?} was allocated by {}, not by this runtime ({}): its memory is not this runtime's",
+                t.runtime()
+                    .map_or_else(|| "no runtime".to_string(), |r| r.to_string()),
+                self.id
+            )));
+        }
+        if vnc != lnc {
+            return Err(invalid(format!(
+                "{role} tensor {name:?} is on logical core {vnc}, the request is for logical core {lnc}"
+            )));
+        }
+        if offset.checked_add(size).is_none_or(|end| end > t.size()) {
+            return Err(invalid(format!(
+                "{role} tensor {name:?}: offset {offset} + size {size} is beyond its {} bytes",
+                t.size()
+            )));
+        }
+        t.device_pa()
+            .map(|pa| pa + offset)
+            .ok_or_else(|| invalid(format!("{role} tensor {name:?} has no device address")))
+    }
+
+    fn check_size(size: u64) -> NrtResult<()> {
+        if size == 0 {
+            return Err(invalid(
+                "size 0: a tensor operation must move at least one byte".to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn tensor_op_xu_checked(&self, lnc: u32, queue: u8) -> NrtResult<&Arc<Xu<TensorOpEngine>>> {
+        self.tensor_ops()?
+            .xu(lnc, queue)
+            .ok_or_else(|| invalid(format!("no TENSOR_OP queue {queue} on logical core {lnc}")))
+    }
+
+    /// The funnel's refusals seen before any staging is leased or filled (the funnel checks
+    /// again under its lock): a degraded or full queue costs the caller no copy.
+    fn tensor_op_precheck(&self, lnc: u32, queue: u8) -> NrtResult<()> {
+        let xu = self.tensor_op_xu_checked(lnc, queue)?;
+        let refused = if xu.health() == crate::xu::XuHealth::FatalShutdown {
+            Some(NrtStatus::ExecUnitUnrecoverable)
+        } else if xu.depth() >= self.config.xu_capacity as u64 {
+            Some(NrtStatus::QueueFull)
+        } else {
+            None
+        };
+        refused.map_or(Ok(()), |s| Err(Self::tensor_op_refusal(s, lnc, queue)))
+    }
+
+    fn tensor_op_refusal(s: NrtStatus, lnc: u32, queue: u8) -> NrtError {
+        let msg = match s {
+            NrtStatus::ExecUnitUnrecoverable => format!(
+                "TENSOR_OP queue {queue} of logical core {lnc} is degraded by an earlier fatal error"
+            ),
+            NrtStatus::QueueFull => format!(
+                "TENSOR_OP queue {queue} of logical core {lnc} is full; nothing was scheduled"
+            ),
+            NrtStatus::Closed => "the runtime is closing".to_string(),
+            s => format!("scheduling on TENSOR_OP queue {queue} of logical core {lnc}: {s}"),
+        };
+        status_err(s, msg)
+    }
+
+    /// Schedules `req` on TENSOR_OP queue `queue` of logical core `lnc` through the XU funnel
+    /// and names its hold with the sequence id.
+    fn schedule_tensor_op(
+        &self,
+        lnc: u32,
+        queue: u8,
+        mut req: TensorOpRequest,
+    ) -> NrtResult<ScheduledTensorOp> {
+        let xu = self.tensor_op_xu_checked(lnc, queue)?;
+        let hold = UseHold::on(&req.tensors);
+        let namer = hold.namer();
+        req.hold = Some(hold);
+        req.queue = queue;
+        let status = Arc::new(ExecStatus::new());
+        let seq_id = xu
+            .schedule_request(
+                Box::new(ExecInfo::execute(0, req)),
+                Some(status.clone()),
+                |_, _| Ok(()),
+                |_| Ok(()),
+            )
+            .map_err(|s| Self::tensor_op_refusal(s, lnc, queue))?;
+        namer.name(seq_id);
+        Ok(ScheduledTensorOp {
+            seq_id,
+            status,
+            lnc,
+            queue,
+        })
+    }
+
+    /// `nrta_tensor_write`: schedules a copy of `buf` to byte `offset` of device tensor
+    /// `tensor` on TENSOR_OP queue `queue` of logical core `lnc_idx`. The bytes are copied into
+    /// staging before this returns: `buf` may be reused at once.
+    ///
+    /// # Errors
+    /// NRT_INVALID (see the module doc; nothing changed), NRT_QUEUE_FULL (nothing changed),
+    /// NRT_EXEC_UNIT_UNRECOVERABLE on a degraded queue, NRT_RESOURCE when staging cannot be
+    /// allocated.
+    pub fn tensor_write_schedule(
+        &self,
+        tensor: &Tensor,
+        buf: &[u8],
+        offset: u64,
+        lnc_idx: i32,
+        queue: i32,
+    ) -> NrtResult<ScheduledTensorOp> {
+        self.check_process()?;
+        let queue = Self::tensor_op_queue(queue)?;
+        let lnc = self.tensor_op_lnc(lnc_idx)?;
+        let size = buf.len() as u64;
+        Self::check_size(size)?;
+        let dst_pa = self.tensor_op_span("destination", tensor, offset, size, lnc)?;
+        self.tensor_op_precheck(lnc, queue)?;
+        let ops = self.tensor_ops()?;
+        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
+            invalid(format!(
+                "no staging for queue {queue} of logical core {lnc}"
+            ))
+        })?;
+        let staging = pool.lease(size)?;
+        staging.write(buf)?;
+        let req = TensorOpRequest {
+            kind: TensorOpKind::Write,
+            src_pa: staging.pa(),
+            dst_pa,
+            len: size,
+            staging: Some(staging),
+            tensors: vec![tensor.clone()],
+            ..TensorOpRequest::default()
+        };
+        self.schedule_tensor_op(lnc, queue, req)
+    }
+
+    /// `nrta_tensor_read`: schedules a copy of `size` bytes from byte `offset` of device tensor
+    /// `tensor` into the start of `dest` on TENSOR_OP queue `queue` of logical core `lnc_idx`.
+    /// `dest` holds the bytes once the request completed with NRT_SUCCESS.
+    ///
+    /// # Errors
+    /// As [`Runtime::tensor_write_schedule`]; NRT_INVALID for a `dest` shorter than `size`.
+    pub fn tensor_read_schedule(
+        &self,
+        dest: &ReadBuffer,
+        tensor: &Tensor,
+        offset: u64,
+        size: u64,
+        lnc_idx: i32,
+        queue: i32,
+    ) -> NrtResult<ScheduledTensorOp> {
+        self.check_process()?;
+        let queue = Self::tensor_op_queue(queue)?;
+        let lnc = self.tensor_op_lnc(lnc_idx)?;
+        Self::check_size(size)?;
+        let src_pa = self.tensor_op_span("source", tensor, offset, size, lnc)?;
+        if (dest.len() as u64) < size {
+            return Err(invalid(format!(
+                "the read's destination holds {} bytes, the read is {size} bytes",
+                dest.len()
+            )));
+        }
+        self.tensor_op_precheck(lnc, queue)?;
+        let ops = self.tensor_ops()?;
+        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
+            invalid(format!(
+                "no staging for queue {queue} of logical core {lnc}"
+            ))
+        })?;
+        let staging = pool.lease(size)?;
+        let req = TensorOpRequest {
+            kind: TensorOpKind::Read,
+            src_pa,
+            dst_pa: staging.pa(),
+            len: size,
+            staging: Some(staging),
+            read_dest: Some(dest.clone()),
+            tensors: vec![tensor.clone()],
+            ..TensorOpRequest::default()
+        };
+        self.schedule_tensor_op(lnc, queue, req)
+    }
+
+    /// `nrta_tensor_copy`: schedules a device-to-device copy of `size` bytes from byte
+    /// `src_offset` of `src` to byte `dst_offset` of `dst`, both device tensors of one logical
+    /// core, on that core's TENSOR_OP queue `queue`.
+    ///
+    /// # Errors
+    /// As [`Runtime::tensor_write_schedule`]; NRT_INVALID for tensors on two logical cores.
+    pub fn tensor_copy_schedule(
+        &self,
+        src: &Tensor,
+        src_offset: u64,
+        dst: &Tensor,
+        dst_offset: u64,
+        size: u64,
+        queue: i32,
+    ) -> NrtResult<ScheduledTensorOp> {
+        self.check_process()?;
+        let queue = Self::tensor_op_queue(queue)?;
+        Self::check_size(size)?;
+        let lnc = match src.placement() {
+            Placement::Device { vnc } => vnc,
+            Placement::Host => {
+                return Err(invalid(format!(
+                    "source tensor {:?} is in host memory: tensor operations move data to and from device tensors",
+                    src.name()
+                )));
+            }
+        };
+        let src_pa = self.tensor_op_span("source", src, src_offset, size, lnc)?;
+        let dst_pa = self
+            .tensor_op_span("destination", dst, dst_offset, size, lnc)
+            .map_err(|mut e| {
+                if matches!(dst.placement(), Placement::Device { vnc } if vnc != lnc) {
+                    e.message = format!(
+                        "a copy stays on one logical core: {} (the source is on logical core {lnc})",
+                        e.message
+                    );
+                }
+                e
+            })?;
+        let req = TensorOpRequest {
+            kind: TensorOpKind::Copy,
+            src_pa,
+            dst_pa,
+            len: size,
+            tensors: vec![src.clone(), dst.clone()],
+            ..TensorOpRequest::default()
+        };
+        self.schedule_tensor_op(lnc, queue, req)
+    }
+
+    fn tensor_op_xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<Xu<TensorOpEngine>>> {
+        self.check_process()?;
+        let id = seq_id.xu_id();
+        let found = (id.xu_type() == Some(XuType::TensorOp))
+            .then(|| self.tensor_op_xu(u32::from(id.vnc_id()), id.queue()))
+            .flatten();
+        found.ok_or_else(|| {
+            invalid(format!(
+                "sequence id {:#x} names no TENSOR_OP execution unit of this process",
+                seq_id.raw()
+            ))
+        })
+    }
+
+    /// `nrta_is_completed` for a tensor operation.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a sequence id of no TENSOR_OP XU of this process.
+    pub fn tensor_op_is_completed(&self, seq_id: SeqId) -> NrtResult<bool> {
+        Ok(self.tensor_op_xu_of(seq_id)?.is_completed(seq_id))
+    }
+
+    /// Blocks until `op` completes; returns its status.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a sequence id of no TENSOR_OP XU of this process.
+    pub fn wait_tensor_op(&self, op: &ScheduledTensorOp) -> NrtResult<NrtStatus> {
+        self.tensor_op_xu_of(op.seq_id)?
+            .wait_for_completion(op.seq_id, None)
+            .map_err(|s| status_err(s, "waiting for a scheduled tensor operation"))?;
+        Ok(op.status().unwrap_or(NrtStatus::Failure))
+    }
+
+    /// `nrt_tensor_free`: drops the handle in `tensor` (setting it to `None`; `None` is a
+    /// no-op). The device memory is freed once no other handle or tensor set holds it. A
+    /// tensor that a scheduled request (tensor operation or explicit-async execution) still
+    /// uses is refused, and the handle left in place.
+    ///
+    /// # Errors
+    /// NRT_INVALID naming the request that holds the tensor.
+    pub fn tensor_free(&self, tensor: &mut Option<Tensor>) -> NrtResult<()> {
+        self.check_process()?;
+        let Some(t) = tensor.as_ref() else {
+            return Ok(());
+        };
+        match t.scheduled_user() {
+            Some(ScheduledUser::Request(seq)) => Err(invalid(format!(
+                "tensor {:?} is used by scheduled request {}; free it after that request completes",
+                t.name(),
+                describe(seq)
+            ))),
+            Some(ScheduledUser::Scheduling) => Err(invalid(format!(
+                "tensor {:?} is used by a request being scheduled right now; free it after that request completes",
+                t.name()
+            ))),
+            None => {
+                *tensor = None;
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Tensor operations against a real simdev process: tensor-write throughput (GB/s) of 4 KiB,
+//! 64 KiB and 4 MiB requests on one TENSOR_OP queue and on both, beside a `memcpy` of the same
+//! sizes in the same run (the ratio); and the round trip of one 64-byte tensor write to its
+//! completion beside the sync execute round trip of the identity model (64 bytes).
+//!
+//! Each write is staged (the caller's bytes copied into DMA-able host memory), moved by the
+//! device's DMA in 64 KiB descriptor pairs and acknowledged by a completion pair; every queue
+//! keeps up to 8 requests in flight. The runtime, its workers and the simdev process all run on
+//! one CPU (see `tests::bench::pin_to_one_cpu`), as in the other benchmarks.
+//!
+//! Run: `cargo bench -p tests --bench tensor_ops`. Figures are printed, not asserted.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runtime::config::RuntimeConfig;
+use runtime::{Placement, Runtime, ScheduledTensorOp, Tensor, TensorSet};
+use shared::NrtStatus;
+use shared::model::Target;
+use tests::bench::{percentile, private_simdev, run_as_simdev_if_asked, us};
+
+/// Requests each queue keeps in flight.
+const DEPTH: usize = 8;
+
+/// Writes `count` requests of `size` bytes spread over `queues` (each with its own tensor),
+/// keeping [`DEPTH`] in flight per queue; returns the elapsed time.
+fn write_throughput(
+    rt: &Runtime,
+    tensors: &[Tensor],
+    queues: &[i32],
+    size: usize,
+    count: usize,
+) -> Duration {
+    let data = vec![0xA5u8; size];
+    let mut inflight: Vec<VecDeque<ScheduledTensorOp>> =
+        queues.iter().map(|_| VecDeque::new()).collect();
+    let start = Instant::now();
+    let mut issued = 0;
+    while issued < count || inflight.iter().any(|q| !q.is_empty()) {
+        for (k, &queue) in queues.iter().enumerate() {
+            if issued < count && inflight[k].len() < DEPTH {
+                match rt.tensor_write_schedule(&tensors[k], &data, 0, 0, queue) {
+                    Ok(op) => {
+                        inflight[k].push_back(op);
+                        issued += 1;
+                        continue;
+                    }
+                    Err(e) if e.status == NrtStatus::QueueFull => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            if let Some(op) = inflight[k].pop_front() {
+                assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+            }
+        }
+    }
+    start.elapsed()
+}
+
+/// `count` memcpys of `size` bytes between two buffers (touched first, so no page fault is
+/// timed); the best of three runs.
+fn memcpy_throughput(size: usize, count: usize) -> Duration {
+    let src = vec![0x5Au8; size];
+    let mut dst = vec![0xFFu8; size];
+    dst.copy_from_slice(&src);
+    (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..count {
+                dst.copy_from_slice(std::hint::black_box(&src));
+                std::hint::black_box(&mut dst);
+            }
+            start.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn main() {
+    run_as_simdev_if_asked();
+    tests::bench::pin_to_one_cpu();
+    let dev = Arc::new(private_simdev(&["--hbm", "64M"]));
+    let rt = Runtime::init(
+        dev.clone(),
+        RuntimeConfig {
+            num_cores: 1,
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let tensors: Vec<Tensor> = (0..2)
+        .map(|k| {
+            rt.tensor_allocate(Placement::Device { vnc: 0 }, 4 << 20, &format!("t{k}"))
+                .unwrap()
+        })
+        .collect();
+    println!("tensor-write throughput, simdev, {DEPTH} requests in flight per queue, one CPU");
+    println!(
+        "  {:>7} {:>9} | {:>13} {:>13} | {:>12} | {:>7} {:>7}",
+        "size", "requests", "1 queue GB/s", "2 queues GB/s", "memcpy GB/s", "1q/mc", "2q/mc"
+    );
+    for (size, count) in [
+        (4usize << 10, 20_000usize),
+        (64 << 10, 4_000),
+        (4 << 20, 96),
+    ] {
+        // Warm up (staging chunks allocated once, then reused).
+        write_throughput(&rt, &tensors, &[0, 1], size, 4 * DEPTH);
+        let one = write_throughput(&rt, &tensors[..1], &[0], size, count);
+        let two = write_throughput(&rt, &tensors, &[0, 1], size, count);
+        let mc = memcpy_throughput(size, count);
+        let bytes = size * count;
+        let (g1, g2, gm) = (gbps(bytes, one), gbps(bytes, two), gbps(bytes, mc));
+        println!(
+            "  {:>7} {:>9} | {:>13.3} {:>13.3} | {:>12.2} | {:>6.3}x {:>6.3}x",
+            if size >= 1 << 20 {
+                format!("{} MiB", size >> 20)
+            } else {
+                format!("{} KiB", size >> 10)
+            },
+            count,
+            g1,
+            g2,
+            gm,
+            g1 / gm,
+            g2 / gm
+        );
+    }
+
+    // Round trips: one 64-byte tensor write to its completion, beside a sync execute.
+    let n = 20_000;
+    let t = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "small")
+        .unwrap();
+    let data = [0x3Cu8; 64];
+    let write_once = || {
+        let op = rt.tensor_write_schedule(&t, &data, 0, 0, 0).unwrap();
+        assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    };
+    let m = rt
+        .load(
+            &runtime::builder::identity(64)
+                .to_container(Target::Simdev)
+                .unwrap(),
+            0,
+        )
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    for _ in 0..2_000 {
+        write_once();
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    let (mut writes, mut execs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n / 1000 {
+        for _ in 0..1000 {
+            let s = Instant::now();
+            write_once();
+            writes.push(s.elapsed());
+        }
+        for _ in 0..1000 {
+            let s = Instant::now();
+            rt.execute(m, &ins, &outs).unwrap();
+            execs.push(s.elapsed());
+        }
+    }
+    writes.sort();
+    execs.sort();
+    println!("round trip, 64 bytes, interleaved chunks (n = {n} each)");
+    for (name, p) in [("median", 500), ("p99", 990)] {
+        println!(
+            "  {name:<6} tensor write -> completion {:>7.1} us | sync execute (identity) {:>7.1} us | ratio {:.2}x",
+            us(percentile(&writes, p)),
+            us(percentile(&execs, p)),
+            percentile(&writes, p).as_secs_f64() / percentile(&execs, p).as_secs_f64()
+        );
+    }
+    drop((t, tensors, i, o, ins, outs));
+    rt.close();
+}
