@@ -12,6 +12,7 @@ use runtime::builder::{identity, never_ending};
 use runtime::config::RuntimeConfig;
 use runtime::{Device, Placement, Runtime, TensorSet};
 use shared::NrtStatus;
+use shared::ids::XuType;
 use shared::model::Target;
 use tests::{InterposedDevice, connect, start_simdev, wait_for};
 
@@ -56,7 +57,7 @@ fn schedule_does_not_block_and_completions_come_in_order() {
     i.write(&[9; 4096], 0).unwrap();
     let efd =
         EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).unwrap();
-    rt.register_completion_eventfd(0, efd.as_fd().try_clone_to_owned().unwrap())
+    rt.event_register_xu_completion(0, XuType::Compute, 0, Some(efd.as_fd()))
         .unwrap();
     let reqs: Vec<_> = (0..12)
         .map(|_| rt.execute_schedule(m, &ins, &outs).unwrap())

@@ -14,8 +14,9 @@ use shared::ids::{SeqId, XuId, XuType};
 use super::handoff::CompEfd;
 use super::queue::{ExecStatus, XuQueue};
 use super::unit::{
-    CompletionEngine, ExecInfo, PopMoment, Progress, Xu, XuConfig, XuHealth, XuTable, shutdown,
+    CompletionEngine, ExecInfo, PopMoment, Progress, Xu, XuConfig, XuHealth, shutdown,
 };
+use super::{ExecutionUnit, XuTable};
 use super::worker::XuWorkers;
 use crate::metrics::Metrics;
 
@@ -106,6 +107,13 @@ fn step_while_has_work(xu: &Xu<Script>) -> u64 {
         steps += 1;
     }
     steps
+}
+
+/// One worker per XU (each its own vNC group).
+fn one_per_worker<E: CompletionEngine>(xus: &[Arc<Xu<E>>]) -> Vec<Vec<Arc<dyn ExecutionUnit>>> {
+    xus.iter()
+        .map(|xu| vec![xu.clone() as Arc<dyn ExecutionUnit>])
+        .collect()
 }
 
 fn worker_threads(prefix: &str) -> usize {
@@ -293,7 +301,7 @@ fn workers_are_joinable_and_thread_count_returns_to_baseline() {
     let xus: Vec<_> = (0..3)
         .map(|v| xu_with(Script::with(&[]), v, 4, 2).0)
         .collect();
-    let workers = XuWorkers::start(&xus).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(&xus)).unwrap();
     let prefix = workers.thread_name_prefix().to_owned();
     // A spawned thread names itself when it starts running: wait for all three names.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -315,7 +323,7 @@ fn workers_are_joinable_and_thread_count_returns_to_baseline() {
 fn sync_waiters_are_woken_through_pooled_fresh_and_polled_paths() {
     for pool in [0, 1, 4] {
         let (xu, _) = xu_with(Script::with(&[Progress::InFlight; 5]), 0, 4, pool);
-        let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+        let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
         for _ in 0..50 {
             let st = xu
                 .execute_sync(Box::new(ExecInfo::execute(1, 0)), |_, _| Ok(()), |_| Ok(()))
@@ -360,12 +368,12 @@ fn polling_fallback_respects_its_budget() {
 fn shutdown_drains_stops_and_closes() {
     let engine = Script::with(&[]);
     let xus: Vec<_> = (0..2).map(|v| xu_with(engine.clone(), v, 4, 2).0).collect();
-    let workers = XuWorkers::start(&xus).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(&xus)).unwrap();
     for xu in &xus {
         submit(xu, 5).unwrap();
     }
     xus[1].poison();
-    shutdown(&xus, || 0);
+    shutdown(&xus);
     assert_eq!(
         engine.stops.load(Ordering::Relaxed),
         1,
@@ -402,6 +410,7 @@ fn deferred_unstage_runs_after_the_last_execution_of_the_model() {
 fn an_execution_reaching_the_step_in_implicit_async_mode_trips_the_assert() {
     let cfg = XuConfig {
         vnc: 0,
+        queue: 0,
         tpbs: vec![0],
         capacity: 4,
         efd_pool_size: 1,
@@ -413,21 +422,71 @@ fn an_execution_reaching_the_step_in_implicit_async_mode_trips_the_assert() {
 }
 
 #[test]
-fn the_xu_table_finds_xus_by_vcore_and_by_compute_xu_id() {
+fn the_xu_table_finds_xus_of_every_type_by_vcore_and_by_xu_id() {
     let mut table = XuTable::new();
     let (xu, _) = xu_with(Script::with(&[]), 5, 4, 1);
-    table.insert(xu.clone());
-    assert!(Arc::ptr_eq(table.get_by_vcore(5).unwrap(), &xu));
-    assert!(table.get_by_vcore(4).is_none());
-    assert!(Arc::ptr_eq(
+    table.insert(xu.clone()).unwrap();
+    let dyn_xu: Arc<dyn ExecutionUnit> = xu.clone();
+    let same = |a: &Arc<dyn ExecutionUnit>, b: &Arc<dyn ExecutionUnit>| {
+        std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+    };
+    let on5: Vec<_> = table.get_by_vcore(5).collect();
+    assert_eq!(on5.len(), 1);
+    assert!(same(on5[0], &dyn_xu));
+    assert!(table.get_by_vcore(4).next().is_none());
+    assert!(same(
         table.get(XuId::new(XuType::Compute, 0, 5)).unwrap(),
-        &xu
+        &dyn_xu
     ));
     assert!(
         table.get(XuId::new(XuType::TensorOp, 0, 5)).is_none(),
-        "only COMPUTE ids name an XU"
+        "no TENSOR_OP XU inserted on vNC 5"
     );
     assert_eq!(xu.xu_id(), XuId::new(XuType::Compute, 0, 5));
+    // Every type and queue has its slot; a queue the type does not have names nothing.
+    let mut all = vec![dyn_xu.clone()];
+    for (t, q) in [
+        (XuType::TensorOp, 0),
+        (XuType::TensorOp, 1),
+        (XuType::Collectives, 0),
+        (XuType::Collectives, 1),
+        (XuType::Collectives, 2),
+    ] {
+        let other = typed_xu(Script::with(&[]), t, q, 5);
+        table.insert(other.clone()).unwrap();
+        all.push(other);
+    }
+    for x in &all {
+        assert!(same(table.get(x.xu_id()).unwrap(), x), "{:?}", x.xu_id());
+        assert_eq!(x.xu_id().vnc_id(), 5);
+    }
+    assert_eq!(table.get_by_vcore(5).count(), 6);
+    assert_eq!(table.groups().len(), 1, "one group: vNC 5");
+    assert_eq!(table.groups()[0].len(), 6);
+    assert!(table.get(XuId::new(XuType::Compute, 1, 5)).is_none());
+    assert!(table.get(XuId::new(XuType::TensorOp, 2, 5)).is_none());
+    assert!(table.get(XuId::new(XuType::Collectives, 3, 5)).is_none());
+    assert!(table.get(XuId::from_raw(0x0503)).is_none(), "type 3 does not exist");
+    let bad = typed_xu(Script::with(&[]), XuType::Compute, 1, 5);
+    assert!(table.insert(bad).is_err(), "COMPUTE has one queue");
+}
+
+/// An XU of `xu_type`, queue `queue`, on `vnc`.
+fn typed_xu<E: CompletionEngine>(
+    engine: Arc<E>,
+    xu_type: XuType,
+    queue: u8,
+    vnc: u32,
+) -> Arc<dyn ExecutionUnit> {
+    let cfg = XuConfig {
+        vnc,
+        queue,
+        tpbs: vec![0],
+        capacity: 4,
+        efd_pool_size: 1,
+        ..XuConfig::default()
+    };
+    Arc::new(Xu::new_typed(xu_type, cfg, engine, Arc::new(Metrics::new(1))).unwrap())
 }
 
 #[test]
@@ -544,6 +603,7 @@ fn a_read_error_on_the_completion_eventfd_is_nrt_failure_not_a_panic() {
     // Non-blocking pool eventfds: read(2) before the completion fails with EAGAIN.
     let cfg = XuConfig {
         vnc: 0,
+        queue: 0,
         tpbs: vec![0],
         capacity: 4,
         efd_pool_size: 1,
@@ -673,14 +733,14 @@ impl CompletionEngine for Gated {
 fn shutdown_drains_a_full_xu_then_runs_the_stop_then_drains_again() {
     let engine = Arc::new(Gated::default());
     let (xu, _) = xu_with(engine.clone(), 0, 4, 1);
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
     for model in 1..=4 {
         submit(&xu, model).unwrap();
     }
     assert_eq!(submit(&xu, 5).err(), Some(NrtStatus::QueueFull));
     let shutting = {
         let xu = xu.clone();
-        std::thread::spawn(move || shutdown(&[xu], || 0))
+        std::thread::spawn(move || shutdown(&[xu]))
     };
     // All four stay in flight: a shutdown without its first drain would now schedule the STOP
     // into the full queue and be refused (QUEUE_FULL), so the STOP would never run.
@@ -732,7 +792,7 @@ fn the_drain_waits_for_triggered_work_only() {
 #[test]
 fn a_pooled_completion_eventfd_goes_back_to_the_pool_after_each_wait() {
     let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
     for _ in 0..3 {
         let (seq, status) = submit(&xu, 1).unwrap();
         assert_eq!(xu.wait_for_completion(seq, None), Ok(()));
