@@ -203,7 +203,10 @@ fn insert_xu(xus: &mut XuTable, xu: Arc<dyn ExecutionUnit>) -> NrtResult<()> {
     xus.insert(xu).map_err(|xu| {
         status_err(
             NrtStatus::Failure,
-            format!("execution unit {:#06x} has no slot in the XU table", xu.xu_id().raw()),
+            format!(
+                "execution unit {:#06x} has no slot in the XU table",
+                xu.xu_id().raw()
+            ),
         )
     })
 }
@@ -211,7 +214,11 @@ fn insert_xu(xus: &mut XuTable, xu: Arc<dyn ExecutionUnit>) -> NrtResult<()> {
 /// What an xu_id says, for error messages.
 fn describe_xu_id(xu_id: XuId) -> String {
     match xu_id.xu_type() {
-        Some(t) => format!("{t:?} queue {} of logical core {}", xu_id.queue(), xu_id.vnc_id()),
+        Some(t) => format!(
+            "{t:?} queue {} of logical core {}",
+            xu_id.queue(),
+            xu_id.vnc_id()
+        ),
         None => format!("unknown XU type {}", xu_id.type_bits()),
     }
 }
@@ -1028,7 +1035,10 @@ impl Runtime {
             .map_err(|s| {
                 status_err(
                     s,
-                    format!("registering a completion eventfd for sequence id {:#x}", seq_id.raw()),
+                    format!(
+                        "registering a completion eventfd for sequence id {:#x}",
+                        seq_id.raw()
+                    ),
                 )
             })
     }

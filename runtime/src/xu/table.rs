@@ -54,10 +54,7 @@ impl XuTable {
     ///
     /// # Errors
     /// `xu` back when its xu_id names no slot (a type or queue index that does not exist).
-    pub fn insert(
-        &mut self,
-        xu: Arc<dyn ExecutionUnit>,
-    ) -> Result<(), Arc<dyn ExecutionUnit>> {
+    pub fn insert(&mut self, xu: Arc<dyn ExecutionUnit>) -> Result<(), Arc<dyn ExecutionUnit>> {
         let id = xu.xu_id();
         let Some(cell) = id
             .xu_type()

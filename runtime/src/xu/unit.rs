@@ -661,7 +661,12 @@ impl<E: CompletionEngine> Xu<E> {
             let vnc = self.vnc;
             let progressed = consumer.worker_with_item(|info| {
                 let p = engine.progress_one_step(vnc, info);
-                (p, (p == Progress::InFlight).then(|| engine.wake_on(vnc, info)).flatten())
+                (
+                    p,
+                    (p == Progress::InFlight)
+                        .then(|| engine.wake_on(vnc, info))
+                        .flatten(),
+                )
             });
             match progressed {
                 Some((Progress::InFlight, wake)) => {

@@ -159,7 +159,10 @@ impl Loop {
                         if self.waiting.get(i).is_some_and(Option::is_none) {
                             self.step(i);
                         } else if i >= self.owned.len() {
-                            tracing::error!(index = i, "epoll event for an XU this worker does not own");
+                            tracing::error!(
+                                index = i,
+                                "epoll event for an XU this worker does not own"
+                            );
                         }
                     }
                     Token::Wake(r) => {
@@ -207,10 +210,10 @@ impl Loop {
             return;
         }
         r.waiters |= 1 << i;
-        if let Err(e) = self
-            .epoll
-            .modify(xu.has_work_fd(WorkerKey::new()), &mut ev(false, Token::Step(i)))
-        {
+        if let Err(e) = self.epoll.modify(
+            xu.has_work_fd(WorkerKey::new()),
+            &mut ev(false, Token::Step(i)),
+        ) {
             tracing::warn!(errno = %e, "pausing has_work_efd");
         }
         self.waiting[i] = Some(Waiting {
@@ -232,10 +235,10 @@ impl Loop {
             tracing::warn!(errno = %e, "disarming an XU wake fd");
         }
         let xu = self.owned[i].clone();
-        if let Err(e) = self
-            .epoll
-            .modify(xu.has_work_fd(WorkerKey::new()), &mut ev(true, Token::Step(i)))
-        {
+        if let Err(e) = self.epoll.modify(
+            xu.has_work_fd(WorkerKey::new()),
+            &mut ev(true, Token::Step(i)),
+        ) {
             tracing::error!(errno = %e, "re-arming has_work_efd");
         }
         self.step(i);
@@ -247,12 +250,17 @@ impl Loop {
         if let Some(r) = self.regs.iter().position(|r| r.key == key) {
             return Ok(r);
         }
-        let fd = wake.fd.try_clone_to_owned().map_err(|e| {
-            Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EBADF))
-        })?;
+        let fd = wake
+            .fd
+            .try_clone_to_owned()
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EBADF)))?;
         let r = self.regs.len();
         self.epoll.add(&fd, ev(false, Token::Wake(r)))?;
-        self.regs.push(WakeReg { key, fd, waiters: 0 });
+        self.regs.push(WakeReg {
+            key,
+            fd,
+            waiters: 0,
+        });
         Ok(r)
     }
 }
