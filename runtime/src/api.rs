@@ -977,10 +977,12 @@ impl Runtime {
             )
         })?;
         self.xus.get_by(lnc, xu_type, q).ok_or_else(|| {
-            status_err(
-                NrtStatus::Invalid,
-                format!("logical core {lnc} is not visible to this runtime"),
-            )
+            let why = if self.xu(lnc).is_none() {
+                format!("logical core {lnc} is not visible to this runtime")
+            } else {
+                format!("logical core {lnc} has no {xu_type:?} execution unit queue {q}")
+            };
+            status_err(NrtStatus::Invalid, why)
         })
     }
 

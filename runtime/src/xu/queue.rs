@@ -566,9 +566,11 @@ impl<T> Consumer<T> {
     }
 
     /// `xuq_worker_pop_current_exec`: under `mark_comp_lock`, takes the slot's completion
-    /// eventfd and empties the slot, advances `exec_head` (release), then calls `signal` with the
-    /// seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and drops
-    /// the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal` failed.
+    /// eventfd and its registered seq-id eventfds and empties the slot, advances `exec_head`
+    /// (release), writes the registered eventfds (then closes them), then calls `signal` with
+    /// the seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and
+    /// drops the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal`
+    /// failed.
     ///
     /// # Errors
     /// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding (nothing changed);
@@ -597,10 +599,12 @@ impl<T> Consumer<T> {
         slot.exec_info.with_mut(|s| unsafe { *s = None });
         let guard = lock.spans_check_and_act().then_some(guard);
         q.exec_head.0.fetch_add(1, Ordering::Release);
-        let signalled = signal(seq, &efd);
+        // The registered seq-id eventfds first, the waiter's last (a woken waiter finds every
+        // event of its request written).
         if !registered.is_empty() {
             SlotEfds::signal_registered(registered);
         }
+        let signalled = signal(seq, &efd);
         drop(efd);
         drop(guard);
         match signalled {

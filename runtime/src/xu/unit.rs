@@ -756,19 +756,21 @@ impl<E: CompletionEngine> Xu<E> {
         if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
+        // Inside the pop (under mark_comp_lock, exec_head already moved): the XU completion
+        // eventfd first, then the waiter's, so a woken waiter finds every event written.
         let signal = |_seq: SeqId, efd: &CompEfd| {
             #[cfg(all(test, not(loom)))]
             self.run_pop_hook(_seq, status_cell.as_deref());
+            if let Some(fd) = lock(&self.completion_fd).as_ref()
+                && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
+            {
+                tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered XU completion eventfd");
+            }
             efd.signal()
         };
         match consumer.worker_pop_current_exec(signal) {
             Ok(seq) => {
                 tracing::debug!(vnc = self.vnc, seq = seq.raw(), status = %exec_status, "completed");
-                if let Some(fd) = lock(&self.completion_fd).as_ref()
-                    && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
-                {
-                    tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered completion eventfd");
-                }
             }
             Err(rc) => {
                 tracing::error!(vnc = self.vnc, %rc, "Failed to complete request");
