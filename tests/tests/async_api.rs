@@ -183,15 +183,24 @@ fn completion_calls_reach_every_xu_and_collectives_refuse_work() {
     let compute0 = rt.get_sequence(0, XuType::Compute, 0).unwrap();
     assert_eq!(compute0.seq_num(), 0, "nothing completed yet");
     assert_eq!(compute0.xu_id(), XuId::new(XuType::Compute, 0, 0));
-    assert!(rt.is_completed(compute0).unwrap(), "seq_num 0 is the 'none yet'");
+    assert!(
+        rt.is_completed(compute0).unwrap(),
+        "seq_num 0 is the 'none yet'"
+    );
     for q in 0..3u8 {
-        let s = rt.get_sequence(0, XuType::Collectives, u32::from(q)).unwrap();
+        let s = rt
+            .get_sequence(0, XuType::Collectives, u32::from(q))
+            .unwrap();
         assert_eq!(s, SeqId::new(XuId::new(XuType::Collectives, q, 0), 0));
         assert!(rt.xu_by_id(s.xu_id()).is_some(), "reachable by id");
         let e = rt.cc_schedule(0, u32::from(q)).unwrap_err();
         assert_eq!(e.status, NrtStatus::Invalid);
         assert!(e.message.contains("not simulated"), "{e}");
-        assert_eq!(rt.get_sequence(0, XuType::Collectives, u32::from(q)).unwrap(), s);
+        assert_eq!(
+            rt.get_sequence(0, XuType::Collectives, u32::from(q))
+                .unwrap(),
+            s
+        );
         assert_eq!(rt.xu_by_id(s.xu_id()).unwrap().depth(), 0, "nothing queued");
         let beyond = SeqId::new(s.xu_id(), 1);
         let e = rt.is_completed(beyond).unwrap_err();
@@ -276,6 +285,10 @@ fn seq_id_and_xu_completion_events_on_real_executions() {
         .unwrap();
     let r3 = rt.execute_schedule(stuck, &ins, &outs).unwrap();
     assert_eq!(rt.wait(&r3).unwrap(), NrtStatus::Success);
-    assert_eq!(counted.read(), Err(nix::errno::Errno::EAGAIN), "deregistered");
+    assert_eq!(
+        counted.read(),
+        Err(nix::errno::Errno::EAGAIN),
+        "deregistered"
+    );
     rt.close();
 }

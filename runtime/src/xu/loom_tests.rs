@@ -283,7 +283,10 @@ fn a_seq_id_event_registration_is_lost_when_the_pop_bumps_outside_mark_comp_lock
         .map(String::as_str)
         .or_else(|| payload.downcast_ref::<&str>().copied())
         .unwrap_or_default();
-    assert!(message.contains("lost or doubled"), "failed for another reason: {message}");
+    assert!(
+        message.contains("lost or doubled"),
+        "failed for another reason: {message}"
+    );
 }
 
 /// Deregistration (fd −1) against the pop: once the deregistration returned, the eventfd is
