@@ -1,5 +1,7 @@
-//! The XU (`tpb_execution_unit_t`): one per vNC, holding the work queue, the counted wake-up
-//! eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6; seed 000 §4).
+//! The XU (`tpb_execution_unit_t`): one per (vNC, XU type, queue), holding the work queue, the
+//! counted wake-up eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6;
+//! seed 000 §4). The type only picks the completion engine and goes into the xu_id; every type
+//! shares this ring, funnel, step and completion hand-off.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -546,8 +548,9 @@ impl<E: CompletionEngine> Xu<E> {
         self.steps.load(Ordering::Relaxed)
     }
 
-    /// `tpb_xu_schedule_request`, the submit funnel. Under `submit_work_lock`: the gates in the
-    /// seed's order — FATAL_SHUTDOWN → 101, queue full → NRT_QUEUE_FULL (7), STOP requests skip
+    /// `tpb_xu_schedule_request`, the submit funnel. First, for an EXECUTE item, the engine's
+    /// [`CompletionEngine::admit`] (COLLECTIVES refuses with NRT_INVALID, nothing consumed).
+    /// Then under `submit_work_lock`: the gates in the seed's order — FATAL_SHUTDOWN → 101, queue full → NRT_QUEUE_FULL (7), STOP requests skip
     /// staging, SHUTDOWN → NRT_CLOSED (14) — then the model-switch decision from
     /// `last_posted_model`, `stage` (given the switch flag), `doorbell`; a stage or doorbell
     /// failure poisons the XU (FATAL_SHUTDOWN) and is returned. Then publish, trigger and
