@@ -97,12 +97,15 @@ struct Waiting {
 
 /// A wake fd registered in the worker's epoll: the worker's own duplicate of an engine's fd
 /// (so the registration never depends on the engine's fd number staying put), the engine fd
-/// number it was made from (the lookup key), and which owned XUs wait on it (armed iff any).
+/// number it was made from (the lookup key), which owned XUs wait on it, and whether it is
+/// armed. It is armed when an XU starts waiting on it and disarmed lazily — only when it
+/// fires with nobody waiting — so back-to-back executions cost no re-arming.
 #[derive(Debug)]
 struct WakeReg {
     key: RawFd,
     fd: OwnedFd,
     waiters: u64,
+    armed: bool,
 }
 
 /// One worker's loop state.
@@ -167,6 +170,9 @@ impl Loop {
                     }
                     Token::Wake(r) => {
                         let waiters = self.regs.get(r).map_or(0, |reg| reg.waiters);
+                        if waiters == 0 {
+                            self.disarm(r);
+                        }
                         for i in 0..self.owned.len() {
                             if waiters & (1 << i) != 0 {
                                 self.resume(i);
@@ -203,11 +209,12 @@ impl Loop {
             }
         };
         let r = &mut self.regs[reg];
-        if r.waiters == 0
-            && let Err(e) = self.epoll.modify(&r.fd, &mut ev(true, Token::Wake(reg)))
-        {
-            tracing::warn!(errno = %e, "arming an XU wake fd");
-            return;
+        if !r.armed {
+            if let Err(e) = self.epoll.modify(&r.fd, &mut ev(true, Token::Wake(reg))) {
+                tracing::warn!(errno = %e, "arming an XU wake fd");
+                return;
+            }
+            r.armed = true;
         }
         r.waiters |= 1 << i;
         if let Err(e) = self.epoll.modify(
@@ -227,13 +234,7 @@ impl Loop {
         let Some(w) = self.waiting[i].take() else {
             return;
         };
-        let r = &mut self.regs[w.reg];
-        r.waiters &= !(1 << i);
-        if r.waiters == 0
-            && let Err(e) = self.epoll.modify(&r.fd, &mut ev(false, Token::Wake(w.reg)))
-        {
-            tracing::warn!(errno = %e, "disarming an XU wake fd");
-        }
+        self.regs[w.reg].waiters &= !(1 << i);
         let xu = self.owned[i].clone();
         if let Err(e) = self.epoll.modify(
             xu.has_work_fd(WorkerKey::new()),
@@ -242,6 +243,18 @@ impl Loop {
             tracing::error!(errno = %e, "re-arming has_work_efd");
         }
         self.step(i);
+    }
+
+    /// Stops watching wake fd `r` (it fired with nobody waiting: level-triggered, it would
+    /// keep firing until its engine drains it at a later step).
+    fn disarm(&mut self, r: usize) {
+        let Some(reg) = self.regs.get_mut(r) else {
+            return;
+        };
+        if let Err(e) = self.epoll.modify(&reg.fd, &mut ev(false, Token::Wake(r))) {
+            tracing::warn!(errno = %e, "disarming an XU wake fd");
+        }
+        reg.armed = false;
     }
 
     /// The registration of `wake.fd` (made, disarmed, on first use).
@@ -260,6 +273,7 @@ impl Loop {
             key,
             fd,
             waiters: 0,
+            armed: false,
         });
         Ok(r)
     }
