@@ -1292,7 +1292,10 @@ fn a_wake_fd_firing_with_nobody_waiting_does_not_spin_the_worker() {
     let before = cpu_ticks(&prefix);
     std::thread::sleep(Duration::from_millis(500));
     let used = cpu_ticks(&prefix) - before;
-    assert!(used < 5, "the worker spun: {used} ticks (of 10 ms) in 500 ms");
+    assert!(
+        used < 5,
+        "the worker spun: {used} ticks (of 10 ms) in 500 ms"
+    );
     // The next request still completes (its first step drains the late event: the engine
     // double reads it as done, which is fine here).
     let (next, _) = submit(&*xu, 1).unwrap();
