@@ -19,6 +19,7 @@
 //! tensors the child inherited and drops.
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,9 +42,10 @@ use crate::stage::{HwExecQueue, StagedProgram};
 use crate::sys_trace::SysTrace;
 use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet, UseHold};
 use crate::xu::{
-    CompletionEngine, ExecInfo, ExecStatus, MAX_TPBS_PER_VNC, Xu, XuConfig, XuTable, XuWorkers,
+    CollectivesEngine, CompletionEngine, ExecInfo, ExecStatus, ExecutionUnit, MAX_TPBS_PER_VNC, Xu,
+    XuConfig, XuTable, XuWorkers,
 };
-use shared::ids::SeqId;
+use shared::ids::{SeqId, XuId, XuType};
 
 mod tensor_op;
 
@@ -153,8 +155,10 @@ pub struct Runtime {
     config: RuntimeConfig,
     vncs: Vec<Vnc>,
     hw_queues: HashMap<u32, Arc<HwExecQueue>>,
-    xus: XuTable<NqEngine>,
-    xu_list: Vec<Arc<Xu<NqEngine>>>,
+    /// Every XU of every type (`tpb_xus`), by xu_id.
+    xus: XuTable,
+    /// The COMPUTE XU of each logical core, typed (the execute path schedules on it).
+    compute: Vec<Arc<Xu<NqEngine>>>,
     workers: Option<XuWorkers>,
     engine: Arc<NqEngine>,
     models: ModelDb,
@@ -240,12 +244,38 @@ impl Drop for Runtime {
         std::mem::forget(self.workers.take());
         std::mem::forget(self.tensor_ops.take());
         std::mem::forget(self.pool.take());
-        std::mem::forget(std::mem::take(&mut self.xu_list));
+        std::mem::forget(std::mem::take(&mut self.compute));
+        std::mem::forget(std::mem::take(&mut self.xus));
         std::mem::forget(std::mem::take(&mut self.models));
         std::mem::forget(std::mem::take(&mut self.hw_queues));
         std::mem::forget(std::mem::take(&mut self.claimed));
         std::mem::forget(self.engine.clone());
         std::mem::forget(self.device.clone());
+    }
+}
+
+/// Puts `xu` in the table (its xu_id always names a slot: a type and queue of the table).
+fn insert_xu(xus: &mut XuTable, xu: Arc<dyn ExecutionUnit>) -> NrtResult<()> {
+    xus.insert(xu).map_err(|xu| {
+        status_err(
+            NrtStatus::Failure,
+            format!(
+                "execution unit {:#06x} has no slot in the XU table",
+                xu.xu_id().raw()
+            ),
+        )
+    })
+}
+
+/// What an xu_id says, for error messages.
+fn describe_xu_id(xu_id: XuId) -> String {
+    match xu_id.xu_type() {
+        Some(t) => format!(
+            "{t:?} queue {} of logical core {}",
+            xu_id.queue(),
+            xu_id.vnc_id()
+        ),
+        None => format!("unknown XU type {}", xu_id.type_bits()),
     }
 }
 
@@ -336,12 +366,22 @@ impl Runtime {
                 .with_numerical_errors(config.report_numerical_errors)
                 .with_sys_trace(trace.clone()),
         );
+        let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
+        let tensor_ops = match TensorOps::new(&device, &engine, &vnc_ncs, &config) {
+            Ok(t) => t,
+            Err(e) => {
+                reserve::release_all(&*device, &claimed);
+                return Err(e);
+            }
+        };
         let mut xus = XuTable::new();
-        let mut xu_list = Vec::new();
+        let mut compute = Vec::new();
+        let collectives = Arc::new(CollectivesEngine);
         for (i, v) in vncs.iter().enumerate() {
-            let cfg = XuConfig {
-                vnc: u32::try_from(i).unwrap_or(u32::MAX),
-                queue: 0,
+            let vnc = u32::try_from(i).unwrap_or(u32::MAX);
+            let cfg = |queue: u8| XuConfig {
+                vnc,
+                queue,
                 tpbs: v.ncs.clone(),
                 capacity: config.xu_capacity,
                 // One pooled completion eventfd per XU slot: every sync waiter whose request
@@ -349,24 +389,34 @@ impl Runtime {
                 efd_pool_size: config.xu_capacity,
                 implicit_async_mode: config.async_max_inflight > 0,
             };
-            let xu = Arc::new(
-                Xu::new(cfg, engine.clone(), metrics.clone())
-                    .map_err(|s| status_err(s, "creating an execution unit"))?,
-            );
-            xus.insert(xu.clone());
-            xu_list.push(xu);
-        }
-        let workers =
-            XuWorkers::start(&xu_list).map_err(|s| status_err(s, "starting the XU workers"))?;
-        let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
-        let tensor_ops = match TensorOps::start(&device, &engine, &vnc_ncs, &config) {
-            Ok(t) => t,
-            Err(e) => {
-                workers.destroy();
-                reserve::release_all(&*device, &claimed);
-                return Err(e);
+            let made = |s: NrtStatus| status_err(s, "creating an execution unit");
+            // The logical core's XUs (seed 004 `tpb_xus`, async 3.x): one worker epolls them
+            // all. COMPUTE queue 0 runs executions; COLLECTIVES queues 0..2 exist, reachable by
+            // id, and accept no work yet.
+            // TENSOR_OP queues 0 and 1 move tensor bytes by the device's DMA
+            // ([`TensorOps`]).
+            let xu = Arc::new(Xu::new(cfg(0), engine.clone(), metrics.clone()).map_err(made)?);
+            insert_xu(&mut xus, xu.clone())?;
+            compute.push(xu);
+            for xu in tensor_ops.xus_of(vnc) {
+                insert_xu(&mut xus, xu)?;
             }
-        };
+            for q in 0..crate::xu::table::queue_count(XuType::Collectives) {
+                let cc = Xu::new_typed(
+                    XuType::Collectives,
+                    XuConfig {
+                        efd_pool_size: 1,
+                        ..cfg(q)
+                    },
+                    collectives.clone(),
+                    metrics.clone(),
+                )
+                .map_err(made)?;
+                insert_xu(&mut xus, Arc::new(cc))?;
+            }
+        }
+        let workers = XuWorkers::start(&xus.groups())
+            .map_err(|s| status_err(s, "starting the XU workers"))?;
         let pool = if config.async_max_inflight > 0 {
             Some(AsyncPool::start(
                 &vncs.iter().map(|v| v.ncs.clone()).collect::<Vec<_>>(),
@@ -382,7 +432,7 @@ impl Runtime {
             config,
             hw_queues,
             xus,
-            xu_list,
+            compute,
             workers: Some(workers),
             engine,
             models: ModelDb::default(),
@@ -465,9 +515,14 @@ impl Runtime {
         &self.metrics
     }
 
-    /// The XU of logical core `vnc`.
+    /// The COMPUTE XU of logical core `vnc`.
     pub fn xu(&self, vnc: u32) -> Option<&Arc<Xu<NqEngine>>> {
-        self.xus.get_by_vcore(vnc)
+        self.compute.get(usize::try_from(vnc).ok()?)
+    }
+
+    /// `tpb_xu_get`: the XU `xu_id` names (any type, queue, logical core), if any.
+    pub fn xu_by_id(&self, xu_id: XuId) -> Option<&Arc<dyn ExecutionUnit>> {
+        self.xus.get(xu_id)
     }
 
     /// Late notifications the completion engine discarded.
@@ -806,8 +861,7 @@ impl Runtime {
         ) -> Result<T, NrtStatus>,
     ) -> NrtResult<T> {
         let xu = self
-            .xus
-            .get_by_vcore(m.vnc())
+            .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let info = self.work_item(m, resources);
@@ -847,8 +901,7 @@ impl Runtime {
         let status = STATUS.with(Arc::clone);
         status.reset();
         let xu = self
-            .xus
-            .get_by_vcore(m.vnc())
+            .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let seq = schedule_retrying_queue_full(self.wait_budget, || {
             let cell = status.clone();
@@ -1034,25 +1087,74 @@ impl Runtime {
         })
     }
 
-    fn xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<Xu<NqEngine>>> {
+    /// The XU `seq_id` names, if `seq_id` is one of its submitted requests (or seq_num 0).
+    fn xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<dyn ExecutionUnit>> {
         self.check_process()?;
-        self.xus.get(seq_id.xu_id()).ok_or_else(|| {
-            status_err(
+        let xu_id = seq_id.xu_id();
+        let Some(xu) = self.xus.get(xu_id) else {
+            return Err(status_err(
                 NrtStatus::Invalid,
                 format!(
-                    "sequence id {:#x} names no compute execution unit of this process",
-                    seq_id.raw()
+                    "sequence id {:#x} names no execution unit of this runtime (xu_id {:#06x}: {})",
+                    seq_id.raw(),
+                    xu_id.raw(),
+                    describe_xu_id(xu_id),
                 ),
+            ));
+        };
+        if !xu.knows(seq_id) {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "sequence id {:#x} names request {} of execution unit {:#06x}, which has submitted only {} (an id of another runtime or process?)",
+                    seq_id.raw(),
+                    seq_id.seq_num(),
+                    xu_id.raw(),
+                    xu.last_completed().seq_num() + xu.depth(),
+                ),
+            ));
+        }
+        Ok(xu)
+    }
+
+    /// The XU `(lnc, xu_type, queue)` names.
+    fn xu_at(&self, lnc: u32, xu_type: XuType, queue: u32) -> NrtResult<&Arc<dyn ExecutionUnit>> {
+        self.check_process()?;
+        let count = crate::xu::table::queue_count(xu_type);
+        let q = u8::try_from(queue).ok().filter(|q| *q < count).ok_or_else(|| {
+            status_err(
+                NrtStatus::Invalid,
+                format!("queue {queue} does not exist: {xu_type:?} execution units have queues 0..{count}"),
             )
+        })?;
+        self.xus.get_by(lnc, xu_type, q).ok_or_else(|| {
+            let why = if self.xu(lnc).is_none() {
+                format!("logical core {lnc} is not visible to this runtime")
+            } else {
+                format!("logical core {lnc} has no {xu_type:?} execution unit queue {q}")
+            };
+            status_err(NrtStatus::Invalid, why)
         })
     }
 
-    /// `nrta_is_completed`: whether request `seq_id` completed (its XU's last completed ≥ it).
+    /// `nrta_is_completed`: whether request `seq_id` completed (its XU's last completed ≥ it),
+    /// for an XU of any type. Its `ret` is written before this turns true.
     ///
     /// # Errors
-    /// NRT_INVALID for a sequence id of no XU of this process.
+    /// NRT_INVALID, naming the id, for a sequence id that names no XU of this runtime (another
+    /// type, queue or logical core, another process's or runtime's XU) or a request beyond the
+    /// XU's last submitted.
     pub fn is_completed(&self, seq_id: SeqId) -> NrtResult<bool> {
         Ok(self.xu_of(seq_id)?.is_completed(seq_id))
+    }
+
+    /// `nrta_get_sequence`: the last completed sequence of XU `(lnc, xu_type, queue)` (seq_num 0
+    /// before its first completion).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a logical core not visible or a queue index the type does not have.
+    pub fn get_sequence(&self, lnc: u32, xu_type: XuType, queue: u32) -> NrtResult<SeqId> {
+        Ok(self.xu_at(lnc, xu_type, queue)?.last_completed())
     }
 
     /// Blocks until `req` completes; returns its status.
@@ -1066,21 +1168,70 @@ impl Runtime {
         Ok(req.status().unwrap_or(NrtStatus::Failure))
     }
 
-    /// Registers an eventfd the runtime writes 1 to after every completion on logical core
-    /// `vnc`'s XU queue (replacing an earlier one).
+    /// `nrta_event_register_seq_id_completion`: `Some(fd)` has the runtime write 1 to the
+    /// eventfd `fd` when request `seq_id` completes — at once if it already did; every
+    /// registration on a request is signalled once. `None` (libnrt's fd −1) removes every
+    /// eventfd registered for `seq_id`; none of them is written after this returns. The caller
+    /// keeps ownership of its fd: the runtime registers a duplicate, closed after the signal or
+    /// the deregistration, so the caller may close its own at any time.
     ///
     /// # Errors
-    /// NRT_INVALID for a logical core not visible to this process.
-    pub fn register_completion_eventfd(&self, vnc: u32, fd: std::os::fd::OwnedFd) -> NrtResult<()> {
-        self.check_process()?;
-        let xu = self.xus.get_by_vcore(vnc).ok_or_else(|| {
-            status_err(
-                NrtStatus::Invalid,
-                format!("logical core {vnc} is not visible"),
-            )
-        })?;
-        xu.register_completion_fd(Some(fd));
-        Ok(())
+    /// NRT_INVALID, naming the id, as for [`Runtime::is_completed`]; NRT_FAILURE when the fd
+    /// cannot be duplicated.
+    pub fn event_register_seq_id_completion(
+        &self,
+        seq_id: SeqId,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> NrtResult<()> {
+        self.xu_of(seq_id)?
+            .register_seq_completion(seq_id, fd)
+            .map_err(|s| {
+                status_err(
+                    s,
+                    format!(
+                        "registering a completion eventfd for sequence id {:#x}",
+                        seq_id.raw()
+                    ),
+                )
+            })
+    }
+
+    /// `nrta_event_register_xu_completion`: `Some(fd)` has the runtime write 1 to the eventfd
+    /// `fd` after every completion of XU `(lnc, xu_type, queue)` from now on (replacing an
+    /// earlier registration); `None` (fd −1) deregisters. The caller keeps ownership of its fd
+    /// (the runtime holds a duplicate).
+    ///
+    /// # Errors
+    /// NRT_INVALID for a logical core not visible or a queue index the type does not have;
+    /// NRT_FAILURE when the fd cannot be duplicated.
+    pub fn event_register_xu_completion(
+        &self,
+        lnc: u32,
+        xu_type: XuType,
+        queue: u32,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> NrtResult<()> {
+        self.xu_at(lnc, xu_type, queue)?
+            .register_xu_completion(fd)
+            .map_err(|s| status_err(s, "registering an XU completion eventfd"))
+    }
+
+    /// `nrta_cc_schedule`: collectives are not simulated yet, so the COLLECTIVES XUs accept no
+    /// work. Checks the queue and logical core, then refuses; nothing is scheduled and no
+    /// sequence is consumed.
+    ///
+    /// # Errors
+    /// NRT_INVALID always: for a bad logical core or queue (naming it), else saying that
+    /// collectives are not simulated.
+    pub fn cc_schedule(&self, lnc: u32, queue: u32) -> NrtResult<SeqId> {
+        let xu = self.xu_at(lnc, XuType::Collectives, queue)?;
+        Err(status_err(
+            NrtStatus::Invalid,
+            format!(
+                "collectives are not simulated yet: COLLECTIVES execution unit {:#06x} (logical core {lnc}, queue {queue}) accepts no work",
+                xu.xu_id().raw()
+            ),
+        ))
     }
 
     /// `kbl_compute_setup`: takes the main TPB's `compute_req_lock` once, stages every TPB of
@@ -1152,12 +1303,12 @@ impl Runtime {
         if let Some(pool) = self.pool.take() {
             pool.shutdown();
         }
-        if let Some(t) = self.tensor_ops.take() {
-            t.shutdown();
-        }
-        crate::xu::unit::shutdown(&self.xu_list, ExecRequest::default);
+        crate::xu::execution_unit::shutdown(&self.xus.iter().cloned().collect::<Vec<_>>());
         if let Some(w) = self.workers.take() {
             w.destroy();
+        }
+        if let Some(t) = self.tensor_ops.take() {
+            t.release();
         }
         self.models.unload_all();
         // Each logical core's queues are listed under each of its NCs: the last reference

@@ -252,7 +252,9 @@ fn worker_loop(
         };
         let status = loop {
             match engine.progress_one_step(w.vnc, &mut req.info) {
-                Progress::InFlight => continue,
+                Progress::InFlight => {
+                    crate::completion::block_on_wake(engine.wake_on(w.vnc, &req.info));
+                }
                 Progress::Done(s) => break s,
                 Progress::Error(s) => {
                     w.degraded.store(true, Ordering::Release);

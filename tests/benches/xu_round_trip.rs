@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use runtime::metrics::Metrics;
-use runtime::xu::{CompletionEngine, ExecInfo, Progress, Xu, XuConfig, XuWorkers};
+use runtime::xu::{CompletionEngine, ExecInfo, ExecutionUnit, Progress, Xu, XuConfig, XuWorkers};
 use shared::NrtStatus;
 use tests::bench::{CountingAlloc, percentile};
 
@@ -98,7 +98,7 @@ fn main() {
         ..XuConfig::default()
     };
     let xu = Arc::new(Xu::new(cfg, Arc::new(Immediate), metrics).unwrap());
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
     let execute = || {
         let st = xu
             .execute_sync(

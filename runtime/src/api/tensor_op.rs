@@ -18,8 +18,8 @@
 //! waits for the model's scheduled executions, as the sync path does (the in-flight count each
 //! work item holds), then frees the model.
 //!
-//! The TENSOR_OP XUs ([`TensorOps`]) have their own worker threads, started and stopped here
-//! in one place.
+//! The TENSOR_OP XUs ([`TensorOps`]) sit in the runtime's XU table; the logical core's one
+//! worker steps them beside its COMPUTE XU.
 
 use std::sync::Arc;
 
@@ -37,22 +37,23 @@ use crate::tensor_op::request::TensorOpKind;
 use crate::tensor_op::{
     ReadBuffer, TENSOR_OP_QUEUES, TensorOpConfig, TensorOpEngine, TensorOpRequest,
 };
-use crate::xu::{ExecInfo, ExecStatus, Xu, XuConfig, XuWorkers};
+use crate::xu::{ExecInfo, ExecStatus, ExecutionUnit, Xu, XuConfig};
 
 /// The TENSOR_OP XUs of a runtime: per logical core `v`, queues 0 and 1 at `xus[2v]`,
-/// `xus[2v + 1]`, their engine, workers and metrics (kept apart from the executions').
+/// `xus[2v + 1]`, their engine and metrics (kept apart from the executions'). The XUs live in
+/// the runtime's XU table beside the logical core's COMPUTE and COLLECTIVES XUs, and the
+/// core's one worker steps them all.
 #[derive(Debug)]
 pub(crate) struct TensorOps {
     engine: Arc<TensorOpEngine>,
     xus: Vec<Arc<Xu<TensorOpEngine>>>,
-    workers: Option<XuWorkers>,
     metrics: Arc<Metrics>,
 }
 
 impl TensorOps {
     /// Creates the engine (a DMA queue per logical core and queue) and two TENSOR_OP XUs per
-    /// logical core, and starts their workers.
-    pub(crate) fn start(
+    /// logical core; the runtime puts them in its XU table, whose workers step them.
+    pub(crate) fn new(
         device: &Arc<dyn Device>,
         nq: &Arc<NqEngine>,
         vncs: &[Vec<u32>],
@@ -86,13 +87,12 @@ impl TensorOps {
                     xus.push(Arc::new(xu));
                 }
             }
-            XuWorkers::start(&xus).map_err(|s| status_err(s, "starting the tensor-op workers"))
+            Ok(())
         })();
         match built {
-            Ok(workers) => Ok(Self {
+            Ok(()) => Ok(Self {
                 engine,
                 xus,
-                workers: Some(workers),
                 metrics,
             }),
             Err(e) => {
@@ -102,13 +102,16 @@ impl TensorOps {
         }
     }
 
-    /// Drains and stops the XUs (`tpb_xu_shutdown`), joins the workers, releases the DMA
-    /// queues and staging.
-    pub(crate) fn shutdown(mut self) {
-        crate::xu::unit::shutdown(&self.xus, TensorOpRequest::default);
-        if let Some(w) = self.workers.take() {
-            w.destroy();
-        }
+    /// The TENSOR_OP XUs of logical core `vnc`, for the XU table.
+    pub(crate) fn xus_of(&self, vnc: u32) -> impl Iterator<Item = Arc<dyn ExecutionUnit>> + '_ {
+        (0..TENSOR_OP_QUEUES)
+            .filter_map(move |q| self.xu(vnc, q))
+            .map(|xu| xu.clone() as Arc<dyn ExecutionUnit>)
+    }
+
+    /// Releases the DMA queues and staging, once the XUs are shut down (`tpb_xu_shutdown`)
+    /// and their workers joined.
+    pub(crate) fn release(self) {
         self.engine.release();
     }
 

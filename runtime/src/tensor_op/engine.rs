@@ -9,15 +9,15 @@ use shared::NrtStatus;
 use crate::backend::{Device, DmaQueueId};
 use crate::completion::{NqEngine, decode_flags};
 use crate::error::NrtError;
-use crate::xu::{CompletionEngine, ExecInfo, Progress};
+use crate::xu::{CompletionEngine, ExecInfo, Progress, Wake};
 
 use super::channel::Channel;
 use super::request::{TensorOpKind, TensorOpRequest};
 use super::staging::StagingPool;
 use super::{TENSOR_OP_DMA_ENGINE, TENSOR_OP_DMA_QUEUES, TENSOR_OP_QUEUES, TENSOR_OP_RING_DESCS};
 
-/// How long a step whose completion word has not arrived sleeps before returning "in flight"
-/// (the worker steps again at once: the wake-up count is not consumed).
+/// How long a request whose completion word has not arrived waits before its XU is stepped
+/// again: on the NC's notification eventfd (a DMA error arrives there), or asleep on silicon.
 pub const POLL_INTERVAL: Duration = Duration::from_micros(20);
 
 /// How the engine is built.
@@ -46,8 +46,28 @@ impl Default for TensorOpConfig {
 /// at release) and its staging pool.
 #[derive(Debug)]
 struct Lane {
+    /// The NC whose DMA queue serves the lane (its notification queue reports the queue's
+    /// errors).
+    nc: u32,
     channel: Mutex<Option<Channel>>,
     staging: Arc<StagingPool>,
+    /// Tests: the lane's requests stay in flight unposted ([`TensorOpEngine::stall_lane_for_test`]).
+    #[cfg(test)]
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+/// Ends a test's stall of a lane when dropped.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct StallGuard<'a>(&'a Lane);
+
+#[cfg(test)]
+impl Drop for StallGuard<'_> {
+    fn drop(&mut self) {
+        self.0
+            .stalled
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// The completion engine of every TENSOR_OP XU of a runtime: one lane per (logical core,
@@ -89,8 +109,11 @@ impl TensorOpEngine {
                 };
                 match Channel::create(&device, id, config.ring_descs) {
                     Ok(ch) => this.lanes.push(Lane {
+                        nc,
                         channel: Mutex::new(Some(ch)),
                         staging: Arc::new(StagingPool::new(device.clone(), config.staging_retain)),
+                        #[cfg(test)]
+                        stalled: std::sync::atomic::AtomicBool::new(false),
                     }),
                     Err(e) => {
                         this.release();
@@ -131,15 +154,15 @@ impl TensorOpEngine {
             .map(Channel::segments_posted)
     }
 
-    /// Holds the channel of (`vnc`, `queue`) so its worker's step blocks (tests: a stalled
-    /// queue).
+    /// Stalls (`vnc`, `queue`) until the guard drops: its requests stay in flight without being
+    /// posted, and the step still returns at once (tests: a stalled queue beside working ones on
+    /// the same worker).
     #[cfg(test)]
-    pub(crate) fn hold_lane_for_test(
-        &self,
-        vnc: u32,
-        queue: u8,
-    ) -> MutexGuard<'_, Option<Channel>> {
-        Self::channel(self.lane(vnc, queue).expect("a lane"))
+    pub(crate) fn stall_lane_for_test(&self, vnc: u32, queue: u8) -> StallGuard<'_> {
+        let lane = self.lane(vnc, queue).expect("a lane");
+        lane.stalled
+            .store(true, std::sync::atomic::Ordering::Release);
+        StallGuard(lane)
     }
 
     /// The staging pool of tensor-op queue `queue` of logical core `vnc`.
@@ -181,7 +204,11 @@ impl TensorOpEngine {
             tracing::error!(queue = ?ch.id(), done = req.done, len = req.len, "a tensor operation timed out");
             return Progress::Error(NrtStatus::Timeout);
         }
-        std::thread::sleep(POLL_INTERVAL);
+        // Silicon (no notification eventfd): a short sleep between polls; on simdev the
+        // worker waits on the eventfd for at most POLL_INTERVAL (`wake_on`).
+        if self.nq.notify_fd(ch.nc()).is_none() {
+            std::thread::sleep(POLL_INTERVAL);
+        }
         Progress::InFlight
     }
 
@@ -219,6 +246,10 @@ impl CompletionEngine for TensorOpEngine {
             tracing::error!(vnc, queue = req.queue, "no tensor-op lane");
             return Progress::Error(NrtStatus::Failure);
         };
+        #[cfg(test)]
+        if lane.stalled.load(std::sync::atomic::Ordering::Acquire) {
+            return Progress::InFlight;
+        }
         let mut guard = Self::channel(lane);
         let Some(ch) = guard.as_mut() else {
             return Progress::Error(NrtStatus::Closed);
@@ -252,5 +283,28 @@ impl CompletionEngine for TensorOpEngine {
                 }
             }
         }
+    }
+
+    /// A request in flight waits on its NC's notification eventfd (a DMA error of its queue
+    /// arrives there) for at most [`POLL_INTERVAL`], then its completion word is checked again.
+    fn wake_on(&self, vnc: u32, info: &ExecInfo<TensorOpRequest>) -> Option<Wake<'_>> {
+        let req = &info.request;
+        let lane = self.lane(vnc, req.queue)?;
+        #[cfg(test)]
+        let stalled = lane.stalled.load(std::sync::atomic::Ordering::Acquire);
+        #[cfg(not(test))]
+        let stalled = false;
+        if req.in_flight.is_none() && !stalled {
+            return None;
+        }
+        let fd = self.nq.notify_fd(lane.nc)?;
+        let within = req.deadline.map_or(POLL_INTERVAL, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(POLL_INTERVAL)
+        });
+        Some(Wake {
+            fd,
+            within: Some(within),
+        })
     }
 }

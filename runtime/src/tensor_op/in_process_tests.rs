@@ -16,7 +16,7 @@ use crate::completion::{NqEngine, NqReader};
 use crate::config::RuntimeConfig;
 use crate::metrics::Metrics;
 use crate::test_support::{Rig, gated_identity, io, load, pattern};
-use crate::xu::{ExecInfo, ExecStatus, Xu, XuConfig, XuHealth, XuWorkers};
+use crate::xu::{ExecInfo, ExecStatus, ExecutionUnit, Xu, XuConfig, XuHealth, XuWorkers};
 use crate::{Placement, Runtime, Tensor};
 
 fn device_tensor(rt: &Runtime, vnc: u32, bytes: u64, name: &str) -> Tensor {
@@ -154,7 +154,8 @@ fn small_ring_rig(rig: &Rig) -> (Arc<TensorOpEngine>, Arc<Xu<TensorOpEngine>>, X
         )
         .unwrap(),
     );
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let group: Vec<Arc<dyn ExecutionUnit>> = vec![xu.clone()];
+    let workers = XuWorkers::start(&[group]).unwrap();
     (engine, xu, workers)
 }
 
@@ -211,8 +212,8 @@ fn the_two_queues_and_compute_are_independent_and_queue_full_changes_nothing() {
     let pool = engine.staging(0, 0).unwrap().clone();
     let q0 = rt.tensor_op_xu(0, 0).unwrap().clone();
     {
-        // Queue 0's worker blocks in its step: its ring fills.
-        let _held = engine.hold_lane_for_test(0, 0);
+        // Queue 0 is stalled (its requests stay in flight): its ring fills.
+        let _held = engine.stall_lane_for_test(0, 0);
         let ops: Vec<_> = (0..capacity)
             .map(|k| {
                 rt.tensor_write_schedule(&t, &[u8::try_from(k % 250).unwrap(); 16], 0, 0, 0)
@@ -482,7 +483,7 @@ fn a_tensor_a_scheduled_tensor_op_uses_is_not_freed_until_it_completes() {
     let rt = rig.sync_runtime();
     let engine = rt.tensor_op_engine().unwrap().clone();
     let mut t = Some(device_tensor(&rt, 0, 4096, "t"));
-    let held = engine.hold_lane_for_test(0, 1);
+    let held = engine.stall_lane_for_test(0, 1);
     let dest = ReadBuffer::new(64).unwrap();
     let op = rt
         .tensor_read_schedule(&dest, t.as_ref().unwrap(), 0, 64, 0, 1)
@@ -537,7 +538,7 @@ fn a_refused_schedule_leaves_no_hold() {
     let mut t = Some(device_tensor(&rt, 0, 64, "t"));
     let capacity = rt.config().xu_capacity;
     let other = device_tensor(&rt, 0, 64, "other");
-    let held = engine.hold_lane_for_test(0, 0);
+    let held = engine.stall_lane_for_test(0, 0);
     let ops: Vec<_> = (0..capacity)
         .map(|_| rt.tensor_write_schedule(&other, &[1; 8], 0, 0, 0).unwrap())
         .collect();

@@ -71,12 +71,36 @@ impl CompEfd {
     }
 }
 
-/// The queue's `mark_comp_lock`, owning each slot's completion eventfd (indexed like the ring's
+/// What one slot holds under `mark_comp_lock`: the waiter's completion eventfd
+/// (`mark_comp_efd`) and the eventfds registered for the request through
+/// `nrta_event_register_seq_id_completion` (each a dup the runtime owns; empty — no allocation —
+/// unless someone registered).
+#[derive(Debug, Default)]
+pub(crate) struct SlotEfds {
+    /// The waiter's eventfd (at most one).
+    pub(crate) mark_comp_efd: CompEfd,
+    /// Registered seq-id completion eventfds, written 1 each at the pop, then closed.
+    pub(crate) registered: Vec<OwnedFd>,
+}
+
+impl SlotEfds {
+    /// Writes 1 to every registered eventfd (a failure is logged: the caller's eventfd, not the
+    /// request, is at fault) and closes them.
+    pub(crate) fn signal_registered(registered: Vec<OwnedFd>) {
+        for fd in &registered {
+            if let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes()) {
+                tracing::warn!(errno = %e, "writing a registered seq-id completion eventfd");
+            }
+        }
+    }
+}
+
+/// The queue's `mark_comp_lock`, owning each slot's completion eventfds (indexed like the ring's
 /// buffer). Tests can build one whose critical sections cover only the eventfd cells and not the
 /// cursor check or bump next to them, to show (under loom) that the race returns.
 #[derive(Debug)]
 pub(crate) struct MarkCompLock {
-    efds: Mutex<Box<[CompEfd]>>,
+    efds: Mutex<Box<[SlotEfds]>>,
     /// Whether the lock spans the check-then-install and take-then-bump sequences (always, but
     /// in the loom model that demonstrates the race).
     spans_check_and_act: bool,
@@ -86,7 +110,7 @@ impl MarkCompLock {
     /// The lock for a ring of `capacity` slots, all without an eventfd.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            efds: Mutex::new((0..capacity).map(|_| CompEfd::None).collect()),
+            efds: Mutex::new((0..capacity).map(|_| SlotEfds::default()).collect()),
             spans_check_and_act: true,
         }
     }
@@ -101,7 +125,7 @@ impl MarkCompLock {
     }
 
     /// Takes the lock.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<[CompEfd]>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<[SlotEfds]>> {
         lock(&self.efds)
     }
 

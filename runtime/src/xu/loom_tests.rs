@@ -12,7 +12,7 @@ use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
 
 use super::handoff::CompEfd;
-use super::queue::{Consumer, Install, Producer, XuQueue};
+use super::queue::{Consumer, Install, Producer, Registration, XuQueue};
 
 fn xu() -> XuId {
     XuId::new(XuType::Compute, 0, 0)
@@ -231,6 +231,89 @@ fn a_seq_id_registration_fires_exactly_once_before_or_after_completion() {
             }
             other => panic!("unexpected registration result {other:?}"),
         }
+    });
+}
+
+/// `nrta_event_register_seq_id_completion` against the completion (seed 004 §5's
+/// install-vs-signal race, for registered eventfds): a caller registers an eventfd for request
+/// 1 while the worker pops it. Whether the registration lands before the pop (signalled by the
+/// pop) or after it (signalled at once by the registration), the eventfd is written exactly
+/// once: never lost, never twice.
+fn registration_vs_pop(narrowed_lock: bool) {
+    loom::model(move || {
+        let (mut p, mut c) = if narrowed_lock {
+            XuQueue::<u64>::new_with_narrowed_lock_for_test(xu(), 2).unwrap()
+        } else {
+            XuQueue::<u64>::with_capacity(xu(), 2).unwrap()
+        };
+        let q = p.queue().clone();
+        let seq = submit_and_trigger(&mut p, 1);
+        let worker = thread::spawn(move || {
+            pop(&mut c).unwrap();
+        });
+        let caller = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+        let outcome = q.register_seq_efd(seq, Some(caller.as_fd_clone()));
+        worker.join().unwrap();
+        assert!(
+            matches!(
+                outcome,
+                Registration::Registered | Registration::AlreadyComplete
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(caller.read(), Ok(1), "lost or doubled signal ({outcome:?})");
+        assert_eq!(caller.read(), Err(Errno::EAGAIN));
+    });
+}
+
+#[test]
+fn a_seq_id_event_registration_is_signalled_exactly_once_against_the_pop() {
+    registration_vs_pop(false);
+}
+
+#[test]
+fn a_seq_id_event_registration_is_lost_when_the_pop_bumps_outside_mark_comp_lock() {
+    // The narrowed lock lets the pop take the slot's registrations, release the lock, then
+    // move exec_head: a registration landing in between sees "not completed", is added to the
+    // emptied slot, and is never signalled.
+    let result = std::panic::catch_unwind(|| registration_vs_pop(true));
+    let payload = result.expect_err("loom must find the lost registration without the lock");
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        message.contains("lost or doubled"),
+        "failed for another reason: {message}"
+    );
+}
+
+/// Deregistration (fd −1) against the pop: once the deregistration returned, the eventfd is
+/// never written; before it, it was written at most once (the pop won).
+#[test]
+fn a_deregistered_seq_id_eventfd_is_never_signalled_after_deregistration_returns() {
+    loom::model(|| {
+        let (mut p, mut c) = XuQueue::<u64>::with_capacity(xu(), 2).unwrap();
+        let q = p.queue().clone();
+        let seq = submit_and_trigger(&mut p, 1);
+        let caller = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+        assert_eq!(
+            q.register_seq_efd(seq, Some(caller.as_fd_clone())),
+            Registration::Registered
+        );
+        let worker = thread::spawn(move || {
+            pop(&mut c).unwrap();
+        });
+        q.register_seq_efd(seq, None);
+        let before = caller.read().unwrap_or(0);
+        worker.join().unwrap();
+        assert!(before <= 1);
+        assert_eq!(
+            caller.read(),
+            Err(Errno::EAGAIN),
+            "signalled after its deregistration returned"
+        );
     });
 }
 

@@ -6,8 +6,13 @@
 //! - [`handoff`]: the owned completion eventfd ([`CompEfd`]), the install-vs-signal race and the
 //!   `mark_comp_lock` that closes it.
 //! - [`unit`]: the XU (`tpb_execution_unit_t`): submit funnel (`tpb_xu_schedule_request`),
-//!   worker step (`tpb_xu_step`), `report_complete`, synchronous waiting, shutdown, the XU table.
-//! - [`worker`]: one epoll worker thread per vNC (`kmgr_xu_worker_do_work`).
+//!   worker step (`tpb_xu_step`), `report_complete`, synchronous waiting, event registration.
+//! - [`execution_unit`]: [`ExecutionUnit`], an XU of any type behind one object-safe trait (its
+//!   worker side behind a crate-private [`WorkerKey`]), and the shutdown of every XU.
+//! - [`table`]: the XU table of every type (`tpb_xus`, `tpb_xu_get`): per vNC COMPUTE q0,
+//!   TENSOR_OP q0/q1, COLLECTIVES q0..q2.
+//! - [`worker`]: one epoll worker thread per vNC over all its XUs (`kmgr_xu_worker_do_work`);
+//!   the worker, not the step, waits for in-flight requests.
 //!
 //! Ordering contract, in one place: the producer writes a slot, then publishes
 //! `scheduled_tail` (release); after stage and doorbell it publishes `scheduled_head` (release)
@@ -18,11 +23,14 @@
 //!
 //! Who may touch what is enforced by types: the XU keeps the ring's producer inside
 //! `submit_work_lock` and its consumer inside the worker's lock; `step` and `report_complete`
-//! are crate-private; the public view of an XU reads cursors only.
+//! are crate-private (and [`ExecutionUnit`]'s worker side takes a [`WorkerKey`] only this crate
+//! makes); the public view of an XU reads cursors, waits, and registers completion eventfds.
 
+pub mod execution_unit;
 pub mod handoff;
 pub mod queue;
 pub(crate) mod sync;
+pub mod table;
 pub mod unit;
 pub mod worker;
 
@@ -31,10 +39,12 @@ mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+pub use execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey};
 pub use handoff::CompEfd;
-pub use queue::{Consumer, ExecStatus, Install, Producer, Triggered, XuQueue};
+pub use queue::{Consumer, ExecStatus, Install, Producer, Registration, Triggered, XuQueue};
+pub use table::XuTable;
 pub use unit::{
-    CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress, Xu, XuConfig, XuHealth,
-    XuTable,
+    CollectivesEngine, CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress, Xu,
+    XuConfig, XuHealth,
 };
 pub use worker::XuWorkers;

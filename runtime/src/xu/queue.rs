@@ -61,13 +61,14 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use nix::errno::Errno;
 use shared::NrtStatus;
 use shared::ids::{NRTA_SEQ_NUM_MAX, SEQ_NUM_MASK, SeqId, XuId};
 
-use super::handoff::{CompEfd, MarkCompLock};
+use super::handoff::{CompEfd, MarkCompLock, SlotEfds};
 use super::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 /// Where a request's final status is published (the seed's `NRT_STATUS *exec_status`): written
@@ -378,13 +379,65 @@ impl<T> XuQueue<T> {
         }
         debug_assert_slot(self.slot(cursor).seq_id.load(Ordering::Relaxed), cursor);
         let mut efds = guard.unwrap_or_else(|| lock.lock());
-        let cell = &mut efds[self.slot_usize(cursor)];
+        let cell = &mut efds[self.slot_usize(cursor)].mark_comp_efd;
         if cell.is_some() {
             return Install::Occupied(efd);
         }
         *cell = efd;
         Install::Installed
     }
+
+    /// The seq-id event registration (`nrta_event_register_seq_id_completion`, any thread):
+    /// under `mark_comp_lock`, adds `fd` to the eventfds request `seq_id` writes 1 to at its pop
+    /// (any number of them), or with `None` removes (and closes) every eventfd registered for
+    /// it. A request that already completed has `fd` written at once (and closed); a
+    /// deregistration then changes nothing. Serialised against
+    /// [`Consumer::worker_pop_current_exec`], which signals the registered eventfds inside the
+    /// same lock: a registration is signalled exactly once, whether it lands before or after
+    /// the pop, and an eventfd is never written after its deregistration returned.
+    pub fn register_seq_efd(&self, seq_id: SeqId, fd: Option<OwnedFd>) -> Registration {
+        if seq_id.xu_id() != self.xu_id() {
+            return Registration::Unknown;
+        }
+        let cursor = seq_id.seq_num();
+        let mut efds = self.mark_comp_lock.0.lock();
+        // exec_head only moves under this lock.
+        if cursor < self.exec_head() {
+            if let Some(fd) = fd {
+                SlotEfds::signal_registered(vec![fd]);
+                return Registration::AlreadyComplete;
+            }
+            return Registration::Deregistered;
+        }
+        if cursor >= self.scheduled_tail() {
+            return Registration::Unknown;
+        }
+        let registered = &mut efds[self.slot_usize(cursor)].registered;
+        match fd {
+            Some(fd) => {
+                registered.push(fd);
+                Registration::Registered
+            }
+            None => {
+                registered.clear();
+                Registration::Deregistered
+            }
+        }
+    }
+}
+
+/// Result of [`XuQueue::register_seq_efd`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// The eventfd will be written once, at the request's pop.
+    Registered,
+    /// The request had already completed: the eventfd was written at once.
+    AlreadyComplete,
+    /// The request's registered eventfds were removed (none left to signal).
+    Deregistered,
+    /// The seq_id names no submitted request of this queue (another XU, or beyond the last
+    /// submitted).
+    Unknown,
 }
 
 impl<T> Producer<T> {
@@ -513,9 +566,11 @@ impl<T> Consumer<T> {
     }
 
     /// `xuq_worker_pop_current_exec`: under `mark_comp_lock`, takes the slot's completion
-    /// eventfd and empties the slot, advances `exec_head` (release), then calls `signal` with the
-    /// seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and drops
-    /// the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal` failed.
+    /// eventfd and its registered seq-id eventfds and empties the slot, advances `exec_head`
+    /// (release), writes the registered eventfds (then closes them), then calls `signal` with
+    /// the seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and
+    /// drops the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal`
+    /// failed.
     ///
     /// # Errors
     /// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding (nothing changed);
@@ -533,7 +588,10 @@ impl<T> Consumer<T> {
         debug_assert_slot(seq.raw(), head);
         // CAPTURE before the bump (seed 004 GOTCHA): once exec_head moves the slot is the
         // producer's again.
-        let efd = std::mem::take(&mut guard[q.slot_usize(head)]);
+        let cell = &mut guard[q.slot_usize(head)];
+        let efd = std::mem::take(&mut cell.mark_comp_efd);
+        // Empty unless someone registered: taking an empty Vec neither allocates nor frees.
+        let registered = std::mem::take(&mut cell.registered);
         // SAFETY: consumer-owned slot (see `worker_take_item`); drop the status reference and
         // any item left so the slot holds nothing once it is back in the producer's region.
         slot.exec_status.with_mut(|s| unsafe { *s = None });
@@ -541,6 +599,11 @@ impl<T> Consumer<T> {
         slot.exec_info.with_mut(|s| unsafe { *s = None });
         let guard = lock.spans_check_and_act().then_some(guard);
         q.exec_head.0.fetch_add(1, Ordering::Release);
+        // The registered seq-id eventfds first, the waiter's last (a woken waiter finds every
+        // event of its request written).
+        if !registered.is_empty() {
+            SlotEfds::signal_registered(registered);
+        }
         let signalled = signal(seq, &efd);
         drop(efd);
         drop(guard);

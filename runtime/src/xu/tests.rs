@@ -14,9 +14,10 @@ use shared::ids::{SeqId, XuId, XuType};
 use super::handoff::CompEfd;
 use super::queue::{ExecStatus, XuQueue};
 use super::unit::{
-    CompletionEngine, ExecInfo, PopMoment, Progress, Xu, XuConfig, XuHealth, XuTable, shutdown,
+    CompletionEngine, ExecInfo, PopMoment, Progress, Xu, XuConfig, XuHealth, shutdown,
 };
 use super::worker::XuWorkers;
+use super::{ExecutionUnit, XuTable};
 use crate::metrics::Metrics;
 
 /// A completion engine double: scripted outcomes (default: done with success), counters.
@@ -106,6 +107,13 @@ fn step_while_has_work(xu: &Xu<Script>) -> u64 {
         steps += 1;
     }
     steps
+}
+
+/// One worker per XU (each its own vNC group).
+fn one_per_worker<E: CompletionEngine>(xus: &[Arc<Xu<E>>]) -> Vec<Vec<Arc<dyn ExecutionUnit>>> {
+    xus.iter()
+        .map(|xu| vec![xu.clone() as Arc<dyn ExecutionUnit>])
+        .collect()
 }
 
 fn worker_threads(prefix: &str) -> usize {
@@ -293,7 +301,7 @@ fn workers_are_joinable_and_thread_count_returns_to_baseline() {
     let xus: Vec<_> = (0..3)
         .map(|v| xu_with(Script::with(&[]), v, 4, 2).0)
         .collect();
-    let workers = XuWorkers::start(&xus).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(&xus)).unwrap();
     let prefix = workers.thread_name_prefix().to_owned();
     // A spawned thread names itself when it starts running: wait for all three names.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -315,7 +323,7 @@ fn workers_are_joinable_and_thread_count_returns_to_baseline() {
 fn sync_waiters_are_woken_through_pooled_fresh_and_polled_paths() {
     for pool in [0, 1, 4] {
         let (xu, _) = xu_with(Script::with(&[Progress::InFlight; 5]), 0, 4, pool);
-        let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+        let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
         for _ in 0..50 {
             let st = xu
                 .execute_sync(Box::new(ExecInfo::execute(1, 0)), |_, _| Ok(()), |_| Ok(()))
@@ -360,12 +368,12 @@ fn polling_fallback_respects_its_budget() {
 fn shutdown_drains_stops_and_closes() {
     let engine = Script::with(&[]);
     let xus: Vec<_> = (0..2).map(|v| xu_with(engine.clone(), v, 4, 2).0).collect();
-    let workers = XuWorkers::start(&xus).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(&xus)).unwrap();
     for xu in &xus {
         submit(xu, 5).unwrap();
     }
     xus[1].poison();
-    shutdown(&xus, || 0);
+    shutdown(&xus);
     assert_eq!(
         engine.stops.load(Ordering::Relaxed),
         1,
@@ -414,21 +422,74 @@ fn an_execution_reaching_the_step_in_implicit_async_mode_trips_the_assert() {
 }
 
 #[test]
-fn the_xu_table_finds_xus_by_vcore_and_by_compute_xu_id() {
+fn the_xu_table_finds_xus_of_every_type_by_vcore_and_by_xu_id() {
     let mut table = XuTable::new();
     let (xu, _) = xu_with(Script::with(&[]), 5, 4, 1);
-    table.insert(xu.clone());
-    assert!(Arc::ptr_eq(table.get_by_vcore(5).unwrap(), &xu));
-    assert!(table.get_by_vcore(4).is_none());
-    assert!(Arc::ptr_eq(
+    table.insert(xu.clone()).unwrap();
+    let dyn_xu: Arc<dyn ExecutionUnit> = xu.clone();
+    let same = |a: &Arc<dyn ExecutionUnit>, b: &Arc<dyn ExecutionUnit>| {
+        std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+    };
+    let on5: Vec<_> = table.get_by_vcore(5).collect();
+    assert_eq!(on5.len(), 1);
+    assert!(same(on5[0], &dyn_xu));
+    assert!(table.get_by_vcore(4).next().is_none());
+    assert!(same(
         table.get(XuId::new(XuType::Compute, 0, 5)).unwrap(),
-        &xu
+        &dyn_xu
     ));
     assert!(
         table.get(XuId::new(XuType::TensorOp, 0, 5)).is_none(),
-        "only COMPUTE ids name an XU"
+        "no TENSOR_OP XU inserted on vNC 5"
     );
     assert_eq!(xu.xu_id(), XuId::new(XuType::Compute, 0, 5));
+    // Every type and queue has its slot; a queue the type does not have names nothing.
+    let mut all = vec![dyn_xu.clone()];
+    for (t, q) in [
+        (XuType::TensorOp, 0),
+        (XuType::TensorOp, 1),
+        (XuType::Collectives, 0),
+        (XuType::Collectives, 1),
+        (XuType::Collectives, 2),
+    ] {
+        let other = typed_xu(Script::with(&[]), t, q, 5);
+        table.insert(other.clone()).unwrap();
+        all.push(other);
+    }
+    for x in &all {
+        assert!(same(table.get(x.xu_id()).unwrap(), x), "{:?}", x.xu_id());
+        assert_eq!(x.xu_id().vnc_id(), 5);
+    }
+    assert_eq!(table.get_by_vcore(5).count(), 6);
+    assert_eq!(table.groups().len(), 1, "one group: vNC 5");
+    assert_eq!(table.groups()[0].len(), 6);
+    assert!(table.get(XuId::new(XuType::Compute, 1, 5)).is_none());
+    assert!(table.get(XuId::new(XuType::TensorOp, 2, 5)).is_none());
+    assert!(table.get(XuId::new(XuType::Collectives, 3, 5)).is_none());
+    assert!(
+        table.get(XuId::from_raw(0x0503)).is_none(),
+        "type 3 does not exist"
+    );
+    let bad = typed_xu(Script::with(&[]), XuType::Compute, 1, 5);
+    assert!(table.insert(bad).is_err(), "COMPUTE has one queue");
+}
+
+/// An XU of `xu_type`, queue `queue`, on `vnc`.
+fn typed_xu<E: CompletionEngine>(
+    engine: Arc<E>,
+    xu_type: XuType,
+    queue: u8,
+    vnc: u32,
+) -> Arc<dyn ExecutionUnit> {
+    let cfg = XuConfig {
+        vnc,
+        queue,
+        tpbs: vec![0],
+        capacity: 4,
+        efd_pool_size: 1,
+        ..XuConfig::default()
+    };
+    Arc::new(Xu::new_typed(xu_type, cfg, engine, Arc::new(Metrics::new(1))).unwrap())
 }
 
 #[test]
@@ -675,14 +736,14 @@ impl CompletionEngine for Gated {
 fn shutdown_drains_a_full_xu_then_runs_the_stop_then_drains_again() {
     let engine = Arc::new(Gated::default());
     let (xu, _) = xu_with(engine.clone(), 0, 4, 1);
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
     for model in 1..=4 {
         submit(&xu, model).unwrap();
     }
     assert_eq!(submit(&xu, 5).err(), Some(NrtStatus::QueueFull));
     let shutting = {
         let xu = xu.clone();
-        std::thread::spawn(move || shutdown(&[xu], || 0))
+        std::thread::spawn(move || shutdown(&[xu]))
     };
     // All four stay in flight: a shutdown without its first drain would now schedule the STOP
     // into the full queue and be refused (QUEUE_FULL), so the STOP would never run.
@@ -734,7 +795,7 @@ fn the_drain_waits_for_triggered_work_only() {
 #[test]
 fn a_pooled_completion_eventfd_goes_back_to_the_pool_after_each_wait() {
     let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
-    let workers = XuWorkers::start(std::slice::from_ref(&xu)).unwrap();
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
     for _ in 0..3 {
         let (seq, status) = submit(&xu, 1).unwrap();
         assert_eq!(xu.wait_for_completion(seq, None), Ok(()));
@@ -758,4 +819,486 @@ fn a_wait_for_a_request_never_submitted_is_invalid() {
         Some(NrtStatus::Invalid)
     );
     assert_eq!(xu.efd_pool_available(), 1);
+}
+
+// ---- XUs of every type, the per-vNC worker, completion events (issue 12) ----
+
+/// An engine whose request stays in flight until its eventfd is written; it names that eventfd
+/// as the wake fd (`within`: none), as the notification-queue engine does on simdev.
+#[derive(Debug)]
+struct Stalled {
+    efd: nix::sys::eventfd::EventFd,
+    progress_calls: AtomicU64,
+}
+
+impl Stalled {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            efd: nix::sys::eventfd::EventFd::from_value_and_flags(
+                0,
+                nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+            )
+            .unwrap(),
+            progress_calls: AtomicU64::new(0),
+        })
+    }
+}
+
+impl CompletionEngine for Stalled {
+    type Request = u64;
+
+    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<u64>) -> Progress {
+        self.progress_calls.fetch_add(1, Ordering::Relaxed);
+        match self.efd.read() {
+            Ok(_) => Progress::Done(NrtStatus::Success),
+            Err(_) => Progress::InFlight,
+        }
+    }
+
+    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        Some(super::Wake {
+            fd: self.efd.as_fd(),
+            within: None,
+        })
+    }
+}
+
+/// An XU of `xu_type`/`queue` on `vnc`, typed.
+fn typed<E: CompletionEngine>(
+    engine: Arc<E>,
+    xu_type: XuType,
+    queue: u8,
+    vnc: u32,
+    capacity: usize,
+) -> Arc<Xu<E>> {
+    let cfg = XuConfig {
+        vnc,
+        queue,
+        tpbs: vec![vnc],
+        capacity,
+        efd_pool_size: 2,
+        ..XuConfig::default()
+    };
+    Arc::new(Xu::new_typed(xu_type, cfg, engine, Arc::new(Metrics::new(4))).unwrap())
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[test]
+fn the_xu_id_carries_type_queue_and_vnc_and_each_xu_has_its_own_sequence() {
+    let a = typed(Script::with(&[]), XuType::TensorOp, 1, 7, 4);
+    let b = typed(Script::with(&[]), XuType::TensorOp, 0, 7, 4);
+    assert_eq!(a.xu_id(), XuId::new(XuType::TensorOp, 1, 7));
+    assert_eq!(a.xu_id().queue(), 1);
+    let (s1, _) = submit(&a, 1).unwrap();
+    let (s2, _) = submit(&a, 1).unwrap();
+    let (t1, _) = submit(&b, 1).unwrap();
+    assert_eq!((s1.seq_num(), s2.seq_num(), t1.seq_num()), (1, 2, 1));
+    assert_eq!(s1.xu_id(), a.xu_id());
+    assert_eq!(t1.xu_id(), b.xu_id());
+}
+
+/// Seed 004 §4: one worker per vNC epolls every XU it owns. A request in flight on one XU
+/// (its engine waiting on an event that does not come) must not stall the others: 50
+/// requests on another XU of the vNC all complete while it is still in flight, and the
+/// stalled XU is not stepped again until its wake fd fires (a worker that let the step sleep,
+/// or re-stepped it on its still-readable has_work_efd, would step it once per round).
+#[test]
+fn a_stalled_xu_does_not_stall_the_other_xus_of_its_vnc() {
+    let stalled = Stalled::new();
+    let compute = typed(stalled.clone(), XuType::Compute, 0, 0, 4);
+    let tensor = typed(Script::with(&[]), XuType::TensorOp, 0, 0, 64);
+    let workers = XuWorkers::start(&[vec![
+        tensor.clone() as Arc<dyn ExecutionUnit>,
+        compute.clone(),
+    ]])
+    .unwrap();
+    assert_eq!(workers.len(), 1, "one worker for the vNC");
+    let (held, held_status) = submit(&*compute, 1).unwrap();
+    wait_until("the compute request's first step", || {
+        stalled.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    let reqs: Vec<_> = (0..50).map(|_| submit(&*tensor, 2).unwrap()).collect();
+    let last = reqs.last().unwrap().0;
+    wait_until("50 tensor requests", || tensor.is_completed(last));
+    for (seq, status) in &reqs {
+        assert!(tensor.is_completed(*seq));
+        assert_eq!(status.get(), Some(NrtStatus::Success));
+    }
+    assert!(!compute.is_completed(held), "still in flight");
+    assert_eq!(held_status.get(), None);
+    assert_eq!(
+        stalled.progress_calls.load(Ordering::Relaxed),
+        1,
+        "the stalled XU waited on its wake fd, not stepped per round"
+    );
+    // Its event comes: the worker steps it and it completes.
+    stalled.efd.write(1).unwrap();
+    wait_until("the compute request", || compute.is_completed(held));
+    assert_eq!(held_status.get(), Some(NrtStatus::Success));
+    // And the worker watches its has_work_efd again.
+    let (next, _) = submit(&*compute, 1).unwrap();
+    stalled.efd.write(1).unwrap();
+    wait_until("the next compute request", || compute.is_completed(next));
+    workers.destroy();
+}
+
+/// An engine that names a wake fd nobody writes but a `within`: the worker steps it again when
+/// `within` elapses.
+#[derive(Debug)]
+struct Ticking(Arc<Stalled>);
+
+impl CompletionEngine for Ticking {
+    type Request = u64;
+
+    fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
+        let calls = self.0.progress_calls.load(Ordering::Relaxed);
+        self.0.progress_one_step(vnc, info);
+        if calls >= 3 {
+            Progress::Done(NrtStatus::Success)
+        } else {
+            Progress::InFlight
+        }
+    }
+
+    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        Some(super::Wake {
+            fd: self.0.efd.as_fd(),
+            within: Some(Duration::from_millis(5)),
+        })
+    }
+}
+
+#[test]
+fn a_waiting_xu_is_stepped_again_when_its_within_elapses() {
+    let inner = Stalled::new();
+    let xu = typed(Arc::new(Ticking(inner.clone())), XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
+    let (seq, status) = submit(&*xu, 1).unwrap();
+    wait_until("completion after 4 steps", || xu.is_completed(seq));
+    assert_eq!(status.get(), Some(NrtStatus::Success));
+    assert_eq!(inner.progress_calls.load(Ordering::Relaxed), 4);
+    workers.destroy();
+}
+
+const ALL_TYPES: [XuType; 3] = [XuType::TensorOp, XuType::Compute, XuType::Collectives];
+
+/// An engine that records which model each step ran.
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<u64>>);
+
+impl CompletionEngine for Recorder {
+    type Request = u64;
+
+    fn progress_one_step(&self, _vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
+        self.0.lock().unwrap().push(info.model_id);
+        Progress::Done(NrtStatus::ExecCompletedWithErr)
+    }
+}
+
+/// The per-request `ret` is published before the request shows as completed, on every XU
+/// type, seen through the trait.
+#[test]
+fn ret_is_written_before_the_request_shows_completed_on_every_xu_type() {
+    for t in ALL_TYPES {
+        let xu = typed(Arc::new(Recorder::default()), t, 0, 1, 4);
+        let view: Arc<dyn ExecutionUnit> = xu.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        // At the pop (the moment exec_head moves, inside mark_comp_lock, before any signal):
+        // the status cell must already read the request's status.
+        xu.on_pop_for_test(move |m| s2.lock().unwrap().push(m.status));
+        let (seq, status) = submit(&*xu, 1).unwrap();
+        assert!(!view.is_completed(seq));
+        assert_eq!(status.get(), None);
+        view.step(super::WorkerKey::new());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [Some(NrtStatus::ExecCompletedWithErr)],
+            "{t:?}"
+        );
+        assert!(view.is_completed(seq));
+        assert_eq!(status.get(), Some(NrtStatus::ExecCompletedWithErr));
+        assert_eq!(view.last_completed(), seq);
+    }
+}
+
+/// NRT_QUEUE_FULL changes nothing on every XU type: no stage, no sequence consumed, no slot
+/// written, no wake-up counted.
+#[test]
+fn queue_full_changes_nothing_on_every_xu_type() {
+    for t in ALL_TYPES {
+        let engine = Arc::new(Recorder::default());
+        let xu = typed(engine.clone(), t, 0, 2, 2);
+        submit(&*xu, 1).unwrap();
+        submit(&*xu, 2).unwrap();
+        let (tail, count) = (xu.queue().scheduled_tail(), xu.has_work_count_for_test());
+        let staged = std::cell::Cell::new(false);
+        let refused = xu.schedule_request(
+            Box::new(ExecInfo::execute(3, 0)),
+            Some(Arc::new(ExecStatus::new())),
+            |_, _| {
+                staged.set(true);
+                Ok(())
+            },
+            |_| Ok(()),
+        );
+        assert_eq!(refused, Err(NrtStatus::QueueFull), "{t:?}");
+        assert!(!staged.get(), "{t:?}: nothing staged");
+        assert_eq!(
+            xu.queue().scheduled_tail(),
+            tail,
+            "{t:?}: no sequence consumed"
+        );
+        assert_eq!(
+            xu.has_work_count_for_test(),
+            count,
+            "{t:?}: no wake-up counted"
+        );
+        assert_eq!(xu.depth(), 2);
+        step_while_has_work_any(&xu);
+        // The slot the refused request would have overwritten (cursor 3 shares request 1's)
+        // still ran request 1; the next request gets seq_num 3.
+        assert_eq!(*engine.0.lock().unwrap(), [1, 2], "{t:?}: no slot written");
+        assert_eq!(submit(&*xu, 4).unwrap().0.seq_num(), 3, "{t:?}");
+    }
+}
+
+fn step_while_has_work_any<E: CompletionEngine>(xu: &Xu<E>) {
+    let mut steps = 0;
+    loop {
+        let mut fds = [PollFd::new(xu.has_work_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::ZERO).unwrap() == 0 || steps > 1000 {
+            break;
+        }
+        xu.step();
+        steps += 1;
+    }
+}
+
+/// Progress::Error degrades only its own XU: 101 there, the vNC's other XUs (same worker)
+/// keep working.
+#[test]
+fn a_fatal_error_degrades_only_its_own_xu() {
+    let compute = typed(
+        Script::with(&[Progress::Error(NrtStatus::ExecHwErrDmaAbort)]),
+        XuType::Compute,
+        0,
+        0,
+        4,
+    );
+    let q0 = typed(Script::with(&[]), XuType::TensorOp, 0, 0, 4);
+    let q1 = typed(Script::with(&[]), XuType::TensorOp, 1, 0, 4);
+    let workers = XuWorkers::start(&[vec![
+        q0.clone() as Arc<dyn ExecutionUnit>,
+        compute.clone(),
+        q1.clone(),
+    ]])
+    .unwrap();
+    let (seq, status) = submit(&*compute, 1).unwrap();
+    wait_until("the failing request", || compute.is_completed(seq));
+    assert_eq!(status.get(), Some(NrtStatus::ExecHwErrDmaAbort));
+    assert_eq!(compute.health(), XuHealth::FatalShutdown);
+    assert_eq!(
+        submit(&*compute, 1).err(),
+        Some(NrtStatus::ExecUnitUnrecoverable)
+    );
+    for xu in [&q0, &q1] {
+        assert_eq!(xu.health(), XuHealth::Healthy);
+        let (s, st) = submit(&**xu, 2).unwrap();
+        xu.wait_for_completion(s, Some(Duration::from_secs(20)))
+            .unwrap();
+        assert_eq!(st.get(), Some(NrtStatus::Success));
+    }
+    workers.destroy();
+}
+
+#[test]
+fn collectives_xus_exist_but_refuse_work_without_consuming_a_sequence() {
+    let xu = typed(
+        Arc::new(super::CollectivesEngine),
+        XuType::Collectives,
+        2,
+        3,
+        4,
+    );
+    assert_eq!(xu.xu_id(), XuId::new(XuType::Collectives, 2, 3));
+    let staged = std::cell::Cell::new(false);
+    let r = xu.schedule_request(
+        Box::new(ExecInfo::execute(1, ())),
+        Some(Arc::new(ExecStatus::new())),
+        |_, _| {
+            staged.set(true);
+            Ok(())
+        },
+        |_| Ok(()),
+    );
+    assert_eq!(r, Err(NrtStatus::Invalid));
+    assert!(!staged.get());
+    assert_eq!(xu.queue().scheduled_tail(), 1, "no sequence consumed");
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    // A STOP at shutdown still passes.
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
+    shutdown(std::slice::from_ref(&xu));
+    assert_eq!(xu.last_completed().seq_num(), 1, "the STOP ran");
+    workers.destroy();
+}
+
+fn nb_efd() -> nix::sys::eventfd::EventFd {
+    nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::EFD_NONBLOCK)
+        .unwrap()
+}
+
+#[test]
+fn a_seq_id_registration_is_signalled_once_and_two_registrations_both() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, _) = submit(&xu, 1).unwrap();
+    let (a, b) = (nb_efd(), nb_efd());
+    xu.register_seq_completion(seq, Some(a.as_fd())).unwrap();
+    xu.register_seq_completion(seq, Some(b.as_fd())).unwrap();
+    assert_eq!(
+        a.read(),
+        Err(nix::errno::Errno::EAGAIN),
+        "not before completion"
+    );
+    // The caller keeps its fd: the XU holds duplicates, so its own stays usable and the
+    // signal reaches the same eventfd.
+    xu.step();
+    assert_eq!(a.read(), Ok(1));
+    assert_eq!(b.read(), Ok(1));
+    // Another request completing does not signal them again.
+    submit(&xu, 1).unwrap();
+    xu.step();
+    assert_eq!(a.read(), Err(nix::errno::Errno::EAGAIN));
+    assert_eq!(b.read(), Err(nix::errno::Errno::EAGAIN));
+}
+
+#[test]
+fn registering_an_already_completed_seq_signals_at_once() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, _) = submit(&xu, 1).unwrap();
+    xu.step();
+    let a = nb_efd();
+    xu.register_seq_completion(seq, Some(a.as_fd())).unwrap();
+    assert_eq!(a.read(), Ok(1));
+    // seq_num 0 (what get_sequence returns before any completion) is completed too.
+    let zero = SeqId::new(xu.xu_id(), 0);
+    xu.register_seq_completion(zero, Some(a.as_fd())).unwrap();
+    assert_eq!(a.read(), Ok(1));
+    // Deregistering a completed request changes nothing.
+    xu.register_seq_completion(seq, None).unwrap();
+}
+
+#[test]
+fn a_deregistered_seq_id_eventfd_is_never_signalled() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, _) = submit(&xu, 1).unwrap();
+    let (a, b) = (nb_efd(), nb_efd());
+    xu.register_seq_completion(seq, Some(a.as_fd())).unwrap();
+    xu.register_seq_completion(seq, Some(b.as_fd())).unwrap();
+    xu.register_seq_completion(seq, None).unwrap();
+    xu.step();
+    assert!(xu.is_completed(seq));
+    assert_eq!(a.read(), Err(nix::errno::Errno::EAGAIN));
+    assert_eq!(b.read(), Err(nix::errno::Errno::EAGAIN));
+}
+
+#[test]
+fn a_seq_id_of_another_xu_or_beyond_the_last_submitted_is_invalid_to_register() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 4, 1);
+    let (seq, _) = submit(&xu, 1).unwrap();
+    let a = nb_efd();
+    let beyond = SeqId::new(xu.xu_id(), seq.seq_num() + 1);
+    let other = SeqId::new(XuId::new(XuType::TensorOp, 0, 0), 1);
+    for s in [beyond, other] {
+        assert_eq!(
+            xu.register_seq_completion(s, Some(a.as_fd())),
+            Err(NrtStatus::Invalid)
+        );
+        assert!(!xu.knows(s));
+    }
+    assert!(xu.knows(seq));
+    assert!(xu.knows(SeqId::new(xu.xu_id(), 0)));
+}
+
+#[test]
+fn an_xu_completion_eventfd_counts_exactly_the_completions_until_deregistered() {
+    let (xu, _) = xu_with(Script::with(&[]), 0, 8, 1);
+    let a = nb_efd();
+    submit(&xu, 1).unwrap();
+    xu.step();
+    xu.register_xu_completion(Some(a.as_fd())).unwrap();
+    for _ in 0..5 {
+        submit(&xu, 1).unwrap();
+    }
+    step_while_has_work(&xu);
+    assert_eq!(
+        a.read(),
+        Ok(5),
+        "the completions after registration, exactly"
+    );
+    xu.register_xu_completion(None).unwrap();
+    submit(&xu, 1).unwrap();
+    xu.step();
+    assert_eq!(a.read(), Err(nix::errno::Errno::EAGAIN), "deregistered");
+}
+
+/// CPU ticks (user + system) the threads named `prefix*` used so far.
+fn cpu_ticks(prefix: &str) -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let path = t.ok()?.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            if !comm.trim_end().starts_with(prefix) {
+                return None;
+            }
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+            // Fields after the parenthesised comm: state is field 3; utime 14, stime 15.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// A wake fd that turns readable while no request waits on it (a late event) is disarmed,
+/// not spun on: level-triggered, it would otherwise wake the worker until a later step drains
+/// it. Idle, the worker uses (next to) no CPU; spinning, it uses what it gets of the 500 ms.
+#[test]
+fn a_wake_fd_firing_with_nobody_waiting_does_not_spin_the_worker() {
+    let stalled = Stalled::new();
+    let xu = typed(stalled.clone(), XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&one_per_worker(std::slice::from_ref(&xu))).unwrap();
+    let prefix = workers.thread_name_prefix().to_owned();
+    let (seq, _) = submit(&*xu, 1).unwrap();
+    wait_until("the first step", || {
+        stalled.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    stalled.efd.write(1).unwrap();
+    wait_until("completion", || xu.is_completed(seq));
+    // A late event: nobody waits, nobody drains it.
+    stalled.efd.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let before = cpu_ticks(&prefix);
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu_ticks(&prefix) - before;
+    assert!(
+        used < 5,
+        "the worker spun: {used} ticks (of 10 ms) in 500 ms"
+    );
+    // The next request still completes (its first step drains the late event: the engine
+    // double reads it as done, which is fine here).
+    let (next, _) = submit(&*xu, 1).unwrap();
+    wait_until("the next request", || xu.is_completed(next));
+    workers.destroy();
 }

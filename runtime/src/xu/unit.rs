@@ -1,5 +1,7 @@
-//! The XU (`tpb_execution_unit_t`): one per vNC, holding the work queue, the counted wake-up
-//! eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6; seed 000 §4).
+//! The XU (`tpb_execution_unit_t`): one per (vNC, XU type, queue), holding the work queue, the
+//! counted wake-up eventfd, the three locks, and the worker-side step (seed 004 §3, §5, §6;
+//! seed 000 §4). The type only picks the completion engine and goes into the xu_id; every type
+//! shares this ring, funnel, step and completion hand-off.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -10,8 +12,9 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
 
+use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey, sealed};
 use super::handoff::CompEfd;
-use super::queue::{Consumer, ExecStatus, Install, Producer, XuQueue};
+use super::queue::{Consumer, ExecStatus, Install, Producer, Registration, XuQueue};
 use super::sync::{AtomicU8, Mutex, Ordering, lock};
 use crate::metrics::{Metrics, TpbResponse};
 
@@ -80,14 +83,37 @@ pub enum Progress {
     Error(NrtStatus),
 }
 
-/// The completion engine the worker drives: harvests one execution's completion without
-/// blocking for long. The notification-queue engine implements it; tests use doubles.
+/// The completion engine the worker drives: harvests one request's completion without
+/// blocking. Each XU type has its own (the notification-queue engine for COMPUTE, the DMA engine
+/// for TENSOR_OP, [`CollectivesEngine`] for COLLECTIVES); tests use doubles.
+///
+/// The worker owns all waiting: one worker thread steps every XU of its vNC, so a step must not
+/// sleep waiting for the device (it would stall the vNC's other XUs). To wait, a step returns
+/// [`Progress::InFlight`] and [`CompletionEngine::wake_on`] names the fd the worker epolls
+/// before stepping the request again.
 pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
-    /// Per-request state carried in [`ExecInfo::request`].
-    type Request: Send + std::fmt::Debug + 'static;
+    /// Per-request state carried in [`ExecInfo::request`] (the default value is the STOP
+    /// item's request).
+    type Request: Default + Send + std::fmt::Debug + 'static;
 
-    /// One step of execution `info` on vNC `vnc` (first call: init state; later calls: poll).
+    /// One non-blocking step of request `info` on vNC `vnc` (first call: init state; later
+    /// calls: poll).
     fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<Self::Request>) -> Progress;
+
+    /// After [`Progress::InFlight`]: what the worker waits on before stepping `info` again.
+    /// `None` (the default): step again as soon as the worker has looked at its other XUs.
+    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<Self::Request>) -> Option<Wake<'_>> {
+        None
+    }
+
+    /// The funnel's first gate for an EXECUTE item: an engine that cannot run this kind of work
+    /// refuses it here, before anything is staged or a sequence is consumed.
+    ///
+    /// # Errors
+    /// The refusal's status (NRT_INVALID for work this XU type does not take).
+    fn admit(&self, _info: &ExecInfo<Self::Request>) -> Result<(), NrtStatus> {
+        Ok(())
+    }
 
     /// The STOP request path (`dlr_wait_model_stop_request`); an error poisons the XU.
     ///
@@ -100,6 +126,25 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     /// Releases a model's staging whose unstage was deferred until its last execution on this
     /// XU finished (`kmgr_unstage_kelf_model`).
     fn unstage_model(&self, _model_id: u64) {}
+}
+
+/// The COLLECTIVES XUs' engine: collectives are not simulated yet, so it admits no work (the
+/// funnel answers NRT_INVALID, nothing consumed). Its XUs exist and are reachable by id; STOP
+/// items at shutdown pass.
+#[derive(Debug, Default)]
+pub struct CollectivesEngine;
+
+impl CompletionEngine for CollectivesEngine {
+    type Request = ();
+
+    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<()>) -> Progress {
+        // Unreachable: `admit` refuses every EXECUTE item.
+        Progress::Done(NrtStatus::Invalid)
+    }
+
+    fn admit(&self, _info: &ExecInfo<()>) -> Result<(), NrtStatus> {
+        Err(NrtStatus::Invalid)
+    }
 }
 
 /// `health_status` of an XU.
@@ -331,7 +376,7 @@ impl<E: CompletionEngine> Xu<E> {
         self.vnc
     }
 
-    /// The XU id (`{COMPUTE, queue 0, vnc}`).
+    /// The XU id (`{type, queue, vnc}`).
     pub fn xu_id(&self) -> XuId {
         self.work_queue.xu_id()
     }
@@ -372,10 +417,53 @@ impl<E: CompletionEngine> Xu<E> {
         self.health.store(h as u8, Ordering::Release);
     }
 
-    /// Registers (or clears) an eventfd written with 1 after every completion of this XU's
-    /// queue, after the slot is popped (the async API's per-queue completion fd).
-    pub fn register_completion_fd(&self, fd: Option<OwnedFd>) {
-        *lock(&self.completion_fd) = fd;
+    /// `nrta_event_register_xu_completion`: registers (or with `None` clears) an eventfd
+    /// written with 1 after every completion of this XU, after the slot is popped. The XU holds
+    /// a duplicate of `fd`; the caller keeps its own.
+    ///
+    /// # Errors
+    /// NRT_FAILURE when `fd` cannot be duplicated.
+    pub fn register_xu_completion(&self, fd: Option<BorrowedFd<'_>>) -> Result<(), NrtStatus> {
+        let dup = fd
+            .map(|fd| fd.try_clone_to_owned())
+            .transpose()
+            .map_err(|e| {
+                tracing::error!(error = %e, "duplicating an XU completion eventfd");
+                NrtStatus::Failure
+            })?;
+        *lock(&self.completion_fd) = dup;
+        Ok(())
+    }
+
+    /// `nrta_event_register_seq_id_completion`: see
+    /// [`ExecutionUnit::register_seq_completion`].
+    ///
+    /// # Errors
+    /// NRT_INVALID when `seq_id` names no submitted request of this XU; NRT_FAILURE when `fd`
+    /// cannot be duplicated.
+    pub fn register_seq_completion(
+        &self,
+        seq_id: SeqId,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), NrtStatus> {
+        let dup = fd
+            .map(|fd| fd.try_clone_to_owned())
+            .transpose()
+            .map_err(|e| {
+                tracing::error!(error = %e, "duplicating a seq-id completion eventfd");
+                NrtStatus::Failure
+            })?;
+        match self.work_queue.register_seq_efd(seq_id, dup) {
+            Registration::Unknown => Err(NrtStatus::Invalid),
+            Registration::Registered
+            | Registration::AlreadyComplete
+            | Registration::Deregistered => Ok(()),
+        }
+    }
+
+    /// Whether `seq_id` names a request of this XU submitted so far (or seq_num 0).
+    pub fn knows(&self, seq_id: SeqId) -> bool {
+        seq_id.xu_id() == self.xu_id() && seq_id.seq_num() < self.work_queue.scheduled_tail()
     }
 
     /// Writes every pooled completion eventfd without a completion (tests only).
@@ -460,8 +548,9 @@ impl<E: CompletionEngine> Xu<E> {
         self.steps.load(Ordering::Relaxed)
     }
 
-    /// `tpb_xu_schedule_request`, the submit funnel. Under `submit_work_lock`: the gates in the
-    /// seed's order — FATAL_SHUTDOWN → 101, queue full → NRT_QUEUE_FULL (7), STOP requests skip
+    /// `tpb_xu_schedule_request`, the submit funnel. First, for an EXECUTE item, the engine's
+    /// [`CompletionEngine::admit`] (COLLECTIVES refuses with NRT_INVALID, nothing consumed).
+    /// Then under `submit_work_lock`: the gates in the seed's order — FATAL_SHUTDOWN → 101, queue full → NRT_QUEUE_FULL (7), STOP requests skip
     /// staging, SHUTDOWN → NRT_CLOSED (14) — then the model-switch decision from
     /// `last_posted_model`, `stage` (given the switch flag), `doorbell`; a stage or doorbell
     /// failure poisons the XU (FATAL_SHUTDOWN) and is returned. Then publish, trigger and
@@ -476,6 +565,9 @@ impl<E: CompletionEngine> Xu<E> {
         stage: impl FnOnce(&mut ExecInfo<E::Request>, bool) -> Result<(), NrtStatus>,
         doorbell: impl FnOnce(&ExecInfo<E::Request>) -> Result<(), NrtStatus>,
     ) -> Result<SeqId, NrtStatus> {
+        if info.kind == ExecKind::Execute {
+            self.engine.admit(&info)?;
+        }
         let mut st = lock(&self.submit_work_lock);
         if self.health() == XuHealth::FatalShutdown {
             return Err(NrtStatus::ExecUnitUnrecoverable);
@@ -531,12 +623,12 @@ impl<E: CompletionEngine> Xu<E> {
     /// `progress_one_step` (in flight: return, the wake-up stays counted; error: poison) → on
     /// done, per-TPB metrics (EXECUTE only) → deferred unstage under `unstage_lock` → free the
     /// work item → [`Xu::report_complete`]. Holds the ring's consumer for the whole step.
-    pub(crate) fn step(&self) {
+    pub(crate) fn step(&self) -> StepOutcome<'_> {
         self.steps.fetch_add(1, Ordering::Relaxed);
         let mut consumer = lock(&self.worker);
         let Some(seq) = consumer.worker_peek_current_exec() else {
             tracing::debug!(vnc = self.vnc, "Execution Unit nothing to step");
-            return;
+            return StepOutcome::Ready;
         };
         let kind = consumer
             .worker_with_item(|i| i.kind)
@@ -568,12 +660,23 @@ impl<E: CompletionEngine> Xu<E> {
                     "tpb_xu_step: implicit_async_mode is set (the XU ring and the async pool are exclusive)"
                 );
             }
-            let engine = &self.engine;
+            let engine = &*self.engine;
             let vnc = self.vnc;
-            match consumer.worker_with_item(|info| engine.progress_one_step(vnc, info)) {
-                Some(Progress::InFlight) => return,
-                Some(Progress::Done(s)) => s,
-                Some(Progress::Error(s)) => {
+            let progressed = consumer.worker_with_item(|info| {
+                let p = engine.progress_one_step(vnc, info);
+                (
+                    p,
+                    (p == Progress::InFlight)
+                        .then(|| engine.wake_on(vnc, info))
+                        .flatten(),
+                )
+            });
+            match progressed {
+                Some((Progress::InFlight, wake)) => {
+                    return wake.map_or(StepOutcome::Ready, StepOutcome::Wait);
+                }
+                Some((Progress::Done(s), _)) => s,
+                Some((Progress::Error(s), _)) => {
                     tracing::warn!(vnc = self.vnc, status = %s, "execution failed; degrading the execution unit");
                     self.poison();
                     s
@@ -585,7 +688,7 @@ impl<E: CompletionEngine> Xu<E> {
         let Some(info) = consumer.worker_take_item() else {
             tracing::error!(vnc = self.vnc, "xu_queue slot without a work item");
             self.poison();
-            return;
+            return StepOutcome::Ready;
         };
         if info.kind == ExecKind::Execute {
             let e2e_us =
@@ -615,6 +718,7 @@ impl<E: CompletionEngine> Xu<E> {
         }
         drop(info); // free the work item before reporting, as the seed does
         self.report_complete(&mut consumer, status_cell, exec_status);
+        StepOutcome::Ready
     }
 
     /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
@@ -655,19 +759,21 @@ impl<E: CompletionEngine> Xu<E> {
         if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
+        // Inside the pop (under mark_comp_lock, exec_head already moved): the XU completion
+        // eventfd first, then the waiter's, so a woken waiter finds every event written.
         let signal = |_seq: SeqId, efd: &CompEfd| {
             #[cfg(all(test, not(loom)))]
             self.run_pop_hook(_seq, status_cell.as_deref());
+            if let Some(fd) = lock(&self.completion_fd).as_ref()
+                && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
+            {
+                tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered XU completion eventfd");
+            }
             efd.signal()
         };
         match consumer.worker_pop_current_exec(signal) {
             Ok(seq) => {
                 tracing::debug!(vnc = self.vnc, seq = seq.raw(), status = %exec_status, "completed");
-                if let Some(fd) = lock(&self.completion_fd).as_ref()
-                    && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
-                {
-                    tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered completion eventfd");
-                }
             }
             Err(rc) => {
                 tracing::error!(vnc = self.vnc, %rc, "Failed to complete request");
@@ -826,72 +932,87 @@ impl<E: CompletionEngine> Xu<E> {
     }
 }
 
-/// The XU table: one slot per vNC (`tpb_xus`, `MAX_VIRTUAL_TPB` = 256).
-#[derive(Debug)]
-pub struct XuTable<E: CompletionEngine> {
-    xus: Vec<Option<Arc<Xu<E>>>>,
+impl<E: CompletionEngine> sealed::Sealed for Xu<E> {}
+
+impl<E: CompletionEngine> ExecutionUnit for Xu<E> {
+    fn xu_id(&self) -> XuId {
+        Xu::xu_id(self)
+    }
+
+    fn vnc(&self) -> u32 {
+        Xu::vnc(self)
+    }
+
+    fn depth(&self) -> u64 {
+        Xu::depth(self)
+    }
+
+    fn last_completed(&self) -> SeqId {
+        Xu::last_completed(self)
+    }
+
+    fn knows(&self, seq_id: SeqId) -> bool {
+        Xu::knows(self, seq_id)
+    }
+
+    fn is_completed(&self, seq_id: SeqId) -> bool {
+        Xu::is_completed(self, seq_id)
+    }
+
+    fn health(&self) -> XuHealth {
+        Xu::health(self)
+    }
+
+    fn steps(&self) -> u64 {
+        Xu::steps(self)
+    }
+
+    fn wait_for_completion(
+        &self,
+        seq_id: SeqId,
+        budget: Option<Duration>,
+    ) -> Result<(), NrtStatus> {
+        Xu::wait_for_completion(self, seq_id, budget)
+    }
+
+    fn register_seq_completion(
+        &self,
+        seq_id: SeqId,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), NrtStatus> {
+        Xu::register_seq_completion(self, seq_id, fd)
+    }
+
+    fn register_xu_completion(&self, fd: Option<BorrowedFd<'_>>) -> Result<(), NrtStatus> {
+        Xu::register_xu_completion(self, fd)
+    }
+
+    fn step(&self, _key: WorkerKey) -> StepOutcome<'_> {
+        Xu::step(self)
+    }
+
+    fn has_work_fd(&self, _key: WorkerKey) -> BorrowedFd<'_> {
+        Xu::has_work_fd(self)
+    }
+
+    fn begin_shutdown(&self, _key: WorkerKey) {
+        Xu::begin_shutdown(self);
+    }
+
+    fn wait_exec_queue_empty(&self, _key: WorkerKey, start: Instant) {
+        Xu::wait_exec_queue_empty(self, start);
+    }
+
+    fn schedule_stop(&self, _key: WorkerKey) -> Result<SeqId, NrtStatus> {
+        Xu::schedule_stop(self, E::Request::default())
+    }
 }
 
-impl<E: CompletionEngine> XuTable<E> {
-    /// An empty table of 256 slots.
-    pub fn new() -> Self {
-        Self {
-            xus: (0..shared::ids::MAX_VIRTUAL_TPB).map(|_| None).collect(),
-        }
-    }
-
-    /// Puts `xu` at its vNC's slot.
-    pub fn insert(&mut self, xu: Arc<Xu<E>>) {
-        let idx = xu.vnc() as usize;
-        if let Some(slot) = self.xus.get_mut(idx) {
-            *slot = Some(xu);
-        }
-    }
-
-    /// `tpb_xu_get_by_vcore`: the XU of vNC `vnc`, if initialised.
-    pub fn get_by_vcore(&self, vnc: u32) -> Option<&Arc<Xu<E>>> {
-        self.xus.get(vnc as usize)?.as_ref()
-    }
-
-    /// `tpb_xu_get`: the XU named by `xu_id` (its high byte is the vNC). Only COMPUTE ids name
-    /// an XU here (the seed asserts it; a user-supplied id of another type gets `None`).
-    pub fn get(&self, xu_id: XuId) -> Option<&Arc<Xu<E>>> {
-        if xu_id.xu_type() != Some(XuType::Compute) {
-            return None;
-        }
-        self.get_by_vcore(u32::from(xu_id.vnc_id()))
-    }
-
-    /// All initialised XUs, by vNC.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Xu<E>>> {
-        self.xus.iter().flatten()
-    }
-}
-
-impl<E: CompletionEngine> Default for XuTable<E> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// `tpb_xu_shutdown`: flags every XU, drains in-flight work, schedules a STOP on each, drains
-/// again. Later submits get NRT_CLOSED; a poisoned XU keeps answering 101. Needs the workers
-/// running.
-pub fn shutdown<E: CompletionEngine>(xus: &[Arc<Xu<E>>], stop_request: impl Fn() -> E::Request) {
-    for xu in xus {
-        xu.begin_shutdown();
-    }
-    let t0 = Instant::now();
-    for xu in xus {
-        xu.wait_exec_queue_empty(t0);
-    }
-    for xu in xus {
-        if let Err(rc) = xu.schedule_stop(stop_request()) {
-            tracing::warn!(vnc = xu.vnc(), %rc, "Failed to schedule model stop request");
-        }
-    }
-    let t1 = Instant::now();
-    for xu in xus {
-        xu.wait_exec_queue_empty(t1);
-    }
+/// `tpb_xu_shutdown` over XUs of one engine type (see [`super::execution_unit::shutdown`]).
+pub fn shutdown<E: CompletionEngine>(xus: &[Arc<Xu<E>>]) {
+    let xus: Vec<Arc<dyn ExecutionUnit>> = xus
+        .iter()
+        .map(|xu| xu.clone() as Arc<dyn ExecutionUnit>)
+        .collect();
+    super::execution_unit::shutdown(&xus);
 }

@@ -1,24 +1,35 @@
 //! The per-vNC worker threads (`kmgr_xu_worker_do_work`, seed 004 §4).
 //!
-//! One joinable thread per vNC. Each has its own epoll instance over its stop eventfd
-//! (`eventfd(0, 0)`, a latch, registered `EPOLLIN | EPOLLEXCLUSIVE`) and the `has_work_efd` of
-//! each XU it owns (`EPOLLIN`, level-triggered). Events carry a typed [`Token`]: `Stop` exits the
-//! thread, `Step(i)` runs [`Xu::step`] on owned XU `i`. Because `has_work_efd` is an
-//! `EFD_SEMAPHORE` eventfd whose count is consumed one per completed request, epoll keeps waking
-//! the worker exactly once per queued request — and again while a request is in flight.
+//! One joinable thread per vNC, owning every XU of that vNC (COMPUTE, TENSOR_OP, COLLECTIVES).
+//! Each has its own epoll instance over its stop eventfd (`eventfd(0, 0)`, a latch, registered
+//! `EPOLLIN | EPOLLEXCLUSIVE`) and the `has_work_efd` of each XU it owns (`EPOLLIN`,
+//! level-triggered). Events carry a typed [`Token`]: `Stop` exits the thread, `Step(i)` steps
+//! owned XU `i`. Because `has_work_efd` is an `EFD_SEMAPHORE` eventfd whose count is consumed one
+//! per completed request, epoll wakes the worker exactly once per queued request.
+//!
+//! # Waiting for an in-flight request
+//! A step never sleeps (one sleeping step would stall every other XU of the vNC). When a
+//! request is in flight and its engine names a [`Wake`] fd, the worker stops watching that XU's
+//! `has_work_efd` (its count stays: the request is not done) and watches the wake fd instead
+//! (`Wake(r)`), with the wake's `within` as a deadline; when the fd is readable or the deadline
+//! passed it watches `has_work_efd` again and steps the XU. Meanwhile the other XUs' events are
+//! served as they come. An engine that names no wake fd is stepped again as soon as the worker
+//! has looked at its other XUs (the level-triggered `has_work_efd` stays readable).
+//!
 //! [`XuWorkers::destroy`] writes every stop fd first, then joins each thread and closes its fd.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 
-use super::unit::{CompletionEngine, Xu};
+use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey};
 
 /// What an epoll event means to a worker (the seed's 16-byte `{tag, xu}` record, typed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,13 +38,19 @@ pub enum Token {
     Stop,
     /// Owned XU `i` has work (tag 1): step it.
     Step(usize),
+    /// Wake fd `r` (an engine's event fd some in-flight XUs wait on) is readable: step them.
+    Wake(usize),
 }
+
+/// Token values at or above this are `Wake`.
+const WAKE_BASE: u64 = 1 << 32;
 
 impl From<Token> for u64 {
     fn from(t: Token) -> u64 {
         match t {
             Token::Stop => 0,
             Token::Step(i) => i as u64 + 1,
+            Token::Wake(r) => WAKE_BASE + r as u64,
         }
     }
 }
@@ -42,6 +59,9 @@ impl From<u64> for Token {
     fn from(v: u64) -> Token {
         match v {
             0 => Token::Stop,
+            n if n >= WAKE_BASE => {
+                Token::Wake(usize::try_from(n - WAKE_BASE).unwrap_or(usize::MAX))
+            }
             n => Token::Step(usize::try_from(n - 1).unwrap_or(usize::MAX)),
         }
     }
@@ -49,6 +69,9 @@ impl From<u64> for Token {
 
 /// Events one `epoll_wait` returns at most (the seed waits for 9).
 const MAX_EVENTS: usize = 9;
+
+/// Most XUs one worker owns (the waiter sets are `u64` masks).
+pub const MAX_OWNED_XUS: usize = 64;
 
 static WORKER_SET_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -65,49 +88,223 @@ pub struct XuWorkers {
     name_prefix: String,
 }
 
-fn worker_loop<E: CompletionEngine>(epoll: Epoll, owned: Vec<Arc<Xu<E>>>) {
-    let mut events = [EpollEvent::empty(); MAX_EVENTS];
-    loop {
-        let n = match epoll.wait(&mut events, EpollTimeout::NONE) {
-            Ok(n) => n,
-            // EINTR (a signal) and other transient failures: wait again, as the seed does.
-            Err(Errno::EINTR) => continue,
-            Err(e) => {
-                tracing::warn!(errno = %e, "Epoll returned invalid status");
-                continue;
-            }
-        };
-        for ev in &events[..n] {
-            match Token::from(ev.data()) {
-                Token::Stop => return,
-                Token::Step(i) => match owned.get(i) {
-                    Some(xu) => xu.step(),
-                    None => {
-                        tracing::error!(index = i, "epoll event for an XU this worker does not own")
+/// An owned XU's waiting state: which wake fd it waits on and until when.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    reg: usize,
+    until: Option<Instant>,
+}
+
+/// A wake fd registered in the worker's epoll: the worker's own duplicate of an engine's fd
+/// (so the registration never depends on the engine's fd number staying put), the engine fd
+/// number it was made from (the lookup key), which owned XUs wait on it, and whether it is
+/// armed. It is armed when an XU starts waiting on it and disarmed lazily — only when it
+/// fires with nobody waiting — so back-to-back executions cost no re-arming.
+#[derive(Debug)]
+struct WakeReg {
+    key: RawFd,
+    fd: OwnedFd,
+    waiters: u64,
+    armed: bool,
+}
+
+/// One worker's loop state.
+struct Loop {
+    epoll: Epoll,
+    owned: Vec<Arc<dyn ExecutionUnit>>,
+    waiting: Vec<Option<Waiting>>,
+    regs: Vec<WakeReg>,
+}
+
+fn ev(armed: bool, token: Token) -> EpollEvent {
+    let flags = if armed {
+        EpollFlags::EPOLLIN
+    } else {
+        EpollFlags::empty()
+    };
+    EpollEvent::new(flags, token.into())
+}
+
+/// An epoll timeout covering `d` (whole milliseconds, rounded up).
+fn timeout_for(d: Duration) -> EpollTimeout {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    EpollTimeout::try_from(i32::try_from(ms).unwrap_or(i32::MAX)).unwrap_or(EpollTimeout::NONE)
+}
+
+impl Loop {
+    fn run(mut self) {
+        let mut events = [EpollEvent::empty(); MAX_EVENTS];
+        loop {
+            let timeout = self
+                .waiting
+                .iter()
+                .flatten()
+                .filter_map(|w| w.until)
+                .min()
+                .map_or(EpollTimeout::NONE, |t| {
+                    timeout_for(t.saturating_duration_since(Instant::now()))
+                });
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                // EINTR (a signal) and other transient failures: wait again, as the seed does.
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(errno = %e, "Epoll returned invalid status");
+                    continue;
+                }
+            };
+            for e in &events[..n] {
+                match Token::from(e.data()) {
+                    Token::Stop => return,
+                    Token::Step(i) => {
+                        // An XU that started waiting after this batch was collected is stepped
+                        // on its wake fd, not here.
+                        if self.waiting.get(i).is_some_and(Option::is_none) {
+                            self.step(i);
+                        } else if i >= self.owned.len() {
+                            tracing::error!(
+                                index = i,
+                                "epoll event for an XU this worker does not own"
+                            );
+                        }
                     }
-                },
+                    Token::Wake(r) => {
+                        let waiters = self.regs.get(r).map_or(0, |reg| reg.waiters);
+                        if waiters == 0 {
+                            self.disarm(r);
+                        }
+                        for i in 0..self.owned.len() {
+                            if waiters & (1 << i) != 0 {
+                                self.resume(i);
+                            }
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            for i in 0..self.owned.len() {
+                if self.waiting[i].is_some_and(|w| w.until.is_some_and(|t| t <= now)) {
+                    self.resume(i);
+                }
             }
         }
+    }
+
+    fn step(&mut self, i: usize) {
+        let xu = self.owned[i].clone();
+        if let StepOutcome::Wait(wake) = xu.step(WorkerKey::new()) {
+            self.wait(i, &*xu, wake);
+        }
+    }
+
+    /// Owned XU `i` waits on `wake`: watch the wake fd, stop watching its `has_work_efd`.
+    fn wait(&mut self, i: usize, xu: &dyn ExecutionUnit, wake: Wake<'_>) {
+        let reg = match self.reg_of(wake) {
+            Ok(r) => r,
+            Err(e) => {
+                // Without a registered wake fd the XU is stepped again at once, as an engine
+                // without one is.
+                tracing::warn!(xu = xu.xu_id().raw(), errno = %e, "registering an XU wake fd");
+                return;
+            }
+        };
+        let r = &mut self.regs[reg];
+        if !r.armed {
+            if let Err(e) = self.epoll.modify(&r.fd, &mut ev(true, Token::Wake(reg))) {
+                tracing::warn!(errno = %e, "arming an XU wake fd");
+                return;
+            }
+            r.armed = true;
+        }
+        r.waiters |= 1 << i;
+        if let Err(e) = self.epoll.modify(
+            xu.has_work_fd(WorkerKey::new()),
+            &mut ev(false, Token::Step(i)),
+        ) {
+            tracing::warn!(errno = %e, "pausing has_work_efd");
+        }
+        self.waiting[i] = Some(Waiting {
+            reg,
+            until: wake.within.map(|d| Instant::now() + d),
+        });
+    }
+
+    /// Owned XU `i` stops waiting: watch its `has_work_efd` again, then step it.
+    fn resume(&mut self, i: usize) {
+        let Some(w) = self.waiting[i].take() else {
+            return;
+        };
+        self.regs[w.reg].waiters &= !(1 << i);
+        let xu = self.owned[i].clone();
+        if let Err(e) = self.epoll.modify(
+            xu.has_work_fd(WorkerKey::new()),
+            &mut ev(true, Token::Step(i)),
+        ) {
+            tracing::error!(errno = %e, "re-arming has_work_efd");
+        }
+        self.step(i);
+    }
+
+    /// Stops watching wake fd `r` (it fired with nobody waiting: level-triggered, it would
+    /// keep firing until its engine drains it at a later step).
+    fn disarm(&mut self, r: usize) {
+        let Some(reg) = self.regs.get_mut(r) else {
+            return;
+        };
+        if let Err(e) = self.epoll.modify(&reg.fd, &mut ev(false, Token::Wake(r))) {
+            tracing::warn!(errno = %e, "disarming an XU wake fd");
+        }
+        reg.armed = false;
+    }
+
+    /// The registration of `wake.fd` (made, disarmed, on first use).
+    fn reg_of(&mut self, wake: Wake<'_>) -> Result<usize, Errno> {
+        let key = wake.fd.as_raw_fd();
+        if let Some(r) = self.regs.iter().position(|r| r.key == key) {
+            return Ok(r);
+        }
+        let fd = wake
+            .fd
+            .try_clone_to_owned()
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EBADF)))?;
+        let r = self.regs.len();
+        self.epoll.add(&fd, ev(false, Token::Wake(r)))?;
+        self.regs.push(WakeReg {
+            key,
+            fd,
+            waiters: 0,
+            armed: false,
+        });
+        Ok(r)
     }
 }
 
 impl XuWorkers {
-    /// `kmgr_xu_workers_init`: one joinable worker per XU in `xus`.
+    /// `kmgr_xu_workers_init`: one joinable worker per group in `groups` (a vNC's XUs, e.g.
+    /// [`super::XuTable::groups`]), epolling every XU of its group. Threads are named
+    /// `<prefix><vnc of the group's first XU>`.
     ///
     /// # Errors
+    /// `NRT_INVALID` for an empty group or one of more than [`MAX_OWNED_XUS`] XUs;
     /// `NRT_FAILURE` when an eventfd, epoll instance or thread cannot be created (the workers
     /// already started are stopped).
-    pub fn start<E: CompletionEngine>(xus: &[Arc<Xu<E>>]) -> Result<Self, NrtStatus> {
+    pub fn start(groups: &[Vec<Arc<dyn ExecutionUnit>>]) -> Result<Self, NrtStatus> {
+        if groups
+            .iter()
+            .any(|g| g.is_empty() || g.len() > MAX_OWNED_XUS)
+        {
+            return Err(NrtStatus::Invalid);
+        }
         let set = WORKER_SET_ID.fetch_add(1, Ordering::Relaxed);
         let mut this = Self {
             workers: Vec::new(),
             name_prefix: format!("xuw{set}-"),
         };
-        for xu in xus {
-            match this.spawn_one(xu.clone()) {
+        for group in groups {
+            match this.spawn_one(group.clone()) {
                 Ok(w) => this.workers.push(w),
                 Err(e) => {
-                    tracing::error!(vnc = xu.vnc(), error = %e, "failed to start the XU worker");
+                    tracing::error!(vnc = group[0].vnc(), error = %e, "failed to start the XU worker");
                     this.destroy();
                     return Err(NrtStatus::Failure);
                 }
@@ -116,7 +313,7 @@ impl XuWorkers {
         Ok(this)
     }
 
-    fn spawn_one<E: CompletionEngine>(&self, xu: Arc<Xu<E>>) -> std::io::Result<Worker> {
+    fn spawn_one(&self, owned: Vec<Arc<dyn ExecutionUnit>>) -> std::io::Result<Worker> {
         let stop_efd = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?);
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(
@@ -126,14 +323,19 @@ impl XuWorkers {
                 Token::Stop.into(),
             ),
         )?;
-        epoll.add(
-            xu.has_work_fd(),
-            EpollEvent::new(EpollFlags::EPOLLIN, Token::Step(0).into()),
-        )?;
-        let name = format!("{}{}", self.name_prefix, xu.vnc());
+        for (i, xu) in owned.iter().enumerate() {
+            epoll.add(xu.has_work_fd(WorkerKey::new()), ev(true, Token::Step(i)))?;
+        }
+        let name = format!("{}{}", self.name_prefix, owned[0].vnc());
+        let state = Loop {
+            epoll,
+            waiting: vec![None; owned.len()],
+            regs: Vec::with_capacity(owned.len()),
+            owned,
+        };
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || worker_loop(epoll, vec![xu]))?;
+            .spawn(move || state.run())?;
         Ok(Worker {
             stop_efd,
             thread: Some(thread),
