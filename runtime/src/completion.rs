@@ -633,8 +633,6 @@ mod tests {
     }
 
     fn post(w: &SharedChunk, entries: u32, n: u64, compute_idx: u32, flags: u32) {
-        let base =
-            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
         let e = NotificationEntry {
             compute_idx,
             kind: NotificationKind::Execution as u16,
@@ -642,15 +640,7 @@ mod tests {
             device_ts_ns: 1000 * u64::from(compute_idx),
             ..Default::default()
         };
-        let mut body = zerocopy::IntoBytes::as_bytes(&e).to_vec();
-        body[NOTIFICATION_PHASE_OFFSET..NOTIFICATION_PHASE_OFFSET + 4].copy_from_slice(&[0; 4]);
-        w.write(base, &body).unwrap();
-        w.store_u32(
-            base + NOTIFICATION_PHASE_OFFSET as u64,
-            phase_of(n / u64::from(entries)),
-            Ordering::Release,
-        )
-        .unwrap();
+        post_entry(w, entries, n, &e);
     }
 
     /// Posts entry `n` of kind `kind` with `source` and `flags` (compute_idx 0).
@@ -662,15 +652,21 @@ mod tests {
         source: u16,
         flags: u32,
     ) {
-        let base =
-            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
         let e = NotificationEntry {
             kind: kind as u16,
             source,
             error_flags: flags,
             ..Default::default()
         };
-        let mut body = zerocopy::IntoBytes::as_bytes(&e).to_vec();
+        post_entry(w, entries, n, &e);
+    }
+
+    /// Writes `e` as entry `n` the way simdev does: the body with the phase word zeroed, then
+    /// the phase word (release).
+    fn post_entry(w: &SharedChunk, entries: u32, n: u64, e: &NotificationEntry) {
+        let base =
+            PA + NQ_HEADER_SIZE as u64 + (n % u64::from(entries)) * NOTIFICATION_ENTRY_SIZE as u64;
+        let mut body = zerocopy::IntoBytes::as_bytes(e).to_vec();
         body[NOTIFICATION_PHASE_OFFSET..NOTIFICATION_PHASE_OFFSET + 4].copy_from_slice(&[0; 4]);
         w.write(base, &body).unwrap();
         w.store_u32(

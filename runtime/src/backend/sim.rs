@@ -382,6 +382,26 @@ impl SimDevice {
         }
     }
 
+    /// `MemMap`: simdev answers with the chunk's own memfd (mapping the chunk from offset 0),
+    /// its PA and its size.
+    fn chunk_memfd(
+        &self,
+        allocation: &Allocation,
+    ) -> Result<(std::os::fd::OwnedFd, u64, u64), DeviceError> {
+        let op = "MemMap";
+        let (reply, mut fds) = self.request(
+            op,
+            &Request::MemMap {
+                handle: allocation.handle.0,
+            },
+        )?;
+        let Reply::MemMapped { pa, size, .. } = reply else {
+            return Err(unexpected(op, &reply));
+        };
+        let fd = fds.pop().ok_or_else(|| unexpected(op, &reply))?;
+        Ok((fd, pa, size))
+    }
+
     fn request_value(&self, op: &'static str, req: &Request) -> Result<u32, DeviceError> {
         match self.request(op, req)?.0 {
             Reply::Value(v) => Ok(v),
@@ -523,16 +543,7 @@ impl Device for SimDevice {
 
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
         let op = "MemMap";
-        let (reply, mut fds) = self.request(
-            op,
-            &Request::MemMap {
-                handle: allocation.handle.0,
-            },
-        )?;
-        let Reply::MemMapped { pa, size, .. } = reply else {
-            return Err(unexpected(op, &reply));
-        };
-        let fd = fds.pop().ok_or_else(|| unexpected(op, &reply))?;
+        let (fd, pa, size) = self.chunk_memfd(allocation)?;
         let len = usize::try_from(size).map_err(|_| DeviceError::Protocol {
             op,
             detail: format!("chunk size {size}"),
@@ -542,18 +553,8 @@ impl Device for SimDevice {
     }
 
     fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
-        // simdev answers MemMap with the chunk's own memfd, mapping it from offset 0.
-        let op = "MemMap";
-        let (reply, mut fds) = self.request(
-            op,
-            &Request::MemMap {
-                handle: allocation.handle.0,
-            },
-        )?;
-        if !matches!(reply, Reply::MemMapped { .. }) {
-            return Err(unexpected(op, &reply));
-        }
-        fds.pop().ok_or_else(|| unexpected(op, &reply))
+        // The chunk's own memfd: it maps the region from offset 0.
+        Ok(self.chunk_memfd(allocation)?.0)
     }
 
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {

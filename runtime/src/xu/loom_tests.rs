@@ -174,17 +174,7 @@ fn install_vs_signal_never_loses_a_wakeup_under_mark_comp_lock() {
 fn install_vs_signal_loses_wakeups_without_mark_comp_lock() {
     // The narrowed lock still guards the eventfd cells, but not the exec_head check (install)
     // or the exec_head bump (pop) next to them: the seed's race comes back.
-    let result = std::panic::catch_unwind(|| install_vs_signal(true));
-    let payload = result.expect_err("loom must find the lost wake-up when the lock is removed");
-    let message = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())
-        .unwrap_or_default();
-    assert!(
-        message.contains("lost wake-up"),
-        "failed for another reason: {message}"
-    );
+    loom_finds(|| install_vs_signal(true), "lost wake-up");
 }
 
 /// The seq-id event registration (what `nrta` event registration builds on): a caller
@@ -276,15 +266,21 @@ fn a_seq_id_event_registration_is_lost_when_the_pop_bumps_outside_mark_comp_lock
     // The narrowed lock lets the pop take the slot's registrations, release the lock, then
     // move exec_head: a registration landing in between sees "not completed", is added to the
     // emptied slot, and is never signalled.
-    let result = std::panic::catch_unwind(|| registration_vs_pop(true));
-    let payload = result.expect_err("loom must find the lost registration without the lock");
+    loom_finds(|| registration_vs_pop(true), "lost or doubled");
+}
+
+/// Runs a model of a deliberately broken variant and asserts that loom finds its bug: the
+/// model panics, with a message containing `needle` (not for another reason).
+fn loom_finds(model: impl FnOnce() + std::panic::UnwindSafe, needle: &str) {
+    let payload =
+        std::panic::catch_unwind(model).expect_err("loom must find the bug of the broken variant");
     let message = payload
         .downcast_ref::<String>()
         .map(String::as_str)
         .or_else(|| payload.downcast_ref::<&str>().copied())
         .unwrap_or_default();
     assert!(
-        message.contains("lost or doubled"),
+        message.contains(needle),
         "failed for another reason: {message}"
     );
 }
