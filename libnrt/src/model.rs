@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use runtime::{NrtError, TensorSet};
+use runtime::{NrtError, NrtResult, TensorSet};
 use shared::NrtStatus;
 use shared::model::TensorSpec;
 use zerocopy::IntoBytes;
@@ -41,17 +41,28 @@ pub unsafe extern "C" fn nrt_load(
     model: *mut *mut c_void,
 ) -> u32 {
     boundary::status("nrt_load", || {
-        let rt = rt()?;
-        raw::check_out(model, "model")?;
-        check_vnc_count(vnc_count)?;
-        if size == 0 {
-            return Err(invalid("the model is 0 bytes"));
-        }
-        let bytes = raw::bytes(neff_bytes, size, "neff_bytes")?;
-        let handle = rt.load(bytes, vnc)?;
-        let h = MODELS.insert(crate::handles::ModelEntry { handle });
-        raw::write_out(model, h, "model")
+        load_with(neff_bytes, size, vnc_count, model, |rt, b| rt.load(b, vnc))
     })
+}
+
+/// The checks and the handle of `nrt_load` and `nrt_load_collectives`: `load` loads the bytes.
+fn load_with(
+    neff_bytes: *const c_void,
+    size: usize,
+    vnc_count: i32,
+    model: *mut *mut c_void,
+    load: impl FnOnce(&runtime::Runtime, &[u8]) -> NrtResult<runtime::ModelHandle>,
+) -> NrtResult<()> {
+    let rt = rt()?;
+    raw::check_out(model, "model")?;
+    check_vnc_count(vnc_count)?;
+    if size == 0 {
+        return Err(invalid("the model is 0 bytes"));
+    }
+    let bytes = raw::bytes(neff_bytes, size, "neff_bytes")?;
+    let handle = load(&rt, bytes)?;
+    let h = MODELS.insert(crate::handles::ModelEntry { handle });
+    raw::write_out(model, h, "model")
 }
 
 /// `nrt_load_collectives`: a group of one rank loads like `nrt_load`.
@@ -69,16 +80,9 @@ pub unsafe extern "C" fn nrt_load_collectives(
     model: *mut *mut c_void,
 ) -> u32 {
     boundary::status("nrt_load_collectives", || {
-        let rt = rt()?;
-        raw::check_out(model, "model")?;
-        check_vnc_count(vnc_count)?;
-        if size == 0 {
-            return Err(invalid("the model is 0 bytes"));
-        }
-        let bytes = raw::bytes(neff_bytes, size, "neff_bytes")?;
-        let handle = rt.load_collectives(bytes, vnc, ctx_device_id, ctx_device_count)?;
-        let h = MODELS.insert(crate::handles::ModelEntry { handle });
-        raw::write_out(model, h, "model")
+        load_with(neff_bytes, size, vnc_count, model, |rt, b| {
+            rt.load_collectives(b, vnc, ctx_device_id, ctx_device_count)
+        })
     })
 }
 
