@@ -124,6 +124,17 @@ fn identity_model() -> PathBuf {
     crate_dir().join("../scenarios/data/identity_512.nrtm")
 }
 
+/// An identity model over `bytes` bytes, written into `prefix` (a slow execution: simdev's DMA
+/// copies every byte).
+fn identity_model_of(prefix: &Prefix, bytes: u32) -> PathBuf {
+    let path = prefix.out(&format!("identity_{bytes}.nrtm"));
+    let container = runtime::builder::identity(bytes)
+        .to_container(shared::model::Target::Simdev)
+        .unwrap();
+    std::fs::write(&path, container).unwrap();
+    path
+}
+
 #[test]
 fn the_developer_guide_flow_runs_clean_under_valgrind() {
     let prefix = Prefix::new();
@@ -599,4 +610,39 @@ fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
     });
     let stdout = assert_ran(&o, "README program", "output starts 7 7 7 7");
     assert!(stdout.contains("input  input: 512 bytes"), "{stdout}");
+}
+
+#[test]
+fn explicit_async_from_c_fills_polls_waits_on_eventfds_and_refuses_bad_input() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["explicit_async.c"],
+        "explicit_async",
+        true,
+    );
+    let model = identity_model_of(&prefix, 4 << 20);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(&model);
+        c
+    });
+    let stdout = assert_ran(&o, "explicit_async", "EXPLICIT ASYNC OK");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // The refusals are logged, naming what was wrong.
+    for needle in [
+        "ret is NULL",
+        "req_sequence is NULL",
+        "a COMPUTE execution unit has queue 0 only",
+        "in host memory",
+        "names no execution unit",
+        "which has submitted only 0",
+        "is not an eventfd",
+        "is used by scheduled request",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in:\n{stderr}");
+    }
+    println!("{stdout}");
 }
