@@ -214,6 +214,8 @@ impl Relay {
         let Some(w) = st.xus.get(&xu) else {
             return; // deregistered at nrt_close; the fd left the epoll set with it
         };
+        // The count is read before settling: every completion it counts has its status
+        // published (before the request showed as completed, before the XU eventfd's write).
         let count = w.efd.read().unwrap_or(0); // EAGAIN: drained by a registration
         settle();
         if count > 0
@@ -257,23 +259,28 @@ impl Relay {
     }
 }
 
-/// Signals (and drops) every registration matching `which` whose sequence id has completed.
+/// Signals (and drops) every registration matching `which` whose sequence id has completed,
+/// after settling: the completions are read first, so every request signalled has its status
+/// published (it is published before the request shows as completed) and its `ret` written.
 /// A registration the runtime no longer knows (closed) is dropped unsignalled.
 fn fire_completed(regs: &mut Vec<(SeqId, OwnedFd)>, which: impl Fn(SeqId) -> bool) {
     let rt = crate::rt().ok();
-    regs.retain(|(seq, fd)| {
-        if !which(*seq) {
-            return true;
+    let mut due = Vec::new();
+    let mut i = 0;
+    while i < regs.len() {
+        let seq = regs[i].0;
+        match (which(seq), rt.as_ref().map(|rt| rt.is_completed(seq))) {
+            (false, _) | (true, Some(Ok(false))) => i += 1,
+            (true, Some(Ok(true))) => due.push(regs.swap_remove(i).1),
+            (true, _) => drop(regs.swap_remove(i)),
         }
-        match rt.as_ref().map(|rt| rt.is_completed(*seq)) {
-            Some(Ok(false)) => true,
-            Some(Ok(true)) => {
-                signal(fd, 1);
-                false
-            }
-            _ => false,
-        }
-    });
+    }
+    if !due.is_empty() {
+        settle();
+    }
+    for fd in due {
+        signal(&fd, 1);
+    }
 }
 
 /// Makes sure the relay watches XU `(lnc, xu_type, queue)` before a request is scheduled on
@@ -339,9 +346,10 @@ pub fn register_seq(rt: &Runtime, seq_id: SeqId, fd: i32) -> Result<(), NrtError
     }
     let dup = dup_eventfd(fd)?;
     r.ensure(&mut st, rt, u32::from(id.vnc_id()), xu_type, id.queue())?;
-    settle();
     // Under the state lock: a completion after this check wakes the relay, which waits for it.
+    // Completed first, then settled: its status was published before it showed as completed.
     if rt.is_completed(seq_id)? {
+        settle();
         signal(&dup, 1);
     } else {
         st.seq_regs.push((seq_id, dup));
