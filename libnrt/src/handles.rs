@@ -1,5 +1,6 @@
 //! Handle registries: the opaque pointers handed to C (`nrt_model_t*`, `nrt_tensor_t*`,
-//! `nrt_tensor_set_t*`) are keys into these maps, never addresses of our objects.
+//! `nrt_tensor_set_t*`, `nrt_sys_trace_config_t*`, `nrt_sys_trace_fetch_options_t*`) are keys
+//! into these maps, never addresses of our objects.
 //!
 //! A handle is `HANDLE_BASE | id << 8 | kind`, with `id` from one process-wide counter that
 //! never repeats: a non-canonical address that no real pointer can equal, so a pointer this
