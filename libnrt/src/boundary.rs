@@ -72,6 +72,11 @@ fn run<T>(name: &'static str, f: impl FnOnce() -> Result<T, NrtError>) -> Result
     init_logging();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
+        // A full queue is an answer the caller retries on, not an error.
+        Ok(Err(e)) if e.status == NrtStatus::QueueFull => {
+            tracing::debug!(target: "nrt", "{name}: {} ({})", e.message, e.status.name());
+            Err(e.status)
+        }
         Ok(Err(e)) => {
             tracing::error!(target: "nrt", "{name}: {} ({})", e.message, e.status.name());
             Err(e.status)

@@ -1,5 +1,6 @@
 //! Handle registries: the opaque pointers handed to C (`nrt_model_t*`, `nrt_tensor_t*`,
-//! `nrt_tensor_set_t*`) are keys into these maps, never addresses of our objects.
+//! `nrt_tensor_set_t*`, `nrt_sys_trace_config_t*`, `nrt_sys_trace_fetch_options_t*`) are keys
+//! into these maps, never addresses of our objects.
 //!
 //! A handle is `HANDLE_BASE | id << 8 | kind`, with `id` from one process-wide counter that
 //! never repeats: a non-canonical address that no real pointer can equal, so a pointer this
@@ -12,6 +13,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use runtime::sys_trace::{SysTraceConfig, SysTraceFetchOptions};
 use runtime::{ModelHandle, NrtError, Tensor, TensorSet};
 use shared::NrtStatus;
 
@@ -30,6 +32,10 @@ pub enum Kind {
     Tensor = 2,
     /// `nrt_tensor_set_t*`.
     TensorSet = 3,
+    /// `nrt_sys_trace_config_t*`.
+    SysTraceConfig = 4,
+    /// `nrt_sys_trace_fetch_options_t*`.
+    FetchOptions = 5,
 }
 
 impl Kind {
@@ -38,6 +44,8 @@ impl Kind {
             Self::Model => "model",
             Self::Tensor => "tensor",
             Self::TensorSet => "tensor set",
+            Self::SysTraceConfig => "system trace config",
+            Self::FetchOptions => "system trace fetch options",
         }
     }
 
@@ -49,6 +57,8 @@ impl Kind {
             1 => Some(Self::Model),
             2 => Some(Self::Tensor),
             3 => Some(Self::TensorSet),
+            4 => Some(Self::SysTraceConfig),
+            5 => Some(Self::FetchOptions),
             _ => None,
         }
     }
@@ -202,6 +212,10 @@ pub static MODELS: Registry<ModelEntry> = Registry::new(Kind::Model);
 pub static TENSORS: Registry<TensorEntry> = Registry::new(Kind::Tensor);
 /// Tensor sets.
 pub static SETS: Registry<SetEntry> = Registry::new(Kind::TensorSet);
+/// System trace capture configurations.
+pub static SYS_TRACE_CONFIGS: Registry<Mutex<SysTraceConfig>> = Registry::new(Kind::SysTraceConfig);
+/// System trace fetch options.
+pub static FETCH_OPTIONS: Registry<Mutex<SysTraceFetchOptions>> = Registry::new(Kind::FetchOptions);
 
 #[cfg(test)]
 mod tests {

@@ -14,14 +14,20 @@
 //! The exports, by header: [`lifecycle`] (`nrt.h` lifecycle and topology, `nrt_status.h`,
 //! `nrt_version.h`), [`model`] (`nrt.h` models, `nrt_experimental.h` tensor info), [`tensor`]
 //! (`nrt.h` tensors, `nrt_experimental.h` mapped copies), [`set`] (`nrt.h` tensor sets),
-//! [`implicit_async`] (`nrt_experimental.h` implicit asynchronous mode).
+//! [`implicit_async`] (`nrt_experimental.h` implicit asynchronous mode), [`explicit_async`]
+//! (`nrt_async.h`, with [`completions`]: each request's `ret` written before its completion is
+//! reported, and the caller's completion eventfds), [`profiling`] (`nrt_profile.h`,
+//! `nrt_sys_trace.h`).
 
 pub mod abi;
 mod boundary;
+pub mod completions;
+pub mod explicit_async;
 pub mod handles;
 pub mod implicit_async;
 pub mod lifecycle;
 pub mod model;
+pub mod profiling;
 mod raw;
 pub mod set;
 pub mod tensor;

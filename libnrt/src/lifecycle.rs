@@ -90,6 +90,8 @@ pub unsafe extern "C" fn nrt_init(
 pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
         nrt::close();
+        // The runtime drained its requests: write their `ret`, drop the eventfd relay's state.
+        crate::completions::reset();
         Ok(())
     });
 }

@@ -53,6 +53,29 @@ pub fn opt_c_str<'a>(ptr: *const c_char, what: &str) -> Result<Option<&'a str>, 
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
+/// A required C string naming a file, at most `PATH_MAX - 1` bytes before its NUL, UTF-8.
+///
+/// # Errors
+/// NRT_INVALID for NULL, an empty, unterminated or too long path, or bytes that are not UTF-8.
+pub fn c_path<'a>(ptr: *const c_char, what: &str) -> Result<&'a str, NrtError> {
+    const PATH_MAX: usize = 4096;
+    if ptr.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: `ptr` is non-NULL and, by the API's contract, a C string: strnlen reads at most
+    // PATH_MAX bytes and stops at the first NUL.
+    let len = unsafe { libc::strnlen(ptr, PATH_MAX) };
+    if len >= PATH_MAX || len == 0 {
+        return Err(invalid(format!(
+            "{what} is empty or longer than {} bytes",
+            PATH_MAX - 1
+        )));
+    }
+    // SAFETY: strnlen found a NUL at `len`: the `len` bytes before it are the string's.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    std::str::from_utf8(bytes).map_err(|_| invalid(format!("{what} is not UTF-8")))
+}
+
 /// `len` bytes at `ptr` (a caller's input buffer). Length 0 needs no buffer.
 ///
 /// # Errors

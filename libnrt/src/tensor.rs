@@ -73,7 +73,8 @@ pub unsafe extern "C" fn nrt_tensor_allocate(
 }
 
 /// `nrt_tensor_free`: frees the tensor and NULLs the caller's pointer. A pointer this library
-/// did not hand out is refused (logged) and left as it is.
+/// did not hand out, or a tensor a scheduled request still uses, is refused (logged, naming
+/// the request) and left as it is.
 ///
 /// # Safety
 /// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
@@ -83,6 +84,12 @@ pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
         let h = raw::read_in(tensor, "tensor")?;
         if h.is_null() {
             return Ok(());
+        }
+        // A tensor a scheduled request still uses is refused, naming the request, and the
+        // caller's handle is left as it is (free it again after the request completed).
+        let entry = TENSORS.get(h, "tensor")?;
+        if let Ok(rt) = rt() {
+            rt.tensor_free(&mut Some(entry.get()))?;
         }
         TENSORS.remove(h, "tensor")?;
         TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);

@@ -3,9 +3,18 @@
  * (XUs) of a logical core, each XU running its requests one at a time in submit order.
  *
  * Written for this project from the public facts of libnrt's API. Schedule calls never block:
- * a full queue is NRT_QUEUE_FULL and nothing changes. A request's status is written to its
- * `ret` before the request is reported complete (by nrta_is_completed, nrta_get_sequence or a
- * registered eventfd); `ret` and the request's tensors must outlive it.
+ * a full queue is NRT_QUEUE_FULL and nothing changes (no sequence number is used).
+ *
+ * The caller's contract for `ret` (NRT_STATUS *), as libnrt's: it must be non-NULL and stay
+ * valid and writable from the schedule call until the request is reported complete, and the
+ * caller must not write it meanwhile. The library writes the request's status there once, from
+ * one of its own threads, before the request is reported complete by nrta_is_completed,
+ * nrta_get_sequence or a registered eventfd (so after any of those, `ret` holds the status).
+ * A request's tensors must stay allocated until it completes (nrt_tensor_free refuses a tensor
+ * a scheduled request uses, naming the request). nrta_tensor_read's `buf` is written before the
+ * request completes and must stay valid, untouched, until then. Eventfds passed to the
+ * registration calls stay the caller's: the library signals a duplicate and never closes the
+ * caller's descriptor.
  */
 #ifndef NRT_NRT_ASYNC_H
 #define NRT_NRT_ASYNC_H
@@ -36,7 +45,7 @@ typedef uint64_t nrta_seq_t;
 /** The XU id part of a sequence id. */
 #define NRTA_SEQ_GET_XU_ID(seq) ((uint64_t)(seq) >> 48)
 
-/** Schedules a copy of `size` bytes from `buf` to byte `offset` of `tensor` on TENSOR_OP queue `queue` of core `lnc_idx`. */
+/** Schedules a copy of `size` bytes from `buf` (copied before returning) to byte `offset` of `tensor` on TENSOR_OP queue `queue` of core `lnc_idx`. */
 NRT_STATUS nrta_tensor_write(nrt_tensor_t *tensor, const void *buf, uint64_t offset, uint64_t size,
                              int lnc_idx, int queue, NRT_STATUS *ret, nrta_seq_t *req_sequence);
 
@@ -60,10 +69,10 @@ NRT_STATUS nrta_is_completed(nrta_seq_t seq, bool *is_completed);
 /** The last completed sequence id of queue `queue` of XU `xu` on core `lnc`. */
 NRT_STATUS nrta_get_sequence(uint32_t lnc, nrta_xu_t xu, int queue, nrta_seq_t *seq);
 
-/** Signals eventfd `fd` when request `seq` completes (at once if it has); `fd` -1 deregisters. */
+/** Signals eventfd `fd` (writes 1) when request `seq` completes (at once if it has); `fd` -1 deregisters every eventfd of `seq`. */
 NRT_STATUS nrta_event_register_seq_id_completion(nrta_seq_t seq, int fd);
 
-/** Signals eventfd `fd` after every completion on queue `queue` of XU `xu` on core `lnc`; `fd` -1 deregisters. */
+/** Signals eventfd `fd` (adds 1) after every completion on queue `queue` of XU `xu` on core `lnc` from now on, replacing an earlier eventfd; `fd` -1 deregisters. */
 NRT_STATUS nrta_event_register_xu_completion(int lnc, nrta_xu_t xu, int queue, int fd);
 
 #ifdef __cplusplus

@@ -5,9 +5,30 @@
  *
  * Written for this project from the public facts of libnrt's API.
  *
- * Fetched document: one JSON object whose "events" member is an array of event objects in
- * capture order; each event names its type, its logical core, its sequence id when it has one,
- * and its start and end timestamps in nanoseconds. Fetching consumes the events returned.
+ * The fetched document (nrt_sys_trace_fetch_events), one JSON object. Timestamps are host
+ * CLOCK_MONOTONIC nanoseconds since nrt_init (`epoch_unix_ns` is the wall clock then):
+ *
+ *   { "schema": "nrt_sys_trace/1", "clock": "host monotonic ns since nrt_init",
+ *     "epoch_unix_ns": N, "capturing": true|false, "event_types": ["execute", "tensor_op"],
+ *     "ncs": [ { "nc_idx": 0, "physical_ncs": [0], "capture_enabled": true,
+ *                "capacity": 16384, "recorded": N, "dropped": N, "held": N,
+ *                "events": [ EVENT, ... ] }, ... ] }
+ *
+ * `ncs` lists every logical core, or only the one the fetch options name. `recorded` counts
+ * the events recorded since start, `dropped` those overwritten before they were fetched, `held`
+ * those still in the ring after this fetch. Each EVENT has `event_idx` (its position among the
+ * core's recorded events: a gap is a drop) and `type`:
+ *  - "execute": one model execution. `model_id`, `model` (its name while loaded, else null),
+ *    `seq_id` (its nrta_seq_t; under the implicit asynchronous mode the callback's job id),
+ *    `seq_num`, `compute_idx`, `physical_ncs`, `submit_ns` (call bound), `start_ns` (doorbell
+ *    about to ring), `end_ns` (completion harvested), `device_ts_ns`, `device_busy_ns`,
+ *    `status` (e.g. "NRT_SUCCESS") and `status_code`; submit_ns <= start_ns <= end_ns.
+ *  - "tensor_op": one nrta_tensor_read/write/copy. `op` ("read", "write" or "copy"), `seq_id`,
+ *    `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
+ * Fetching removes the returned events from the rings; stopping keeps them fetchable.
+ *
+ * Configurations and fetch options are handles of this library: a pointer it did not hand out,
+ * or one already freed, is refused (NRT_INVALID, or logged and ignored by the void calls).
  */
 #ifndef NRT_NRT_SYS_TRACE_H
 #define NRT_NRT_SYS_TRACE_H
@@ -45,7 +66,7 @@ void nrt_sys_trace_config_set_capture_enabled_for_nc(nrt_sys_trace_config_t *con
 NRT_STATUS nrt_sys_trace_config_set_capture_enabled_for_event_type(nrt_sys_trace_config_t *config,
                                                                    const char *event_type, bool enabled);
 
-/** Starts capturing with `config`. */
+/** Starts capturing with `config` (NULL: the defaults); NRT_INVALID when already capturing. */
 NRT_STATUS nrt_sys_trace_start(nrt_sys_trace_config_t *config);
 
 /** Stops capturing; captured events stay fetchable. */
@@ -59,6 +80,23 @@ void nrt_sys_trace_fetch_options_free(nrt_sys_trace_fetch_options_t *options);
 
 /** Fetches only logical core `nc_idx`'s events. */
 void nrt_sys_trace_fetch_options_set_nc_idx(nrt_sys_trace_fetch_options_t *options, uint64_t nc_idx);
+
+/** Resets `options` to the defaults (every core, every held event). */
+void nrt_sys_trace_fetch_options_set_defaults(nrt_sys_trace_fetch_options_t *options);
+
+/** Fetches at most `max_events_per_nc` events of each core, the oldest first. */
+void nrt_sys_trace_fetch_options_set_max_events_per_nc(nrt_sys_trace_fetch_options_t *options,
+                                                        uint64_t max_events_per_nc);
+
+/** Every event type's name ("execute", "tensor_op") in a library-allocated array of `*count` static strings, freed with nrt_sys_trace_free_event_types. */
+NRT_STATUS nrt_sys_trace_get_event_types(const char ***event_types, size_t *count);
+
+/** The event types `config` captures, as nrt_sys_trace_get_event_types returns them. */
+NRT_STATUS nrt_sys_trace_config_get_enabled_event_types(const nrt_sys_trace_config_t *config,
+                                                        const char ***event_types, size_t *count);
+
+/** Frees an array from nrt_sys_trace_get_event_types or _config_get_enabled_event_types (its `count`). */
+void nrt_sys_trace_free_event_types(const char **event_types, size_t count);
 
 /**
  * The captured events as a NUL-terminated JSON document in `*buffer` (`*written_size` bytes

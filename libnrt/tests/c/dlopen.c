@@ -8,7 +8,10 @@
 #include <string.h>
 
 #include "nrt/nrt.h"
+#include "nrt/nrt_async.h"
 #include "nrt/nrt_experimental.h"
+#include "nrt/nrt_profile.h"
+#include "nrt/nrt_sys_trace.h"
 #include "common.h"
 
 /* A function pointer of the exact type the header declares, resolved by name (copied from the
@@ -68,6 +71,28 @@ int main(int argc, char **argv) {
         RESOLVE(lib, nrt_tensor_free);
         RESOLVE(lib, nrt_unload);
         RESOLVE(lib, nrt_close);
+        RESOLVE(lib, nrta_execute_schedule);
+        RESOLVE(lib, nrta_tensor_write);
+        RESOLVE(lib, nrta_tensor_read);
+        RESOLVE(lib, nrta_tensor_copy);
+        RESOLVE(lib, nrta_is_completed);
+        RESOLVE(lib, nrta_get_sequence);
+        RESOLVE(lib, nrta_event_register_seq_id_completion);
+        RESOLVE(lib, nrta_event_register_xu_completion);
+        RESOLVE(lib, nrt_profile_start);
+        RESOLVE(lib, nrt_profile_stop);
+        RESOLVE(lib, nrt_sys_trace_config_allocate);
+        RESOLVE(lib, nrt_sys_trace_config_free);
+        RESOLVE(lib, nrt_sys_trace_start);
+        RESOLVE(lib, nrt_sys_trace_stop);
+        RESOLVE(lib, nrt_sys_trace_fetch_events);
+        RESOLVE(lib, nrt_sys_trace_buffer_free);
+        NRT_STATUS ret = (NRT_STATUS)0xDEAD;
+        nrta_seq_t seq = 0, last = 0;
+        bool done = false;
+        nrt_sys_trace_config_t *trace = NULL;
+        char *json = NULL;
+        size_t json_len = 0;
 
         /* What libfabric does first: count the cores before nrt_init. */
         ASSERT(p_nrt_get_total_nc_count(&count) == NRT_SUCCESS && count >= 1);
@@ -92,6 +117,27 @@ int main(int argc, char **argv) {
         ASSERT(p_nrt_execute(model, inputs, outputs) == NRT_SUCCESS);
         ASSERT(p_nrt_tensor_read(out, got, 0, sizeof got) == NRT_SUCCESS);
         ASSERT(memcmp(want, got, sizeof got) == 0);
+        /* The explicit async API and the system trace, through resolved pointers. */
+        ASSERT(p_nrt_sys_trace_config_allocate(&trace) == NRT_SUCCESS);
+        ASSERT(p_nrt_sys_trace_start(trace) == NRT_SUCCESS);
+        memset(got, 0, sizeof got);
+        ASSERT(p_nrta_execute_schedule(model, inputs, outputs, 0, &ret, &seq) == NRT_SUCCESS);
+        do {
+            ASSERT(p_nrta_is_completed(seq, &done) == NRT_SUCCESS);
+        } while (!done);
+        ASSERT(ret == NRT_SUCCESS);
+        ASSERT(p_nrta_get_sequence(0, NRTA_XU_COMPUTE, 0, &last) == NRT_SUCCESS && last == seq);
+        ret = (NRT_STATUS)0xDEAD;
+        ASSERT(p_nrta_tensor_read(got, out, 0, sizeof got, 0, 1, &ret, &seq) == NRT_SUCCESS);
+        do {
+            ASSERT(p_nrta_is_completed(seq, &done) == NRT_SUCCESS);
+        } while (!done);
+        ASSERT(ret == NRT_SUCCESS && memcmp(want, got, sizeof got) == 0);
+        ASSERT(p_nrt_sys_trace_stop() == NRT_SUCCESS);
+        ASSERT(p_nrt_sys_trace_fetch_events(&json, &json_len, NULL) == NRT_SUCCESS);
+        ASSERT(strstr(json, "\"execute\"") != NULL && strlen(json) == json_len);
+        p_nrt_sys_trace_buffer_free(json);
+        p_nrt_sys_trace_config_free(trace);
         p_nrt_destroy_tensor_set(&inputs);
         p_nrt_destroy_tensor_set(&outputs);
         p_nrt_tensor_free(&in);
