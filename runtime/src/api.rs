@@ -49,7 +49,6 @@ use shared::ids::{SeqId, XuId, XuType};
 
 mod tensor_op;
 
-pub use tensor_op::ScheduledTensorOp;
 use tensor_op::TensorOps;
 
 /// Entries of each NC's notification queue.
@@ -116,28 +115,73 @@ pub struct ModelHandle {
     pub vnc: u32,
 }
 
-/// A request scheduled with [`Runtime::execute_schedule`].
+/// A request scheduled on an execution unit of any type — an execution
+/// ([`Runtime::execute_schedule`], COMPUTE) or a tensor operation
+/// ([`Runtime::tensor_write_schedule`], [`Runtime::tensor_read_schedule`],
+/// [`Runtime::tensor_copy_schedule`], TENSOR_OP): its sequence id, its status cell (`ret`) and
+/// where it runs. Waited on with [`Runtime::wait`]; its id goes to [`Runtime::is_completed`] and
+/// [`Runtime::event_register_seq_id_completion`] like any other.
+///
+/// # Invariants
+/// `seq_id.xu_id()` is `{xu_type, queue, lnc}`; the status cell is published before the request
+/// shows as completed.
 #[derive(Debug, Clone)]
-pub struct ScheduledExecution {
+pub struct ScheduledRequest {
     seq_id: SeqId,
     status: Arc<ExecStatus>,
-    vnc: u32,
+    lnc: u32,
+    xu_type: XuType,
+    queue: u8,
 }
 
-impl ScheduledExecution {
+/// A request scheduled with [`Runtime::execute_schedule`] (on the COMPUTE XU).
+pub type ScheduledExecution = ScheduledRequest;
+
+/// A request scheduled on a TENSOR_OP XU.
+pub type ScheduledTensorOp = ScheduledRequest;
+
+impl ScheduledRequest {
+    /// A handle of request `seq_id`, whose status `status` receives.
+    fn new(seq_id: SeqId, status: Arc<ExecStatus>) -> Self {
+        let id = seq_id.xu_id();
+        Self {
+            seq_id,
+            status,
+            lnc: u32::from(id.vnc_id()),
+            // Every XU this runtime schedules on has a known type.
+            xu_type: id.xu_type().unwrap_or(XuType::Compute),
+            queue: id.queue(),
+        }
+    }
+
     /// Its sequence id (`xu_id << 48 | seq_num`).
     pub fn seq_id(&self) -> SeqId {
         self.seq_id
     }
 
-    /// Its status once completed (`None` while in flight).
+    /// Its status (`ret`) once completed (`None` while in flight).
     pub fn status(&self) -> Option<NrtStatus> {
         self.status.get()
     }
 
     /// The logical core it runs on.
+    pub fn lnc(&self) -> u32 {
+        self.lnc
+    }
+
+    /// The logical core it runs on (as [`ScheduledRequest::lnc`]).
     pub fn vnc(&self) -> u32 {
-        self.vnc
+        self.lnc
+    }
+
+    /// The type of the XU it runs on.
+    pub fn xu_type(&self) -> XuType {
+        self.xu_type
+    }
+
+    /// The queue of that XU type (0 or 1 for TENSOR_OP, 0 for COMPUTE).
+    pub fn queue(&self) -> u8 {
+        self.queue
     }
 }
 
@@ -367,7 +411,7 @@ impl Runtime {
                 .with_sys_trace(trace.clone()),
         );
         let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
-        let tensor_ops = match TensorOps::new(&device, &engine, &vnc_ncs, &config) {
+        let tensor_ops = match TensorOps::new(&device, &engine, &vnc_ncs, &config, &trace) {
             Ok(t) => t,
             Err(e) => {
                 reserve::release_all(&*device, &claimed);
@@ -1080,11 +1124,7 @@ impl Runtime {
             xu.schedule_request(info, Some(cell), stage, doorbell)
         })?;
         namer.name(seq_id);
-        Ok(ScheduledExecution {
-            seq_id,
-            status,
-            vnc: m.vnc(),
-        })
+        Ok(ScheduledRequest::new(seq_id, status))
     }
 
     /// The XU `seq_id` names, if `seq_id` is one of its submitted requests (or seq_num 0).
@@ -1157,14 +1197,23 @@ impl Runtime {
         Ok(self.xu_at(lnc, xu_type, queue)?.last_completed())
     }
 
-    /// Blocks until `req` completes; returns its status.
+    /// Blocks until `req` — an execution or a tensor operation — completes; returns its
+    /// status (`ret`).
     ///
     /// # Errors
-    /// NRT_INVALID for a foreign sequence id.
-    pub fn wait(&self, req: &ScheduledExecution) -> NrtResult<NrtStatus> {
+    /// NRT_INVALID for a foreign sequence id (as [`Runtime::is_completed`]).
+    pub fn wait(&self, req: &ScheduledRequest) -> NrtResult<NrtStatus> {
         self.xu_of(req.seq_id)?
             .wait_for_completion(req.seq_id, None)
-            .map_err(|s| status_err(s, "waiting for a scheduled execution"))?;
+            .map_err(|s| {
+                status_err(
+                    s,
+                    format!(
+                        "waiting for scheduled request {}",
+                        tensor_op::describe(req.seq_id)
+                    ),
+                )
+            })?;
         Ok(req.status().unwrap_or(NrtStatus::Failure))
     }
 

@@ -40,7 +40,7 @@ pub mod tensor_op;
 mod test_support;
 pub mod xu;
 
-pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledTensorOp, nrt};
+pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};
 pub use tensor::{Placement, Tensor, TensorSet};

@@ -1,7 +1,8 @@
 //! Tensor operations against a real simdev process: tensor-write throughput (GB/s) of 4 KiB,
 //! 64 KiB and 4 MiB requests on one TENSOR_OP queue and on both, beside a `memcpy` of the same
 //! sizes in the same run (the ratio); and the round trip of one 64-byte tensor write to its
-//! completion beside the sync execute round trip of the identity model (64 bytes).
+//! completion — waited with `wait`, and with a seq-id eventfd and poll(2) as serving code does —
+//! beside the sync execute round trip of the identity model (64 bytes).
 //!
 //! Each write is staged (the caller's bytes copied into DMA-able host memory), moved by the
 //! device's DMA in 64 KiB descriptor pairs and acknowledged by a completion pair; every queue
@@ -11,11 +12,14 @@
 //! Run: `cargo bench -p tests --bench tensor_ops`. Figures are printed, not asserted.
 
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, Runtime, ScheduledTensorOp, Tensor, TensorSet};
+use runtime::{Placement, Runtime, ScheduledRequest, Tensor, TensorSet};
 use shared::NrtStatus;
 use shared::model::Target;
 use tests::bench::{percentile, private_simdev, run_as_simdev_if_asked, us};
@@ -33,7 +37,7 @@ fn write_throughput(
     count: usize,
 ) -> Duration {
     let data = vec![0xA5u8; size];
-    let mut inflight: Vec<VecDeque<ScheduledTensorOp>> =
+    let mut inflight: Vec<VecDeque<ScheduledRequest>> =
         queues.iter().map(|_| VecDeque::new()).collect();
     let start = Instant::now();
     let mut issued = 0;
@@ -51,7 +55,7 @@ fn write_throughput(
                 }
             }
             if let Some(op) = inflight[k].pop_front() {
-                assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+                assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
             }
         }
     }
@@ -140,7 +144,19 @@ fn main() {
     let data = [0x3Cu8; 64];
     let write_once = || {
         let op = rt.tensor_write_schedule(&t, &data, 0, 0, 0).unwrap();
-        assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+        assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    };
+    // As serving code waits: a seq-id eventfd of its own (`nrta_event_register_seq_id_completion`)
+    // and poll(2).
+    let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap();
+    let write_to_eventfd = || {
+        let op = rt.tensor_write_schedule(&t, &data, 0, 0, 0).unwrap();
+        rt.event_register_seq_id_completion(op.seq_id(), Some(efd.as_fd()))
+            .unwrap();
+        let mut fds = [PollFd::new(efd.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(poll(&mut fds, PollTimeout::NONE).unwrap(), 1);
+        assert_eq!(efd.read().unwrap(), 1);
+        assert_eq!(op.status(), Some(NrtStatus::Success));
     };
     let m = rt
         .load(
@@ -161,9 +177,14 @@ fn main() {
     outs.add("output", &o);
     for _ in 0..2_000 {
         write_once();
+        write_to_eventfd();
         rt.execute(m, &ins, &outs).unwrap();
     }
-    let (mut writes, mut execs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut writes, mut efd_writes, mut execs) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
     for _ in 0..n / 1000 {
         for _ in 0..1000 {
             let s = Instant::now();
@@ -172,19 +193,26 @@ fn main() {
         }
         for _ in 0..1000 {
             let s = Instant::now();
+            write_to_eventfd();
+            efd_writes.push(s.elapsed());
+        }
+        for _ in 0..1000 {
+            let s = Instant::now();
             rt.execute(m, &ins, &outs).unwrap();
             execs.push(s.elapsed());
         }
     }
     writes.sort();
+    efd_writes.sort();
     execs.sort();
     println!("round trip, 64 bytes, interleaved chunks (n = {n} each)");
     for (name, p) in [("median", 500), ("p99", 990)] {
         println!(
-            "  {name:<6} tensor write -> completion {:>7.1} us | sync execute (identity) {:>7.1} us | ratio {:.2}x",
+            "  {name:<6} tensor write -> wait {:>7.1} us | -> seq-id eventfd {:>7.1} us | sync execute (identity) {:>7.1} us | ratio (eventfd/execute) {:.2}x",
             us(percentile(&writes, p)),
+            us(percentile(&efd_writes, p)),
             us(percentile(&execs, p)),
-            percentile(&writes, p).as_secs_f64() / percentile(&execs, p).as_secs_f64()
+            percentile(&efd_writes, p).as_secs_f64() / percentile(&execs, p).as_secs_f64()
         );
     }
     drop((t, tensors, i, o, ins, outs));

@@ -303,3 +303,87 @@ fn a_profile_file_is_chrome_trace_json_of_that_models_executions_only() {
     assert!(e.message.contains("no-such-dir/alpha.json"), "{e}");
     rt.close();
 }
+
+/// Tensor operations are recorded when they complete, with their sequence ids, queue, bytes,
+/// ordered timestamps and status; none before capture starts, none of a disabled type.
+#[test]
+fn tensor_operations_appear_with_their_sequence_ids_when_they_complete() {
+    let (rt, _sim) = runtime();
+    let a = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 4096, "a")
+        .unwrap();
+    let b = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 4096, "b")
+        .unwrap();
+    let before = rt.tensor_write_schedule(&a, &[1; 64], 0, 0, 0).unwrap();
+    assert_eq!(rt.wait(&before).unwrap(), NrtStatus::Success);
+    rt.sys_trace_start(&SysTraceConfig::new()).unwrap();
+    let dest = runtime::ReadBuffer::new(100).unwrap();
+    let ops = [
+        (
+            "write",
+            rt.tensor_write_schedule(&a, &[2; 300], 8, 0, 0).unwrap(),
+            300,
+        ),
+        (
+            "copy",
+            rt.tensor_copy_schedule(&a, 0, &b, 1000, 200, 1).unwrap(),
+            200,
+        ),
+        (
+            "read",
+            rt.tensor_read_schedule(&dest, &b, 1000, 100, 0, 1).unwrap(),
+            100,
+        ),
+        (
+            "write",
+            rt.tensor_write_schedule(&b, &[3; 4096], 0, 0, 0).unwrap(),
+            4096,
+        ),
+    ];
+    for (_, op, _) in &ops {
+        assert_eq!(rt.wait(op).unwrap(), NrtStatus::Success);
+    }
+    let doc = fetch(&rt, None);
+    let got: Vec<Value> = events(&doc, 0)
+        .into_iter()
+        .filter(|e| e["type"] == "tensor_op")
+        .collect();
+    assert_eq!(
+        got.len(),
+        ops.len(),
+        "one event per operation after start: {doc}"
+    );
+    for (kind, op, bytes) in &ops {
+        let e = got
+            .iter()
+            .find(|e| u(&e["seq_id"]) == op.seq_id().raw())
+            .unwrap_or_else(|| panic!("{kind} {:#x} not recorded: {doc}", op.seq_id().raw()));
+        assert_eq!(e["op"], *kind, "{e}");
+        assert_eq!(u(&e["seq_num"]), op.seq_id().seq_num(), "{e}");
+        assert_eq!(u(&e["queue"]), u64::from(op.queue()), "{e}");
+        assert_eq!(u(&e["bytes"]), *bytes, "{e}");
+        assert_eq!(e["status"], "NRT_SUCCESS", "{e}");
+        assert_eq!(e["status_code"], 0, "{e}");
+        assert!(u(&e["submit_ns"]) <= u(&e["start_ns"]), "{e}");
+        assert!(u(&e["start_ns"]) <= u(&e["end_ns"]), "{e}");
+        assert_eq!(e["nc_idx"], 0, "{e}");
+    }
+    assert!(
+        !got.iter().any(|e| u(&e["seq_id"]) == before.seq_id().raw()),
+        "completed before start: {doc}"
+    );
+    assert!(events(&doc, 1).is_empty(), "nothing ran on core 1: {doc}");
+    rt.sys_trace_stop().unwrap();
+    // With the type disabled, tensor operations are not recorded (executions still are).
+    let mut c = SysTraceConfig::new();
+    c.set_capture_enabled_for_event_type("tensor_op", false)
+        .unwrap();
+    rt.sys_trace_start(&c).unwrap();
+    let op = rt.tensor_write_schedule(&a, &[4; 64], 0, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    let doc = fetch(&rt, None);
+    assert!(events(&doc, 0).is_empty(), "tensor_op disabled: {doc}");
+    drop((a, b));
+    rt.close();
+}

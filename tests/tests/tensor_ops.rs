@@ -3,17 +3,18 @@
 //! write, and nothing freed under a scheduled request.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use runtime::builder::identity;
 use runtime::config::RuntimeConfig;
 use runtime::xu::XuHealth;
-use runtime::{Placement, ReadBuffer, Runtime, Tensor, TensorSet};
+use runtime::{Placement, ReadBuffer, Runtime, ScheduledRequest, Tensor, TensorSet};
 use shared::NrtStatus;
-use shared::ids::SeqId;
+use shared::ids::{SeqId, XuId, XuType};
 use shared::model::Target;
 use shared::protocol::{FaultKind, FaultSpec, FaultWhen};
 use tests::{connect, start_simdev};
@@ -38,13 +39,41 @@ fn pattern(len: usize, step: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A request in flight and the eventfd its XU signals at completion (`None`: it had already
-/// completed when the eventfd was registered).
-struct Waiting<T> {
+/// A request in flight and the eventfd the test registered for its sequence id
+/// (`nrta_event_register_seq_id_completion`): the runtime writes 1 to it when the request
+/// completes, or at once if it already had.
+struct Waiting {
     step: u64,
-    seq: SeqId,
-    efd: Option<OwnedFd>,
-    what: T,
+    req: ScheduledRequest,
+    efd: EventFd,
+}
+
+impl Waiting {
+    fn register(rt: &Runtime, step: u64, req: ScheduledRequest) -> Self {
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .unwrap();
+        rt.event_register_seq_id_completion(req.seq_id(), Some(efd.as_fd()))
+            .unwrap();
+        Self { step, req, efd }
+    }
+
+    /// Whether its eventfd fired (consuming the count): then the request completed and its
+    /// `ret` is written.
+    fn fired(&self, rt: &Runtime) -> bool {
+        match self.efd.read() {
+            Ok(n) => {
+                assert_eq!(n, 1, "one signal per registration");
+                assert!(rt.is_completed(self.req.seq_id()).unwrap());
+                assert!(
+                    self.req.status().is_some(),
+                    "ret is written before the signal"
+                );
+                true
+            }
+            Err(nix::errno::Errno::EAGAIN) => false,
+            Err(e) => panic!("reading a seq-id eventfd: {e}"),
+        }
+    }
 }
 
 /// The tensors' slot of step `step`.
@@ -52,11 +81,9 @@ fn slot_of(step: u64) -> usize {
     usize::try_from(step).unwrap() % SLOTS
 }
 
-/// Blocks until one of the front requests' eventfds is readable.
-fn wait_any(fds: &[&OwnedFd]) {
-    if fds.is_empty() {
-        return;
-    }
+/// Blocks (poll(2)) until one of the front requests' eventfds is readable.
+fn wait_any(fds: &[&EventFd]) {
+    assert!(!fds.is_empty(), "waiting with nothing in flight");
     let mut pfds: Vec<PollFd> = fds
         .iter()
         .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
@@ -72,6 +99,9 @@ const SLOTS: usize = 9;
 /// Requests kept in flight per XU.
 const PER_XU: usize = 3;
 
+/// The pipeline serving code writes: for each step, write its input on TENSOR_OP queue 0, wait
+/// for that write's seq-id eventfd, schedule the execution, wait for its eventfd, read the
+/// output on queue 1 and check it — up to three requests queued on each XU.
 #[test]
 fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_in_flight() {
     let (rt, _sim) = rig();
@@ -105,14 +135,9 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
             (i, o, ins, outs, ReadBuffer::new(BYTES as u64).unwrap())
         })
         .collect();
-    let (q0, q1, compute) = (
-        rt.tensor_op_xu(0, 0).unwrap().clone(),
-        rt.tensor_op_xu(0, 1).unwrap().clone(),
-        rt.xu(0).unwrap().clone(),
-    );
-    let mut writes: VecDeque<Waiting<runtime::ScheduledTensorOp>> = VecDeque::new();
-    let mut execs: VecDeque<Waiting<runtime::ScheduledExecution>> = VecDeque::new();
-    let mut reads: VecDeque<Waiting<runtime::ScheduledTensorOp>> = VecDeque::new();
+    let mut writes: VecDeque<Waiting> = VecDeque::new();
+    let mut execs: VecDeque<Waiting> = VecDeque::new();
+    let mut reads: VecDeque<Waiting> = VecDeque::new();
     let mut written: VecDeque<u64> = VecDeque::new();
     let mut executed: VecDeque<u64> = VecDeque::new();
     let (mut next, mut checked) = (0u64, 0u64);
@@ -125,24 +150,24 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
             let op = rt
                 .tensor_write_schedule(&slot.0, &pattern(BYTES, next), 0, 0, 0)
                 .unwrap();
-            let efd = q0.install_fresh_comp_efd(op.seq_id()).unwrap();
-            writes.push_back(Waiting {
-                step: next,
-                seq: op.seq_id(),
-                efd,
-                what: op,
-            });
+            assert_eq!(
+                (op.xu_type(), op.queue(), op.lnc()),
+                (XuType::TensorOp, 0, 0)
+            );
+            writes.push_back(Waiting::register(&rt, next, op));
             next += 1;
             progressed = true;
         }
-        while writes.front().is_some_and(|w| q0.is_completed(w.seq)) {
+        // Sampled with the queues full, before anything is harvested.
+        for (k, n) in [writes.len(), execs.len(), reads.len()]
+            .into_iter()
+            .enumerate()
+        {
+            most_in_flight[k] = most_in_flight[k].max(n);
+        }
+        while writes.front().is_some_and(|w| w.fired(&rt)) {
             let w = writes.pop_front().unwrap();
-            assert_eq!(
-                w.what.status(),
-                Some(NrtStatus::Success),
-                "write {}",
-                w.step
-            );
+            assert_eq!(w.req.status(), Some(NrtStatus::Success), "write {}", w.step);
             written.push_back(w.step);
             progressed = true;
         }
@@ -151,19 +176,15 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
             let step = written.pop_front().unwrap();
             let slot = &slots[slot_of(step)];
             let e = rt.execute_schedule(m, &slot.2, &slot.3).unwrap();
-            let efd = compute.install_fresh_comp_efd(e.seq_id()).unwrap();
-            execs.push_back(Waiting {
-                step,
-                seq: e.seq_id(),
-                efd,
-                what: e,
-            });
+            assert_eq!(e.xu_type(), XuType::Compute);
+            execs.push_back(Waiting::register(&rt, step, e));
             progressed = true;
         }
-        while execs.front().is_some_and(|e| compute.is_completed(e.seq)) {
+        most_in_flight[1] = most_in_flight[1].max(execs.len());
+        while execs.front().is_some_and(|e| e.fired(&rt)) {
             let e = execs.pop_front().unwrap();
             assert_eq!(
-                e.what.status(),
+                e.req.status(),
                 Some(NrtStatus::Success),
                 "execution {}",
                 e.step
@@ -178,18 +199,14 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
             let op = rt
                 .tensor_read_schedule(&slot.4, &slot.1, 0, BYTES as u64, 0, 1)
                 .unwrap();
-            let efd = q1.install_fresh_comp_efd(op.seq_id()).unwrap();
-            reads.push_back(Waiting {
-                step,
-                seq: op.seq_id(),
-                efd,
-                what: op,
-            });
+            assert_eq!((op.xu_type(), op.queue()), (XuType::TensorOp, 1));
+            reads.push_back(Waiting::register(&rt, step, op));
             progressed = true;
         }
-        while reads.front().is_some_and(|r| q1.is_completed(r.seq)) {
+        most_in_flight[2] = most_in_flight[2].max(reads.len());
+        while reads.front().is_some_and(|r| r.fired(&rt)) {
             let r = reads.pop_front().unwrap();
-            assert_eq!(r.what.status(), Some(NrtStatus::Success), "read {}", r.step);
+            assert_eq!(r.req.status(), Some(NrtStatus::Success), "read {}", r.step);
             assert_eq!(r.step, checked, "steps complete in order");
             let slot = &slots[slot_of(r.step)];
             let got = slot.4.to_vec().unwrap();
@@ -201,31 +218,23 @@ fn a_serving_pipeline_writes_executes_and_reads_a_thousand_steps_with_requests_i
             checked += 1;
             progressed = true;
         }
-        for (k, n) in [writes.len(), execs.len(), reads.len()]
-            .into_iter()
-            .enumerate()
-        {
-            most_in_flight[k] = most_in_flight[k].max(n);
-        }
         if !progressed {
-            let fronts: Vec<&OwnedFd> = [
-                writes.front().and_then(|w| w.efd.as_ref()),
-                execs.front().and_then(|e| e.efd.as_ref()),
-                reads.front().and_then(|r| r.efd.as_ref()),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
+            let fronts: Vec<&EventFd> = [writes.front(), execs.front(), reads.front()]
+                .into_iter()
+                .flatten()
+                .map(|w| &w.efd)
+                .collect();
             wait_any(&fronts);
         }
     }
     assert!(
-        most_in_flight.iter().all(|&n| n >= 2),
-        "2-3 requests in flight per XU at some point: {most_in_flight:?}"
+        most_in_flight.iter().all(|&n| (2..=PER_XU).contains(&n)),
+        "2-3 requests in flight per XU (writes, executions, reads): {most_in_flight:?}"
     );
-    assert_eq!(q0.last_completed().seq_num(), STEPS);
-    assert_eq!(q1.last_completed().seq_num(), STEPS);
-    assert_eq!(compute.last_completed().seq_num(), STEPS);
+    let last = |xu_type, q| rt.get_sequence(0, xu_type, q).unwrap().seq_num();
+    assert_eq!(last(XuType::TensorOp, 0), STEPS);
+    assert_eq!(last(XuType::TensorOp, 1), STEPS);
+    assert_eq!(last(XuType::Compute, 0), STEPS);
     drop(slots);
     rt.close();
 }
@@ -260,10 +269,7 @@ fn a_dma_abort_injected_into_a_tensor_write_is_1203_there_and_nowhere_else() {
     let ops: Vec<_> = (0..3u8)
         .map(|k| rt.tensor_write_schedule(&i, &[k; 64], 0, 0, 0).unwrap())
         .collect();
-    let statuses: Vec<_> = ops
-        .iter()
-        .map(|op| rt.wait_tensor_op(op).unwrap())
-        .collect();
+    let statuses: Vec<_> = ops.iter().map(|op| rt.wait(op).unwrap()).collect();
     assert_eq!(
         statuses,
         [
@@ -284,11 +290,11 @@ fn a_dma_abort_injected_into_a_tensor_write_is_1203_there_and_nowhere_else() {
     );
     // Queue 1 and the compute XU keep working.
     let op = rt.tensor_write_schedule(&i, &[7; 64], 0, 0, 1).unwrap();
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     rt.execute(m, &ins, &outs).unwrap();
     let dest = ReadBuffer::new(64).unwrap();
     let op = rt.tensor_read_schedule(&dest, &o, 0, 64, 0, 1).unwrap();
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     assert_eq!(dest.to_vec().unwrap(), vec![7; 64]);
     assert_eq!(rt.xu(0).unwrap().health(), XuHealth::Healthy);
     assert_eq!(rt.tensor_op_xu(0, 1).unwrap().health(), XuHealth::Healthy);
@@ -313,7 +319,7 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
     outs.add("output", &o);
     let data = pattern(1 << 20, 77);
     let w = rt.tensor_write_schedule(&i, &data, 0, 0, 0).unwrap();
-    assert_eq!(rt.wait_tensor_op(&w).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&w).unwrap(), NrtStatus::Success);
     // Several executions scheduled: unload returns only after each completed.
     let execs: Vec<_> = (0..8)
         .map(|_| rt.execute_schedule(m, &ins, &outs).unwrap())
@@ -349,7 +355,154 @@ fn a_tensor_under_a_scheduled_request_is_not_freed_and_unload_waits_for_schedule
     let r = rt
         .tensor_read_schedule(&dest, &o, 0, 1 << 20, 0, 1)
         .unwrap();
-    assert_eq!(rt.wait_tensor_op(&r).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&r).unwrap(), NrtStatus::Success);
     assert!(dest.to_vec().unwrap() == data);
+    rt.close();
+}
+
+fn nonblocking_eventfd() -> EventFd {
+    EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC).unwrap()
+}
+
+/// Tensor operations answer the general calls: `get_sequence(lnc, TENSOR_OP, q)` is the last
+/// completed operation of that queue (the queues apart), `is_completed` takes their seq ids, and
+/// an XU completion eventfd on a TENSOR_OP queue counts exactly that queue's completions.
+#[test]
+fn tensor_ops_answer_get_sequence_is_completed_and_count_on_an_xu_completion_eventfd() {
+    let (rt, _sim) = rig();
+    let t = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 4096, "t")
+        .unwrap();
+    for q in 0..2u8 {
+        let s = rt.get_sequence(0, XuType::TensorOp, u32::from(q)).unwrap();
+        assert_eq!(
+            s,
+            SeqId::new(XuId::new(XuType::TensorOp, q, 0), 0),
+            "none yet"
+        );
+        assert!(rt.is_completed(s).unwrap());
+    }
+    let counted = nonblocking_eventfd();
+    rt.event_register_xu_completion(0, XuType::TensorOp, 1, Some(counted.as_fd()))
+        .unwrap();
+    let mut last = [None, None];
+    // Five on queue 1, three on queue 0, interleaved.
+    for k in 0..8u8 {
+        let q: i32 = if k % 3 == 0 { 0 } else { 1 };
+        let op = rt
+            .tensor_write_schedule(&t, &[k; 512], u64::from(k) * 512, 0, q)
+            .unwrap();
+        assert_eq!(
+            op.seq_id().xu_id(),
+            XuId::new(XuType::TensorOp, op.queue(), 0)
+        );
+        assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+        assert!(rt.is_completed(op.seq_id()).unwrap());
+        assert_eq!(
+            rt.get_sequence(0, XuType::TensorOp, u32::try_from(q).unwrap())
+                .unwrap(),
+            op.seq_id(),
+            "the last completed of queue {q}"
+        );
+        last[usize::try_from(q).unwrap()] = Some(op);
+    }
+    let [Some(l0), Some(l1)] = &last else {
+        panic!("both queues used")
+    };
+    assert_eq!(l0.seq_id().seq_num(), 3);
+    assert_eq!(l1.seq_id().seq_num(), 5);
+    assert_eq!(
+        rt.get_sequence(0, XuType::TensorOp, 0).unwrap(),
+        l0.seq_id()
+    );
+    assert_eq!(
+        rt.get_sequence(0, XuType::TensorOp, 1).unwrap(),
+        l1.seq_id()
+    );
+    assert_eq!(counted.read(), Ok(5), "exactly queue 1's five completions");
+    // A read completes on queue 1 too; then deregistered, nothing more is counted.
+    let dest = ReadBuffer::new(512).unwrap();
+    let r = rt.tensor_read_schedule(&dest, &t, 512, 512, 0, 1).unwrap();
+    assert_eq!(rt.wait(&r).unwrap(), NrtStatus::Success);
+    assert_eq!(dest.to_vec().unwrap(), vec![1; 512]);
+    assert_eq!(counted.read(), Ok(1));
+    rt.event_register_xu_completion(0, XuType::TensorOp, 1, None)
+        .unwrap();
+    let op = rt.tensor_write_schedule(&t, &[9; 8], 0, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(
+        counted.read(),
+        Err(nix::errno::Errno::EAGAIN),
+        "deregistered"
+    );
+    drop(t);
+    rt.close();
+}
+
+/// Bad input to the completion calls on TENSOR_OP XUs: an unknown queue index, and sequence ids
+/// of another runtime's (or process's) TENSOR_OP XU — each NRT_INVALID naming it.
+#[test]
+fn unknown_tensor_op_queues_and_foreign_tensor_op_seq_ids_are_invalid_naming_them() {
+    let (rt, _sim) = rig();
+    let (other, _other_sim) = rig();
+    let t = other
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "t")
+        .unwrap();
+    // The other runtime's queue 0 runs three writes; this one's ran none.
+    let foreign: Vec<_> = (0..3u8)
+        .map(|k| other.tensor_write_schedule(&t, &[k; 64], 0, 0, 0).unwrap())
+        .collect();
+    for op in &foreign {
+        assert_eq!(other.wait(op).unwrap(), NrtStatus::Success);
+    }
+    let efd = nonblocking_eventfd();
+    for op in &foreign {
+        let id = format!("{:#x}", op.seq_id().raw());
+        let e = rt.is_completed(op.seq_id()).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&id), "{e}");
+        let e = rt.wait(op).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&id), "{e}");
+        let e = rt
+            .event_register_seq_id_completion(op.seq_id(), Some(efd.as_fd()))
+            .unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&id), "{e}");
+    }
+    // A TENSOR_OP queue, or logical core, that no XU has.
+    for bad in [
+        SeqId::new(XuId::new(XuType::TensorOp, 2, 0), 1),
+        SeqId::new(XuId::new(XuType::TensorOp, 15, 0), 1),
+        SeqId::new(XuId::new(XuType::TensorOp, 0, 200), 1),
+    ] {
+        let e = rt.is_completed(bad).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&format!("{:#x}", bad.raw())), "{e}");
+    }
+    for q in [2u32, 3, 16, u32::MAX] {
+        let e = rt.get_sequence(0, XuType::TensorOp, q).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&format!("queue {q}")), "{e}");
+        let e = rt
+            .event_register_xu_completion(0, XuType::TensorOp, q, Some(efd.as_fd()))
+            .unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert!(e.message.contains(&format!("queue {q}")), "{e}");
+    }
+    assert_eq!(
+        efd.read(),
+        Err(nix::errno::Errno::EAGAIN),
+        "nothing signalled"
+    );
+    for q in 0..2 {
+        assert_eq!(
+            rt.get_sequence(0, XuType::TensorOp, q).unwrap().seq_num(),
+            0,
+            "nothing changed"
+        );
+    }
+    drop((foreign, t));
+    other.close();
     rt.close();
 }

@@ -19,19 +19,24 @@
 //! work item holds), then frees the model.
 //!
 //! The TENSOR_OP XUs ([`TensorOps`]) sit in the runtime's XU table; the logical core's one
-//! worker steps them beside its COMPUTE XU.
+//! worker steps them beside its COMPUTE XU. A tensor operation is waited on and asked about
+//! like any scheduled request: each call returns a [`ScheduledRequest`] (as
+//! `execute_schedule` does), for [`Runtime::wait`], [`Runtime::is_completed`],
+//! [`Runtime::get_sequence`] and the event registrations. Each one is recorded in the system
+//! trace as it completes (the engine's [`crate::xu::CompletionEngine::completed`]).
 
 use std::sync::Arc;
 
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuType};
 
-use super::{Runtime, status_err};
+use super::{Runtime, ScheduledRequest, status_err};
 use crate::backend::Device;
 use crate::completion::NqEngine;
 use crate::config::RuntimeConfig;
 use crate::error::{NrtError, NrtResult};
 use crate::metrics::Metrics;
+use crate::sys_trace::SysTrace;
 use crate::tensor::{Placement, ScheduledUser, Tensor, UseHold};
 use crate::tensor_op::request::TensorOpKind;
 use crate::tensor_op::{
@@ -58,17 +63,21 @@ impl TensorOps {
         nq: &Arc<NqEngine>,
         vncs: &[Vec<u32>],
         config: &RuntimeConfig,
+        trace: &Arc<SysTrace>,
     ) -> NrtResult<Self> {
         let first_ncs: Vec<u32> = vncs.iter().filter_map(|v| v.first().copied()).collect();
-        let engine = Arc::new(TensorOpEngine::new(
-            device.clone(),
-            nq.clone(),
-            &first_ncs,
-            TensorOpConfig {
-                timeout: config.exec_timeout,
-                ..TensorOpConfig::default()
-            },
-        )?);
+        let engine = Arc::new(
+            TensorOpEngine::new(
+                device.clone(),
+                nq.clone(),
+                &first_ncs,
+                TensorOpConfig {
+                    timeout: config.exec_timeout,
+                    ..TensorOpConfig::default()
+                },
+            )?
+            .with_sys_trace(trace.clone()),
+        );
         let metrics = Arc::new(Metrics::new(device.info().nc_count as usize));
         let mut xus = Vec::new();
         let built = (|| {
@@ -118,38 +127,6 @@ impl TensorOps {
     fn xu(&self, vnc: u32, queue: u8) -> Option<&Arc<Xu<TensorOpEngine>>> {
         self.xus
             .get(vnc as usize * usize::from(TENSOR_OP_QUEUES) + usize::from(queue))
-    }
-}
-
-/// A request scheduled on a TENSOR_OP XU.
-#[derive(Clone, Debug)]
-pub struct ScheduledTensorOp {
-    seq_id: SeqId,
-    status: Arc<ExecStatus>,
-    lnc: u32,
-    queue: u8,
-}
-
-impl ScheduledTensorOp {
-    /// Its sequence id (`xu_id << 48 | seq_num`, `xu_id = {TENSOR_OP, queue, lnc}`).
-    pub fn seq_id(&self) -> SeqId {
-        self.seq_id
-    }
-
-    /// Its status (`ret`) once completed; `None` while in flight. Written before the request
-    /// shows as completed.
-    pub fn status(&self) -> Option<NrtStatus> {
-        self.status.get()
-    }
-
-    /// The logical core.
-    pub fn lnc(&self) -> u32 {
-        self.lnc
-    }
-
-    /// The tensor-op queue (0 or 1).
-    pub fn queue(&self) -> u8 {
-        self.queue
     }
 }
 
@@ -310,7 +287,7 @@ impl Runtime {
         lnc: u32,
         queue: u8,
         mut req: TensorOpRequest,
-    ) -> NrtResult<ScheduledTensorOp> {
+    ) -> NrtResult<ScheduledRequest> {
         let xu = self.tensor_op_xu_checked(lnc, queue)?;
         let hold = UseHold::on(&req.tensors);
         let namer = hold.namer();
@@ -326,12 +303,7 @@ impl Runtime {
             )
             .map_err(|s| Self::tensor_op_refusal(s, lnc, queue))?;
         namer.name(seq_id);
-        Ok(ScheduledTensorOp {
-            seq_id,
-            status,
-            lnc,
-            queue,
-        })
+        Ok(ScheduledRequest::new(seq_id, status))
     }
 
     /// `nrta_tensor_write`: schedules a copy of `buf` to byte `offset` of device tensor
@@ -349,7 +321,7 @@ impl Runtime {
         offset: u64,
         lnc_idx: i32,
         queue: i32,
-    ) -> NrtResult<ScheduledTensorOp> {
+    ) -> NrtResult<ScheduledRequest> {
         self.check_process()?;
         let queue = Self::tensor_op_queue(queue)?;
         let lnc = self.tensor_op_lnc(lnc_idx)?;
@@ -391,7 +363,7 @@ impl Runtime {
         size: u64,
         lnc_idx: i32,
         queue: i32,
-    ) -> NrtResult<ScheduledTensorOp> {
+    ) -> NrtResult<ScheduledRequest> {
         self.check_process()?;
         let queue = Self::tensor_op_queue(queue)?;
         let lnc = self.tensor_op_lnc(lnc_idx)?;
@@ -438,7 +410,7 @@ impl Runtime {
         dst_offset: u64,
         size: u64,
         queue: i32,
-    ) -> NrtResult<ScheduledTensorOp> {
+    ) -> NrtResult<ScheduledRequest> {
         self.check_process()?;
         let queue = Self::tensor_op_queue(queue)?;
         Self::check_size(size)?;
@@ -472,39 +444,6 @@ impl Runtime {
             ..TensorOpRequest::default()
         };
         self.schedule_tensor_op(lnc, queue, req)
-    }
-
-    fn tensor_op_xu_of(&self, seq_id: SeqId) -> NrtResult<&Arc<Xu<TensorOpEngine>>> {
-        self.check_process()?;
-        let id = seq_id.xu_id();
-        let found = (id.xu_type() == Some(XuType::TensorOp))
-            .then(|| self.tensor_op_xu(u32::from(id.vnc_id()), id.queue()))
-            .flatten();
-        found.ok_or_else(|| {
-            invalid(format!(
-                "sequence id {:#x} names no TENSOR_OP execution unit of this process",
-                seq_id.raw()
-            ))
-        })
-    }
-
-    /// `nrta_is_completed` for a tensor operation.
-    ///
-    /// # Errors
-    /// NRT_INVALID for a sequence id of no TENSOR_OP XU of this process.
-    pub fn tensor_op_is_completed(&self, seq_id: SeqId) -> NrtResult<bool> {
-        Ok(self.tensor_op_xu_of(seq_id)?.is_completed(seq_id))
-    }
-
-    /// Blocks until `op` completes; returns its status.
-    ///
-    /// # Errors
-    /// NRT_INVALID for a sequence id of no TENSOR_OP XU of this process.
-    pub fn wait_tensor_op(&self, op: &ScheduledTensorOp) -> NrtResult<NrtStatus> {
-        self.tensor_op_xu_of(op.seq_id)?
-            .wait_for_completion(op.seq_id, None)
-            .map_err(|s| status_err(s, "waiting for a scheduled tensor operation"))?;
-        Ok(op.status().unwrap_or(NrtStatus::Failure))
     }
 
     /// `nrt_tensor_free`: drops the handle in `tensor` (setting it to `None`; `None` is a

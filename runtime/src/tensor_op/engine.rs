@@ -5,10 +5,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shared::NrtStatus;
+use shared::ids::SeqId;
 
 use crate::backend::{Device, DmaQueueId};
 use crate::completion::{NqEngine, decode_flags};
 use crate::error::NrtError;
+use crate::sys_trace::{self, SysTrace};
 use crate::xu::{CompletionEngine, ExecInfo, Progress, Wake};
 
 use super::channel::Channel;
@@ -78,6 +80,8 @@ pub struct TensorOpEngine {
     nq: Arc<NqEngine>,
     lanes: Vec<Lane>,
     timeout: Duration,
+    /// The runtime's system trace: every tensor operation is recorded as it completes.
+    trace: Option<Arc<SysTrace>>,
 }
 
 impl TensorOpEngine {
@@ -99,6 +103,7 @@ impl TensorOpEngine {
             nq,
             lanes: Vec::new(),
             timeout: config.timeout,
+            trace: None,
         };
         for &nc in vnc_first_ncs {
             for dma_queue in TENSOR_OP_DMA_QUEUES {
@@ -123,6 +128,14 @@ impl TensorOpEngine {
             }
         }
         Ok(this)
+    }
+
+    /// Records every completed tensor operation in `trace` (one relaxed load per completion
+    /// while nothing captures).
+    #[must_use]
+    pub fn with_sys_trace(mut self, trace: Arc<SysTrace>) -> Self {
+        self.trace = Some(trace);
+        self
     }
 
     fn lane(&self, vnc: u32, queue: u8) -> Option<&Lane> {
@@ -255,7 +268,9 @@ impl CompletionEngine for TensorOpEngine {
             return Progress::Error(NrtStatus::Closed);
         };
         if req.deadline.is_none() {
-            req.deadline = Some(Instant::now() + self.timeout);
+            let now = Instant::now();
+            req.started = Some(now);
+            req.deadline = Some(now + self.timeout);
         }
         loop {
             if let Some((token, bytes)) = req.in_flight {
@@ -283,6 +298,44 @@ impl CompletionEngine for TensorOpEngine {
                 }
             }
         }
+    }
+
+    /// Records the tensor operation in the system trace: seq id, queue, bytes, its submit,
+    /// start (first step; its submit when it never started) and end, and status. One relaxed
+    /// load and no allocation while nothing captures.
+    fn completed(
+        &self,
+        vnc: u32,
+        seq_id: SeqId,
+        info: &ExecInfo<TensorOpRequest>,
+        status: NrtStatus,
+    ) {
+        let Some(trace) = &self.trace else {
+            return;
+        };
+        if !trace.armed() {
+            return;
+        }
+        let req = &info.request;
+        let op = match req.kind {
+            TensorOpKind::Read => sys_trace::TensorOpKind::Read,
+            TensorOpKind::Write => sys_trace::TensorOpKind::Write,
+            TensorOpKind::Copy => sys_trace::TensorOpKind::Copy,
+            TensorOpKind::Stop => return,
+        };
+        trace.record_tensor_op(
+            vnc,
+            &sys_trace::TensorOp {
+                op,
+                seq_id: seq_id.raw(),
+                queue: u32::from(req.queue),
+                bytes: req.len,
+                submit: info.submission_ts,
+                start: req.started.unwrap_or(info.submission_ts),
+                end: Instant::now(),
+                status,
+            },
+        );
     }
 
     /// A request in flight waits on its NC's notification eventfd (a DMA error of its queue

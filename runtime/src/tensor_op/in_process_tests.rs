@@ -26,7 +26,7 @@ fn device_tensor(rt: &Runtime, vnc: u32, bytes: u64, name: &str) -> Tensor {
 
 fn write(rt: &Runtime, t: &Tensor, data: &[u8], offset: u64, queue: i32) -> NrtStatus {
     let op = rt.tensor_write_schedule(t, data, offset, 0, queue).unwrap();
-    rt.wait_tensor_op(&op).unwrap()
+    rt.wait(&op).unwrap()
 }
 
 fn read(rt: &Runtime, t: &Tensor, offset: u64, size: u64, queue: i32) -> (NrtStatus, Vec<u8>) {
@@ -34,7 +34,7 @@ fn read(rt: &Runtime, t: &Tensor, offset: u64, size: u64, queue: i32) -> (NrtSta
     let op = rt
         .tensor_read_schedule(&dest, t, offset, size, 0, queue)
         .unwrap();
-    let st = rt.wait_tensor_op(&op).unwrap();
+    let st = rt.wait(&op).unwrap();
     (st, dest.to_vec().unwrap())
 }
 
@@ -68,8 +68,8 @@ fn writes_and_reads_move_through_the_devices_dma_and_close_returns_everything() 
     let op = rt.tensor_write_schedule(&t, &data, 0, 0, 0).unwrap();
     assert_eq!(op.seq_id().xu_id().xu_type(), Some(XuType::TensorOp));
     assert_eq!((op.seq_id().xu_id().queue(), op.seq_id().seq_num()), (0, 1));
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
-    assert!(rt.tensor_op_is_completed(op.seq_id()).unwrap());
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    assert!(rt.is_completed(op.seq_id()).unwrap());
     let mut direct = vec![0u8; 200_000];
     t.read(&mut direct, 0).unwrap();
     assert!(direct == data, "the write landed");
@@ -109,7 +109,7 @@ fn a_copy_moves_device_to_device_at_offsets() {
     a.write(&data, 0).unwrap();
     let op = rt.tensor_copy_schedule(&a, 100, &b, 4000, 3000, 1).unwrap();
     assert_eq!(op.seq_id().xu_id().vnc_id(), 1, "the tensors' logical core");
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     let mut out = vec![0u8; 8192];
     b.read(&mut out, 0).unwrap();
     assert!(out[4000..7000] == data[100..3100]);
@@ -238,13 +238,13 @@ fn the_two_queues_and_compute_are_independent_and_queue_full_changes_nothing() {
         assert!(ops.iter().all(|op| op.status().is_none()));
         drop(_held);
         for op in &ops {
-            assert_eq!(rt.wait_tensor_op(op).unwrap(), NrtStatus::Success);
+            assert_eq!(rt.wait(op).unwrap(), NrtStatus::Success);
         }
     }
     // No sequence was consumed by the refusal.
     let next = rt.tensor_write_schedule(&t, &[7; 16], 0, 0, 0).unwrap();
     assert_eq!(next.seq_id().seq_num(), capacity as u64 + 1);
-    rt.wait_tensor_op(&next).unwrap();
+    rt.wait(&next).unwrap();
     let mut out = [0u8; 16];
     t.read(&mut out, 0).unwrap();
     assert_eq!(out, [7; 16], "in submit order, the last write wins");
@@ -264,10 +264,7 @@ fn a_dma_abort_fails_that_request_with_1203_and_degrades_only_its_xu() {
     arm(&rig, copy_start_fault(FaultKind::DmaAbort, 12, 2));
     assert_eq!(write(&rt, &t, &[1; 64], 0, 0), NrtStatus::Success);
     let op = rt.tensor_write_schedule(&t, &[2; 64], 0, 0, 0).unwrap();
-    assert_eq!(
-        rt.wait_tensor_op(&op).unwrap(),
-        NrtStatus::ExecHwErrDmaAbort
-    );
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::ExecHwErrDmaAbort);
     assert_eq!(op.status(), Some(NrtStatus::ExecHwErrDmaAbort));
     assert_eq!(
         rt.tensor_op_xu(0, 0).unwrap().health(),
@@ -298,7 +295,7 @@ fn an_out_of_bounds_dma_fault_is_1006_and_degrades_that_xu() {
     arm(&rig, copy_start_fault(FaultKind::OutOfBounds, 13, 1));
     let dest = ReadBuffer::new(64).unwrap();
     let op = rt.tensor_read_schedule(&dest, &t, 0, 64, 0, 1).unwrap();
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::ExecOob);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::ExecOob);
     assert_eq!(
         rt.tensor_op_xu(0, 1).unwrap().health(),
         XuHealth::FatalShutdown
@@ -353,11 +350,7 @@ fn bad_requests_are_refused_with_nrt_invalid_naming_what_and_change_nothing() {
     let foreign = device_tensor(&other_rt, 0, 4096, "foreign");
     let dest = ReadBuffer::new(4096).unwrap();
     let small = ReadBuffer::new(8).unwrap();
-    let cases: Vec<(
-        &str,
-        crate::NrtResult<super::super::ScheduledTensorOp>,
-        &str,
-    )> = vec![
+    let cases: Vec<(&str, crate::NrtResult<crate::ScheduledRequest>, &str)> = vec![
         (
             "beyond",
             rt.tensor_write_schedule(&t, &[1; 8], 4090, 0, 0),
@@ -449,7 +442,7 @@ fn bad_requests_are_refused_with_nrt_invalid_naming_what_and_change_nothing() {
     // The first accepted request gets sequence number 1.
     let op = rt.tensor_write_schedule(&t, &[1; 8], 0, 0, 0).unwrap();
     assert_eq!(op.seq_id().seq_num(), 1);
-    rt.wait_tensor_op(&op).unwrap();
+    rt.wait(&op).unwrap();
     drop(foreign);
     other_rt.close();
     rt.close();
@@ -499,7 +492,7 @@ fn a_tensor_a_scheduled_tensor_op_uses_is_not_freed_until_it_completes() {
     );
     assert!(t.is_some(), "the handle stays");
     drop(held);
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     rt.tensor_free(&mut t).unwrap();
     assert!(t.is_none());
     rt.tensor_free(&mut t).unwrap();
@@ -549,7 +542,7 @@ fn a_refused_schedule_leaves_no_hold() {
     rt.tensor_free(&mut t).unwrap();
     drop(held);
     for op in &ops {
-        rt.wait_tensor_op(op).unwrap();
+        rt.wait(op).unwrap();
     }
     rt.close();
 }
@@ -565,7 +558,7 @@ fn a_raw_read_destination_receives_the_bytes() {
     let dest = unsafe { ReadBuffer::from_raw(out.as_mut_ptr(), out.len()) }.unwrap();
     assert!(dest.to_vec().is_none());
     let op = rt.tensor_read_schedule(&dest, &t, 0, 256, 0, 0).unwrap();
-    assert_eq!(rt.wait_tensor_op(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     drop(dest);
     assert_eq!(out, pattern(256, 4));
     // SAFETY: a null pointer is refused before anything is dereferenced.

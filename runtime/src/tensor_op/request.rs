@@ -43,6 +43,8 @@ pub struct TensorOpRequest {
     pub done: u64,
     /// The segment in flight: (its completion token, its bytes).
     pub in_flight: Option<(u64, u64)>,
+    /// When its transfer started (its first step).
+    pub started: Option<Instant>,
     /// When the request times out (set at its first step).
     pub deadline: Option<Instant>,
     /// The staging chunk (writes and reads), back to the pool when the item is freed.

@@ -44,7 +44,7 @@ pub use handoff::CompEfd;
 pub use queue::{Consumer, ExecStatus, Install, Producer, Registration, Triggered, XuQueue};
 pub use table::XuTable;
 pub use unit::{
-    CollectivesEngine, CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress, Xu,
-    XuConfig, XuHealth,
+    CollectivesEngine, CompletionEngine, ExecInfo, ExecKind, MAX_TPBS_PER_VNC, Progress,
+    XU_QUEUE_LIMIT, Xu, XuConfig, XuHealth,
 };
 pub use worker::XuWorkers;

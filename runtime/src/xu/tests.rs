@@ -27,6 +27,8 @@ struct Script {
     progress_calls: AtomicU64,
     stops: AtomicU64,
     unstaged: Mutex<Vec<u64>>,
+    /// What [`CompletionEngine::completed`] saw, in order.
+    completed: Mutex<Vec<(SeqId, NrtStatus)>>,
 }
 
 impl Script {
@@ -57,6 +59,10 @@ impl CompletionEngine for Script {
 
     fn unstage_model(&self, model_id: u64) {
         self.unstaged.lock().unwrap().push(model_id);
+    }
+
+    fn completed(&self, _vnc: u32, seq_id: SeqId, _info: &ExecInfo<u64>, status: NrtStatus) {
+        self.completed.lock().unwrap().push((seq_id, status));
     }
 }
 
@@ -204,6 +210,76 @@ fn fatal_shutdown_steps_past_queued_work_with_101_without_running_it() {
         2,
         "EXECUTE items are counted"
     );
+}
+
+/// The engine's last look (`completed`) comes once per EXECUTE item with its seq_id and status
+/// — done, failed, or stepped past on the degraded XU — before the status is published.
+#[test]
+fn the_engine_sees_every_execute_item_complete_with_its_seq_id_and_status() {
+    let engine = Script::with(&[
+        Progress::InFlight,
+        Progress::Done(NrtStatus::Success),
+        Progress::Error(NrtStatus::HwError),
+    ]);
+    let (xu, _metrics) = xu_with(engine.clone(), 1, 4, 1);
+    let subs: Vec<_> = (0..3).map(|_| submit(&xu, 1).unwrap()).collect();
+    assert!(matches!(xu.step(), super::StepOutcome::Ready));
+    assert!(
+        engine.completed.lock().unwrap().is_empty(),
+        "in flight: not yet"
+    );
+    step_while_has_work(&xu);
+    let seen = engine.completed.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (subs[0].0, NrtStatus::Success),
+            (subs[1].0, NrtStatus::HwError),
+            (subs[2].0, NrtStatus::ExecUnitUnrecoverable),
+        ]
+    );
+    for ((_, cell), (_, status)) in subs.iter().zip(&seen) {
+        assert_eq!(cell.get(), Some(*status));
+    }
+}
+
+/// An xu_id has a 4-bit queue and an 8-bit vNC: an XU whose queue or vNC does not fit is
+/// refused with NRT_INVALID (`XuId::new` would assert).
+#[test]
+fn an_xu_whose_id_fields_do_not_fit_is_invalid_not_a_panic() {
+    let make = |xu_type, queue: u8, vnc: u32| {
+        let cfg = XuConfig {
+            vnc,
+            queue,
+            tpbs: vec![0],
+            capacity: 4,
+            efd_pool_size: 1,
+            ..XuConfig::default()
+        };
+        Xu::new_typed(xu_type, cfg, Script::with(&[]), Arc::new(Metrics::new(1)))
+            .map(|xu| xu.xu_id())
+    };
+    for xu_type in [XuType::TensorOp, XuType::Compute, XuType::Collectives] {
+        for queue in [16, 17, 200, u8::MAX] {
+            assert_eq!(
+                make(xu_type, queue, 0).unwrap_err(),
+                NrtStatus::Invalid,
+                "queue {queue}"
+            );
+        }
+        for vnc in [256, 1000, u32::MAX] {
+            assert_eq!(
+                make(xu_type, 0, vnc).unwrap_err(),
+                NrtStatus::Invalid,
+                "vnc {vnc}"
+            );
+        }
+        assert_eq!(
+            make(xu_type, 15, 255).unwrap(),
+            XuId::new(xu_type, 15, 255),
+            "the largest fit"
+        );
+    }
 }
 
 #[test]

@@ -18,6 +18,9 @@ use super::queue::{Consumer, ExecStatus, Install, Producer, Registration, XuQueu
 use super::sync::{AtomicU8, Mutex, Ordering, lock};
 use crate::metrics::{Metrics, TpbResponse};
 
+/// Queue indexes an xu_id can name (its queue field has 4 bits).
+pub const XU_QUEUE_LIMIT: u8 = 16;
+
 /// Most physical NCs (TPBs) one vNC binds (`MAX_VIRTUAL_TPB_CORE_SIZE`: LNC=2).
 pub const MAX_TPBS_PER_VNC: usize = 2;
 
@@ -113,6 +116,19 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     /// The refusal's status (NRT_INVALID for work this XU type does not take).
     fn admit(&self, _info: &ExecInfo<Self::Request>) -> Result<(), NrtStatus> {
         Ok(())
+    }
+
+    /// EXECUTE request `seq_id` ended with `status` (done, failed, or stepped past on a
+    /// degraded XU): the engine's last look at it, by the worker, before its status is published
+    /// and its work item freed (the TENSOR_OP engine records it in the system trace). Must not
+    /// block.
+    fn completed(
+        &self,
+        _vnc: u32,
+        _seq_id: SeqId,
+        _info: &ExecInfo<Self::Request>,
+        _status: NrtStatus,
+    ) {
     }
 
     /// The STOP request path (`dlr_wait_model_stop_request`); an error poisons the XU.
@@ -319,8 +335,9 @@ impl<E: CompletionEngine> Xu<E> {
     /// EFD_SEMAPHORE)`, the locks, the eventfd pool.
     ///
     /// # Errors
-    /// `NRT_INVALID` for capacity 0 or a tpb count outside 1..=2; `NRT_FAILURE` when an eventfd
-    /// cannot be created.
+    /// `NRT_INVALID` for capacity 0, a tpb count outside 1..=2, a queue index of
+    /// [`XU_QUEUE_LIMIT`] or more, or a vNC above 255 (the xu_id's fields); `NRT_FAILURE` when
+    /// an eventfd cannot be created.
     pub fn new(config: XuConfig, engine: Arc<E>, metrics: Arc<Metrics>) -> Result<Self, NrtStatus> {
         Self::new_typed(XuType::Compute, config, engine, metrics)
     }
@@ -339,7 +356,11 @@ impl<E: CompletionEngine> Xu<E> {
         if config.tpbs.is_empty() || config.tpbs.len() > MAX_TPBS_PER_VNC {
             return Err(NrtStatus::Invalid);
         }
+        // The xu_id's fields: queue 4 bits, vNC 8 bits (`XuId::new` asserts the queue's).
         let vnc = u8::try_from(config.vnc).map_err(|_| NrtStatus::Invalid)?;
+        if config.queue >= XU_QUEUE_LIMIT {
+            return Err(NrtStatus::Invalid);
+        }
         let xu_id = XuId::new(xu_type, config.queue, vnc);
         let (producer, consumer) = XuQueue::with_capacity(xu_id, config.capacity)?;
         let has_work_efd = EventFd::from_value_and_flags(
@@ -691,6 +712,7 @@ impl<E: CompletionEngine> Xu<E> {
             return StepOutcome::Ready;
         };
         if info.kind == ExecKind::Execute {
+            self.engine.completed(self.vnc, seq, &info, exec_status);
             let e2e_us =
                 u64::try_from(info.submission_ts.elapsed().as_micros()).unwrap_or(u64::MAX);
             for (i, nc) in self.tpbs.iter().enumerate() {
