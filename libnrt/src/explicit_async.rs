@@ -9,6 +9,7 @@
 //! ([`runtime::ReadBuffer::from_raw`]).
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use runtime::{NrtError, ReadBuffer, Runtime};
 use shared::NrtStatus;
@@ -104,6 +105,25 @@ pub unsafe extern "C" fn nrta_execute_schedule(
     })
 }
 
+/// The checks `nrta_tensor_write` and `nrta_tensor_read` share, before the host buffer is
+/// touched: the runtime, `ret` and `req_sequence`, the tensor handle, and `offset + size`
+/// within the tensor. Returns the runtime, the tensor and `size` as a length.
+fn host_transfer_args(
+    ret: *mut u32,
+    req_sequence: *mut u64,
+    tensor: *mut c_void,
+    offset: u64,
+    size: u64,
+) -> Result<(Arc<Runtime>, runtime::Tensor, usize), NrtError> {
+    let rt = rt()?;
+    RetPtr::new(ret)?;
+    raw::check_out(req_sequence, "req_sequence")?;
+    let t = TENSORS.get(tensor, "tensor")?.get();
+    t.check_range(offset, size)?;
+    let len = usize::try_from(size).map_err(|_| invalid(format!("size {size} is too large")))?;
+    Ok((rt, t, len))
+}
+
 /// `nrta_tensor_write`: `size` bytes of `buf` (copied before this returns) to byte `offset` of
 /// a device tensor, on TENSOR_OP queue `queue` of logical core `lnc_idx`.
 ///
@@ -121,14 +141,8 @@ pub unsafe extern "C" fn nrta_tensor_write(
     req_sequence: *mut u64,
 ) -> u32 {
     boundary::status("nrta_tensor_write", || {
-        let rt = rt()?;
-        RetPtr::new(ret)?;
-        raw::check_out(req_sequence, "req_sequence")?;
-        let t = TENSORS.get(tensor, "tensor")?.get();
         // Bounds first, so a wrong size never turns `buf` into a slice.
-        t.check_range(offset, size)?;
-        let len =
-            usize::try_from(size).map_err(|_| invalid(format!("size {size} is too large")))?;
+        let (rt, t, len) = host_transfer_args(ret, req_sequence, tensor, offset, size)?;
         let data = raw::bytes(buf, len, "buf")?;
         watch_tensor_op(&rt, lnc_idx, queue);
         schedule(ret, req_sequence, || {
@@ -156,13 +170,7 @@ pub unsafe extern "C" fn nrta_tensor_read(
     req_sequence: *mut u64,
 ) -> u32 {
     boundary::status("nrta_tensor_read", || {
-        let rt = rt()?;
-        RetPtr::new(ret)?;
-        raw::check_out(req_sequence, "req_sequence")?;
-        let t = TENSORS.get(tensor, "tensor")?.get();
-        t.check_range(offset, size)?;
-        let len =
-            usize::try_from(size).map_err(|_| invalid(format!("size {size} is too large")))?;
+        let (rt, t, len) = host_transfer_args(ret, req_sequence, tensor, offset, size)?;
         if buf.is_null() {
             return Err(invalid("buf is NULL"));
         }

@@ -24,7 +24,9 @@ use runtime::config::RuntimeConfig;
 use runtime::{Device, Placement, Runtime, TensorSet};
 use shared::address_map::SEM_WINDOW_SEMAPHORES;
 use shared::model::Target;
-use tests::bench::{CountingAlloc, percentile, private_simdev, run_as_simdev_if_asked, us};
+use tests::bench::{
+    CountingAlloc, IdentityIo, percentile, private_simdev, run_as_simdev_if_asked, us,
+};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc::new();
@@ -85,23 +87,13 @@ fn main() {
         },
     )
     .unwrap();
-    let m = rt
-        .load(
-            &runtime::builder::identity(64)
-                .to_container(Target::Simdev)
-                .unwrap(),
-            0,
-        )
-        .unwrap();
-    let i = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
-        .unwrap();
-    let o = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
+    let IdentityIo {
+        model: m,
+        input: i,
+        output: o,
+        inputs: ins,
+        outputs: outs,
+    } = IdentityIo::load(&rt, 64);
     i.write(&[0x5A; 64], 0).unwrap();
     for _ in 0..2_000 {
         rt.execute(m, &ins, &outs).unwrap();

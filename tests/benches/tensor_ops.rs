@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, Runtime, ScheduledRequest, Tensor, TensorSet};
+use runtime::{Placement, Runtime, ScheduledRequest, Tensor};
 use shared::NrtStatus;
-use shared::model::Target;
-use tests::bench::{percentile, private_simdev, run_as_simdev_if_asked, us};
+use tests::bench::{IdentityIo, percentile, private_simdev, run_as_simdev_if_asked, us};
 
 /// Requests each queue keeps in flight.
 const DEPTH: usize = 8;
@@ -158,23 +157,13 @@ fn main() {
         assert_eq!(efd.read().unwrap(), 1);
         assert_eq!(op.status(), Some(NrtStatus::Success));
     };
-    let m = rt
-        .load(
-            &runtime::builder::identity(64)
-                .to_container(Target::Simdev)
-                .unwrap(),
-            0,
-        )
-        .unwrap();
-    let i = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
-        .unwrap();
-    let o = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
+    let IdentityIo {
+        model: m,
+        input: i,
+        output: o,
+        inputs: ins,
+        outputs: outs,
+    } = IdentityIo::load(&rt, 64);
     for _ in 0..2_000 {
         write_once();
         write_to_eventfd();

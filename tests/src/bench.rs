@@ -104,3 +104,50 @@ pub fn private_simdev(extra_args: &[&str]) -> SimDevice {
     };
     SimDevice::spawn_private(&cmd).expect("simdev starts")
 }
+
+/// The identity model of `bytes` bytes loaded on logical core 0, with device tensors `in` and
+/// `out` and the sets that name them (`input`, `output`): the execution every round-trip
+/// figure and allocation count is taken on.
+#[derive(Debug)]
+pub struct IdentityIo {
+    /// The loaded model.
+    pub model: runtime::ModelHandle,
+    /// Its input tensor.
+    pub input: runtime::Tensor,
+    /// Its output tensor.
+    pub output: runtime::Tensor,
+    /// `{input: in}`.
+    pub inputs: runtime::TensorSet,
+    /// `{output: out}`.
+    pub outputs: runtime::TensorSet,
+}
+
+impl IdentityIo {
+    /// Loads the model and allocates its tensors on `rt`.
+    ///
+    /// # Panics
+    /// When the runtime refuses any of it (a benchmark or test setup failure).
+    pub fn load(rt: &runtime::Runtime, bytes: u32) -> Self {
+        let container = runtime::builder::identity(bytes)
+            .to_container(shared::model::Target::Simdev)
+            .unwrap();
+        let model = rt.load(&container, 0).unwrap();
+        let on_core_0 = runtime::Placement::Device { vnc: 0 };
+        let input = rt
+            .tensor_allocate(on_core_0, u64::from(bytes), "in")
+            .unwrap();
+        let output = rt
+            .tensor_allocate(on_core_0, u64::from(bytes), "out")
+            .unwrap();
+        let (mut inputs, mut outputs) = (runtime::TensorSet::new(), runtime::TensorSet::new());
+        inputs.add("input", &input);
+        outputs.add("output", &output);
+        Self {
+            model,
+            input,
+            output,
+            inputs,
+            outputs,
+        }
+    }
+}

@@ -6,11 +6,9 @@
 
 use std::time::Duration;
 
-use runtime::builder::identity;
+use runtime::Runtime;
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, Runtime, TensorSet};
-use shared::model::Target;
-use tests::bench::CountingAlloc;
+use tests::bench::{CountingAlloc, IdentityIo};
 use tests::{connect, start_simdev};
 
 #[global_allocator]
@@ -34,18 +32,13 @@ fn a_steady_state_execute_allocates_at_most_its_work_item() {
         },
     )
     .unwrap();
-    let m = rt
-        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
-        .unwrap();
-    let i = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "in")
-        .unwrap();
-    let o = rt
-        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "out")
-        .unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
+    let IdentityIo {
+        model: m,
+        input: i,
+        output: o,
+        inputs: ins,
+        outputs: outs,
+    } = IdentityIo::load(&rt, 64);
     i.write(&[0x5A; 64], 0).unwrap();
     // Warm-up: pools, caches and the first model-switch path fill here.
     for _ in 0..500 {

@@ -39,6 +39,7 @@ use crate::metrics::Metrics;
 use crate::sys_trace::SysTrace;
 use crate::tensor::{Placement, ScheduledUser, Tensor, UseHold};
 use crate::tensor_op::request::TensorOpKind;
+use crate::tensor_op::staging::StagingLease;
 use crate::tensor_op::{
     ReadBuffer, TENSOR_OP_QUEUES, TensorOpConfig, TensorOpEngine, TensorOpRequest,
 };
@@ -306,6 +307,22 @@ impl Runtime {
         Ok(ScheduledRequest::new(seq_id, status))
     }
 
+    /// Checks that (`lnc`, `queue`) takes work, then leases `size` bytes of its DMA-able
+    /// staging.
+    fn tensor_op_staging(&self, lnc: u32, queue: u8, size: u64) -> NrtResult<StagingLease> {
+        self.tensor_op_precheck(lnc, queue)?;
+        let pool = self
+            .tensor_ops()?
+            .engine
+            .staging(lnc, queue)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "no staging for queue {queue} of logical core {lnc}"
+                ))
+            })?;
+        pool.lease(size)
+    }
+
     /// `nrta_tensor_write`: schedules a copy of `buf` to byte `offset` of device tensor
     /// `tensor` on TENSOR_OP queue `queue` of logical core `lnc_idx`. The bytes are copied into
     /// staging before this returns: `buf` may be reused at once.
@@ -328,14 +345,7 @@ impl Runtime {
         let size = buf.len() as u64;
         Self::check_size(size)?;
         let dst_pa = self.tensor_op_span("destination", tensor, offset, size, lnc)?;
-        self.tensor_op_precheck(lnc, queue)?;
-        let ops = self.tensor_ops()?;
-        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
-            invalid(format!(
-                "no staging for queue {queue} of logical core {lnc}"
-            ))
-        })?;
-        let staging = pool.lease(size)?;
+        let staging = self.tensor_op_staging(lnc, queue, size)?;
         staging.write(buf)?;
         let req = TensorOpRequest {
             kind: TensorOpKind::Write,
@@ -375,14 +385,7 @@ impl Runtime {
                 dest.len()
             )));
         }
-        self.tensor_op_precheck(lnc, queue)?;
-        let ops = self.tensor_ops()?;
-        let pool = ops.engine.staging(lnc, queue).ok_or_else(|| {
-            invalid(format!(
-                "no staging for queue {queue} of logical core {lnc}"
-            ))
-        })?;
-        let staging = pool.lease(size)?;
+        let staging = self.tensor_op_staging(lnc, queue, size)?;
         let req = TensorOpRequest {
             kind: TensorOpKind::Read,
             src_pa,
