@@ -81,6 +81,25 @@ enum Command {
         #[command(subcommand)]
         command: scenario::ScenarioCommand,
     },
+    /// Write a model container that `nrt_load` takes (C programs load it from the file):
+    /// `digits` (the trained MLP at --batch images per execution) or `identity` (--bytes in,
+    /// the same bytes out).
+    Model {
+        /// `digits` or `identity`.
+        name: String,
+        /// Images per execution (digits).
+        #[arg(long, default_value_t = 1)]
+        batch: u32,
+        /// Tensor size in bytes (identity).
+        #[arg(long, default_value_t = 64)]
+        bytes: u32,
+        /// NCs per logical core the container is built for (1, or 2 for trn2's LNC=2).
+        #[arg(long, default_value_t = 1)]
+        lnc: u32,
+        /// The file to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Install the C library and headers: DIR/lib/libnrt.so.1 (+ libnrt.so), DIR/include/nrt/,
     /// DIR/bin/nrt and DIR/bin/simdev (the device libnrt starts when none is present).
     Install {
@@ -325,6 +344,22 @@ fn main() -> ExitCode {
             }
         }
         Command::Scenario { command } => scenario::main(command),
+        Command::Model {
+            name,
+            batch,
+            bytes,
+            lnc,
+            out,
+        } => match write_model(&name, batch, bytes, lnc, &out) {
+            Ok(n) => {
+                println!("{name}: {n} bytes written to {}", out.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nrt model: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Install { prefix, lib } => match install::install(&prefix, lib.as_deref()) {
             Ok(i) => {
                 println!("library  {}", i.library.display());
@@ -353,4 +388,33 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = s.source();
     }
     out
+}
+
+/// `nrt model`: builds the named model's container and writes it to `out`; returns its size.
+fn write_model(
+    name: &str,
+    batch: u32,
+    bytes: u32,
+    lnc: u32,
+    out: &std::path::Path,
+) -> Result<usize, String> {
+    use runtime::builder::digits::{self, Digits};
+    if !(1..=2).contains(&lnc) {
+        return Err(format!("--lnc {lnc}: a logical core is 1 or 2 NCs"));
+    }
+    let model = match name {
+        "digits" => Digits::load(&digits::default_path())?
+            .mlp()
+            .build_split(batch, lnc)
+            .map_err(|e| e.to_string())?,
+        "identity" if bytes == 0 => return Err("--bytes must be at least 1".into()),
+        "identity" if lnc > 1 => runtime::builder::identity_split(bytes.max(2)),
+        "identity" => runtime::builder::identity(bytes),
+        other => return Err(format!("unknown model {other:?} (digits or identity)")),
+    };
+    let container = model
+        .to_container(shared::model::Target::Simdev)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(out, &container).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    Ok(container.len())
 }

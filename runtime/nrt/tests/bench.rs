@@ -246,3 +246,67 @@ fn bench_with_funtime_says_nothing_ran_on_a_device() {
     assert_eq!(real["ran_on_device"], true, "{real}");
     assert!(real["note"].is_null(), "{real}");
 }
+
+/// `nrt model` writes the very container the builder makes (what a C program passes to
+/// `nrt_load`), and refuses an unknown model or a zero size naming it.
+#[test]
+fn nrt_model_writes_the_builders_container_for_c_programs() {
+    use runtime::builder::digits::{self, Digits};
+    use shared::model::Target;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nrt"))
+            .arg("model")
+            .args(args)
+            .output()
+            .expect("nrt runs")
+    };
+    let digits_file = dir.path().join("digits.nrtm");
+    let o = run(&[
+        "digits",
+        "--batch",
+        "4",
+        "--out",
+        digits_file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let expected = Digits::load(&digits::default_path())
+        .unwrap()
+        .mlp()
+        .build_split(4, 1)
+        .unwrap()
+        .to_container(Target::Simdev)
+        .unwrap();
+    assert_eq!(std::fs::read(&digits_file).unwrap(), expected);
+    let id_file = dir.path().join("id.nrtm");
+    let o = run(&[
+        "identity",
+        "--bytes",
+        "512",
+        "--out",
+        id_file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let expected = runtime::builder::identity(512)
+        .to_container(Target::Simdev)
+        .unwrap();
+    assert_eq!(std::fs::read(&id_file).unwrap(), expected);
+    for (args, says) in [
+        (&["resnet", "--out"][..], "unknown model \"resnet\""),
+        (
+            &["identity", "--bytes", "0", "--out"][..],
+            "--bytes must be at least 1",
+        ),
+    ] {
+        let out = dir.path().join("refused.nrtm");
+        let mut a = args.to_vec();
+        a.push(out.to_str().unwrap());
+        let o = run(&a);
+        assert!(!o.status.success());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}"
+        );
+        assert!(!out.exists(), "nothing written for {args:?}");
+    }
+}
