@@ -323,6 +323,26 @@ impl Runtime {
         pool.lease(size)
     }
 
+    /// The checks a tensor write and read share, in order: the process, the queue index, the
+    /// logical core, the size, and `size` bytes at `offset` of `tensor` (the `what` side of the
+    /// transfer) on that core. Returns the queue, the core and the device PA of the span.
+    fn host_transfer_target(
+        &self,
+        what: &'static str,
+        tensor: &Tensor,
+        offset: u64,
+        size: u64,
+        lnc_idx: i32,
+        queue: i32,
+    ) -> NrtResult<(u8, u32, u64)> {
+        self.check_process()?;
+        let queue = Self::tensor_op_queue(queue)?;
+        let lnc = self.tensor_op_lnc(lnc_idx)?;
+        Self::check_size(size)?;
+        let pa = self.tensor_op_span(what, tensor, offset, size, lnc)?;
+        Ok((queue, lnc, pa))
+    }
+
     /// `nrta_tensor_write`: schedules a copy of `buf` to byte `offset` of device tensor
     /// `tensor` on TENSOR_OP queue `queue` of logical core `lnc_idx`. The bytes are copied into
     /// staging before this returns: `buf` may be reused at once.
@@ -339,12 +359,15 @@ impl Runtime {
         lnc_idx: i32,
         queue: i32,
     ) -> NrtResult<ScheduledRequest> {
-        self.check_process()?;
-        let queue = Self::tensor_op_queue(queue)?;
-        let lnc = self.tensor_op_lnc(lnc_idx)?;
+        let (queue, lnc, dst_pa) = self.host_transfer_target(
+            "destination",
+            tensor,
+            offset,
+            buf.len() as u64,
+            lnc_idx,
+            queue,
+        )?;
         let size = buf.len() as u64;
-        Self::check_size(size)?;
-        let dst_pa = self.tensor_op_span("destination", tensor, offset, size, lnc)?;
         let staging = self.tensor_op_staging(lnc, queue, size)?;
         staging.write(buf)?;
         let req = TensorOpRequest {
@@ -374,11 +397,8 @@ impl Runtime {
         lnc_idx: i32,
         queue: i32,
     ) -> NrtResult<ScheduledRequest> {
-        self.check_process()?;
-        let queue = Self::tensor_op_queue(queue)?;
-        let lnc = self.tensor_op_lnc(lnc_idx)?;
-        Self::check_size(size)?;
-        let src_pa = self.tensor_op_span("source", tensor, offset, size, lnc)?;
+        let (queue, lnc, src_pa) =
+            self.host_transfer_target("source", tensor, offset, size, lnc_idx, queue)?;
         if (dest.len() as u64) < size {
             return Err(invalid(format!(
                 "the read's destination holds {} bytes, the read is {size} bytes",

@@ -134,20 +134,30 @@ fn the_worker_captures_the_slot_before_it_is_reused() {
     });
 }
 
+/// A queue of capacity 2 (with `mark_comp_lock` narrowed to the eventfd cells if
+/// `narrowed_lock`) holding one triggered request, and a worker thread popping it: the queue's
+/// shared view, the request's seq_id and the worker to join.
+fn one_request_popped_by_a_worker(
+    narrowed_lock: bool,
+) -> (Arc<XuQueue<u64>>, SeqId, thread::JoinHandle<()>) {
+    let (mut p, mut c) = if narrowed_lock {
+        XuQueue::<u64>::new_with_narrowed_lock_for_test(xu(), 2).unwrap()
+    } else {
+        XuQueue::<u64>::with_capacity(xu(), 2).unwrap()
+    };
+    let q = p.queue().clone();
+    let seq = submit_and_trigger(&mut p, 1);
+    let worker = thread::spawn(move || {
+        pop(&mut c).unwrap();
+    });
+    (q, seq, worker)
+}
+
 /// The waiter installs its eventfd while the worker pops: if the install succeeded, the worker
 /// must have signalled that eventfd.
 fn install_vs_signal(narrowed_lock: bool) {
     loom::model(move || {
-        let (mut p, mut c) = if narrowed_lock {
-            XuQueue::<u64>::new_with_narrowed_lock_for_test(xu(), 2).unwrap()
-        } else {
-            XuQueue::<u64>::with_capacity(xu(), 2).unwrap()
-        };
-        let q = p.queue().clone();
-        let seq = submit_and_trigger(&mut p, 1);
-        let worker = thread::spawn(move || {
-            pop(&mut c).unwrap();
-        });
+        let (q, seq, worker) = one_request_popped_by_a_worker(narrowed_lock);
         let waiter = efd();
         let installed = q
             .install_comp_efd(seq, CompEfd::Pool(waiter.clone()))
@@ -231,16 +241,7 @@ fn a_seq_id_registration_fires_exactly_once_before_or_after_completion() {
 /// once: never lost, never twice.
 fn registration_vs_pop(narrowed_lock: bool) {
     loom::model(move || {
-        let (mut p, mut c) = if narrowed_lock {
-            XuQueue::<u64>::new_with_narrowed_lock_for_test(xu(), 2).unwrap()
-        } else {
-            XuQueue::<u64>::with_capacity(xu(), 2).unwrap()
-        };
-        let q = p.queue().clone();
-        let seq = submit_and_trigger(&mut p, 1);
-        let worker = thread::spawn(move || {
-            pop(&mut c).unwrap();
-        });
+        let (q, seq, worker) = one_request_popped_by_a_worker(narrowed_lock);
         let caller = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
         let outcome = q.register_seq_efd(seq, Some(caller.as_fd_clone()));
         worker.join().unwrap();
