@@ -15,7 +15,9 @@
 //! - [`fd_passing`]: one message with its fds (`SCM_RIGHTS`) sent and received on that socket.
 //! - [`sequencer`]: the exec-queue batch contract between the runtime and simdev's sequencer.
 //! - [`isa`]: the simulator ISA (64-byte instructions of the five engines' programs).
-//! - [`model`]: the model container v1 (header, metadata, per-TPB programs and ring templates).
+//! - [`model`]: the model container v2 (header, metadata, per-TPB programs and ring templates).
+//! - [`neff_program`]: how a request names a NEFF program, its header and DGE table, and the
+//!   shape-only output function (simulator-defined).
 //! - [`memory`]: bounds-checked, PA-addressed access to shared mappings (all shared-memory
 //!   `unsafe` lives there).
 //!
@@ -32,6 +34,7 @@ pub mod ioctl;
 pub mod isa;
 pub mod memory;
 pub mod model;
+pub mod neff_program;
 pub mod notification;
 pub mod protocol;
 pub mod sequencer;

@@ -93,27 +93,146 @@ pub fn container_checksum(container: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Element types (`nrt_dtype_t` values).
+/// Element types: libnrt's whole `nrt_dtype_t` (values 0x1..=0xF, not contiguous with the
+/// developer guide's old list; `nrt-api.md` §2.2). `NRT_DTYPE_UNKNOWN` (0) is not a type a
+/// tensor can have, so it has no variant: [`DType::from_u32`] returns `None` for it.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
+    /// `NRT_DTYPE_UINT64` (0x1).
+    U64 = 0x1,
+    /// `NRT_DTYPE_INT8` (0x2).
+    I8 = 0x2,
     /// `NRT_DTYPE_UINT8` (0x3).
     U8 = 0x3,
+    /// `NRT_DTYPE_INT16` (0x4).
+    I16 = 0x4,
+    /// `NRT_DTYPE_UINT16` (0x5).
+    U16 = 0x5,
     /// `NRT_DTYPE_BFLOAT16` (0x6).
     Bf16 = 0x6,
+    /// `NRT_DTYPE_FLOAT16` (0x7).
+    F16 = 0x7,
     /// `NRT_DTYPE_INT32` (0x8).
     I32 = 0x8,
+    /// `NRT_DTYPE_UINT32` (0x9).
+    U32 = 0x9,
     /// `NRT_DTYPE_FLOAT32` (0xA).
     F32 = 0xA,
+    /// `NRT_DTYPE_FP32R` (0xB): fp32 with stochastic rounding, 4 bytes.
+    Fp32r = 0xB,
+    /// `NRT_DTYPE_INT64` (0xC).
+    I64 = 0xC,
+    /// `NRT_DTYPE_FP8_E3` (0xD): fp8 e3m4, 1 byte.
+    Fp8E3 = 0xD,
+    /// `NRT_DTYPE_FP8_E4` (0xE): fp8 e4m3, 1 byte.
+    Fp8E4 = 0xE,
+    /// `NRT_DTYPE_FP8_E5` (0xF): fp8 e5m2, 1 byte.
+    Fp8E5 = 0xF,
 }
 
 impl DType {
+    /// Every type, in `nrt_dtype_t` order.
+    pub const ALL: [Self; 15] = [
+        Self::U64,
+        Self::I8,
+        Self::U8,
+        Self::I16,
+        Self::U16,
+        Self::Bf16,
+        Self::F16,
+        Self::I32,
+        Self::U32,
+        Self::F32,
+        Self::Fp32r,
+        Self::I64,
+        Self::Fp8E3,
+        Self::Fp8E4,
+        Self::Fp8E5,
+    ];
+
     /// Bytes per element.
     pub const fn size(self) -> u64 {
         match self {
-            Self::U8 => 1,
-            Self::Bf16 => 2,
-            Self::I32 | Self::F32 => 4,
+            Self::I8 | Self::U8 | Self::Fp8E3 | Self::Fp8E4 | Self::Fp8E5 => 1,
+            Self::I16 | Self::U16 | Self::Bf16 | Self::F16 => 2,
+            Self::I32 | Self::U32 | Self::F32 | Self::Fp32r => 4,
+            Self::U64 | Self::I64 => 8,
+        }
+    }
+
+    /// The type of an `nrt_dtype_t` value; `None` for 0 (`NRT_DTYPE_UNKNOWN`) and values past
+    /// 0xF.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        if v >= 1 && v <= 15 {
+            Some(Self::ALL[v as usize - 1])
+        } else {
+            None
+        }
+    }
+
+    /// The `NRT_DTYPE_*` name.
+    pub const fn nrt_name(self) -> &'static str {
+        match self {
+            Self::U64 => "NRT_DTYPE_UINT64",
+            Self::I8 => "NRT_DTYPE_INT8",
+            Self::U8 => "NRT_DTYPE_UINT8",
+            Self::I16 => "NRT_DTYPE_INT16",
+            Self::U16 => "NRT_DTYPE_UINT16",
+            Self::Bf16 => "NRT_DTYPE_BFLOAT16",
+            Self::F16 => "NRT_DTYPE_FLOAT16",
+            Self::I32 => "NRT_DTYPE_INT32",
+            Self::U32 => "NRT_DTYPE_UINT32",
+            Self::F32 => "NRT_DTYPE_FLOAT32",
+            Self::Fp32r => "NRT_DTYPE_FP32R",
+            Self::I64 => "NRT_DTYPE_INT64",
+            Self::Fp8E3 => "NRT_DTYPE_FP8_E3",
+            Self::Fp8E4 => "NRT_DTYPE_FP8_E4",
+            Self::Fp8E5 => "NRT_DTYPE_FP8_E5",
+        }
+    }
+
+    /// The type a NEFF names with the numpy-style string of `neff.json` / `tensor_map.json`
+    /// ("float16", "bfloat16", "float8_e4m3", ...); `None` for a name libnrt has no type for.
+    pub fn from_neff_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "uint64" => Self::U64,
+            "int8" => Self::I8,
+            "uint8" => Self::U8,
+            "int16" => Self::I16,
+            "uint16" => Self::U16,
+            "bfloat16" => Self::Bf16,
+            "float16" => Self::F16,
+            "int32" => Self::I32,
+            "uint32" => Self::U32,
+            "float32" => Self::F32,
+            "float32r" | "fp32r" => Self::Fp32r,
+            "int64" => Self::I64,
+            "float8_e3m4" | "fp8_e3" => Self::Fp8E3,
+            "float8_e4m3" | "float8_e4m3fn" | "fp8_e4" => Self::Fp8E4,
+            "float8_e5m2" | "fp8_e5" => Self::Fp8E5,
+            _ => return None,
+        })
+    }
+
+    /// The numpy-style name (the first spelling [`DType::from_neff_name`] accepts).
+    pub const fn neff_name(self) -> &'static str {
+        match self {
+            Self::U64 => "uint64",
+            Self::I8 => "int8",
+            Self::U8 => "uint8",
+            Self::I16 => "int16",
+            Self::U16 => "uint16",
+            Self::Bf16 => "bfloat16",
+            Self::F16 => "float16",
+            Self::I32 => "int32",
+            Self::U32 => "uint32",
+            Self::F32 => "float32",
+            Self::Fp32r => "float32r",
+            Self::I64 => "int64",
+            Self::Fp8E3 => "float8_e3m4",
+            Self::Fp8E4 => "float8_e4m3",
+            Self::Fp8E5 => "float8_e5m2",
         }
     }
 }
@@ -788,5 +907,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("NEFF"), "{e}");
+    }
+
+    #[test]
+    fn dtypes_are_nrt_dtype_t_with_their_widths() {
+        let widths: Vec<(u32, u64)> = DType::ALL.iter().map(|d| (*d as u32, d.size())).collect();
+        assert_eq!(
+            widths,
+            [
+                (0x1, 8),
+                (0x2, 1),
+                (0x3, 1),
+                (0x4, 2),
+                (0x5, 2),
+                (0x6, 2),
+                (0x7, 2),
+                (0x8, 4),
+                (0x9, 4),
+                (0xA, 4),
+                (0xB, 4),
+                (0xC, 8),
+                (0xD, 1),
+                (0xE, 1),
+                (0xF, 1)
+            ]
+        );
+        assert_eq!(DType::from_u32(0), None);
+        assert_eq!(DType::from_u32(16), None);
+        for d in DType::ALL {
+            assert_eq!(DType::from_u32(d as u32), Some(d));
+            assert_eq!(DType::from_neff_name(d.neff_name()), Some(d));
+        }
+        assert_eq!(DType::from_neff_name("float16"), Some(DType::F16));
+        assert_eq!(DType::from_neff_name("complex64"), None);
     }
 }
