@@ -99,26 +99,29 @@ pub fn container_checksum(container: &[u8]) -> u32 {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
+    // The declaration order is the container encoding (bincode writes the variant's index):
+    // the four types of format version 2 come first, in their original order; new types are
+    // only ever appended.
+    /// `NRT_DTYPE_UINT8` (0x3).
+    U8 = 0x3,
+    /// `NRT_DTYPE_BFLOAT16` (0x6).
+    Bf16 = 0x6,
+    /// `NRT_DTYPE_INT32` (0x8).
+    I32 = 0x8,
+    /// `NRT_DTYPE_FLOAT32` (0xA).
+    F32 = 0xA,
     /// `NRT_DTYPE_UINT64` (0x1).
     U64 = 0x1,
     /// `NRT_DTYPE_INT8` (0x2).
     I8 = 0x2,
-    /// `NRT_DTYPE_UINT8` (0x3).
-    U8 = 0x3,
     /// `NRT_DTYPE_INT16` (0x4).
     I16 = 0x4,
     /// `NRT_DTYPE_UINT16` (0x5).
     U16 = 0x5,
-    /// `NRT_DTYPE_BFLOAT16` (0x6).
-    Bf16 = 0x6,
     /// `NRT_DTYPE_FLOAT16` (0x7).
     F16 = 0x7,
-    /// `NRT_DTYPE_INT32` (0x8).
-    I32 = 0x8,
     /// `NRT_DTYPE_UINT32` (0x9).
     U32 = 0x9,
-    /// `NRT_DTYPE_FLOAT32` (0xA).
-    F32 = 0xA,
     /// `NRT_DTYPE_FP32R` (0xB): fp32 with stochastic rounding, 4 bytes.
     Fp32r = 0xB,
     /// `NRT_DTYPE_INT64` (0xC).
@@ -940,5 +943,16 @@ mod tests {
         }
         assert_eq!(DType::from_neff_name("float16"), Some(DType::F16));
         assert_eq!(DType::from_neff_name("complex64"), None);
+    }
+
+    #[test]
+    fn version_2_containers_keep_their_dtype_encoding() {
+        // bincode writes a variant's declaration index: the four version-2 types keep 0..4.
+        let enc = |d: DType| bincode::serde::encode_to_vec(d, config()).unwrap();
+        assert_eq!(enc(DType::U8), [0]);
+        assert_eq!(enc(DType::Bf16), [1]);
+        assert_eq!(enc(DType::I32), [2]);
+        assert_eq!(enc(DType::F32), [3]);
+        assert_eq!(enc(DType::F16), [8]);
     }
 }

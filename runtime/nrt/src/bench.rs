@@ -5,6 +5,11 @@
 //! `--batch` images (the last batch of a pass is zero-padded and its padding ignored), on
 //! `--ncs` logical cores at once, one thread each. The identity model copies `--bytes` bytes and
 //! checks them.
+//!
+//! `--neff FILE` runs a NEFF with inputs of seeded random bytes. On simdev a NEFF runs
+//! **shape-only** (its instruction encoding is not public): the report says so, and the
+//! outputs are checked against the documented shape-only function of the inputs
+//! (`shared::neff_program::shape_only`), not against the model's numbers.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +37,12 @@ pub struct BenchOptions {
     pub in_flight: u32,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// A NEFF file to run instead of `model`.
+    pub neff: Option<std::path::PathBuf>,
+    /// Untimed executions per core before the timed ones.
+    pub warmup: u32,
+    /// Seed of a NEFF's random inputs.
+    pub seed: u64,
 }
 
 /// What `bench` measured (the `--json` object).
@@ -54,6 +65,10 @@ pub struct BenchReport {
     p50_us: f64,
     p90_us: f64,
     p99_us: f64,
+    mean_us: f64,
+    min_us: f64,
+    max_us: f64,
+    std_us: f64,
     executions_per_second: f64,
     images_per_second: f64,
     /// Whether the executions ran on a device: false with `NEURON_RT_FUNTIME=1`, where execute
@@ -62,7 +77,18 @@ pub struct BenchReport {
     /// Why the figures do not describe a device, when they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// Where the outputs came from: `"computed"` (the model's numbers) or `"shape-only"` (a NEFF
+    /// on simdev: the documented function of the inputs, not the model's numbers).
+    outputs: &'static str,
+    /// Untimed warm-up executions per core.
+    warmup: u32,
+    /// NEFF runs: seconds `nrt_load` of the NEFF took (the first core's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    load_seconds: Option<f64>,
 }
+
+/// The note of a NEFF run on simdev.
+const SHAPE_ONLY_NOTE: &str = "shape-only: simdev does not run NEFF instructions (their encoding is not public); every output is the documented function of the inputs (shared::neff_program::shape_only), checked here — not the model's numbers";
 
 /// The note of a `NEURON_RT_FUNTIME=1` run.
 const FUNTIME_NOTE: &str = "NEURON_RT_FUNTIME=1: nothing ran on a device (execute returned success at once); outputs were not checked and no accuracy is reported";
@@ -88,6 +114,8 @@ struct Core {
     output: Tensor,
     ins: TensorSet,
     outs: TensorSet,
+    /// Every input and output tensor by name, in the model's order (NEFF runs).
+    named: Vec<(String, Tensor)>,
 }
 
 /// One tensor pair of a loaded model on one core.
@@ -109,6 +137,10 @@ fn core(
     outs.add("output", &output);
     Ok(Core {
         model,
+        named: vec![
+            ("input".into(), input.clone()),
+            ("output".into(), output.clone()),
+        ],
         input,
         output,
         ins,
@@ -178,6 +210,7 @@ pub fn run(
         ));
     }
     match opts.model.as_str() {
+        _ if opts.neff.is_some() => {}
         "digits" if !(1..=360).contains(&opts.batch) => {
             return Err(format!(
                 "--batch {} is outside 1..=360 (the digits test set has 360 images)",
@@ -205,7 +238,7 @@ pub fn run(
             arch.name()
         ));
     }
-    if opts.model == "digits" && opts.batch < config.lnc {
+    if opts.neff.is_none() && opts.model == "digits" && opts.batch < config.lnc {
         return Err(format!(
             "--batch {} is too small for NEURON_LOGICAL_NC_CONFIG={}: each execution's rows are split over the {} physical NCs of a logical core; use --batch {} or more",
             opts.batch, config.lnc, config.lnc, config.lnc
@@ -237,6 +270,7 @@ pub fn run(
     }
     let ncs = rt.visible_vnc_count().min(opts.ncs);
     let result = match opts.model.as_str() {
+        _ if opts.neff.is_some() => run_neff(&rt, opts, ncs, backend),
         "digits" => run_digits(&rt, opts, ncs, backend),
         _ => run_identity(&rt, opts, ncs, backend),
     };
@@ -283,10 +317,12 @@ fn on_each_core(
 /// or keeping `slots.len()` in flight through the explicit async API. `prepare` writes slot
 /// inputs for execution `e`; `finish` checks its outputs. Returns each execution's latency
 /// (schedule to observed completion).
+#[allow(clippy::too_many_arguments)]
 fn pipeline(
     rt: &Runtime,
     slots: &[Core],
     asynchronous: bool,
+    warmup: u32,
     es: impl Iterator<Item = u64>,
     mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
     mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
@@ -295,6 +331,12 @@ fn pipeline(
     let mut times = Vec::new();
     // One untimed execution per slot first (table loads, first-touch of ring pages).
     for c in slots {
+        rt.execute(c.model, &c.ins, &c.outs)
+            .map_err(|err| format!("warm-up: {err}"))?;
+    }
+    // And the --warmup ones, untimed.
+    for _ in 0..warmup {
+        let c = &slots[0];
         rt.execute(c.model, &c.ins, &c.outs)
             .map_err(|err| format!("warm-up: {err}"))?;
     }
@@ -360,11 +402,36 @@ fn pipeline(
     Ok(times)
 }
 
-fn percentiles(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+/// Latency figures of the timed executions, in µs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stats {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    mean: f64,
+    min: f64,
+    max: f64,
+    std: f64,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    if samples.is_empty() {
+        return Stats::default();
+    }
     samples.sort();
-    let pct =
-        |per_mille: usize| samples[(samples.len() - 1) * per_mille / 1000].as_secs_f64() * 1e6;
-    (pct(500), pct(900), pct(990))
+    let us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    let pct = |per_mille: usize| us[(us.len() - 1) * per_mille / 1000];
+    let mean = us.iter().sum::<f64>() / us.len() as f64;
+    let var = us.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / us.len() as f64;
+    Stats {
+        p50: pct(500),
+        p90: pct(900),
+        p99: pct(990),
+        mean,
+        min: us[0],
+        max: us[us.len() - 1],
+        std: var.sqrt(),
+    }
 }
 
 fn run_digits(
@@ -429,7 +496,16 @@ fn run_digits(
             Ok(())
         };
         let es = (v as u64..executions).step_by(ncs as usize);
-        pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, &pb)
+        pipeline(
+            rt,
+            slots,
+            opts.in_flight > 0,
+            opts.warmup,
+            es,
+            prepare,
+            finish,
+            &pb,
+        )
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -453,7 +529,7 @@ fn run_digits(
     } else {
         (None, None)
     };
-    let (p50, p90, p99) = percentiles(samples);
+    let st = stats(samples);
     let images = (executions.min(per_pass) * batch as u64).min(count as u64)
         + executions.saturating_sub(per_pass) * batch as u64;
     Ok(BenchReport {
@@ -467,13 +543,20 @@ fn run_digits(
         accuracy,
         max_abs_logit_diff: max_diff,
         failures: 0,
-        p50_us: p50,
-        p90_us: p90,
-        p99_us: p99,
+        p50_us: st.p50,
+        p90_us: st.p90,
+        p99_us: st.p99,
+        mean_us: st.mean,
+        min_us: st.min,
+        max_us: st.max,
+        std_us: st.std,
         executions_per_second: executions as f64 / wall,
         images_per_second: images as f64 / wall,
         ran_on_device: true,
         note: None,
+        outputs: "computed",
+        warmup: opts.warmup,
+        load_seconds: None,
     })
 }
 
@@ -516,11 +599,20 @@ fn run_identity(
             Ok(())
         };
         let es = (v as u64..executions).step_by(ncs as usize);
-        pipeline(rt, slots, opts.in_flight > 0, es, prepare, finish, &pb)
+        pipeline(
+            rt,
+            slots,
+            opts.in_flight > 0,
+            opts.warmup,
+            es,
+            prepare,
+            finish,
+            &pb,
+        )
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let (p50, p90, p99) = percentiles(samples);
+    let st = stats(samples);
     Ok(BenchReport {
         model: "identity".into(),
         backend,
@@ -532,13 +624,222 @@ fn run_identity(
         accuracy: None,
         max_abs_logit_diff: None,
         failures: failures.into_inner(),
-        p50_us: p50,
-        p90_us: p90,
-        p99_us: p99,
+        p50_us: st.p50,
+        p90_us: st.p90,
+        p99_us: st.p99,
+        mean_us: st.mean,
+        min_us: st.min,
+        max_us: st.max,
+        std_us: st.std,
         executions_per_second: executions as f64 / wall,
         images_per_second: executions as f64 / wall,
         ran_on_device: true,
         note: None,
+        outputs: "computed",
+        warmup: opts.warmup,
+        load_seconds: None,
+    })
+}
+
+/// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes.
+fn neff_core(
+    rt: &Runtime,
+    vnc: u32,
+    model: ModelHandle,
+    neff: &neff::Neff,
+    seed: u64,
+) -> Result<Core, String> {
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    let mut named = Vec::new();
+    for (io, is_input) in neff
+        .inputs
+        .iter()
+        .map(|t| (t, true))
+        .chain(neff.outputs.iter().map(|t| (t, false)))
+    {
+        let t = rt
+            .tensor_allocate(Placement::Device { vnc }, io.size, &io.name)
+            .map_err(|e| format!("allocating {:?} ({} bytes): {e}", io.name, io.size))?;
+        if is_input {
+            fill_random(&t, seed ^ fnv(&io.name))?;
+            ins.add(&io.name, &t);
+        } else {
+            outs.add(&io.name, &t);
+        }
+        named.push((io.name.clone(), t));
+    }
+    let first = |set: &TensorSet| set.iter().next().map(|(_, t)| t.clone());
+    Ok(Core {
+        model,
+        input: first(&ins).ok_or("the NEFF has no input")?,
+        output: first(&outs).ok_or("the NEFF has no output")?,
+        ins,
+        outs,
+        named,
+    })
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Writes seeded random bytes into `t`, 1 MiB at a time. Inputs larger than 64 MiB get random
+/// bytes in their first and last MiB only and stay untouched (sparse) in between: a 4 GiB input
+/// costs 2 MiB of memory, and the shape-only function reads only the first and last 4 KiB.
+fn fill_random(t: &Tensor, seed: u64) -> Result<(), String> {
+    const PIECE: u64 = 1 << 20;
+    let size = t.size();
+    let ranges: Vec<std::ops::Range<u64>> = if size > 64 * PIECE {
+        vec![0..PIECE, size - PIECE..size]
+    } else {
+        vec![0..size]
+    };
+    for r in ranges {
+        let mut off = r.start;
+        while off < r.end {
+            let n = (r.end - off).min(PIECE);
+            let mut buf = vec![0u8; usize::try_from(n).unwrap_or(0)];
+            shared::neff_program::shape_only::fill(seed, off, &mut buf);
+            t.write(&buf, off).map_err(|e| e.to_string())?;
+            off += n;
+        }
+    }
+    Ok(())
+}
+
+/// What the shape-only outputs of `c`'s inputs must be (first and last 4 KiB of each input feed
+/// the seed): each output's expected bytes by name.
+fn shape_only_outputs(neff: &neff::Neff, c: &Core) -> Result<Vec<(String, Vec<u8>)>, String> {
+    use shared::neff_program::shape_only::{EDGE_BYTES, Seed};
+    let (inputs, outputs) = crate::scenario::models::dge_order(neff);
+    let tensor = |name: &str| {
+        c.named
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.clone())
+            .ok_or_else(|| format!("no tensor {name:?}"))
+    };
+    let mut seed = Seed::default();
+    for name in &inputs {
+        let t = tensor(name)?;
+        let size = t.size();
+        let n = size.min(EDGE_BYTES as u64);
+        let mut head = vec![0u8; usize::try_from(n).unwrap_or(0)];
+        let mut tail = head.clone();
+        t.read(&mut head, 0).map_err(|e| e.to_string())?;
+        t.read(&mut tail, size - n).map_err(|e| e.to_string())?;
+        seed.input(size, &head, &tail);
+    }
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(j, name)| {
+            let size = tensor(name)?.size();
+            let j = u32::try_from(j).unwrap_or(u32::MAX);
+            let bytes = shared::neff_program::shape_only::expected_output(
+                seed,
+                j,
+                usize::try_from(size).unwrap_or(0),
+            );
+            Ok((name.clone(), bytes))
+        })
+        .collect()
+}
+
+fn run_neff(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    ncs: u32,
+    backend: &'static str,
+) -> Result<BenchReport, String> {
+    let path = opts.neff.as_deref().ok_or("no NEFF")?;
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let neff = neff::Neff::parse(&bytes, &neff::ParseOptions::default())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    );
+    let mut load_seconds = None;
+    let all = (0..ncs)
+        .map(|v| {
+            let t = Instant::now();
+            let m = rt
+                .load(&bytes, i32::try_from(v).unwrap_or(0))
+                .map_err(|e| e.to_string())?;
+            load_seconds.get_or_insert(t.elapsed().as_secs_f64());
+            (0..opts.in_flight.max(1))
+                .map(|i| neff_core(rt, v, m, &neff, opts.seed.wrapping_add(u64::from(i))))
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // On simdev every output is the shape-only function of the inputs: check it once per slot
+    // (the inputs do not change between executions), after the timed runs.
+    let shape_only = backend == "sim";
+    let executions = u64::from(opts.iterations.unwrap_or(1000));
+    let pb = bar(executions, opts.progress);
+    let started = Instant::now();
+    let samples = on_each_core(&all, |v, slots| {
+        let es = (v as u64..executions).step_by(ncs as usize);
+        pipeline(
+            rt,
+            slots,
+            opts.in_flight > 0,
+            opts.warmup,
+            es,
+            |_, _| Ok(()),
+            |_, _| Ok(()),
+            &pb,
+        )
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let mut failures = 0;
+    if shape_only && !rt.config().funtime {
+        for c in all.iter().flatten() {
+            for (name, want) in shape_only_outputs(&neff, c)? {
+                let t = c
+                    .named
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, t)| t)
+                    .ok_or("output missing")?;
+                let mut got = vec![0u8; want.len()];
+                t.read(&mut got, 0).map_err(|e| e.to_string())?;
+                if got != want {
+                    failures += 1;
+                }
+            }
+        }
+    }
+    let st = stats(samples);
+    Ok(BenchReport {
+        model: name,
+        backend,
+        batch: 1,
+        nc_count: ncs,
+        in_flight: opts.in_flight,
+        executions,
+        images: executions,
+        accuracy: None,
+        max_abs_logit_diff: None,
+        failures,
+        p50_us: st.p50,
+        p90_us: st.p90,
+        p99_us: st.p99,
+        mean_us: st.mean,
+        min_us: st.min,
+        max_us: st.max,
+        std_us: st.std,
+        executions_per_second: executions as f64 / wall,
+        images_per_second: executions as f64 / wall,
+        ran_on_device: true,
+        note: shape_only.then(|| SHAPE_ONLY_NOTE.to_string()),
+        outputs: if shape_only { "shape-only" } else { "computed" },
+        warmup: opts.warmup,
+        load_seconds,
     })
 }
 
@@ -564,9 +865,12 @@ pub fn print(r: &BenchReport) {
         println!("{} outputs did not match", r.failures);
     }
     println!(
-        "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us",
-        r.p50_us, r.p90_us, r.p99_us
+        "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   mean {:.1} us   min {:.1} us   max {:.1} us   std {:.1} us",
+        r.p50_us, r.p90_us, r.p99_us, r.mean_us, r.min_us, r.max_us, r.std_us
     );
+    if let Some(s) = r.load_seconds {
+        println!("load {:.1} ms", s * 1e3);
+    }
     println!(
         "throughput {:.0} executions/s, {:.0} images/s",
         r.executions_per_second, r.images_per_second

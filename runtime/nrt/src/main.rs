@@ -58,9 +58,20 @@ enum Command {
         /// Tensor size in bytes (identity).
         #[arg(long, default_value_t = 64)]
         bytes: u32,
-        /// Executions to time (default: one pass over the test set; identity: 1000).
+        /// Executions to time (default: one pass over the test set; identity and NEFF: 1000).
         #[arg(long)]
         iterations: Option<u32>,
+        /// Benchmark a NEFF file instead of --model: inputs filled with seeded random data, on
+        /// simdev run shape-only (outputs are checked against the documented shape-only
+        /// function of the inputs, not the model's numbers).
+        #[arg(long, conflicts_with = "model")]
+        neff: Option<std::path::PathBuf>,
+        /// Untimed executions per core before the timed ones (after one per in-flight slot).
+        #[arg(long, default_value_t = 0)]
+        warmup: u32,
+        /// Seed of a NEFF's random inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Logical cores to run on, one thread each.
         #[arg(long, default_value_t = 1)]
         ncs: u32,
@@ -307,6 +318,9 @@ fn main() -> ExitCode {
             batch,
             bytes,
             iterations,
+            neff,
+            warmup,
+            seed,
             ncs,
             in_flight,
             json,
@@ -315,6 +329,9 @@ fn main() -> ExitCode {
             let opts = BenchOptions {
                 in_flight,
                 model,
+                neff,
+                warmup,
+                seed,
                 batch,
                 bytes,
                 iterations,

@@ -7,7 +7,7 @@
 //! JSON object). The exit code is non-zero when anything failed.
 
 mod client;
-mod models;
+pub(crate) mod models;
 mod report;
 mod runner;
 mod spec;

@@ -1,5 +1,9 @@
-//! Models of a scenario: built-in builders or container files, and the reference each
-//! execution's outputs are checked against.
+//! Models of a scenario: built-in builders, container files or NEFF files, and the reference
+//! each execution's outputs are checked against.
+//!
+//! A NEFF runs shape-only on simdev (`shared::neff_program`): its outputs are checked against
+//! the documented shape-only function of its inputs ([`Reference::ShapeOnly`]), the default
+//! reference of a NEFF file.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,19 +27,36 @@ pub enum Reference {
         /// Largest accepted |output − reference|.
         tolerance: f32,
     },
+    /// A NEFF run shape-only: each output is `shared::neff_program::shape_only` of the inputs,
+    /// which feed the seed in DGE-table order.
+    ShapeOnly {
+        /// Input names in DGE-table order.
+        inputs: Vec<String>,
+        /// Output names in DGE-table order.
+        outputs: Vec<String>,
+    },
     /// Not checked.
     None,
+}
+
+/// One named input or output of a model and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Io {
+    /// The name tensor sets bind it by.
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
 }
 
 /// A model ready to load.
 #[derive(Debug)]
 pub struct BuiltModel {
-    /// The container bytes.
+    /// The container (or NEFF) bytes.
     pub container: Vec<u8>,
-    /// Bytes of the `input` tensor.
-    pub in_bytes: u64,
-    /// Bytes of the `output` tensor.
-    pub out_bytes: u64,
+    /// The inputs, in the model's order.
+    pub inputs: Vec<Io>,
+    /// The outputs.
+    pub outputs: Vec<Io>,
     /// What outputs must equal.
     pub reference: Reference,
 }
@@ -54,6 +75,29 @@ fn pattern_byte(seed: u64, e: u64, i: u64) -> u8 {
     (z >> 29).to_le_bytes()[0]
 }
 
+/// The input and output names of `neff`'s first subgraph in its DGE table's order (the order
+/// the shape-only function takes them in).
+pub fn dge_order(neff: &neff::Neff) -> (Vec<String>, Vec<String>) {
+    let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
+    let Some(sg) = neff.subgraphs.first() else {
+        return (inputs, outputs);
+    };
+    let list = sg.vars.values().find_map(|v| match &v.kind {
+        neff::VarKind::DgeTable { list } => Some(list.clone()),
+        _ => None,
+    });
+    for id in list.unwrap_or_default() {
+        if let Some(v) = sg.vars.values().find(|v| v.var_id == id) {
+            match v.kind {
+                neff::VarKind::Input => inputs.push(v.name.clone()),
+                neff::VarKind::Output => outputs.push(v.name.clone()),
+                _ => {}
+            }
+        }
+    }
+    (inputs, outputs)
+}
+
 impl BuiltModel {
     /// Builds `[models.name]`; files are relative to `dir`.
     ///
@@ -62,21 +106,24 @@ impl BuiltModel {
     pub fn build(name: &str, spec: &ModelSpec, dir: &Path) -> Result<Self, String> {
         let err = |m: String| format!("model {name:?}: {m}");
         let bytes = spec.bytes.unwrap_or(4096);
-        let identity_io = |m: &shared::model::Model| -> (u64, u64) {
-            (
-                m.inputs.first().map_or(0, |t| t.size),
-                m.outputs.first().map_or(0, |t| t.size),
-            )
+        let ios = |specs: &[shared::model::TensorSpec]| -> Vec<Io> {
+            specs
+                .iter()
+                .map(|t| Io {
+                    name: t.name.clone(),
+                    size: t.size,
+                })
+                .collect()
         };
         let finish = |m: shared::model::Model, reference: Reference| -> Result<Self, String> {
-            let (in_bytes, out_bytes) = identity_io(&m);
+            let (inputs, outputs) = (ios(&m.inputs), ios(&m.outputs));
             let container = m
                 .to_container(Target::Simdev)
                 .map_err(|e| err(e.to_string()))?;
             Ok(Self {
                 container,
-                in_bytes,
-                out_bytes,
+                inputs,
+                outputs,
                 reference,
             })
         };
@@ -87,6 +134,10 @@ impl BuiltModel {
                 let path = dir.join(file);
                 let container =
                     std::fs::read(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+                if shared::model::looks_like_neff(&container).is_some() {
+                    return Self::neff(container, spec.reference.as_deref())
+                        .map_err(|e| err(format!("{}: {e}", path.display())));
+                }
                 let m = shared::model::Model::from_container(&container, Target::Simdev)
                     .map_err(|e| err(format!("{}: {e}", path.display())))?;
                 let reference = match spec.reference.as_deref() {
@@ -96,11 +147,10 @@ impl BuiltModel {
                         return Err(err(format!("reference {other:?} is not identity or none")));
                     }
                 };
-                let (in_bytes, out_bytes) = identity_io(&m);
                 Ok(Self {
+                    inputs: ios(&m.inputs),
+                    outputs: ios(&m.outputs),
                     container,
-                    in_bytes,
-                    out_bytes,
                     reference,
                 })
             }
@@ -159,8 +209,59 @@ impl BuiltModel {
         }
     }
 
-    /// The input bytes of execution `e`.
-    pub fn input(&self, seed: u64, e: u64) -> Vec<u8> {
+    /// A NEFF file model: its I/O from the NEFF, checked shape-only unless `reference` is
+    /// `none`.
+    fn neff(container: Vec<u8>, reference: Option<&str>) -> Result<Self, String> {
+        let neff = neff::Neff::parse(&container, &neff::ParseOptions::default())
+            .map_err(|e| e.to_string())?;
+        let io = |ts: &[neff::IoTensor]| -> Vec<Io> {
+            ts.iter()
+                .map(|t| Io {
+                    name: t.name.clone(),
+                    size: t.size,
+                })
+                .collect()
+        };
+        let reference = match reference {
+            None | Some("shape-only") => {
+                let (inputs, outputs) = dge_order(&neff);
+                Reference::ShapeOnly { inputs, outputs }
+            }
+            Some("none") => Reference::None,
+            Some(other) => {
+                return Err(format!(
+                    "reference {other:?} of a NEFF is not shape-only or none"
+                ));
+            }
+        };
+        Ok(Self {
+            inputs: io(&neff.inputs),
+            outputs: io(&neff.outputs),
+            container,
+            reference,
+        })
+    }
+
+    /// The bytes of every input of execution `e`, in [`BuiltModel::inputs`] order.
+    pub fn input(&self, seed: u64, e: u64) -> Vec<Vec<u8>> {
+        if let Reference::Digits { .. } = self.reference {
+            return vec![self.single_input(seed, e)];
+        }
+        // Each input its own pattern: the index runs on over the inputs before it.
+        let mut start = 0;
+        self.inputs
+            .iter()
+            .map(|io| {
+                let v = (start..start + io.size)
+                    .map(|i| pattern_byte(seed, e, i))
+                    .collect();
+                start += io.size;
+                v
+            })
+            .collect()
+    }
+
+    fn single_input(&self, seed: u64, e: u64) -> Vec<u8> {
         match &self.reference {
             Reference::Digits { data, batch, .. } => {
                 let count = data.count();
@@ -172,7 +273,7 @@ impl BuiltModel {
                 }
                 f32_bytes(&v)
             }
-            _ => (0..self.in_bytes)
+            _ => (0..self.inputs.first().map_or(0, |t| t.size))
                 .map(|i| pattern_byte(seed, e, i))
                 .collect(),
         }
@@ -183,13 +284,57 @@ impl BuiltModel {
         !matches!(self.reference, Reference::None)
     }
 
-    /// Checks execution `e`'s output against the reference; `Err` says where it differs.
+    /// Checks execution `e`'s outputs (in [`BuiltModel::outputs`] order) against the
+    /// reference; `Err` says where they differ.
     ///
     /// # Errors
     /// The first difference.
-    pub fn check(&self, seed: u64, e: u64, input: &[u8], output: &[u8]) -> Result<(), String> {
+    pub fn check(
+        &self,
+        seed: u64,
+        e: u64,
+        inputs: &[Vec<u8>],
+        outputs: &[Vec<u8>],
+    ) -> Result<(), String> {
+        let (input, output) = (
+            inputs.first().map_or(&[][..], Vec::as_slice),
+            outputs.first().map_or(&[][..], Vec::as_slice),
+        );
         match &self.reference {
             Reference::None => Ok(()),
+            Reference::ShapeOnly {
+                inputs: in_order,
+                outputs: out_order,
+            } => {
+                let by_name = |names: &[Io], bufs: &[Vec<u8>], name: &str| {
+                    names
+                        .iter()
+                        .position(|io| io.name == name)
+                        .and_then(|i| bufs.get(i))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                let mut s = shared::neff_program::shape_only::Seed::default();
+                for name in in_order {
+                    s.input_bytes(&by_name(&self.inputs, inputs, name));
+                }
+                for (j, name) in out_order.iter().enumerate() {
+                    let got = by_name(&self.outputs, outputs, name);
+                    let want = shared::neff_program::shape_only::expected_output(
+                        s,
+                        u32::try_from(j).unwrap_or(u32::MAX),
+                        got.len(),
+                    );
+                    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+                        return Err(format!(
+                            "execution {e}: byte {i} of output {name:?} is {:#04x}, the \
+                             shape-only function of the inputs gives {:#04x}",
+                            got[i], want[i]
+                        ));
+                    }
+                }
+                Ok(())
+            }
             Reference::Identity => {
                 let n = input.len().min(output.len());
                 match (0..n).find(|&i| input[i] != output[i]) {

@@ -121,11 +121,13 @@ fn run_execute(rt: &Runtime, m: &BuiltModel, h: ModelHandle, p: &ExecParams) -> 
 
 /// One thread's tensors for one execution in flight.
 pub(super) struct Slot {
-    input: runtime::Tensor,
-    output: runtime::Tensor,
-    /// The input set (`input`).
+    /// One tensor per model input, in the model's order.
+    inputs: Vec<runtime::Tensor>,
+    /// One tensor per model output.
+    outputs: Vec<runtime::Tensor>,
+    /// The input set.
     pub(super) ins: TensorSet,
-    /// The output set (`output`).
+    /// The output set.
     pub(super) outs: TensorSet,
 }
 
@@ -137,34 +139,50 @@ pub(super) fn slot(rt: &Runtime, m: &BuiltModel, p: &ExecParams) -> Result<Slot,
     } else {
         Placement::Device { vnc: p.tensors_vnc }
     };
-    let input = rt
-        .tensor_allocate(placement, m.in_bytes.max(1), "input")
-        .map_err(|e| format!("allocating the input tensor: {e}"))?;
-    let output = rt
-        .tensor_allocate(placement, m.out_bytes.max(1), "output")
-        .map_err(|e| format!("allocating the output tensor: {e}"))?;
+    let allocate = |io: &crate::scenario::models::Io, set: &mut TensorSet| {
+        let t = rt
+            .tensor_allocate(placement, io.size.max(1), &io.name)
+            .map_err(|e| format!("allocating tensor {:?}: {e}", io.name))?;
+        set.add(&io.name, &t);
+        Ok::<_, String>(t)
+    };
     let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &input);
-    outs.add("output", &output);
+    let inputs = m
+        .inputs
+        .iter()
+        .map(|io| allocate(io, &mut ins))
+        .collect::<Result<_, _>>()?;
+    let outputs = m
+        .outputs
+        .iter()
+        .map(|io| allocate(io, &mut outs))
+        .collect::<Result<_, _>>()?;
     Ok(Slot {
-        input,
-        output,
+        inputs,
+        outputs,
         ins,
         outs,
     })
 }
 
-/// Writes execution `e`'s input and clears the output; returns the input.
-pub(super) fn prepare(m: &BuiltModel, p: &ExecParams, s: &Slot, e: u64) -> Result<Vec<u8>, String> {
-    let input = m.input(p.seed, e);
-    s.input
-        .write(&input, 0)
-        .map_err(|err| format!("writing the input of execution {e}: {err}"))?;
-    let zeros = vec![0u8; usize::try_from(s.output.size()).unwrap_or(0)];
-    s.output
-        .write(&zeros, 0)
-        .map_err(|err| format!("clearing the output of execution {e}: {err}"))?;
-    Ok(input)
+/// Writes execution `e`'s inputs and clears the outputs; returns the inputs.
+pub(super) fn prepare(
+    m: &BuiltModel,
+    p: &ExecParams,
+    s: &Slot,
+    e: u64,
+) -> Result<Vec<Vec<u8>>, String> {
+    let inputs = m.input(p.seed, e);
+    for (t, bytes) in s.inputs.iter().zip(&inputs) {
+        t.write(bytes, 0)
+            .map_err(|err| format!("writing input {:?} of execution {e}: {err}", t.name()))?;
+    }
+    for t in &s.outputs {
+        let zeros = vec![0u8; usize::try_from(t.size()).unwrap_or(0)];
+        t.write(&zeros, 0)
+            .map_err(|err| format!("clearing output {:?} of execution {e}: {err}", t.name()))?;
+    }
+    Ok(inputs)
 }
 
 /// Checks execution `e`'s output if it delivered one and `p` asks for it.
@@ -174,7 +192,7 @@ pub(super) fn verify(
     s: &Slot,
     e: u64,
     status: NrtStatus,
-    input: &[u8],
+    inputs: &[Vec<u8>],
 ) -> Option<Result<(), String>> {
     let delivered = matches!(
         status,
@@ -183,13 +201,17 @@ pub(super) fn verify(
     if !p.check || !m.checkable() || !delivered {
         return None;
     }
-    let mut out = vec![0u8; usize::try_from(s.output.size()).unwrap_or(0)];
-    Some(
-        s.output
-            .read(&mut out, 0)
-            .map_err(|err| format!("reading the output of execution {e}: {err}"))
-            .and_then(|()| m.check(p.seed, e, input, &out)),
-    )
+    let outputs: Result<Vec<Vec<u8>>, String> = s
+        .outputs
+        .iter()
+        .map(|t| {
+            let mut out = vec![0u8; usize::try_from(t.size()).unwrap_or(0)];
+            t.read(&mut out, 0)
+                .map(|()| out)
+                .map_err(|err| format!("reading output {:?} of execution {e}: {err}", t.name()))
+        })
+        .collect();
+    Some(outputs.and_then(|outs| m.check(p.seed, e, inputs, &outs)))
 }
 
 /// One thread of a sync `execute` step.
@@ -259,26 +281,28 @@ fn exec_thread_async(
         }
     }
     let mut free: Vec<usize> = (0..slots.len()).rev().collect();
-    let mut pending: VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<u8>)> = VecDeque::new();
-    let complete = |pending: &mut VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<u8>)>,
-                    free: &mut Vec<usize>,
-                    out: &mut ExecOutcome| {
-        let Some((e, i, t0, req, input)) = pending.pop_front() else {
-            return;
+    let mut pending: VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<Vec<u8>>)> =
+        VecDeque::new();
+    let complete =
+        |pending: &mut VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<Vec<u8>>)>,
+         free: &mut Vec<usize>,
+         out: &mut ExecOutcome| {
+            let Some((e, i, t0, req, input)) = pending.pop_front() else {
+                return;
+            };
+            let (status, message) = match rt.wait(&req) {
+                Ok(s) => (s, String::new()),
+                Err(err) => (err.status, err.message),
+            };
+            out.records.push(ExecRecord {
+                e,
+                status,
+                message,
+                secs: t0.elapsed().as_secs_f64(),
+                output: verify(m, p, &slots[i], e, status, &input),
+            });
+            free.push(i);
         };
-        let (status, message) = match rt.wait(&req) {
-            Ok(s) => (s, String::new()),
-            Err(err) => (err.status, err.message),
-        };
-        out.records.push(ExecRecord {
-            e,
-            status,
-            message,
-            secs: t0.elapsed().as_secs_f64(),
-            output: verify(m, p, &slots[i], e, status, &input),
-        });
-        free.push(i);
-    };
     loop {
         let e = next.fetch_add(1, Ordering::Relaxed);
         if e >= p.count {
