@@ -130,8 +130,7 @@ pub struct NeffProgramHeader {
     pub reserved: u64,
 }
 
-const _: () =
-    assert!(std::mem::size_of::<NeffProgramHeader>() == NEFF_PROGRAM_HEADER_SIZE as usize);
+const _: () = assert!(std::mem::size_of::<NeffProgramHeader>() as u64 == NEFF_PROGRAM_HEADER_SIZE);
 
 impl NeffProgramHeader {
     /// Device address of copy `compute_idx % dge_copies` of the DGE table, or `None` when the
@@ -173,7 +172,7 @@ pub struct DgeEntry {
     pub reserved: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<DgeEntry>() == DGE_ENTRY_SIZE as usize);
+const _: () = assert!(std::mem::size_of::<DgeEntry>() as u64 == DGE_ENTRY_SIZE);
 
 /// The documented deterministic function a shape-only NEFF run writes into its outputs.
 ///

@@ -691,10 +691,10 @@ fn fnv(s: &str) -> u64 {
 fn fill_random(t: &Tensor, seed: u64) -> Result<(), String> {
     const PIECE: u64 = 1 << 20;
     let size = t.size();
-    let ranges: Vec<std::ops::Range<u64>> = if size > 64 * PIECE {
-        vec![0..PIECE, size - PIECE..size]
+    let ranges = if size > 64 * PIECE {
+        [0..PIECE, size - PIECE..size]
     } else {
-        vec![0..size]
+        [0..size, size..size]
     };
     for r in ranges {
         let mut off = r.start;

@@ -261,6 +261,9 @@ fn exec_thread_sync(
     out
 }
 
+/// Requests outstanding: (execution, slot, scheduled at, request, its inputs).
+type Pending = VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<Vec<u8>>)>;
+
 /// One thread of an async `execute` step: keeps up to `p.inflight` requests outstanding.
 fn exec_thread_async(
     rt: &Runtime,
@@ -281,28 +284,24 @@ fn exec_thread_async(
         }
     }
     let mut free: Vec<usize> = (0..slots.len()).rev().collect();
-    let mut pending: VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<Vec<u8>>)> =
-        VecDeque::new();
-    let complete =
-        |pending: &mut VecDeque<(u64, usize, Instant, ScheduledExecution, Vec<Vec<u8>>)>,
-         free: &mut Vec<usize>,
-         out: &mut ExecOutcome| {
-            let Some((e, i, t0, req, input)) = pending.pop_front() else {
-                return;
-            };
-            let (status, message) = match rt.wait(&req) {
-                Ok(s) => (s, String::new()),
-                Err(err) => (err.status, err.message),
-            };
-            out.records.push(ExecRecord {
-                e,
-                status,
-                message,
-                secs: t0.elapsed().as_secs_f64(),
-                output: verify(m, p, &slots[i], e, status, &input),
-            });
-            free.push(i);
+    let mut pending: Pending = VecDeque::new();
+    let complete = |pending: &mut Pending, free: &mut Vec<usize>, out: &mut ExecOutcome| {
+        let Some((e, i, t0, req, input)) = pending.pop_front() else {
+            return;
         };
+        let (status, message) = match rt.wait(&req) {
+            Ok(s) => (s, String::new()),
+            Err(err) => (err.status, err.message),
+        };
+        out.records.push(ExecRecord {
+            e,
+            status,
+            message,
+            secs: t0.elapsed().as_secs_f64(),
+            output: verify(m, p, &slots[i], e, status, &input),
+        });
+        free.push(i);
+    };
     loop {
         let e = next.fetch_add(1, Ordering::Relaxed);
         if e >= p.count {
