@@ -694,3 +694,26 @@ fn the_system_trace_and_the_profile_work_from_c() {
     let spans = p["traceEvents"].as_array().unwrap();
     assert!(spans.len() >= 5, "{p}");
 }
+
+#[test]
+fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["neff.c"], "neff", true);
+    let neff = crate_dir().join("../scenarios/data/neff/matmul_small.neff");
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(&neff)
+            .arg("20")
+            .env("NEURON_SIMDEV_ARCH", "trn2")
+            .env("NEURON_LOGICAL_NC_CONFIG", "2");
+        c
+    });
+    let stdout = assert_ran(&o, "neff", "neff executions 20 outputs shape-only-checked");
+    for line in [
+        "input x dtype 7 shape 128x256 bytes 65536",
+        "input y dtype 7 shape 256x128 bytes 65536",
+        "output output0 dtype 7 shape 128x128 bytes 32768",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in\n{stdout}");
+    }
+}

@@ -1,0 +1,123 @@
+/*
+ * A real NEFF through the C API as a framework would drive it: nrt_load of the file's bytes,
+ * the model's inputs and outputs discovered with nrt_get_model_tensor_info (names, FLOAT16,
+ * shapes, sizes), one device tensor each, inputs filled, nrt_execute, the output read back.
+ * simdev runs NEFFs shape-only, so the output is checked against the documented shape-only
+ * function of the inputs (shared::neff_program::shape_only), written out again here in C.
+ * Usage: neff FILE.neff EXECUTIONS   (env: NEURON_SIMDEV_ARCH=trn2 NEURON_LOGICAL_NC_CONFIG=2)
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "nrt/nrt.h"
+#include "nrt/nrt_experimental.h"
+#include "common.h"
+
+#define EDGE 4096u
+#define MAX_IO 8
+
+static uint64_t splitmix64(uint64_t x) {
+    uint64_t z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv(uint64_t h, const unsigned char *p, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* Byte o of the stream seeded `stream`. */
+static unsigned char stream_byte(uint64_t stream, uint64_t o) {
+    return (unsigned char)(splitmix64(stream + o / 8) >> (8 * (o % 8)));
+}
+
+int main(int argc, char **argv) {
+    size_t size = 0, i;
+    void *bytes;
+    nrt_model_t *model = NULL;
+    nrt_tensor_info_array_t *info = NULL;
+    nrt_tensor_t *tensors[MAX_IO];
+    unsigned char *buffers[MAX_IO];
+    nrt_tensor_set_t *inputs = NULL, *outputs = NULL;
+    long executions, e;
+    uint64_t n_io;
+
+    ASSERT(argc == 3);
+    executions = atol(argv[2]);
+    CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    bytes = read_file(argv[1], &size);
+    CHECK(nrt_load(bytes, size, 0, -1, &model));
+    CHECK(nrt_get_model_tensor_info(model, &info));
+    n_io = info->tensor_count;
+    ASSERT(n_io == 3 && n_io <= MAX_IO);
+    CHECK(nrt_allocate_tensor_set(&inputs));
+    CHECK(nrt_allocate_tensor_set(&outputs));
+    for (i = 0; i < n_io; i++) {
+        nrt_tensor_info_t *t = &info->tensor_array[i];
+        uint64_t elems = 1;
+        uint32_t d;
+        ASSERT(t->dtype == NRT_DTYPE_FLOAT16);
+        for (d = 0; d < t->ndim; d++) {
+            elems *= t->shape[d];
+        }
+        ASSERT(elems * 2 == t->size);
+        printf("%s %s dtype %d shape", t->usage == NRT_TENSOR_USAGE_INPUT ? "input" : "output",
+               t->name, (int)t->dtype);
+        for (d = 0; d < t->ndim; d++) {
+            printf("%s%u", d ? "x" : " ", t->shape[d]);
+        }
+        printf(" bytes %zu\n", t->size);
+        CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, t->size, t->name, &tensors[i]));
+        buffers[i] = malloc(t->size);
+        ASSERT(buffers[i] != NULL);
+        CHECK(nrt_add_tensor_to_tensor_set(
+            t->usage == NRT_TENSOR_USAGE_INPUT ? inputs : outputs, t->name, tensors[i]));
+    }
+    /* matmul_small: inputs x, y (the DGE table's order), output output0. */
+    ASSERT(strcmp(info->tensor_array[0].name, "x") == 0);
+    ASSERT(strcmp(info->tensor_array[1].name, "y") == 0);
+    ASSERT(strcmp(info->tensor_array[2].name, "output0") == 0);
+    for (e = 0; e < executions; e++) {
+        uint64_t seed = 0xcbf29ce484222325ull, stream;
+        size_t bad = 0;
+        for (i = 0; i < 2; i++) {
+            size_t n = info->tensor_array[i].size, j, edge = n < EDGE ? n : EDGE;
+            unsigned char le[8];
+            int k;
+            for (j = 0; j < n; j++) {
+                buffers[i][j] = (unsigned char)((j * 31 + (size_t)e * 7 + i * 101) >> 3);
+            }
+            CHECK(nrt_tensor_write(tensors[i], buffers[i], 0, n));
+            for (k = 0; k < 8; k++) {
+                le[k] = (unsigned char)((uint64_t)n >> (8 * k));
+            }
+            seed = fnv(seed, le, 8);
+            seed = fnv(seed, buffers[i], edge);
+            seed = fnv(seed, buffers[i] + n - edge, edge);
+        }
+        CHECK(nrt_execute(model, inputs, outputs));
+        CHECK(nrt_tensor_read(tensors[2], buffers[2], 0, info->tensor_array[2].size));
+        stream = splitmix64(seed ^ 0x9E3779B97F4A7C15ull);
+        for (i = 0; i < info->tensor_array[2].size; i++) {
+            bad += buffers[2][i] != stream_byte(stream, i);
+        }
+        ASSERT(bad == 0);
+    }
+    printf("neff executions %ld outputs shape-only-checked\n", executions);
+    nrt_destroy_tensor_set(&inputs);
+    nrt_destroy_tensor_set(&outputs);
+    for (i = 0; i < n_io; i++) {
+        nrt_tensor_free(&tensors[i]);
+        free(buffers[i]);
+    }
+    CHECK(nrt_free_model_tensor_info(info));
+    CHECK(nrt_unload(model));
+    free(bytes);
+    nrt_close();
+    return 0;
+}
