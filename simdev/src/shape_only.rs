@@ -282,3 +282,121 @@ pub fn run(addresses: [u64; 5], host: &mut impl Host) -> Result<Stats, Stop> {
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::address_map::{AddressMap, Arch};
+    use zerocopy::IntoBytes;
+
+    use crate::client::ClientId;
+    use crate::memory::{AddressSpace, Region};
+
+    const A: ClientId = ClientId(1);
+    const MIB: u64 = 1 << 20;
+
+    /// The device as a shape-only run sees it, with a budget of [`Host::live`] answers.
+    struct Fake {
+        space: AddressSpace,
+        lives: usize,
+        streams: Vec<(Engine, u32)>,
+        moved: u64,
+    }
+
+    impl Host for Fake {
+        fn resolve(&mut self, pa: u64, len: u64) -> Option<Arc<Chunk>> {
+            self.space.resolve(A, pa, usize::try_from(len).ok()?).ok()
+        }
+        fn compute_idx(&self) -> u32 {
+            0
+        }
+        fn live(&mut self) -> Result<(), Stop> {
+            self.lives = self.lives.checked_sub(1).ok_or(Stop::Abandoned)?;
+            Ok(())
+        }
+        fn stream(&mut self, engine: Engine, _pa: u64, records: u32) {
+            self.streams.push((engine, records));
+        }
+        fn moved(&mut self, bytes: u64) {
+            self.moved += bytes;
+        }
+    }
+
+    #[test]
+    fn an_abandoned_run_stops_between_output_pieces() {
+        let mut space = AddressSpace::new(AddressMap {
+            arch: Arch::Trn1,
+            nc_count: 1,
+            hbm_bytes_per_nc: 64 * MIB,
+        });
+        let mut alloc = |size| space.allocate(A, Region::Hbm(0), size, 0).unwrap();
+        let prog = alloc(4096);
+        let table = alloc(4096);
+        let input = alloc(4096);
+        let output = alloc(4 * MIB);
+        let header = NeffProgramHeader {
+            magic: NEFF_PROGRAM_MAGIC,
+            version: NEFF_PROGRAM_VERSION,
+            subgraph: 0,
+            subgraph_count: 1,
+            records: [1, 2, 3, 4, 5],
+            dge_entries: 2,
+            dge_table_pa: table.pa(),
+            dge_copies: 1,
+            flags: 0,
+            reserved: 0,
+        };
+        prog.memory().write(prog.pa(), header.as_bytes()).unwrap();
+        let entries = [
+            DgeEntry {
+                pa: input.pa(),
+                size: 4096,
+                var_id: 0,
+                kind: DGE_KIND_INPUT,
+                reserved: 0,
+            },
+            DgeEntry {
+                pa: output.pa(),
+                size: 4 * MIB,
+                var_id: 1,
+                kind: DGE_KIND_OUTPUT,
+                reserved: 0,
+            },
+        ];
+        table
+            .memory()
+            .write(table.pa(), entries.as_bytes())
+            .unwrap();
+        let addresses = [0, 1, 2, 3, 4].map(|i| prog.pa() + 64 + 64 * i);
+        // Two entries, one input, then one piece: the second piece finds the run abandoned.
+        let mut host = Fake {
+            space,
+            lives: 4,
+            streams: Vec::new(),
+            moved: 0,
+        };
+        assert_eq!(run(addresses, &mut host), Err(Stop::Abandoned));
+        assert_eq!(
+            host.streams,
+            Engine::ALL.into_iter().zip(1..).collect::<Vec<_>>()
+        );
+        let mut seed = shape_only::Seed::default();
+        seed.input_bytes(&[0; 4096]);
+        let expected = shape_only::expected_output(seed, 0, WRITE_PIECE);
+        let mut written = vec![0; 2 * WRITE_PIECE];
+        output.memory().read(output.pa(), &mut written).unwrap();
+        assert_eq!(written[..WRITE_PIECE], expected, "the first piece");
+        assert!(
+            written[WRITE_PIECE..].iter().all(|&b| b == 0),
+            "nothing after the run was abandoned"
+        );
+        assert_eq!(host.moved, 2 * 32 + 2 * 4096 + WRITE_PIECE as u64);
+        // With every answer live, the whole output is written.
+        host.lives = usize::MAX;
+        let stats = run(addresses, &mut host).unwrap();
+        assert_eq!(stats.instructions, [1, 2, 3, 4, 5]);
+        let mut whole = vec![0; 4 * 1024 * 1024];
+        output.memory().read(output.pa(), &mut whole).unwrap();
+        assert_eq!(whole, shape_only::expected_output(seed, 0, whole.len()));
+    }
+}
