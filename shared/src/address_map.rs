@@ -133,6 +133,16 @@ impl Arch {
         16
     }
 
+    /// HBM bytes per physical NC on silicon (`reference/driver-abi.md` §5): trn1 and inf2
+    /// have 2 HBM stacks of 16 GiB for 2 NCs (16 GiB each), trn2 4 stacks totalling 96 GiB
+    /// for 8 NCs (12 GiB each). simdev's default device size.
+    pub const fn hbm_bytes_per_nc(self) -> u64 {
+        match self {
+            Self::Trn1 | Self::Inf2 => 16 << 30,
+            Self::Trn2 => 12 << 30,
+        }
+    }
+
     /// Base PA of NC 0's HBM in simdev (non-zero on every arch).
     pub const fn hbm_base(self) -> u64 {
         match self {
@@ -408,6 +418,43 @@ mod tests {
             hbm_bytes_per_nc: 256 << 20,
         };
         assert_eq!(trn2.hbm_range(0).start, 0x40_0000_0000);
+    }
+
+    #[test]
+    fn every_arch_at_its_real_hbm_size_and_eight_ncs_fits_below_the_register_window() {
+        assert_eq!(Arch::Trn1.hbm_bytes_per_nc(), 16 << 30);
+        assert_eq!(Arch::Inf2.hbm_bytes_per_nc(), 16 << 30);
+        assert_eq!(Arch::Trn2.hbm_bytes_per_nc(), 12 << 30);
+        for arch in [Arch::Trn1, Arch::Inf2, Arch::Trn2] {
+            let map = AddressMap {
+                arch,
+                nc_count: 8,
+                hbm_bytes_per_nc: arch.hbm_bytes_per_nc(),
+            };
+            assert_eq!(
+                map.hbm_stride(),
+                16 << 30,
+                "{arch:?}: 12 GiB rounds up to 16"
+            );
+            let last = map.hbm_range(7);
+            assert_eq!(last.end - last.start, arch.hbm_bytes_per_nc());
+            assert!(
+                map.hbm_range(6).end <= last.start,
+                "{arch:?}: NC ranges do not overlap"
+            );
+            assert!(
+                last.end <= REG_WINDOW_BASE && last.end <= map.host_range().start,
+                "{arch:?}: NC 7's HBM ends at {:#x}, inside the register window or host memory",
+                last.end
+            );
+            assert_eq!(map.hbm_nc_of(last.end - 1), Some(7));
+        }
+        let trn2 = AddressMap {
+            arch: Arch::Trn2,
+            nc_count: 8,
+            hbm_bytes_per_nc: Arch::Trn2.hbm_bytes_per_nc(),
+        };
+        assert_eq!(trn2.hbm_range(7), 0x5C_0000_0000..0x5F_0000_0000);
     }
 
     #[test]

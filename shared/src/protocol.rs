@@ -142,6 +142,10 @@ nc_counters! {
         pub cc_chains: u64,
         /// Injected faults that fired on this NC.
         pub faults_fired: u64,
+        /// NEFF programs run **shape-only** to their end: no instruction semantics, outputs a
+        /// documented function of the inputs ([`crate::neff_program::shape_only`]), not the
+        /// model's numbers.
+        pub neff_shape_only_executions: u64,
     }
 }
 
@@ -676,9 +680,10 @@ mod tests {
             faults_fired: 2,
             ..NcCounters::default()
         };
-        assert_eq!(NcCounters::NAMES.len(), 15);
+        assert_eq!(NcCounters::NAMES.len(), 16);
         assert_eq!(NcCounters::NAMES[0], "dma_descriptors");
         assert_eq!(NcCounters::NAMES[14], "faults_fired");
+        assert_eq!(NcCounters::NAMES[15], "neff_shape_only_executions");
         assert_eq!(c.get("dma_bytes"), Some(7));
         assert_eq!(c.get("faults_fired"), Some(2));
         assert_eq!(c.get("cc_chain"), None, "a misspelt name is not a counter");

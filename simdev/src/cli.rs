@@ -13,7 +13,7 @@ use clap::{Parser, ValueEnum};
 use shared::address_map::{Arch, CHUNK_GRANULE};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Config, DEFAULT_HBM_BYTES_PER_NC, MAX_NCS, default_socket_path};
+use crate::config::{Config, MAX_NCS, default_socket_path};
 use crate::dma::error_chain;
 use crate::server::{SimdevError, run};
 
@@ -60,9 +60,11 @@ pub struct Args {
     /// Number of NCs, 1 to 8 [default: the arch's count].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_NCS)))]
     pub ncs: Option<u32>,
-    /// HBM per NC: bytes, or with a K, M or G suffix (KiB, MiB, GiB); a multiple of 4 KiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
-    pub hbm: u64,
+    /// HBM per NC: bytes, or with a K, M or G suffix (KiB, MiB, GiB); a multiple of 4 KiB
+    /// [default: the silicon's, 16G on trn1 and inf2, 12G on trn2; only memory clients write
+    /// costs RAM].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub hbm: Option<u64>,
     /// Also accept clients running as this uid (simdev's own effective uid is always allowed).
     #[arg(long = "allow-uid", value_name = "UID")]
     pub allow_uid: Vec<u32>,
@@ -80,7 +82,7 @@ impl Args {
             socket: self.socket.clone().unwrap_or_else(default_socket_path),
             arch,
             ncs: self.ncs.unwrap_or_else(|| arch.default_nc_count()),
-            hbm_bytes_per_nc: self.hbm,
+            hbm_bytes_per_nc: self.hbm.unwrap_or_else(|| arch.hbm_bytes_per_nc()),
             allow_uids: self.allow_uid.clone(),
             trace: self.trace.clone(),
         }
@@ -120,11 +122,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     }
     Ok(bytes)
 }
-
-const _: () = assert!(
-    DEFAULT_HBM_BYTES_PER_NC == 256 << 20,
-    "keep --hbm's default in step"
-);
 
 /// Runs simdev with `args` (the first item is the program name, as in `std::env::args_os`):
 /// parses them, sets up logging (`RUST_LOG`, default `warn`, to stderr), and serves until
@@ -191,8 +188,11 @@ mod tests {
         let trn1 = parse(&["simdev", "--socket", "/tmp/x.sock"]).unwrap();
         assert_eq!(
             (trn1.arch, trn1.ncs, trn1.hbm_bytes_per_nc),
-            (Arch::Trn1, 2, 256 << 20)
+            (Arch::Trn1, 2, 16 << 30),
+            "the silicon's HBM per NC"
         );
+        let real = |arch: &str| parse(&["simdev", "--arch", arch]).unwrap().hbm_bytes_per_nc;
+        assert_eq!((real("inf2"), real("trn2")), (16 << 30, 12 << 30));
         let trn2 = parse(&["simdev", "--arch", "trn2", "--hbm", "1G"]).unwrap();
         assert_eq!((trn2.ncs, trn2.hbm_bytes_per_nc), (8, 1 << 30));
         let inf2 = parse(&["simdev", "--arch", "inf2", "--ncs", "8", "--allow-uid", "7"]).unwrap();

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use shared::address_map::{AddressMap, Arch, CHUNK_GRANULE};
 use thiserror::Error;
 
-/// HBM per NC when none is given: 256 MiB.
-pub const DEFAULT_HBM_BYTES_PER_NC: u64 = 256 << 20;
 /// Most NCs one simdev emulates, whatever the arch (trn2's count).
 pub const MAX_NCS: u32 = 8;
 /// Most HBM per NC, in bytes (1 TiB). Larger values would push the HBM ranges of eight NCs
@@ -22,8 +20,10 @@ pub struct Config {
     pub arch: Arch,
     /// Number of NCs, `1..=`[`MAX_NCS`].
     pub ncs: u32,
-    /// HBM bytes per NC: a non-zero multiple of 4 KiB, at most [`MAX_HBM_BYTES_PER_NC`]. Only
-    /// allocated chunks are backed by memory.
+    /// HBM bytes per NC: a non-zero multiple of 4 KiB, at most [`MAX_HBM_BYTES_PER_NC`]; by
+    /// default the arch's real size ([`Arch::hbm_bytes_per_nc`]: 16 GiB on trn1 and inf2,
+    /// 12 GiB on trn2). Only what clients write costs memory: chunks are sparse memfds, never
+    /// zero-filled or touched at allocation.
     pub hbm_bytes_per_nc: u64,
     /// Peer uids allowed besides simdev's own effective uid.
     pub allow_uids: Vec<u32>,
@@ -32,14 +32,14 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// trn1 with its two NCs, 256 MiB of HBM per NC, [`default_socket_path`], no extra uids,
-    /// no trace.
+    /// trn1 with its two NCs, 16 GiB of HBM per NC (the silicon's), [`default_socket_path`],
+    /// no extra uids, no trace.
     fn default() -> Self {
         Self {
             socket: default_socket_path(),
             arch: Arch::Trn1,
             ncs: Arch::Trn1.default_nc_count(),
-            hbm_bytes_per_nc: DEFAULT_HBM_BYTES_PER_NC,
+            hbm_bytes_per_nc: Arch::Trn1.hbm_bytes_per_nc(),
             allow_uids: Vec::new(),
             trace: None,
         }
@@ -122,7 +122,7 @@ mod tests {
     fn the_default_is_a_valid_trn1() {
         let config = Config::default();
         assert_eq!(config.validate(), Ok(()));
-        assert_eq!(config.ncs, 2);
+        assert_eq!((config.ncs, config.hbm_bytes_per_nc), (2, 16 << 30));
     }
 
     #[test]

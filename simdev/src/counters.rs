@@ -39,6 +39,9 @@ pub struct Counters {
     /// Injected faults that fired on the NC's executions (not in [`NcCounters`]: reported in
     /// the exit report and by [`crate::Device::faults_fired`]).
     pub faults_fired: AtomicU64,
+    /// NEFF programs run shape-only to their end (no instruction semantics; see
+    /// [`crate::shape_only`]).
+    pub neff_shape_only_executions: AtomicU64,
 }
 
 /// Adds `n` to a counter (relaxed: counters order nothing).
@@ -67,6 +70,7 @@ impl Counters {
             table_loads: get(&self.table_loads),
             cc_chains: get(&self.cc_chains),
             faults_fired: get(&self.faults_fired),
+            neff_shape_only_executions: get(&self.neff_shape_only_executions),
         }
     }
 }
@@ -99,7 +103,8 @@ mod tests {
             line,
             "dma_descriptors 1, dma_bytes 0, dma_aborts 0, register_writes 0, doorbells 0, \
              notifications 0, nq_overflows 0, posted_errors 0, resets 0, executions 0, \
-             exec_errors 0, config_reloads 0, table_loads 0, cc_chains 0, faults_fired 15"
+             exec_errors 0, config_reloads 0, table_loads 0, cc_chains 0, faults_fired 15, \
+             neff_shape_only_executions 0"
         );
     }
 }

@@ -23,6 +23,8 @@
 //! - [`dma`]: DMA queues, their rings, and descriptor processing.
 //! - [`device::sequencer`]: the per-NC sequencer: exec-queue batches, executions, their errors.
 //! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
+//! - [`shape_only`]: a NEFF program run shape-only (streams charged, DGE table read, outputs a
+//!   documented function of the inputs).
 //! - [`compute`]: each NC's SBUF and PSUM, and the compute instructions (matmul, activation,
 //!   tensor ops, reduce, copy, transpose, iota) the engines run on them.
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
@@ -49,6 +51,7 @@ pub mod memory;
 pub mod notify;
 pub mod registers;
 pub mod server;
+pub mod shape_only;
 pub mod timing;
 pub mod trace;
 

@@ -7,7 +7,9 @@
 //! [`SharedChunk`] at the chunk's PA and hands (dup'ed) to its owner, so a client can only ever
 //! touch memory it allocated. Regions: one per NC for HBM ([`AddressMap::hbm_range`]) and one
 //! for host-visible memory ([`AddressMap::host_range`]); PA space costs nothing until it is
-//! allocated.
+//! allocated, and an allocated chunk costs nothing until it is written: its memfd is sized
+//! with `ftruncate` (sparse) and mapped without populating, and nothing zero-fills or touches
+//! it at allocation, so the silicon's 16 GiB per NC is simdev's default.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

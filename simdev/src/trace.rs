@@ -104,6 +104,18 @@ pub enum Detail {
         /// The execution.
         compute_idx: u32,
     },
+    /// An engine's whole NEFF stream, charged shape-only (no instruction ran: see
+    /// [`crate::shape_only`]).
+    Stream {
+        /// The engine.
+        engine: Engine,
+        /// 64-byte records in the stream.
+        records: u32,
+        /// The stream's address.
+        pa: u64,
+        /// The execution.
+        compute_idx: u32,
+    },
     /// A whole execution, doorbell count taken to notification.
     Execution {
         /// The execution.
@@ -166,7 +178,9 @@ impl Detail {
     /// The track the event belongs to.
     pub const fn track(&self) -> Track {
         match self {
-            Self::Instruction { engine, .. } => Track::Engine(*engine),
+            Self::Instruction { engine, .. } | Self::Stream { engine, .. } => {
+                Track::Engine(*engine)
+            }
             Self::Dma { .. } => Track::Dma,
             _ => Track::Sequencer,
         }
@@ -205,6 +219,24 @@ impl Event {
                 "instruction",
                 format!("{op:?}"),
                 json!({ "pc": format!("{pc:#x}"), "compute_idx": compute_idx }),
+            ),
+            Detail::Stream {
+                engine,
+                records,
+                pa,
+                compute_idx,
+            } => (
+                "instruction",
+                format!(
+                    "{} stream: {records} records (NEFF, shape-only)",
+                    engine.name()
+                ),
+                json!({
+                    "pa": format!("{pa:#x}"),
+                    "records": records,
+                    "compute_idx": compute_idx,
+                    "shape_only": true,
+                }),
             ),
             Detail::Execution {
                 compute_idx,

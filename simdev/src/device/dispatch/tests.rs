@@ -423,3 +423,46 @@ fn only_allowed_uids_may_connect() {
         "uid 7 is not allowed to use this simdev (start it with --allow-uid 7)"
     );
 }
+
+#[test]
+fn the_default_device_has_the_silicons_hbm_and_an_untouched_4_gib_chunk_costs_nothing() {
+    use std::os::fd::AsFd;
+    let dev = crate::Device::new(&crate::Config {
+        socket: "/nonexistent/simdev.sock".into(),
+        ..crate::Config::default()
+    })
+    .unwrap();
+    assert_eq!(dev.info().hbm_bytes_per_nc, 16 << 30, "trn1: 16 GiB per NC");
+    let a = Client::new(&dev, 10);
+    a.claim(0);
+    let (reply, _) = dev.handle(
+        a.id,
+        Request::MemAlloc {
+            location: MemLocation::Hbm { nc: 0 },
+            size: 4 << 30,
+            align: 0,
+        },
+    );
+    let Reply::MemAllocated { handle, size, .. } = reply else {
+        panic!("a 4 GiB chunk on default HBM: {reply:?}");
+    };
+    assert_eq!(size, 4 << 30);
+    let (reply, fds) = dev.handle(a.id, Request::MemMap { handle });
+    assert!(matches!(reply, Reply::MemMapped { .. }), "{reply:?}");
+    let stat = nix::sys::stat::fstat(fds[0].as_fd()).unwrap();
+    assert_eq!(stat.st_size, 4 << 30);
+    assert!(
+        stat.st_blocks <= 8,
+        "allocating touched {} blocks of the memfd: it must stay sparse",
+        stat.st_blocks
+    );
+    // The rest of the NC's 16 GiB is there too, and no more.
+    let rest = a.alloc(MemLocation::Hbm { nc: 0 }, 12 << 30);
+    assert_eq!(rest.size, 12 << 30);
+    let oom = a.refused(Request::MemAlloc {
+        location: MemLocation::Hbm { nc: 0 },
+        size: 4096,
+        align: 0,
+    });
+    assert_eq!(oom.kind, ErrorKind::OutOfMemory);
+}

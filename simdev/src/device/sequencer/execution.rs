@@ -491,7 +491,8 @@ impl Core {
         self.run_batch(nc, work, &mut budget, acct.trace_at())?;
         let request = DeviceExecRequest::decode(&lock(&nc.dmem))
             .ok_or_else(|| Stop::generic("the DMEM is smaller than a request"))?;
-        if request.reload_seq_config == 1 {
+        let program = Program::of_request(&request)?;
+        if shared::neff_program::reload_requested(&request) {
             bump(&nc.counters.config_reloads, 1);
             acct.reload(nc.index, true, self.now_ns());
         }
@@ -510,7 +511,6 @@ impl Core {
             sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
             compute.set_program(addresses);
         }
-        let program = Program::of_request(&request);
         let mut host = ExecHost {
             core: self,
             nc,
@@ -519,7 +519,11 @@ impl Core {
             budget: &mut budget,
             acct,
         };
-        program.run(&Limits::for_arch(self.map.arch), &mut host)
+        let stats = program.run(&Limits::for_arch(self.map.arch), &mut host)?;
+        if program.is_shape_only() {
+            bump(&nc.counters.neff_shape_only_executions, 1);
+        }
+        Ok(stats)
     }
 
     /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its

@@ -9,11 +9,16 @@ use shared::exec_request::Engine;
 use shared::isa::{INSTRUCTION_SIZE, Instruction};
 use shared::notification::error_flags;
 
+use std::sync::Arc;
+
 use crate::compute::ComputeState;
+use crate::counters::bump;
 use crate::device::dma_run::Aborts;
 use crate::device::{Claim, Core, Nc, lock, read};
 use crate::dma::{Budget, DmaQueueId, QueueError, QueueStatus, error_chain};
 use crate::engines::{self, Stop};
+use crate::memory::Chunk;
+use crate::shape_only;
 use crate::trace::Detail;
 
 use super::execution::{Account, dma_failure, nanos};
@@ -177,5 +182,54 @@ impl engines::Host for ExecHost<'_> {
             compute_idx: acct.compute_idx,
         };
         acct.record(self.nc.index, ts_ns, Some(dur_ns), detail);
+    }
+}
+
+impl shape_only::Host for ExecHost<'_> {
+    fn resolve(&mut self, pa: u64, len: u64) -> Option<Arc<Chunk>> {
+        let len = usize::try_from(len).ok()?;
+        read(&self.core.memory)
+            .resolve(self.claim.client, pa, len)
+            .ok()
+    }
+
+    fn compute_idx(&self) -> u32 {
+        self.acct.compute_idx
+    }
+
+    fn live(&mut self) -> Result<(), Stop> {
+        if self.abandoned() {
+            return Err(Stop::Abandoned);
+        }
+        Ok(())
+    }
+
+    fn stream(&mut self, engine: Engine, pa: u64, records: u32) {
+        let acct = &mut *self.acct;
+        acct.charge.instructions += u64::from(records);
+        if acct.events.is_none() {
+            return;
+        }
+        // One span per engine, not one event per record (matmul_large has 21,269 records).
+        let (ts_ns, dur_ns) = match acct.model {
+            Some(model) => {
+                let ts = acct.cursor;
+                let dur = u64::from(records).saturating_mul(model.per_instruction_ns);
+                acct.cursor = ts.saturating_add(dur);
+                (ts, dur)
+            }
+            None => (self.core.now_ns(), 0),
+        };
+        let detail = Detail::Stream {
+            engine,
+            records,
+            pa,
+            compute_idx: acct.compute_idx,
+        };
+        acct.record(self.nc.index, ts_ns, Some(dur_ns), detail);
+    }
+
+    fn moved(&mut self, bytes: u64) {
+        bump(&self.nc.counters.dma_bytes, bytes);
     }
 }

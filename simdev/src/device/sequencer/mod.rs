@@ -27,13 +27,15 @@
 //!    last pair pokes [`EVENT_COLLECTIVES_CTX_LOAD`](shared::sequencer::EVENT_COLLECTIVES_CTX_LOAD) of this NC counts in `cc_chains`.
 //! 2. **Request.** The 52-byte `device_exec_request` is decoded from DMEM; a request with
 //!    `do_model_switch` = 0 must run the NC's previous engine addresses
-//!    ([`check_model_switch`], GENERIC otherwise); `reload_seq_config`
-//!    = 1 counts a config reload, `load_act_dve_tables` = 1 a table load and marks the NC's
+//!    ([`check_model_switch`], GENERIC otherwise); bit 0 of `reload_seq_config`
+//!    ([`reload_requested`](shared::neff_program::reload_requested)) counts a config reload, `load_act_dve_tables` = 1 a table load and marks the NC's
 //!    activation tables loaded (until the NC's reset, release or reclaim, or a DMA_QUEUE_INIT
 //!    of the exec queue; an `Activation` without them fails with GENERIC).
-//! 3. **Program.** The request names a [`Program`]: today the five engines run the
-//!    simulator ISA from the request's addresses ([`crate::engines`]). A NEFF program goes
-//!    next to it, in [`Program`].
+//! 3. **Program.** The request names a [`Program`] in bits 8..16 of `reload_seq_config`
+//!    ([`shared::neff_program`]): the five engines run the simulator ISA from the request's
+//!    addresses ([`crate::engines`]), or a NEFF subgraph runs **shape-only**
+//!    ([`crate::shape_only`]: streams charged, inputs and outputs through the DGE table,
+//!    counted in `neff_shape_only_executions`); any other encoding is GENERIC.
 //! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
 //!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
 //!    flags (0 on success; NUMERICAL when a compute instruction wrote a NaN or an infinity, the

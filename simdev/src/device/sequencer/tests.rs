@@ -866,6 +866,7 @@ fn dma_writes_into_the_dmem_of_owned_ncs_only() {
 }
 
 mod compute;
+mod neff;
 mod scenario;
 
 #[test]

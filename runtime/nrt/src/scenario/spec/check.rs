@@ -99,11 +99,13 @@ pub struct CountersCheck {
     pub table_loads: Option<Bound>,
     /// Collectives model-switch chains.
     pub cc_chains: Option<Bound>,
+    /// NEFF programs simdev ran shape-only (no instruction semantics).
+    pub neff_shape_only_executions: Option<Bound>,
 }
 
 impl CountersCheck {
     /// Every counter key with its bound, in report order.
-    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 14] {
+    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 15] {
         [
             ("dma_descriptors", self.dma_descriptors.as_ref()),
             ("dma_bytes", self.dma_bytes.as_ref()),
@@ -119,6 +121,10 @@ impl CountersCheck {
             ("config_reloads", self.config_reloads.as_ref()),
             ("table_loads", self.table_loads.as_ref()),
             ("cc_chains", self.cc_chains.as_ref()),
+            (
+                "neff_shape_only_executions",
+                self.neff_shape_only_executions.as_ref(),
+            ),
         ]
     }
 }
