@@ -624,6 +624,12 @@ impl Runtime {
         Ok(self.charge_model(&m, vnc))
     }
 
+    /// The exec queues of the logical core holding NC `nc` (tests read staged requests).
+    #[cfg(test)]
+    pub(crate) fn hw_exec_queue(&self, nc: u32) -> Option<Arc<HwExecQueue>> {
+        self.hw_queues.get(&nc).cloned()
+    }
+
     fn load_context(&self, vnc: u32) -> LoadContext<'_> {
         LoadContext {
             device: &self.device,

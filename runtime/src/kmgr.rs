@@ -313,8 +313,24 @@ fn neff_refused(bytes: &[u8], e: &neff::NeffError) -> NrtError {
     )
 }
 
-fn neff_error_status(_e: &neff::NeffError) -> NrtStatus {
-    NrtStatus::Invalid
+fn neff_error_status(e: &neff::NeffError) -> NrtStatus {
+    match e {
+        neff::NeffError::UnsupportedVersion { .. } => NrtStatus::UnsupportedNeffVersion,
+        _ => NrtStatus::Invalid,
+    }
+}
+
+/// Whether `bytes` start with a NEFF header (`pkg_version` 1 or 2, `header_size` 1024): then
+/// the NEFF reader, not the container decoder, says what is wrong with the rest (a wrong
+/// `data_size`, a truncated payload). A model container starts with its magic, never this.
+fn is_neff_header(bytes: &[u8]) -> bool {
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    matches!(u64_at(0), Some(1 | 2)) && u64_at(8) == Some(neff::NEFF_HEADER_SIZE as u64)
 }
 
 impl ModelDb {
@@ -354,7 +370,7 @@ impl ModelDb {
         vnc: u32,
         ncs: &[u32],
     ) -> Result<Arc<LoadedModel>, NrtError> {
-        if shared::model::looks_like_neff(bytes).is_some() {
+        if is_neff_header(bytes) {
             let neff = neff::Neff::parse(
                 bytes,
                 &neff::ParseOptions {
@@ -596,3 +612,5 @@ pub mod neff_load;
 
 #[cfg(test)]
 mod in_process_tests;
+#[cfg(test)]
+mod neff_tests;

@@ -590,7 +590,6 @@ mod tests {
     use std::fs::File;
 
     use shared::memory::SharedChunk;
-use shared::neff_program::{DgeEntry, NeffProgramHeader, ProgramEncoding};
     use shared::protocol::{DeviceInfo, NcCounters};
     use shared::{Arch, RingId};
 
