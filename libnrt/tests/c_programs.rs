@@ -537,7 +537,10 @@ fn a_real_neff_loads_from_c_and_reports_float16_tensors() {
         c
     });
     let out = assert_ran(&o, "neff_info", "NEFF INFO OK");
-    assert!(out.contains("x usage=0 dtype=7 size=65536 shape=[128,256]"), "{out}");
+    assert!(
+        out.contains("x usage=0 dtype=7 size=65536 shape=[128,256]"),
+        "{out}"
+    );
 }
 
 #[test]

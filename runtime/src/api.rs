@@ -39,7 +39,6 @@ use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::reserve;
 use crate::stage::{DgeWrite, HwExecQueue, StagedProgram};
-use shared::neff_program::ProgramEncoding;
 use crate::sys_trace::SysTrace;
 use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet, UseHold};
 use crate::xu::{
@@ -47,6 +46,7 @@ use crate::xu::{
     XuConfig, XuTable, XuWorkers,
 };
 use shared::ids::{SeqId, XuId, XuType};
+use shared::neff_program::ProgramEncoding;
 
 mod tensor_op;
 

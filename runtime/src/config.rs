@@ -391,8 +391,16 @@ mod tests {
     #[test]
     fn neff_hash_validation_is_off_unless_asked() {
         assert!(!cfg(&[]).unwrap().validate_hash);
-        assert!(cfg(&[("NEURON_RT_VALIDATE_HASH", "1")]).unwrap().validate_hash);
-        assert!(!cfg(&[("NEURON_RT_VALIDATE_HASH", "0")]).unwrap().validate_hash);
+        assert!(
+            cfg(&[("NEURON_RT_VALIDATE_HASH", "1")])
+                .unwrap()
+                .validate_hash
+        );
+        assert!(
+            !cfg(&[("NEURON_RT_VALIDATE_HASH", "0")])
+                .unwrap()
+                .validate_hash
+        );
         assert_eq!(
             cfg(&[("NEURON_RT_VALIDATE_HASH", "sure")]).unwrap_err().var,
             "NEURON_RT_VALIDATE_HASH"

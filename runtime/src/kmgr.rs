@@ -26,6 +26,8 @@ use crate::error::NrtError;
 use crate::stage::{CcChain, HwExecQueue, IO_RING_DESCS};
 use crate::tensor::{RuntimeId, Tensor};
 
+pub mod neff_load;
+
 /// Alignment of each instruction block inside a TPB's block chunk.
 pub const BLOCK_ALIGN: u64 = 256;
 
@@ -307,10 +309,7 @@ fn neff_refused(bytes: &[u8], e: &neff::NeffError) -> NrtError {
         })
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "model".into());
-    NrtError::new(
-        neff_error_status(e),
-        format!("loading NEFF {name:?}: {e}"),
-    )
+    NrtError::new(neff_error_status(e), format!("loading NEFF {name:?}: {e}"))
 }
 
 fn neff_error_status(e: &neff::NeffError) -> NrtStatus {
@@ -607,8 +606,6 @@ impl ModelDb {
         }
     }
 }
-
-pub mod neff_load;
 
 #[cfg(test)]
 mod in_process_tests;

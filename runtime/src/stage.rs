@@ -489,9 +489,10 @@ impl HwExecState {
         if let Some(dge) = &program.dge {
             // The NEFF counterpart of the I/O descriptors: this fan-out's tensor PAs into copy
             // `compute_idx % dge_copies` of the table, which the device reads for this batch.
-            let pa = dge.header.dge_copy_pa(compute_idx).ok_or_else(|| {
-                fail(format!("NC {nc}: NEFF program header has no DGE copies"))
-            })?;
+            let pa = dge
+                .header
+                .dge_copy_pa(compute_idx)
+                .ok_or_else(|| fail(format!("NC {nc}: NEFF program header has no DGE copies")))?;
             if dge.entries.len() != dge.header.dge_entries as usize {
                 return Err(fail(format!(
                     "NC {nc}: {} DGE entries bound, the table has {}",

@@ -46,15 +46,15 @@ use std::sync::{Arc, Mutex};
 
 use shared::memory::SharedChunk;
 use shared::model::{Model, TensorSpec, TpbProgram};
-use shared::protocol::MemLocation;
-use zerocopy::IntoBytes;
 use shared::neff_program::{
     DGE_ENTRY_SIZE, DGE_KIND_INPUT, DGE_KIND_OUTPUT, NEFF_PROGRAM_HEADER_SIZE, NEFF_PROGRAM_MAGIC,
     NEFF_PROGRAM_VERSION, NeffProgramHeader,
 };
 use shared::protocol::DeviceInfo;
+use shared::protocol::MemLocation;
 use shared::sequencer::FIRST_RESERVED_SEMAPHORE;
 use shared::{Arch, NrtStatus};
+use zerocopy::IntoBytes;
 
 use neff::{Neff, Subgraph, VarKind};
 
@@ -162,6 +162,8 @@ pub struct SubgraphPlan<'a> {
     pub tmp: Vec<(String, u64)>,
     /// (engine, queue) of each dynamic DMA queue.
     pub queues: Vec<(u32, u32)>,
+    /// The subgraph's SBUF reservations (checked against the arch's SBUF).
+    pub state_buffer_reservations: Vec<neff::StateBufferReservation>,
     /// HBM bytes the subgraph takes (every chunk rounded up to 4 KiB, dynamic queue rings
     /// included).
     pub hbm_bytes: u64,
@@ -182,10 +184,7 @@ pub struct NeffPlan<'a> {
 }
 
 fn invalid(name: &str, what: impl std::fmt::Display) -> NrtError {
-    NrtError::new(
-        NrtStatus::Invalid,
-        format!("loading NEFF {name:?}: {what}"),
-    )
+    NrtError::new(NrtStatus::Invalid, format!("loading NEFF {name:?}: {what}"))
 }
 
 /// The NUL-terminated name of the NEFF header ("file.neff"), or "model" when empty.
@@ -343,13 +342,10 @@ fn plan_subgraph<'a>(
     }
     let dge_offset = off;
     // Vars.
-    let mut dge_vars = sg
-        .vars
-        .values()
-        .filter_map(|v| match &v.kind {
-            VarKind::DgeTable { list } => Some((v, list)),
-            _ => None,
-        });
+    let mut dge_vars = sg.vars.values().filter_map(|v| match &v.kind {
+        VarKind::DgeTable { list } => Some((v, list)),
+        _ => None,
+    });
     let dge_list = match (dge_vars.next(), dge_vars.next()) {
         (None, _) => &[][..],
         (Some((_, list)), None) => list.as_slice(),
@@ -413,9 +409,11 @@ fn plan_subgraph<'a>(
     for v in sg.vars.values() {
         match &v.kind {
             VarKind::File { alignment, .. } => {
-                let c = sg.constants.iter().find(|c| c.var == v.name).ok_or_else(|| {
-                    bad(format!("file var {:?} has no constant data", v.name))
-                })?;
+                let c = sg
+                    .constants
+                    .iter()
+                    .find(|c| c.var == v.name)
+                    .ok_or_else(|| bad(format!("file var {:?} has no constant data", v.name)))?;
                 if c.data.len() as u64 > v.size {
                     return Err(bad(format!(
                         "constant {:?} holds {} bytes, its var {:?} is {} bytes",
@@ -444,9 +442,9 @@ fn plan_subgraph<'a>(
             VarKind::Virtual {
                 backing_variable_off,
             } => {
-                let end = backing_variable_off.checked_add(v.size).ok_or_else(|| {
-                    bad(format!("virtual var {:?} ends past 2^64", v.name))
-                })?;
+                let end = backing_variable_off
+                    .checked_add(v.size)
+                    .ok_or_else(|| bad(format!("virtual var {:?} ends past 2^64", v.name)))?;
                 scratch_size = scratch_size.max(end);
                 virtuals.push((v.name.clone(), *backing_variable_off));
                 consider(&v.name, v.size);
@@ -467,9 +465,7 @@ fn plan_subgraph<'a>(
     for r in &sg.state_buffer_reservations {
         let end = r.offset.checked_add(r.size);
         let parts = r.base_partition.checked_add(r.partitions);
-        if end.is_none_or(|e| e > sbuf)
-            || parts.is_none_or(|p| p > shared::isa::SBUF_PARTITIONS)
-        {
+        if end.is_none_or(|e| e > sbuf) || parts.is_none_or(|p| p > shared::isa::SBUF_PARTITIONS) {
             return Err(bad(format!(
                 "state-buffer reservation at offset {} ({} bytes, partitions {}..+{}) does not fit the {} SBUF ({} partitions of {sbuf} bytes)",
                 r.offset,
@@ -528,6 +524,7 @@ fn plan_subgraph<'a>(
         virtuals,
         tmp,
         queues,
+        state_buffer_reservations: sg.state_buffer_reservations.clone(),
         hbm_bytes,
         largest,
     })
@@ -575,6 +572,8 @@ pub struct NeffTpb {
     pub program: Mutex<Option<SharedChunk>>,
     /// The dynamic DMA queues this model holds a use of.
     pub queues: Vec<(u32, u32)>,
+    /// The SBUF reservations the program makes (not in HBM; recorded for the tools).
+    pub state_buffer_reservations: Vec<neff::StateBufferReservation>,
     hwq: Arc<HwExecQueue>,
 }
 
@@ -624,6 +623,7 @@ pub(crate) fn place_subgraph(
             var_pas: BTreeMap::new(),
             program: Mutex::new(None),
             queues: Vec::new(),
+            state_buffer_reservations: plan.state_buffer_reservations.clone(),
             hwq: hwq.clone(),
         }),
     };

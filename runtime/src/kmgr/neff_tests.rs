@@ -71,6 +71,8 @@ fn matmul_small_places_header_streams_constants_and_queues_per_subgraph() {
     let meta = m.model();
     assert_eq!(meta.sg_count, 2);
     assert_eq!(meta.exec_req_flags, NEFF_EXEC_REQ_FLAGS);
+    assert_ne!(meta.act_table_hash, [0; 32], "the activation tables' MD5");
+    assert_ne!(meta.dve_table_hash, meta.act_table_hash);
     let io: Vec<_> = meta
         .inputs
         .iter()
@@ -87,7 +89,11 @@ fn matmul_small_places_header_streams_constants_and_queues_per_subgraph() {
     );
     let copies = rt.config().max_inflight() + 1;
     for (k, (tpb, sg)) in m.tpbs().iter().zip(&neff.subgraphs).enumerate() {
-        assert_eq!(tpb.nc, u32::try_from(k).unwrap(), "subgraph k on the k-th NC");
+        assert_eq!(
+            tpb.nc,
+            u32::try_from(k).unwrap(),
+            "subgraph k on the k-th NC"
+        );
         let n = tpb.neff.as_ref().expect("a NEFF TPB");
         // Every stream's bytes at its engine address, 64-byte aligned.
         for (addr, stream) in tpb.engine_addresses.iter().zip(&sg.streams) {
@@ -125,15 +131,24 @@ fn matmul_small_places_header_streams_constants_and_queues_per_subgraph() {
         assert_eq!(pa % 32768, 0);
         let chunk = tpb.buffers.iter().find(|a| a.pa == pa).expect("its chunk");
         assert_eq!(read(&rig, chunk, pa, c.data.len()), c.data);
+        assert_eq!(n.state_buffer_reservations, sg.state_buffer_reservations);
         // Inputs and outputs are not allocated; two dynamic queue sets of 16 queues.
         assert!(!n.var_pas.contains_key("x") && !n.var_pas.contains_key("output0"));
         assert_eq!(n.queues.len(), 32);
         assert!(n.queues.iter().all(|&(e, _)| e == 4 || e == 5));
     }
     let loaded = stats(&rig);
-    assert_eq!(loaded.dma_queues, before.dma_queues + 64, "32 queues per NC");
+    assert_eq!(
+        loaded.dma_queues,
+        before.dma_queues + 64,
+        "32 queues per NC"
+    );
     rt.unload(h).unwrap();
-    assert_eq!(stats(&rig), before, "unload gave back every chunk and queue");
+    assert_eq!(
+        stats(&rig),
+        before,
+        "unload gave back every chunk and queue"
+    );
     rt.close();
 }
 
@@ -165,7 +180,10 @@ fn matmul_large_gets_one_8_mib_scratchpad_per_subgraph() {
             .map(|s| u32::try_from(s.records()).unwrap())
             .collect();
         assert_eq!(n.header.records.to_vec(), records);
-        assert!(!n.var_pas.contains_key("y"), "the 4 GiB input is bound, not allocated");
+        assert!(
+            !n.var_pas.contains_key("y"),
+            "the 4 GiB input is bound, not allocated"
+        );
     }
     rt.unload(h).unwrap();
     assert_eq!(stats(&rig), before);
@@ -187,7 +205,7 @@ fn small_io(rt: &Runtime) -> (Vec<Tensor>, TensorSet, TensorSet) {
 }
 
 /// What staging compute index `idx` wrote on every TPB: the request and the DGE copy.
-fn staged(rig: &Rig, rt: &Runtime, m: &LoadedModel, idx: u32) -> Vec<(u32, Vec<DgeEntry>)> {
+fn staged(rig: &Rig, rt: &Runtime, m: &LoadedModel, idx: u32) -> Vec<(u32, u32, Vec<DgeEntry>)> {
     let q = rt.hw_exec_queue(m.tpbs()[0].nc).unwrap();
     let req = q.compute_req_lock.lock().unwrap();
     m.tpbs()
@@ -207,6 +225,7 @@ fn staged(rig: &Rig, rt: &Runtime, m: &LoadedModel, idx: u32) -> Vec<(u32, Vec<D
             );
             (
                 r.reload_seq_config,
+                r.load_act_dve_tables,
                 <[DgeEntry]>::ref_from_bytes(&raw).unwrap().to_vec(),
             )
         })
@@ -260,9 +279,14 @@ fn every_request_names_the_neff_encoding_and_its_dge_copy_holds_the_bound_tensor
         .enumerate()
     {
         let idx = first + u32::try_from(k).unwrap();
-        for (tpb, (config, dge)) in staged(&rig, &rt, &m, idx).into_iter().enumerate() {
+        for (tpb, (config, tables, dge)) in staged(&rig, &rt, &m, idx).into_iter().enumerate() {
+            assert_eq!(tables, u32::from(k == 0), "the tables load once");
             assert_eq!(dge, want, "execution {k}, TPB {tpb}");
-            assert_eq!(config & !SEQ_CONFIG_RELOAD, 0x100, "execution {k}: {config:#x}");
+            assert_eq!(
+                config & !SEQ_CONFIG_RELOAD,
+                0x100,
+                "execution {k}: {config:#x}"
+            );
             assert_eq!(
                 config & SEQ_CONFIG_RELOAD,
                 u32::from(k == 0),
@@ -289,7 +313,7 @@ fn the_implicit_async_pool_stages_the_dge_copy_too() {
     let _ = rt.execute(h, &ins, &outs);
     rt.async_drain(0);
     assert_eq!(compute_idx_tail(&rt, &m), first + 1);
-    for (_, dge) in staged(&rig, &rt, &m, first) {
+    for (_, _, dge) in staged(&rig, &rt, &m, first) {
         assert_eq!(dge, expected_dge(&a));
     }
     rt.unload(h).unwrap();
@@ -383,7 +407,9 @@ fn a_wrong_hash_is_refused_only_under_validate_hash() {
     assert_eq!(e.status, NrtStatus::Invalid, "{e}");
     assert!(e.message.contains("hash"), "{e}");
     assert_eq!(stats(&rig), before);
-    let h = rt.load(&neff_bytes("matmul_small"), 0).expect("the real hash");
+    let h = rt
+        .load(&neff_bytes("matmul_small"), 0)
+        .expect("the real hash");
     rt.unload(h).unwrap();
     rt.close();
     let (_rig, rt) = trn2_lnc2();
@@ -418,7 +444,11 @@ fn two_neffs_share_the_dynamic_queues_and_a_failed_load_frees_everything() {
     let e = rt.load(&neff_bytes("matmul_small"), 0).unwrap_err();
     assert_eq!(e.status, NrtStatus::Invalid, "{e}");
     assert!(e.message.contains("(4, 0)"), "{e}");
-    assert_eq!(stats(&rig), with_container, "the failed load freed all it took");
+    assert_eq!(
+        stats(&rig),
+        with_container,
+        "the failed load freed all it took"
+    );
     rt.unload(ch).unwrap();
     rt.close();
 }
