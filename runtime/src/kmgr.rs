@@ -517,13 +517,9 @@ impl ModelDb {
                 ));
                 break;
             };
-            match neff_load::place_subgraph(ctx.device, &plan.name, sg, hwq) {
-                Ok(t) => tpbs.push(t),
-                Err((partial, e)) => {
-                    tpbs.extend(partial);
-                    result = Err(e);
-                    break;
-                }
+            if let Err(e) = neff_load::place_subgraph(ctx.device, &plan.name, sg, hwq, &mut tpbs) {
+                result = Err(e);
+                break;
             }
         }
         self.finish(ctx, plan.meta, vnc, tpbs, result)

@@ -598,18 +598,21 @@ fn write_failed(name: &str, sg: &str, e: impl std::fmt::Display) -> NrtError {
     )
 }
 
-/// Allocates and writes subgraph `plan` on its NC. The [`LoadedTpb`] is returned even on an
-/// error (with what was allocated so far) so the caller frees it.
+/// Allocates and writes subgraph `plan` on its NC, pushing its [`LoadedTpb`] onto `tpbs` as
+/// soon as its program chunk exists — also when a later step fails — so the caller frees
+/// everything it holds.
+///
+/// # Errors
+/// The device's errors; NRT_FAILURE when device memory cannot be written.
 pub(crate) fn place_subgraph(
     device: &Arc<dyn Device>,
     name: &str,
     plan: &SubgraphPlan<'_>,
     hwq: &Arc<HwExecQueue>,
-) -> Result<LoadedTpb, (Option<LoadedTpb>, NrtError)> {
+    tpbs: &mut Vec<LoadedTpb>,
+) -> Result<(), NrtError> {
     let nc = plan.nc;
-    let chunk = device
-        .mem_alloc(MemLocation::Hbm { nc }, plan.program_size, 0)
-        .map_err(|e| (None, e.into()))?;
+    let chunk = device.mem_alloc(MemLocation::Hbm { nc }, plan.program_size, 0)?;
     let mut header = plan.header;
     header.dge_table_pa = chunk.pa + plan.dge_offset;
     let mut loaded = LoadedTpb {
@@ -627,10 +630,9 @@ pub(crate) fn place_subgraph(
             hwq: hwq.clone(),
         }),
     };
-    match fill(device, name, plan, &mut loaded) {
-        Ok(()) => Ok(loaded),
-        Err(e) => Err((Some(loaded), e)),
-    }
+    let r = fill(device, name, plan, &mut loaded);
+    tpbs.push(loaded);
+    r
 }
 
 fn fill(

@@ -221,7 +221,7 @@ fn staged(rig: &Rig, rt: &Runtime, m: &LoadedModel, idx: u32) -> Vec<(u32, u32, 
                 rig,
                 &tpb.blocks,
                 h.dge_copy_pa(idx).unwrap(),
-                3 * DGE_ENTRY_SIZE as usize,
+                usize::try_from(3 * DGE_ENTRY_SIZE).unwrap(),
             );
             (
                 r.reload_seq_config,
