@@ -355,13 +355,15 @@ impl ModelDb {
         self.len() == 0
     }
 
-    /// Decodes `bytes` (a NEFF or a container for another target is refused), places the model
-    /// on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks, buffers and I/O
-    /// rings.
+    /// Decodes `bytes` — a NEFF (recognised by its header, parsed and placed by
+    /// [`ModelDb::load_neff`]) or a model container (one for another target is refused) —,
+    /// places the model on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks,
+    /// buffers and I/O rings.
     ///
     /// # Errors
-    /// NRT_INVALID (bad container, NEFF, wrong target), NRT_LOAD_NOT_ENOUGH_NC (sg_count does
-    /// not match the vNC), NRT_RESOURCE (device memory, rings too small for the XU depth).
+    /// NRT_INVALID (bad container or NEFF, wrong target, a NEFF's LNC not the vNC's),
+    /// NRT_UNSUPPORTED_NEFF_VERSION, NRT_LOAD_NOT_ENOUGH_NC (sg_count does not match the vNC),
+    /// NRT_RESOURCE (device memory, rings too small for the XU depth).
     pub fn load(
         &self,
         ctx: &LoadContext<'_>,
