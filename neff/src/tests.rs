@@ -948,3 +948,25 @@ fn ten_thousand_mutations_of_the_unpacked_tar_never_panic() {
     );
     assert!(ok > 0 && err > 0, "{ok} ok {err} err");
 }
+
+#[test]
+fn the_fuzz_seed_is_a_whole_neff_tar() {
+    // fuzz/seeds/neff/small_trimmed.tar: matmul_small's members with the opaque ones trimmed;
+    // the fuzz target wraps it in a header and gzip as this test does, so it reaches every
+    // reader.
+    let path = format!(
+        "{}/../fuzz/seeds/neff/small_trimmed.tar",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let tar = std::fs::read(path).unwrap();
+    let neff = Neff::parse(
+        &with_payload(&real("matmul_small.neff"), &gzip(&tar)),
+        &ParseOptions {
+            validate_hash: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(neff.subgraphs.len(), 2);
+    assert_eq!(neff.outputs[0].name, "output0");
+    assert_eq!(neff.subgraphs[0].records(), [2, 2, 2, 2, 2]);
+}
