@@ -3,7 +3,7 @@
 //!
 //! Only the fields the reader uses are declared (unknown fields are ignored, as libnrt ignores
 //! what it does not know); a missing or mistyped required field is serde's error, which names
-//! the field, wrapped with the member name by [`parse`].
+//! the field, wrapped with the member name and the field's path by [`parse`].
 
 use std::collections::BTreeMap;
 
@@ -17,10 +17,24 @@ use crate::NeffError;
 /// # Errors
 /// [`NeffError::Json`] naming the member, with serde's message (field, line, column).
 pub fn parse<T: DeserializeOwned>(member: &str, bytes: &[u8]) -> Result<T, NeffError> {
-    serde_json::from_slice(bytes).map_err(|e| NeffError::Json {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        NeffError::Json {
+            member: member.to_owned(),
+            message: if path == "." {
+                inner.to_string()
+            } else {
+                format!("field {path}: {inner}")
+            },
+        }
+    })?;
+    de.end().map_err(|e| NeffError::Json {
         member: member.to_owned(),
         message: e.to_string(),
-    })
+    })?;
+    Ok(value)
 }
 
 /// `neff.json` (TVM-graph style); only its signature is used.

@@ -295,6 +295,15 @@ impl Neff {
             HashVerdict::NotChecked
         };
         let members = payload::unpack(payload, limits)?;
+        Self::from_members(header, hash, &members)
+    }
+
+    /// The NEFF described by the unpacked members, under a checked header.
+    pub(crate) fn from_members(
+        header: NeffHeader,
+        hash: HashVerdict,
+        members: &payload::Members,
+    ) -> Result<Self, NeffError> {
         let neff_json: def::NeffJson = def::parse("neff.json", members.get("neff.json")?)?;
         let info: def::InfoJson = def::parse("info.json", members.get("info.json")?)?;
         let kelf: def::KelfJson = def::parse("kelf-0.json", members.get("kelf-0.json")?)?;
@@ -312,7 +321,7 @@ impl Neff {
         let subgraphs = kelf
             .graphs
             .iter()
-            .map(|g| subgraph::read(g, &members))
+            .map(|g| subgraph::read(g, members))
             .collect::<Result<Vec<_>, _>>()?;
         let tensor_map: io::TensorMap = match kelf.graphs.first() {
             Some(g) => {

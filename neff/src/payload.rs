@@ -106,7 +106,7 @@ fn gunzip(payload: &[u8], limits: &Limits) -> Result<Vec<u8>, NeffError> {
     Ok(out)
 }
 
-fn untar(tar_bytes: &[u8], limits: &Limits) -> Result<Members, NeffError> {
+pub(crate) fn untar(tar_bytes: &[u8], limits: &Limits) -> Result<Members, NeffError> {
     let tar_err = |e: std::io::Error| NeffError::Tar {
         message: e.to_string(),
     };
