@@ -574,7 +574,10 @@ pub struct NeffTpb {
     pub queues: Vec<(u32, u32)>,
     /// The SBUF reservations the program makes (not in HBM; recorded for the tools).
     pub state_buffer_reservations: Vec<neff::StateBufferReservation>,
-    hwq: Arc<HwExecQueue>,
+    /// The NC's exec queues, weakly: a model outliving `nrt_close` (held by a work item of a
+    /// failed XU) must not keep the runtime's queues from being released at close, which
+    /// releases the dynamic queues with them.
+    hwq: std::sync::Weak<HwExecQueue>,
 }
 
 impl NeffTpb {
@@ -587,7 +590,9 @@ impl NeffTpb {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
         );
-        self.hwq.release_dynamic_queues(nc, &self.queues);
+        if let Some(hwq) = self.hwq.upgrade() {
+            hwq.release_dynamic_queues(nc, &self.queues);
+        }
     }
 }
 
@@ -627,7 +632,7 @@ pub(crate) fn place_subgraph(
             program: Mutex::new(None),
             queues: Vec::new(),
             state_buffer_reservations: plan.state_buffer_reservations.clone(),
-            hwq: hwq.clone(),
+            hwq: Arc::downgrade(hwq),
         }),
     };
     let r = fill(device, name, plan, &mut loaded);
@@ -677,8 +682,11 @@ fn fill(
         loaded.buffers.push(a);
         neff.var_pas.insert(v.clone(), a.pa);
     }
-    neff.hwq
-        .acquire_dynamic_queues(nc, &plan.queues, DYNAMIC_QUEUE_DESCS)?;
+    let hwq = neff
+        .hwq
+        .upgrade()
+        .ok_or_else(|| write_failed(name, &plan.name, "the NC's exec queues are released"))?;
+    hwq.acquire_dynamic_queues(nc, &plan.queues, DYNAMIC_QUEUE_DESCS)?;
     neff.queues.clone_from(&plan.queues);
     Ok(())
 }
