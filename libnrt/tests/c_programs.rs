@@ -526,6 +526,24 @@ fn slices_attached_buffers_dmabuf_and_model_queries_work_from_c() {
 }
 
 #[test]
+fn a_real_neff_loads_from_c_and_reports_float16_tensors() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["neff_info.c"], "neff_info", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(crate_dir().join("../scenarios/data/neff/matmul_small.neff"))
+            .env("NEURON_SIMDEV_ARCH", "trn2")
+            .env("NEURON_LOGICAL_NC_CONFIG", "2");
+        c
+    });
+    let out = assert_ran(&o, "neff_info", "NEFF INFO OK");
+    assert!(
+        out.contains("x usage=0 dtype=7 size=65536 shape=[128,256]"),
+        "{out}"
+    );
+}
+
+#[test]
 fn the_implicit_async_mode_calls_back_from_c_and_drains() {
     let prefix = Prefix::new();
     let exe = compile(&prefix, "cc", "c11", &["async.c"], "async", true);

@@ -10,61 +10,28 @@
 //!
 //! Every failure is a [`NeffError`] naming the member and field; no byte sequence panics.
 //!
-//! STATUS: data model only; the parser is being written (issue 14).
+//! Modules: [`header`] (layout, checks, hash), [`payload`] (gzip + tar under caps), [`def`]
+//! (serde structs of the JSON members), [`npy`] (constants), `subgraph` (a `def.json` and
+//! what it names), `io` (the model's inputs and outputs), `footprint` (device bytes a load
+//! needs).
 
 use std::collections::BTreeMap;
 
 use shared::model::DType;
-use thiserror::Error;
 
-/// Bytes of the header.
-pub const NEFF_HEADER_SIZE: usize = 1024;
+pub mod def;
+mod error;
+mod footprint;
+pub mod header;
+mod io;
+pub mod npy;
+pub mod payload;
+mod subgraph;
 
-/// The 1024-byte NEFF header (`nrt-api.md` §4), little-endian.
-#[repr(C)]
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    zerocopy::FromBytes,
-    zerocopy::IntoBytes,
-    zerocopy::Immutable,
-    zerocopy::KnownLayout,
-)]
-pub struct NeffHeader {
-    /// Packaging version (2 observed).
-    pub pkg_version: u64,
-    /// Header bytes (1024).
-    pub header_size: u64,
-    /// Payload (gzip) bytes: the file is `header_size + data_size` long.
-    pub data_size: u64,
-    /// NEFF major version (2 observed).
-    pub neff_version_major: u64,
-    /// NEFF minor version (0 observed).
-    pub neff_version_minor: u64,
-    /// Build version string (zero in observed files).
-    pub neff_build_version: [u8; 128],
-    /// TPBs (cores) needed.
-    pub num_tpb: u32,
-    /// MD5 of the payload as four byte-swapped 32-bit words, the rest zero.
-    pub hash: [u8; 32],
-    /// Unique id.
-    pub uuid: [u8; 16],
-    /// NUL-terminated name ("file.neff").
-    pub name: [u8; 256],
-    /// Requested TPB count.
-    pub requested_tpb_count: u32,
-    /// TPBs per kelf node.
-    pub tpb_per_node: [u8; 64],
-    /// Incompatible-feature bits.
-    pub feature_bits: u64,
-    /// Logical core size the NEFF needs (2 observed).
-    pub lnc_size: u32,
-    /// Zero.
-    pub pad: [u8; 468],
-}
-
-const _: () = assert!(std::mem::size_of::<NeffHeader>() == NEFF_HEADER_SIZE);
+pub use error::NeffError;
+pub use footprint::DeviceBytes;
+pub use header::{NEFF_HEADER_SIZE, NeffHeader, hash_matches, looks_like_neff};
+pub use payload::Limits;
 
 /// What [`Neff::parse`] checks beyond the format.
 #[derive(Clone, Copy, Debug, Default)]
@@ -261,20 +228,159 @@ pub struct Neff {
     pub subgraphs: Vec<Subgraph>,
 }
 
-/// Why a NEFF was refused. Each names the member and field where it applies.
-#[derive(Debug, Error)]
-pub enum NeffError {
-    /// A placeholder until the parser exists.
-    #[error("NEFF parsing is not implemented yet")]
-    Unimplemented,
+impl Subgraph {
+    /// The device bytes a load of this subgraph needs on its NC (see [`DeviceBytes`]).
+    pub fn device_bytes(&self) -> DeviceBytes {
+        footprint::of(self)
+    }
+
+    /// Records per engine, in [`shared::Engine::ALL`] order.
+    pub fn records(&self) -> [u64; 5] {
+        self.streams.each_ref().map(Stream::records)
+    }
+
+    /// The var with `var_id`.
+    pub fn var_by_id(&self, var_id: u32) -> Option<&Var> {
+        self.vars.values().find(|v| v.var_id == var_id)
+    }
+
+    /// The `dge-table` vars.
+    pub fn dge_tables(&self) -> impl Iterator<Item = &Var> {
+        self.vars
+            .values()
+            .filter(|v| matches!(v.kind, VarKind::DgeTable { .. }))
+    }
+}
+
+impl VarKind {
+    /// The `def.json` `type` string.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Input => "input",
+            Self::Output => "output",
+            Self::File { .. } => "file",
+            Self::Virtual { .. } => "virtual",
+            Self::StateBuffer => "state-buffer",
+            Self::TmpBuf => "tmp-buf",
+            Self::Pointer => "pointer",
+            Self::DgeTable { .. } => "dge-table",
+        }
+    }
 }
 
 impl Neff {
-    /// Parses a whole NEFF file.
+    /// Parses a whole NEFF file under the default [`Limits`].
     ///
     /// # Errors
     /// A [`NeffError`] naming what is wrong.
-    pub fn parse(_bytes: &[u8], _options: &ParseOptions) -> Result<Self, NeffError> {
-        Err(NeffError::Unimplemented)
+    pub fn parse(bytes: &[u8], options: &ParseOptions) -> Result<Self, NeffError> {
+        Self::parse_with_limits(bytes, options, &Limits::DEFAULT)
+    }
+
+    /// Parses a whole NEFF file, unpacking at most what `limits` allow.
+    ///
+    /// # Errors
+    /// A [`NeffError`] naming what is wrong.
+    pub fn parse_with_limits(
+        bytes: &[u8],
+        options: &ParseOptions,
+        limits: &Limits,
+    ) -> Result<Self, NeffError> {
+        let header = header::check(bytes)?;
+        let payload = &bytes[NEFF_HEADER_SIZE..];
+        let hash = if options.validate_hash {
+            header::check_hash(&header, payload)?;
+            HashVerdict::Valid
+        } else {
+            HashVerdict::NotChecked
+        };
+        let members = payload::unpack(payload, limits)?;
+        Self::from_members(header, hash, &members)
+    }
+
+    /// The NEFF described by the unpacked members, under a checked header.
+    pub(crate) fn from_members(
+        header: NeffHeader,
+        hash: HashVerdict,
+        members: &payload::Members,
+    ) -> Result<Self, NeffError> {
+        let neff_json: def::NeffJson = def::parse("neff.json", members.get("neff.json")?)?;
+        let info: def::InfoJson = def::parse("info.json", members.get("info.json")?)?;
+        let kelf: def::KelfJson = def::parse("kelf-0.json", members.get("kelf-0.json")?)?;
+        if kelf.graphs.len() > header::MAX_NUM_TPB as usize {
+            return Err(NeffError::Field {
+                member: "kelf-0.json".into(),
+                field: "graphs".into(),
+                problem: format!(
+                    "{} subgraphs, more than {}",
+                    kelf.graphs.len(),
+                    header::MAX_NUM_TPB
+                ),
+            });
+        }
+        let subgraphs = kelf
+            .graphs
+            .iter()
+            .map(|g| subgraph::read(g, members))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tensor_map: io::TensorMap = match kelf.graphs.first() {
+            Some(g) => {
+                let member = format!("{}tensor_map.json", subgraph::dir_of(&g.definition));
+                match members.get(&member) {
+                    Ok(bytes) => def::parse(&member, bytes)?,
+                    Err(_) => io::TensorMap::new(),
+                }
+            }
+            None => io::TensorMap::new(),
+        };
+        let signatures = neff_json.metadata.signatures;
+        let empty = def::Signature::default();
+        let signature = signatures
+            .get("default")
+            .or_else(|| signatures.values().next())
+            .unwrap_or(&empty);
+        let (inputs, outputs) = io::model_io(signature, &tensor_map, &subgraphs)?;
+        Ok(Self {
+            header,
+            hash,
+            tool_version: info.tool_version,
+            target: kelf.target,
+            inputs,
+            outputs,
+            subgraphs,
+        })
+    }
+
+    /// Logical core size the NEFF needs (the header's `lnc_size`: 1 or 2).
+    pub fn lnc_size(&self) -> u32 {
+        self.header.lnc_size
+    }
+
+    /// The header's name ("file.neff").
+    pub fn name(&self) -> String {
+        self.header.name()
+    }
+
+    /// The header's uuid, 32 hex digits.
+    pub fn uuid_hex(&self) -> String {
+        self.header.uuid_hex()
+    }
+
+    /// Device bytes a load needs on all NCs together: per-subgraph figures summed, except
+    /// `io`, which is the model's I/O once (the user binds each tensor once per execution).
+    pub fn device_bytes(&self) -> DeviceBytes {
+        let mut total = self
+            .subgraphs
+            .iter()
+            .fold(DeviceBytes::default(), |a, sg| a.add(&sg.device_bytes()));
+        total.io = self
+            .inputs
+            .iter()
+            .chain(&self.outputs)
+            .fold(0u64, |a, t| a.saturating_add(t.size));
+        total
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,7 +38,7 @@ use crate::error::{NrtError, NrtResult};
 use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
 use crate::metrics::Metrics;
 use crate::reserve;
-use crate::stage::{HwExecQueue, StagedProgram};
+use crate::stage::{DgeWrite, HwExecQueue, StagedProgram};
 use crate::sys_trace::SysTrace;
 use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet, UseHold};
 use crate::xu::{
@@ -46,6 +46,7 @@ use crate::xu::{
     XuConfig, XuTable, XuWorkers,
 };
 use shared::ids::{SeqId, XuId, XuType};
+use shared::neff_program::ProgramEncoding;
 
 mod tensor_op;
 
@@ -593,30 +594,64 @@ impl Runtime {
         }
     }
 
-    /// `nrt_load`: loads a model container on logical core `vnc` (-1: the first).
+    /// `nrt_load`: loads a model container or a NEFF (recognised by its header, parsed with
+    /// `NEURON_RT_VALIDATE_HASH`'s hash check) on logical core `vnc` (-1: the first).
     ///
     /// # Errors
-    /// NRT_INVALID (bad container, a NEFF, a container for another target, bad core),
-    /// NRT_LOAD_NOT_ENOUGH_NC, NRT_RESOURCE.
+    /// NRT_INVALID (bad container or NEFF, a container for another target, a NEFF whose LNC
+    /// is not the core's, bad core), NRT_UNSUPPORTED_NEFF_VERSION, NRT_LOAD_NOT_ENOUGH_NC,
+    /// NRT_RESOURCE.
     pub fn load(&self, bytes: &[u8], vnc: i32) -> NrtResult<ModelHandle> {
         self.check_process()?;
         let vnc = self.vnc_of(vnc)?;
         let ncs = &self.vncs[vnc as usize].ncs;
-        let inflight = self.config.max_inflight();
-        let ctx = LoadContext {
+        let m = self.models.load(&self.load_context(vnc), bytes, vnc, ncs)?;
+        Ok(self.charge_model(&m, vnc))
+    }
+
+    /// Loads a NEFF already parsed (by the `neff` crate) on logical core `vnc` (-1: the first):
+    /// what [`Runtime::load`] does after parsing a NEFF's bytes.
+    ///
+    /// # Errors
+    /// As [`Runtime::load`].
+    pub fn load_neff(&self, neff: &neff::Neff, vnc: i32) -> NrtResult<ModelHandle> {
+        self.check_process()?;
+        let vnc = self.vnc_of(vnc)?;
+        let ncs = &self.vncs[vnc as usize].ncs;
+        let m = self
+            .models
+            .load_neff(&self.load_context(vnc), neff, vnc, ncs)?;
+        Ok(self.charge_model(&m, vnc))
+    }
+
+    /// The exec queues of the logical core holding NC `nc` (tests read staged requests).
+    #[cfg(test)]
+    pub(crate) fn hw_exec_queue(&self, nc: u32) -> Option<Arc<HwExecQueue>> {
+        self.hw_queues.get(&nc).cloned()
+    }
+
+    fn load_context(&self, vnc: u32) -> LoadContext<'_> {
+        LoadContext {
             device: &self.device,
             hw_queues: &self.hw_queues,
             target: self.target,
-            max_inflight: inflight,
+            max_inflight: self.config.max_inflight(),
             runtime: self.id,
-        };
-        let m = self.models.load(&ctx, bytes, vnc, ncs)?;
+            validate_hash: self.config.validate_hash,
+            hbm_in_use: self
+                .mem_used
+                .get(vnc as usize)
+                .map_or(0, |u| u.load(Ordering::Relaxed)),
+        }
+    }
+
+    fn charge_model(&self, m: &LoadedModel, vnc: u32) -> ModelHandle {
         let charge = MemCharge::new(&self.mem_used[vnc as usize], m.device_bytes());
         self.model_charges
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(m.id(), charge);
-        Ok(ModelHandle { id: m.id(), vnc })
+        ModelHandle { id: m.id(), vnc }
     }
 
     /// `nrt_load_collectives`: rank `device_id` of a group of `device_count`. A group of one
@@ -1316,12 +1351,38 @@ impl Runtime {
         };
         let compute_idx = req.compute_idx_tail();
         for (i, tpb) in tpbs.iter().enumerate() {
+            // A NEFF's program chunk stays mapped while the model is loaded (unload waits for
+            // this execution first).
+            let neff_map = tpb.neff.as_ref().map(|n| {
+                (
+                    n,
+                    n.program
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                )
+            });
+            let dge = match &neff_map {
+                Some((n, map)) => Some(DgeWrite {
+                    chunk: map.as_ref().ok_or_else(|| {
+                        status_err(NrtStatus::Failure, "NEFF program chunk unmapped")
+                    })?,
+                    header: &n.header,
+                    entries: resources.tdrv.dge.get(i).map_or(&[][..], Vec::as_slice),
+                }),
+                None => None,
+            };
             let program = StagedProgram {
                 engine_addresses: tpb.engine_addresses,
                 exec_req_flags: &model.exec_req_flags,
                 table_hashes: (&model.act_table_hash, &model.dve_table_hash),
-                io: &resources.tdrv.ioqs[i],
+                io: resources.tdrv.ioqs.get(i).map_or(&[][..], Vec::as_slice),
                 cc_chain: if i == 0 { chain } else { None },
+                encoding: if tpb.neff.is_some() {
+                    ProgramEncoding::Neff
+                } else {
+                    ProgramEncoding::SimdevIsa
+                },
+                dge,
             };
             let staged =
                 req.tpb_mut(tpb.nc)?

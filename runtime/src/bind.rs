@@ -29,6 +29,8 @@ use std::sync::Arc;
 use shared::NrtStatus;
 use shared::model::Operand;
 
+use shared::neff_program::DgeEntry;
+
 use crate::dma::{PrebuiltPair, build_copy};
 use crate::error::NrtError;
 use crate::kmgr::LoadedModel;
@@ -100,6 +102,10 @@ pub type TpbIo = Vec<RingIo>;
 pub struct TdrvComputeResources {
     /// Per TPB, the encoded I/O descriptors, ready to append.
     pub ioqs: Vec<TpbIo>,
+    /// Per TPB of a NEFF model, this execution's DGE table entries (tensor PAs), in table
+    /// order, ready for the stage to write into the copy of its `compute_idx` (empty for a
+    /// container).
+    pub dge: Vec<Vec<DgeEntry>>,
 }
 
 /// `kmgr_exec_resources_t` (0x38 in libnrt): what bind hands to the stage.
@@ -316,6 +322,39 @@ pub fn build_compute_resources(
                     )
                 })?;
             }
+        }
+    }
+    // A NEFF's DGE entries: the PA of each listed var's bound tensor (the NEFF counterpart of
+    // writing tensor PAs into I/O rings).
+    let tpbs = model.tpbs();
+    tdrv.dge.truncate(tpbs.len());
+    tdrv.dge.resize_with(tpbs.len(), Vec::new);
+    for (tpb, entries) in tpbs.iter().zip(tdrv.dge.iter_mut()) {
+        entries.clear();
+        let Some(neff) = &tpb.neff else { continue };
+        for slot in &neff.dge {
+            let t = inputs
+                .find(&slot.tensor)
+                .or_else(|| outputs.find(&slot.tensor))
+                .ok_or_else(|| {
+                    NrtError::new(
+                        NrtStatus::Invalid,
+                        format!("tensor {:?} is not bound", slot.tensor),
+                    )
+                })?;
+            let pa = t.device_pa().ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::ExecBadInput,
+                    format!("tensor {:?} has no device address", slot.tensor),
+                )
+            })?;
+            entries.push(DgeEntry {
+                pa,
+                size: slot.size,
+                var_id: slot.var_id,
+                kind: slot.kind,
+                reserved: 0,
+            });
         }
     }
     bound.clear();

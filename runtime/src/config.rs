@@ -12,6 +12,7 @@
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
 //! | `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY` | `critical`: report NaN/Inf results as NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003); `none` (default, as libnrt since 2.25): the execution returns success. The outputs are delivered either way |
 //! | `NEURON_FAIL_ON_NAN` | 1: the same as `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` |
+//! | `NEURON_RT_VALIDATE_HASH` | 1: `nrt_load` checks a NEFF's header hash (the MD5 of its payload) and refuses a mismatch; default 0, as libnrt |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
 
 use std::time::Duration;
@@ -43,6 +44,8 @@ pub struct RuntimeConfig {
     pub report_numerical_errors: bool,
     /// `NEURON_RT_RESET_CORES`: reset every reserved NC at init.
     pub reset_cores: bool,
+    /// `NEURON_RT_VALIDATE_HASH`: check a NEFF's header hash at load (off by default).
+    pub validate_hash: bool,
 }
 
 /// Which logical cores `nrt_init` reserves ([`RuntimeConfig::select_vncs`]).
@@ -75,6 +78,7 @@ impl Default for RuntimeConfig {
             lnc: 1,
             report_numerical_errors: false,
             reset_cores: true,
+            validate_hash: false,
         }
     }
 }
@@ -269,6 +273,9 @@ impl RuntimeConfig {
         if let Some(v) = get("NEURON_RT_RESET_CORES") {
             c.reset_cores = parse_bool("NEURON_RT_RESET_CORES", &v)?;
         }
+        if let Some(v) = get("NEURON_RT_VALIDATE_HASH") {
+            c.validate_hash = parse_bool("NEURON_RT_VALIDATE_HASH", &v)?;
+        }
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }
@@ -378,6 +385,25 @@ mod tests {
                 .unwrap()
                 .select_vncs(2)
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn neff_hash_validation_is_off_unless_asked() {
+        assert!(!cfg(&[]).unwrap().validate_hash);
+        assert!(
+            cfg(&[("NEURON_RT_VALIDATE_HASH", "1")])
+                .unwrap()
+                .validate_hash
+        );
+        assert!(
+            !cfg(&[("NEURON_RT_VALIDATE_HASH", "0")])
+                .unwrap()
+                .validate_hash
+        );
+        assert_eq!(
+            cfg(&[("NEURON_RT_VALIDATE_HASH", "sure")]).unwrap_err().var,
+            "NEURON_RT_VALIDATE_HASH"
         );
     }
 

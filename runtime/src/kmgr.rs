@@ -5,6 +5,10 @@
 //! Load allocates everything an execution needs, once: per TPB one chunk holding the five
 //! instruction blocks, the internal buffers (weights written here), and the NC's I/O rings the
 //! model uses. The hot path allocates nothing of this.
+//!
+//! A NEFF (recognised by its header) is parsed by the `neff` crate and placed as libnrt places
+//! it ([`neff_load`]): its [`LoadedModel::model`] is then the NEFF's metadata (I/O, sg_count,
+//! flags, table hashes) and each [`LoadedTpb`] carries its [`neff_load::NeffTpb`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +26,8 @@ use crate::error::NrtError;
 use crate::stage::{CcChain, HwExecQueue, IO_RING_DESCS};
 use crate::tensor::{RuntimeId, Tensor};
 
+pub mod neff_load;
+
 /// Alignment of each instruction block inside a TPB's block chunk.
 pub const BLOCK_ALIGN: u64 = 256;
 
@@ -34,8 +40,10 @@ pub struct LoadedTpb {
     pub blocks: Allocation,
     /// Device address of each engine's block (PE, ACT, POOL, DVE, SP).
     pub engine_addresses: [u64; 5],
-    /// Internal buffers, by index.
+    /// Internal buffers, by index (for a NEFF: constants, the scratchpad, tmp-buf/pointer vars).
     pub buffers: Vec<Allocation>,
+    /// The NEFF program of this TPB (`None` for a model container).
+    pub neff: Option<neff_load::NeffTpb>,
 }
 
 /// A model loaded on a vNC.
@@ -76,7 +84,8 @@ impl LoadedModel {
         self.runtime
     }
 
-    /// The container's metadata and programs.
+    /// The container's metadata and programs; for a NEFF its metadata (its `tpbs` hold no
+    /// blocks, buffers or rings: the program is in each [`LoadedTpb::neff`]).
     pub fn model(&self) -> &Model {
         &self.model
     }
@@ -212,8 +221,16 @@ impl LoadedModel {
             .sum()
     }
 
+    /// Whether this is a NEFF model.
+    pub fn is_neff(&self) -> bool {
+        self.tpbs.first().is_some_and(|t| t.neff.is_some())
+    }
+
     fn free(&self) {
         for tpb in &self.tpbs {
+            if let Some(n) = &tpb.neff {
+                n.release(tpb.nc);
+            }
             let _ = self.device.mem_free(tpb.blocks.handle);
             for b in &tpb.buffers {
                 let _ = self.device.mem_free(b.handle);
@@ -262,6 +279,12 @@ pub struct LoadContext<'a> {
     pub max_inflight: u32,
     /// The runtime loading it (bind accepts only that runtime's tensors).
     pub runtime: RuntimeId,
+    /// `NEURON_RT_VALIDATE_HASH`: check a NEFF's header hash.
+    pub validate_hash: bool,
+    /// Device bytes the logical core already holds (its memory stats' `bytes_used`): a NEFF is
+    /// refused when a subgraph needs more than `hbm_bytes_per_nc` minus this (conservative
+    /// with LNC=2: the whole vNC's use is counted against each of its NCs).
+    pub hbm_in_use: u64,
 }
 
 /// The model database: handle id → loaded model.
@@ -273,6 +296,40 @@ pub struct ModelDb {
 
 fn load_failure(status: NrtStatus, model: &str, what: impl std::fmt::Display) -> NrtError {
     NrtError::new(status, format!("loading model {model:?}: {what}"))
+}
+
+/// A NEFF the reader refused: NRT_UNSUPPORTED_NEFF_VERSION for a version it does not read,
+/// NRT_INVALID otherwise, with the reader's message and the file's header name.
+fn neff_refused(bytes: &[u8], e: &neff::NeffError) -> NrtError {
+    let name = bytes
+        .get(0xDC..0xDC + 256)
+        .map(|raw| {
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+            String::from_utf8_lossy(&raw[..end]).into_owned()
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "model".into());
+    NrtError::new(neff_error_status(e), format!("loading NEFF {name:?}: {e}"))
+}
+
+fn neff_error_status(e: &neff::NeffError) -> NrtStatus {
+    match e {
+        neff::NeffError::UnsupportedVersion { .. } => NrtStatus::UnsupportedNeffVersion,
+        _ => NrtStatus::Invalid,
+    }
+}
+
+/// Whether `bytes` start with a NEFF header (`pkg_version` 1 or 2, `header_size` 1024): then
+/// the NEFF reader, not the container decoder, says what is wrong with the rest (a wrong
+/// `data_size`, a truncated payload). A model container starts with its magic, never this.
+fn is_neff_header(bytes: &[u8]) -> bool {
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    matches!(u64_at(0), Some(1 | 2)) && u64_at(8) == Some(neff::NEFF_HEADER_SIZE as u64)
 }
 
 impl ModelDb {
@@ -298,13 +355,15 @@ impl ModelDb {
         self.len() == 0
     }
 
-    /// Decodes `bytes` (a NEFF or a container for another target is refused), places the model
-    /// on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks, buffers and I/O
-    /// rings.
+    /// Decodes `bytes` — a NEFF (recognised by its header, parsed and placed by
+    /// [`ModelDb::load_neff`]) or a model container (one for another target is refused) —,
+    /// places the model on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks,
+    /// buffers and I/O rings.
     ///
     /// # Errors
-    /// NRT_INVALID (bad container, NEFF, wrong target), NRT_LOAD_NOT_ENOUGH_NC (sg_count does
-    /// not match the vNC), NRT_RESOURCE (device memory, rings too small for the XU depth).
+    /// NRT_INVALID (bad container or NEFF, wrong target, a NEFF's LNC not the vNC's),
+    /// NRT_UNSUPPORTED_NEFF_VERSION, NRT_LOAD_NOT_ENOUGH_NC (sg_count does not match the vNC),
+    /// NRT_RESOURCE (device memory, rings too small for the XU depth).
     pub fn load(
         &self,
         ctx: &LoadContext<'_>,
@@ -312,12 +371,22 @@ impl ModelDb {
         vnc: u32,
         ncs: &[u32],
     ) -> Result<Arc<LoadedModel>, NrtError> {
+        if is_neff_header(bytes) {
+            let neff = neff::Neff::parse(
+                bytes,
+                &neff::ParseOptions {
+                    validate_hash: ctx.validate_hash,
+                },
+            )
+            .map_err(|e| neff_refused(bytes, &e))?;
+            return self.load_neff(ctx, &neff, vnc, ncs);
+        }
         let LoadContext {
             device,
             hw_queues,
             target,
             max_inflight,
-            runtime,
+            ..
         } = *ctx;
         let model = Model::from_container(bytes, target)
             .map_err(|e| NrtError::new(NrtStatus::Invalid, e.to_string()))?;
@@ -385,6 +454,7 @@ impl ModelDb {
                     blocks: chunk,
                     engine_addresses: [0; 5],
                     buffers: Vec::new(),
+                    neff: None,
                 };
                 let map = device.mem_map(&chunk);
                 let write = || -> Result<(), NrtError> {
@@ -413,6 +483,61 @@ impl ModelDb {
             }
             Ok(())
         })();
+        self.finish(ctx, model, vnc, tpbs, result)
+    }
+
+    /// Places a parsed NEFF on `vnc` whose physical NCs are `ncs` (see [`neff_load`]): plans
+    /// it, checks the HBM it needs against what each NC has free, then allocates and writes
+    /// every subgraph. A failure frees everything allocated.
+    ///
+    /// # Errors
+    /// NRT_INVALID (LNC mismatch, a var, queue set or reservation that does not fit),
+    /// NRT_RESOURCE (not enough HBM, before anything is allocated), the device's errors.
+    pub fn load_neff(
+        &self,
+        ctx: &LoadContext<'_>,
+        neff: &neff::Neff,
+        vnc: u32,
+        ncs: &[u32],
+    ) -> Result<Arc<LoadedModel>, NrtError> {
+        let info = ctx.device.info();
+        let shape = neff_load::VncShape {
+            vnc,
+            ncs,
+            dge_copies: ctx.max_inflight.saturating_add(1),
+        };
+        let plan = neff_load::plan(neff, info, &shape)?;
+        plan.check_memory(info.hbm_bytes_per_nc.saturating_sub(ctx.hbm_in_use))?;
+        let mut tpbs = Vec::with_capacity(plan.subgraphs.len());
+        let mut result = Ok(());
+        for sg in &plan.subgraphs {
+            let Some(hwq) = ctx.hw_queues.get(&sg.nc) else {
+                result = Err(load_failure(
+                    NrtStatus::Failure,
+                    &plan.name,
+                    format!("NC {} is not claimed", sg.nc),
+                ));
+                break;
+            };
+            if let Err(e) = neff_load::place_subgraph(ctx.device, &plan.name, sg, hwq, &mut tpbs) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.finish(ctx, plan.meta, vnc, tpbs, result)
+    }
+
+    /// Registers a loaded model, or frees what it holds when `result` is an error.
+    fn finish(
+        &self,
+        ctx: &LoadContext<'_>,
+        model: Model,
+        vnc: u32,
+        tpbs: Vec<LoadedTpb>,
+        result: Result<(), NrtError>,
+    ) -> Result<Arc<LoadedModel>, NrtError> {
+        let device = ctx.device;
+        let runtime = ctx.runtime;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let loaded = Arc::new(LoadedModel {
             id,
@@ -482,3 +607,5 @@ impl ModelDb {
 
 #[cfg(test)]
 mod in_process_tests;
+#[cfg(test)]
+mod neff_tests;

@@ -24,6 +24,7 @@ use shared::exec_request::{
     CC_DMA_INCREMENT_OFFSET, DEVICE_EXEC_REQUEST_SIZE, DeviceExecRequest, Engine,
 };
 use shared::memory::SharedChunk;
+use shared::neff_program::{DgeEntry, NeffProgramHeader, ProgramEncoding};
 use shared::protocol::MemLocation;
 use shared::sequencer::{
     EVENT_HW_EXEC_QUEUE_REQUEST_LOAD, EXEC_QUEUE, EXEC_QUEUE_DESCS, EXEC_QUEUE_ENGINE,
@@ -69,6 +70,22 @@ pub struct StagedProgram<'a> {
     pub io: &'a [crate::bind::RingIo],
     /// The collectives chain to append on a model switch (first NC only), if any.
     pub cc_chain: Option<&'a CcChain>,
+    /// The program's encoding, set in `reload_seq_config` bits 8..16 on every request
+    /// (`shared::neff_program`).
+    pub encoding: ProgramEncoding,
+    /// A NEFF program's DGE table and this execution's entries, if any.
+    pub dge: Option<DgeWrite<'a>>,
+}
+
+/// Where a NEFF subgraph's DGE table copies are and what this execution writes into one.
+#[derive(Debug)]
+pub struct DgeWrite<'a> {
+    /// The mapped program chunk holding the copies.
+    pub chunk: &'a SharedChunk,
+    /// The program header (copy 0's PA, the copy and entry counts).
+    pub header: &'a NeffProgramHeader,
+    /// This execution's entries (`header.dge_entries` of them).
+    pub entries: &'a [DgeEntry],
 }
 
 /// What one staged request looked like (for tests and traces).
@@ -94,6 +111,8 @@ pub struct HwExecState {
     last_exec_req_flags: Option<[u32; 13]>,
     last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
     io_queues: HashMap<(u32, u32), DmaQueue>,
+    /// The NC's dynamic DMA queues of loaded NEFF models, with how many models use each.
+    dynamic_queues: HashMap<(u32, u32), (DmaQueue, u32)>,
     map: AddressMap,
 }
 
@@ -189,6 +208,14 @@ impl HwExecQueue {
         if st.io_queues.contains_key(&(engine, queue)) {
             return Ok(());
         }
+        if st.dynamic_queues.contains_key(&(engine, queue)) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "I/O ring on ({engine}, {queue}) collides with a dynamic DMA queue of a loaded NEFF"
+                ),
+            ));
+        }
         let id = DmaQueueId { nc, engine, queue };
         let q = DmaQueue::create(
             self.device.as_ref(),
@@ -203,6 +230,46 @@ impl HwExecQueue {
         })?;
         st.io_queues.insert((engine, queue), q);
         Ok(())
+    }
+
+    /// Takes a use of each dynamic DMA queue `queues` (engine, queue) of NC `nc` for a NEFF
+    /// model, creating the ones no loaded NEFF uses yet with rings of `descs` descriptors. All or
+    /// nothing: on an error, the uses taken here are given back.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a queue that is the exec queue's, a tensor-operation queue or a model
+    /// container's I/O ring; the device's error.
+    pub fn acquire_dynamic_queues(
+        &self,
+        nc: u32,
+        queues: &[(u32, u32)],
+        descs: u32,
+    ) -> Result<(), NrtError> {
+        let mut req = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let st = req.tpb_mut(nc)?;
+        for (n, &(engine, queue)) in queues.iter().enumerate() {
+            let taken = st.acquire_dynamic_queue(self.device.as_ref(), engine, queue, descs);
+            if let Err(e) = taken {
+                st.release_dynamic_queues(self.device.as_ref(), &queues[..n]);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back one use of each of `queues` on NC `nc`; a queue no NEFF uses any more is
+    /// released on the device.
+    pub fn release_dynamic_queues(&self, nc: u32, queues: &[(u32, u32)]) {
+        let mut req = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Ok(st) = req.tpb_mut(nc) {
+            st.release_dynamic_queues(self.device.as_ref(), queues);
+        }
     }
 
     /// Releases every TPB's exec queue, I/O rings and request buffer (runtime close).
@@ -291,6 +358,7 @@ impl HwExecState {
             last_exec_req_flags: None,
             last_exec_req_tbl_hashes: None,
             io_queues: HashMap::new(),
+            dynamic_queues: HashMap::new(),
             map,
         })
     }
@@ -300,13 +368,84 @@ impl HwExecState {
         for (_, q) in self.io_queues {
             let _ = q.release(dev);
         }
+        for (_, (q, _)) in self.dynamic_queues {
+            let _ = q.release(dev);
+        }
         drop(self.req_buf);
         let _ = dev.mem_free(self.req_alloc.handle);
+    }
+
+    fn acquire_dynamic_queue(
+        &mut self,
+        dev: &dyn Device,
+        engine: u32,
+        queue: u32,
+        descs: u32,
+    ) -> Result<(), NrtError> {
+        let nc = self.nc;
+        if let Some((_, uses)) = self.dynamic_queues.get_mut(&(engine, queue)) {
+            *uses += 1;
+            return Ok(());
+        }
+        let reserved = (engine, queue) == (EXEC_QUEUE_ENGINE, EXEC_QUEUE)
+            || (engine == crate::tensor_op::TENSOR_OP_DMA_ENGINE
+                && crate::tensor_op::TENSOR_OP_DMA_QUEUES.contains(&queue))
+            || self.io_queues.contains_key(&(engine, queue));
+        if reserved {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "NC {nc}: dynamic DMA queue ({engine}, {queue}) is taken by the runtime or a model container's I/O ring"
+                ),
+            ));
+        }
+        let id = DmaQueueId { nc, engine, queue };
+        let q = DmaQueue::create(dev, id, descs, MemLocation::Hbm { nc }).map_err(|e| {
+            let status = match &e {
+                crate::dma::DmaError::Device { source, .. } => source.status(),
+                _ => NrtStatus::Failure,
+            };
+            NrtError::new(
+                status,
+                format!("NC {nc}: creating dynamic DMA queue ({engine}, {queue}): {e}"),
+            )
+        })?;
+        self.dynamic_queues.insert((engine, queue), (q, 1));
+        Ok(())
+    }
+
+    fn release_dynamic_queues(&mut self, dev: &dyn Device, queues: &[(u32, u32)]) {
+        for key in queues {
+            if let Some((_, uses)) = self.dynamic_queues.get_mut(key) {
+                *uses -= 1;
+                if *uses == 0
+                    && let Some((q, _)) = self.dynamic_queues.remove(key)
+                {
+                    let _ = q.release(dev);
+                }
+            }
+        }
+    }
+
+    /// Dynamic DMA queues of NEFF models on this NC, with their use counts.
+    pub fn dynamic_queue_uses(&self) -> impl Iterator<Item = ((u32, u32), u32)> + '_ {
+        self.dynamic_queues.iter().map(|(k, (_, n))| (*k, *n))
     }
 
     /// The physical NC.
     pub fn nc(&self) -> u32 {
         self.nc
+    }
+
+    /// The request staged in slot `compute_idx % slots` (what the device copies to DMEM).
+    ///
+    /// # Errors
+    /// The accessor's error.
+    pub fn read_request(&self, compute_idx: u32) -> Result<DeviceExecRequest, NrtError> {
+        let slot_pa = self.req_alloc.pa + u64::from(compute_idx % self.slots) * REQUEST_SLOT_SIZE;
+        self.req_buf
+            .read_obj::<DeviceExecRequest>(slot_pa)
+            .map_err(fail)
     }
 
     /// The exec queue (its rings hold the trigger pairs).
@@ -347,6 +486,24 @@ impl HwExecState {
                 .map_err(|e| fail(format!("NC {nc}: I/O ring ({engine}, {queue}): {e}")))?;
             q.hand_to_device();
         }
+        if let Some(dge) = &program.dge {
+            // The NEFF counterpart of the I/O descriptors: this fan-out's tensor PAs into copy
+            // `compute_idx % dge_copies` of the table, which the device reads for this batch.
+            let pa = dge
+                .header
+                .dge_copy_pa(compute_idx)
+                .ok_or_else(|| fail(format!("NC {nc}: NEFF program header has no DGE copies")))?;
+            if dge.entries.len() != dge.header.dge_entries as usize {
+                return Err(fail(format!(
+                    "NC {nc}: {} DGE entries bound, the table has {}",
+                    dge.entries.len(),
+                    dge.header.dge_entries
+                )));
+            }
+            dge.chunk
+                .write(pa, dge.entries.as_bytes())
+                .map_err(|e| fail(format!("NC {nc}: writing the DGE table: {e}")))?;
+        }
         let mut request = DeviceExecRequest {
             do_model_switch: u32::from(model_switch),
             ..Default::default()
@@ -356,6 +513,7 @@ impl HwExecState {
         } else {
             1
         };
+        request.reload_seq_config |= program.encoding.config_bits();
         let hashes = (*program.table_hashes.0, *program.table_hashes.1);
         request.load_act_dve_tables = u32::from(self.last_exec_req_tbl_hashes != Some(hashes));
         for (engine, addr) in Engine::ALL.iter().zip(program.engine_addresses) {
@@ -583,6 +741,8 @@ mod tests {
             table_hashes: (&act, &dve),
             io: &io,
             cc_chain: None,
+            encoding: ProgramEncoding::SimdevIsa,
+            dge: None,
         };
         let built = pairs_built_on_this_thread();
         let mut req = hw.compute_req_lock.lock().unwrap();

@@ -33,6 +33,8 @@ fn each_request_is_written_to_the_slot_of_its_compute_idx_across_wraps() {
             table_hashes: (&hashes.0, &hashes.1),
             io: &[],
             cc_chain: None,
+            encoding: shared::neff_program::ProgramEncoding::SimdevIsa,
+            dge: None,
         };
         let compute_idx = req.next_compute_idx();
         assert_eq!(compute_idx, idx);
