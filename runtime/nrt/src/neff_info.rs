@@ -311,7 +311,7 @@ fn ranges(values: &[u32]) -> String {
     let mut i = 0;
     while i < values.len() {
         let mut j = i;
-        while j + 1 < values.len() && values[j + 1] == values[j].wrapping_add(1) {
+        while j + 1 < values.len() && values[j].checked_add(1) == Some(values[j + 1]) {
             j += 1;
         }
         out.push(if i == j {
@@ -440,4 +440,17 @@ fn print_report(r: &Report) {
         r.device_bytes.io
     );
     println!("{}", r.execution);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranges;
+
+    #[test]
+    fn semaphore_lists_print_as_ranges() {
+        assert_eq!(ranges(&[8, 9, 10, 11]), "8-11");
+        assert_eq!(ranges(&[1, 3, 4, 7]), "1,3-4,7");
+        assert_eq!(ranges(&[]), "");
+        assert_eq!(ranges(&[u32::MAX, 0]), format!("{},0", u32::MAX));
+    }
 }
