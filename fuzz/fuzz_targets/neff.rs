@@ -9,7 +9,9 @@ use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
 use neff::header::{NEFF_VERSION_MAJOR, hash_field};
-use neff::{Limits, NEFF_HEADER_SIZE, Neff, NeffHeader, ParseOptions, hash_matches, looks_like_neff};
+use neff::{
+    Limits, NEFF_HEADER_SIZE, Neff, NeffHeader, ParseOptions, hash_matches, looks_like_neff,
+};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// Small caps: no input needs more, and -malloc_limit_mb=64 holds.
@@ -51,5 +53,10 @@ fuzz_target!(|data: &[u8]| {
     let mut file = header.as_bytes().to_vec();
     file.extend_from_slice(&payload);
     assert!(looks_like_neff(&file) && hash_matches(&file));
-    check(&file, &ParseOptions { validate_hash: true });
+    check(
+        &file,
+        &ParseOptions {
+            validate_hash: true,
+        },
+    );
 });

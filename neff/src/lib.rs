@@ -8,7 +8,10 @@
 //! constants (`.npy`) and the activation/DVE tables — and returns a [`Neff`]: what the runtime
 //! places in device memory and what the tools print.
 //!
-//! Every failure is a [`NeffError`] naming the member and field; no byte sequence panics.
+//! Every failure is a [`NeffError`] naming the member and field; no byte sequence panics, and
+//! unpacking stops at [`Limits`] ([`Neff::parse_with_limits`]). Tools that report the hash
+//! whatever `NEURON_RT_VALIDATE_HASH` says use [`hash_matches`]; [`looks_like_neff`] tells a
+//! NEFF from other files by its header alone.
 //!
 //! Modules: [`header`] (layout, checks, hash), [`payload`] (gzip + tar under caps), [`def`]
 //! (serde structs of the JSON members), [`npy`] (constants), `subgraph` (a `def.json` and

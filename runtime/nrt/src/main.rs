@@ -6,6 +6,8 @@
 //!   latency percentiles and throughput.
 //! - `nrt scenario run FILE... [--json]`: run scripted device scenarios (faults, timing, model
 //!   switches, crashes), one private simdev each, with a PASS/FAIL line per expectation.
+//! - `nrt neff info FILE [--json]`: a NEFF's header, I/O tensors, subgraphs, constants, DMA
+//!   queues, instruction records per engine and the device memory a load needs.
 //! - `nrt install --prefix DIR [--lib FILE]`: the C library (`libnrt.so.1`) and its headers laid
 //!   out like `/opt/aws/neuron`, with a simdev for the library to start.
 //! - `nrt simdev [simdev options]` (or this program run under the name `simdev`): run as the
@@ -24,6 +26,7 @@ use serde::Serialize;
 mod bench;
 use bench::BenchOptions;
 mod install;
+mod neff_info;
 mod scenario;
 
 #[derive(Parser, Debug)]
@@ -91,6 +94,12 @@ enum Command {
         /// What to do.
         #[command(subcommand)]
         command: scenario::ScenarioCommand,
+    },
+    /// Inspect a NEFF (neuronx-cc output): `nrt neff info FILE [--json]`.
+    Neff {
+        /// What to do.
+        #[command(subcommand)]
+        command: neff_info::NeffCommand,
     },
     /// Write a model container that `nrt_load` takes (C programs load it from the file):
     /// `digits` (the trained MLP at --batch images per execution) or `identity` (--bytes in,
@@ -361,6 +370,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Scenario { command } => scenario::main(command),
+        Command::Neff { command } => neff_info::main(command),
         Command::Model {
             name,
             batch,
