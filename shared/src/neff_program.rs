@@ -176,9 +176,11 @@ const _: () = assert!(std::mem::size_of::<DgeEntry>() as u64 == DGE_ENTRY_SIZE);
 
 /// The documented deterministic function a shape-only NEFF run writes into its outputs.
 ///
-/// 1. **Seed.** FNV-1a (64-bit) over, for each input entry of the DGE table in table order: its
-///    size as 8 little-endian bytes, its first `min(4096, size)` bytes, then its last
-///    `min(4096, size)` bytes. The cost is bounded by the number of inputs, not their sizes.
+/// 1. **Seed.** Word-wise FNV-1a (64-bit offset basis and prime; `h = (h ^ w) · prime` for each
+///    8-byte little-endian word `w`) over, for each input entry of the DGE table in table
+///    order, three parts: its size (one word), its first `min(4096, size)` bytes, then its last
+///    `min(4096, size)` bytes — each part as words, its last word zero-padded. The cost is
+///    bounded by the number of inputs, not their sizes.
 /// 2. **Per output.** Output `j` (counting only outputs, in table order) gets the stream seed
 ///    `splitmix64(seed ^ (j + 1) · 0x9E37_79B9_7F4A_7C15)`.
 /// 3. **Bytes.** Byte `o` of output `j` is byte `o % 8` (little-endian) of
@@ -216,9 +218,20 @@ pub mod shape_only {
     }
 
     impl Seed {
+        /// FNV-1a over 8-byte little-endian words, the last one zero-padded: one multiply per
+        /// word, not per byte (the seed is on every execution's path).
         fn absorb(&mut self, bytes: &[u8]) {
-            for &b in bytes {
-                self.0 = (self.0 ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+            let mut words = bytes.chunks_exact(8);
+            for w in &mut words {
+                let mut le = [0u8; 8];
+                le.copy_from_slice(w);
+                self.0 = (self.0 ^ u64::from_le_bytes(le)).wrapping_mul(FNV_PRIME);
+            }
+            let rest = words.remainder();
+            if !rest.is_empty() {
+                let mut le = [0u8; 8];
+                le[..rest.len()].copy_from_slice(rest);
+                self.0 = (self.0 ^ u64::from_le_bytes(le)).wrapping_mul(FNV_PRIME);
             }
         }
 
@@ -423,13 +436,13 @@ mod tests {
         assert_eq!(shape_only::splitmix64(0), 0xE220_A839_7B1D_CDAF);
         let mut seed = shape_only::Seed::default();
         seed.input_bytes(&[1, 2, 3]);
-        assert_eq!(seed.value(), 0x2E03_F235_165C_6076);
+        assert_eq!(seed.value(), 0x51C3_F21B_5EFE_FBD8);
         let out = shape_only::expected_output(seed, 0, 16);
         assert_eq!(
             out,
             [
-                0x77, 0x56, 0x57, 0xE2, 0xEB, 0x5B, 0x03, 0x12, 0x9B, 0x83, 0x44, 0x74, 0x82, 0x67,
-                0x25, 0x30
+                0x1E, 0xBA, 0x2E, 0xC7, 0xE4, 0xF7, 0x26, 0x95, 0x56, 0xF6, 0x5D, 0x5B, 0xCF, 0x8C,
+                0x67, 0x37
             ]
         );
     }

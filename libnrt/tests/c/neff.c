@@ -23,10 +23,15 @@ static uint64_t splitmix64(uint64_t x) {
     return z ^ (z >> 31);
 }
 
+/* Word-wise FNV-1a: 8-byte little-endian words, the last zero-padded. */
 static uint64_t fnv(uint64_t h, const unsigned char *p, size_t n) {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        h = (h ^ p[i]) * 0x100000001b3ull;
+    size_t i, k;
+    for (i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        for (k = 0; k < 8 && i + k < n; k++) {
+            w |= (uint64_t)p[i + k] << (8 * k);
+        }
+        h = (h ^ w) * 0x100000001b3ull;
     }
     return h;
 }
