@@ -253,6 +253,28 @@ impl Subgraph {
             .values()
             .filter(|v| matches!(v.kind, VarKind::DgeTable { .. }))
     }
+
+    /// The input and output names of the first DGE table in its `list` order: the order a
+    /// shape-only run takes them in (`shared::neff_program::shape_only`).
+    pub fn dge_io_order(&self) -> (Vec<String>, Vec<String>) {
+        let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
+        let list = self.dge_tables().find_map(|v| match &v.kind {
+            VarKind::DgeTable { list } => Some(list.as_slice()),
+            _ => None,
+        });
+        for v in list
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|&id| self.var_by_id(id))
+        {
+            match v.kind {
+                VarKind::Input => inputs.push(v.name.clone()),
+                VarKind::Output => outputs.push(v.name.clone()),
+                _ => {}
+            }
+        }
+        (inputs, outputs)
+    }
 }
 
 impl VarKind {
@@ -352,6 +374,14 @@ impl Neff {
             outputs,
             subgraphs,
         })
+    }
+
+    /// The first subgraph's [`Subgraph::dge_io_order`] (every subgraph declares the same I/O).
+    pub fn dge_io_order(&self) -> (Vec<String>, Vec<String>) {
+        self.subgraphs
+            .first()
+            .map(Subgraph::dge_io_order)
+            .unwrap_or_default()
     }
 
     /// Logical core size the NEFF needs (the header's `lnc_size`: 1 or 2).

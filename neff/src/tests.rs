@@ -28,6 +28,13 @@ fn io(name: &str, dtype: DType, shape: &[u64]) -> IoTensor {
 fn matmul_small_parses_with_the_issue_facts() {
     let neff = parse(&real("matmul_small.neff")).unwrap();
     assert_eq!(neff.hash, HashVerdict::NotChecked);
+    assert_eq!(
+        neff.dge_io_order(),
+        (
+            vec!["x".to_string(), "y".to_string()],
+            vec!["output0".to_string()]
+        )
+    );
     assert_eq!(neff.lnc_size(), 2);
     assert_eq!(neff.header.num_tpb, 1);
     assert_eq!(

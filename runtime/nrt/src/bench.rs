@@ -713,7 +713,7 @@ fn fill_random(t: &Tensor, seed: u64) -> Result<(), String> {
 /// the seed): each output's expected bytes by name.
 fn shape_only_outputs(neff: &neff::Neff, c: &Core) -> Result<Vec<(String, Vec<u8>)>, String> {
     use shared::neff_program::shape_only::{EDGE_BYTES, Seed};
-    let (inputs, outputs) = crate::scenario::models::dge_order(neff);
+    let (inputs, outputs) = neff.dge_io_order();
     let tensor = |name: &str| {
         c.named
             .iter()

@@ -7,7 +7,7 @@
 //! JSON object). The exit code is non-zero when anything failed.
 
 mod client;
-pub(crate) mod models;
+mod models;
 mod report;
 mod runner;
 mod spec;

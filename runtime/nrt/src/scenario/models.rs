@@ -75,29 +75,6 @@ fn pattern_byte(seed: u64, e: u64, i: u64) -> u8 {
     (z >> 29).to_le_bytes()[0]
 }
 
-/// The input and output names of `neff`'s first subgraph in its DGE table's order (the order
-/// the shape-only function takes them in).
-pub fn dge_order(neff: &neff::Neff) -> (Vec<String>, Vec<String>) {
-    let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
-    let Some(sg) = neff.subgraphs.first() else {
-        return (inputs, outputs);
-    };
-    let list = sg.vars.values().find_map(|v| match &v.kind {
-        neff::VarKind::DgeTable { list } => Some(list.clone()),
-        _ => None,
-    });
-    for id in list.unwrap_or_default() {
-        if let Some(v) = sg.vars.values().find(|v| v.var_id == id) {
-            match v.kind {
-                neff::VarKind::Input => inputs.push(v.name.clone()),
-                neff::VarKind::Output => outputs.push(v.name.clone()),
-                _ => {}
-            }
-        }
-    }
-    (inputs, outputs)
-}
-
 impl BuiltModel {
     /// Builds `[models.name]`; files are relative to `dir`.
     ///
@@ -224,7 +201,7 @@ impl BuiltModel {
         };
         let reference = match reference {
             None | Some("shape-only") => {
-                let (inputs, outputs) = dge_order(&neff);
+                let (inputs, outputs) = neff.dge_io_order();
                 Reference::ShapeOnly { inputs, outputs }
             }
             Some("none") => Reference::None,
