@@ -93,6 +93,49 @@ const SHAPE_ONLY_NOTE: &str = "shape-only: simdev does not run NEFF instructions
 /// The note of a `NEURON_RT_FUNTIME=1` run.
 const FUNTIME_NOTE: &str = "NEURON_RT_FUNTIME=1: nothing ran on a device (execute returned success at once); outputs were not checked and no accuracy is reported";
 
+impl BenchReport {
+    /// The report of `executions` timed executions producing `images` images, taking `samples`
+    /// latencies over `wall` seconds: outputs "computed", no accuracy, no failures (callers set
+    /// what their model checks).
+    fn timed(
+        model: String,
+        backend: &'static str,
+        opts: &BenchOptions,
+        ncs: u32,
+        (executions, images): (u64, u64),
+        samples: Vec<Duration>,
+        wall: f64,
+    ) -> Self {
+        let st = stats(samples);
+        Self {
+            model,
+            backend,
+            batch: 1,
+            nc_count: ncs,
+            in_flight: opts.in_flight,
+            executions,
+            images,
+            accuracy: None,
+            max_abs_logit_diff: None,
+            failures: 0,
+            p50_us: st.p50,
+            p90_us: st.p90,
+            p99_us: st.p99,
+            mean_us: st.mean,
+            min_us: st.min,
+            max_us: st.max,
+            std_us: st.std,
+            executions_per_second: executions as f64 / wall,
+            images_per_second: images as f64 / wall,
+            ran_on_device: true,
+            note: None,
+            outputs: "computed",
+            warmup: opts.warmup,
+            load_seconds: None,
+        }
+    }
+}
+
 /// File descriptors each in-flight slot costs: its two device tensors are two memory chunks,
 /// each a memfd in simdev (and a mapping here).
 const FDS_PER_SLOT: u64 = 2;
@@ -529,35 +572,21 @@ fn run_digits(
     } else {
         (None, None)
     };
-    let st = stats(samples);
     let images = (executions.min(per_pass) * batch as u64).min(count as u64)
         + executions.saturating_sub(per_pass) * batch as u64;
-    Ok(BenchReport {
-        model: "digits".into(),
+    let mut r = BenchReport::timed(
+        "digits".into(),
         backend,
-        batch,
-        nc_count: ncs,
-        in_flight: opts.in_flight,
-        executions,
-        images,
-        accuracy,
-        max_abs_logit_diff: max_diff,
-        failures: 0,
-        p50_us: st.p50,
-        p90_us: st.p90,
-        p99_us: st.p99,
-        mean_us: st.mean,
-        min_us: st.min,
-        max_us: st.max,
-        std_us: st.std,
-        executions_per_second: executions as f64 / wall,
-        images_per_second: images as f64 / wall,
-        ran_on_device: true,
-        note: None,
-        outputs: "computed",
-        warmup: opts.warmup,
-        load_seconds: None,
-    })
+        opts,
+        ncs,
+        (executions, images),
+        samples,
+        wall,
+    );
+    r.batch = batch;
+    r.accuracy = accuracy;
+    r.max_abs_logit_diff = max_diff;
+    Ok(r)
 }
 
 fn run_identity(
@@ -612,33 +641,17 @@ fn run_identity(
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let st = stats(samples);
-    Ok(BenchReport {
-        model: "identity".into(),
+    let mut r = BenchReport::timed(
+        "identity".into(),
         backend,
-        batch: 1,
-        nc_count: ncs,
-        in_flight: opts.in_flight,
-        executions,
-        images: executions,
-        accuracy: None,
-        max_abs_logit_diff: None,
-        failures: failures.into_inner(),
-        p50_us: st.p50,
-        p90_us: st.p90,
-        p99_us: st.p99,
-        mean_us: st.mean,
-        min_us: st.min,
-        max_us: st.max,
-        std_us: st.std,
-        executions_per_second: executions as f64 / wall,
-        images_per_second: executions as f64 / wall,
-        ran_on_device: true,
-        note: None,
-        outputs: "computed",
-        warmup: opts.warmup,
-        load_seconds: None,
-    })
+        opts,
+        ncs,
+        (executions, executions),
+        samples,
+        wall,
+    );
+    r.failures = failures.into_inner();
+    Ok(r)
 }
 
 /// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes.
@@ -814,33 +827,22 @@ fn run_neff(
             }
         }
     }
-    let st = stats(samples);
-    Ok(BenchReport {
-        model: name,
+    let mut r = BenchReport::timed(
+        name,
         backend,
-        batch: 1,
-        nc_count: ncs,
-        in_flight: opts.in_flight,
-        executions,
-        images: executions,
-        accuracy: None,
-        max_abs_logit_diff: None,
-        failures,
-        p50_us: st.p50,
-        p90_us: st.p90,
-        p99_us: st.p99,
-        mean_us: st.mean,
-        min_us: st.min,
-        max_us: st.max,
-        std_us: st.std,
-        executions_per_second: executions as f64 / wall,
-        images_per_second: executions as f64 / wall,
-        ran_on_device: true,
-        note: shape_only.then(|| SHAPE_ONLY_NOTE.to_string()),
-        outputs: if shape_only { "shape-only" } else { "computed" },
-        warmup: opts.warmup,
-        load_seconds,
-    })
+        opts,
+        ncs,
+        (executions, executions),
+        samples,
+        wall,
+    );
+    r.failures = failures;
+    r.load_seconds = load_seconds;
+    if shape_only {
+        r.note = Some(SHAPE_ONLY_NOTE.to_string());
+        r.outputs = "shape-only";
+    }
+    Ok(r)
 }
 
 /// Prints a report as text.
