@@ -310,3 +310,66 @@ fn nrt_model_writes_the_builders_container_for_c_programs() {
         assert!(!out.exists(), "nothing written for {args:?}");
     }
 }
+
+fn neff(name: &str) -> String {
+    format!(
+        "{}/../../scenarios/data/neff/{name}.neff",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
+    let lnc2 = [
+        ("NEURON_SIMDEV_ARCH", "trn2"),
+        ("NEURON_LOGICAL_NC_CONFIG", "2"),
+    ];
+    let small = neff("matmul_small");
+    for extra in [&[][..], &["--async", "4"][..]] {
+        let mut args = vec![
+            "bench",
+            "--neff",
+            &small,
+            "--warmup",
+            "3",
+            "--iterations",
+            "40",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let r = nrt_with(&args, &lnc2);
+        assert_eq!(r["model"], "matmul_small.neff", "{r}");
+        assert_eq!(r["outputs"], "shape-only", "{r}");
+        assert!(r["note"].as_str().unwrap().contains("shape-only"), "{r}");
+        assert_eq!(r["failures"].as_u64(), Some(0), "outputs checked: {r}");
+        assert_eq!(r["executions"].as_u64(), Some(40), "{r}");
+        assert_eq!(r["warmup"].as_u64(), Some(3), "{r}");
+        let (min, p50, p99, max) = (
+            r["min_us"].as_f64().unwrap(),
+            r["p50_us"].as_f64().unwrap(),
+            r["p99_us"].as_f64().unwrap(),
+            r["max_us"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= p50 && p50 <= p99 && p99 <= max, "{r}");
+        assert!(r["mean_us"].as_f64().unwrap() >= min, "{r}");
+        assert!(r["std_us"].as_f64().unwrap() >= 0.0, "{r}");
+        assert!(r["executions_per_second"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["load_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // The digits model is not shape-only.
+    let r = nrt(&[
+        "bench",
+        "--model",
+        "identity",
+        "--iterations",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(r["outputs"], "computed", "{r}");
+    // An LNC=2 NEFF at LNC=1 is refused naming the mismatch.
+    let e = nrt_fails(
+        &["bench", "--neff", &small, "--iterations", "1"],
+        &[("NEURON_SIMDEV_ARCH", "trn2")],
+    );
+    assert!(e.contains("LNC=2"), "{e}");
+}
