@@ -28,6 +28,7 @@ mod footprint;
 pub mod header;
 mod io;
 pub mod npy;
+pub mod pack;
 pub mod payload;
 mod subgraph;
 

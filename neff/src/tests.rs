@@ -199,24 +199,7 @@ fn matmul_large_parses_with_the_issue_facts() {
 
 /// Every member of a NEFF's tar (debug members too), in archive order.
 fn members_of(neff: &[u8]) -> Vec<(String, Vec<u8>)> {
-    use std::io::Read;
-    let mut tar_bytes = Vec::new();
-    flate2::read::GzDecoder::new(&neff[NEFF_HEADER_SIZE..])
-        .read_to_end(&mut tar_bytes)
-        .unwrap();
-    let mut archive = tar::Archive::new(&tar_bytes[..]);
-    let mut out = Vec::new();
-    for entry in archive.entries().unwrap() {
-        let mut entry = entry.unwrap();
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let name = entry.path().unwrap().to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        entry.read_to_end(&mut data).unwrap();
-        out.push((name, data));
-    }
-    out
+    crate::pack::members(neff).unwrap()
 }
 
 /// A tar of `members`.
@@ -254,7 +237,7 @@ fn edited(edit: impl FnOnce(&mut Vec<(String, Vec<u8>)>)) -> Vec<u8> {
     let small = real("matmul_small.neff");
     let mut members = members_of(&small);
     edit(&mut members);
-    with_payload(&small, &gzip(&tar_of(&members)))
+    crate::pack::pack(&NeffHeader::read(&small).unwrap(), &members).unwrap()
 }
 
 fn replace_member(members: &mut [(String, Vec<u8>)], name: &str, f: impl FnOnce(&mut Vec<u8>)) {
