@@ -6,8 +6,8 @@
 use std::os::fd::AsFd;
 
 use shared::neff_program::{
-    DGE_KIND_INPUT, DGE_KIND_OUTPUT, DgeEntry, NEFF_PROGRAM_MAGIC, NEFF_PROGRAM_VERSION,
-    NeffProgramHeader, PROGRAM_ENCODING_SHIFT, ProgramEncoding, shape_only,
+    DGE_KIND_INPUT, DGE_KIND_OUTPUT, DgeEntry, NEFF_PROGRAM_HEADER_SIZE, NEFF_PROGRAM_MAGIC,
+    NEFF_PROGRAM_VERSION, NeffProgramHeader, PROGRAM_ENCODING_SHIFT, ProgramEncoding, shape_only,
 };
 use shared::protocol::{FaultKind, FaultSpec, FaultWhen, LatencyModel};
 use zerocopy::IntoBytes;
@@ -43,7 +43,7 @@ impl<'c, 'd> Neff<'c, 'd> {
         let rig = Rig::new(c, nc);
         let prog = c.alloc(MemLocation::Hbm { nc }, 64 * KIB);
         let mut addrs = [0; 5];
-        let mut at = 64;
+        let mut at = NEFF_PROGRAM_HEADER_SIZE;
         for engine in Engine::ALL {
             addrs[engine.index()] = prog.pa + at;
             let len = u64::from(RECORDS[engine.index()]) * 64;
@@ -62,6 +62,9 @@ impl<'c, 'd> Neff<'c, 'd> {
             dge_copies: copies,
             flags: 0,
             reserved: 0,
+            neff_uuid: [0xAB; 16],
+            neff_hash: [0xCD; 16],
+            reserved2: [0; 4],
         };
         let neff = Self {
             rig,
@@ -287,13 +290,20 @@ fn bad_headers_streams_and_encodings_are_execution_errors() {
             },
             error_flags::GENERIC,
         ),
-        (NeffProgramHeader { version: 2, ..h }, error_flags::GENERIC),
+        (NeffProgramHeader { version: 1, ..h }, error_flags::GENERIC),
         (NeffProgramHeader { subgraph: 1, ..h }, error_flags::GENERIC),
         (
             NeffProgramHeader { dge_copies: 0, ..h },
             error_flags::GENERIC,
         ),
         (NeffProgramHeader { flags: 1, ..h }, error_flags::GENERIC),
+        (
+            NeffProgramHeader {
+                reserved2: [0, 0, 1, 0],
+                ..h
+            },
+            error_flags::GENERIC,
+        ),
         (
             NeffProgramHeader {
                 dge_entries: u32::MAX,
