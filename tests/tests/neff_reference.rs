@@ -13,7 +13,8 @@ use runtime::config::RuntimeConfig;
 use runtime::{Placement, ReadBuffer, Runtime, Tensor, TensorSet};
 use shared::NrtStatus;
 use shared::neff_program::shape_only::splitmix64;
-use tests::{connect, start_simdev};
+use shared::protocol::{NcCounters, Reply, Request};
+use tests::{RawClient, connect, start_simdev};
 
 fn neff_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../scenarios/data/neff/{name}.neff"))
@@ -191,7 +192,116 @@ fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
     drop(t);
     rt.unload(h).unwrap();
     rt.close();
-    let _ = sim;
+    // 300 executions on each NC of the vNC (subgraph 0 ran the reference, subgraph 1 wrote
+    // nothing), none shape-only.
+    for nc in [0, 1] {
+        let c = counters(&sim, nc);
+        assert_eq!(
+            (
+                c.neff_reference_executions,
+                c.neff_shape_only_executions,
+                c.exec_errors
+            ),
+            (300, 0, 0),
+            "NC {nc}"
+        );
+    }
+}
+
+fn counters(sim: &runtime::backend::sim::PrivateSimdev, nc: u32) -> NcCounters {
+    let c = RawClient::connect_hello(sim.socket());
+    let Some(Reply::Counters(counters)) = c.call(&Request::Counters { nc }) else {
+        panic!("counters of NC {nc}")
+    };
+    counters
+}
+
+/// The pids of `parent`'s children (from /proc/*/stat).
+fn children(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// `field` (kB) of /proc/`pid`/status, in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+const CHEAP: &str = r#"
+import numpy as np
+
+def cheap(x, y):
+    v = np.float16(float(x[0, 0]) + float(y[-1, -1]))
+    out = np.empty((x.shape[0], y.shape[1]), dtype=np.float16)
+    out.fill(v)
+    return {"output0": out}
+"#;
+
+#[test]
+fn matmul_large_maps_its_4_gib_input_instead_of_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(dir.path(), "cheap.py", CHEAP);
+    let spec = binding("matmul_large", &m, "cheap");
+    let (rt, sim) = runtime(&["--reference", &spec], None);
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_large")).unwrap(), 0)
+        .unwrap();
+    let (xs, ys, os) = (8u64 << 20, 4u64 << 30, 16u64 << 20);
+    let t = io(&rt, Placement::Device { vnc: 0 }, (xs, ys, os));
+    for (e, (x00, y_last)) in [(1.5f32, 0.25f32), (-2.0, 0.5)].into_iter().enumerate() {
+        t.x.write(&f16::from_f32(x00).to_le_bytes(), 0).unwrap();
+        t.y.write(&f16::from_f32(y_last).to_le_bytes(), ys - 2)
+            .unwrap();
+        rt.execute(h, &t.ins, &t.outs).unwrap();
+        let mut out = vec![0u8; usize::try_from(os).unwrap()];
+        t.out.read(&mut out, 0).unwrap();
+        let want = f16::from_f32(x00 + y_last);
+        assert!(
+            halves(&out).iter().all(|&v| v == want),
+            "execution {e}: output0 is not filled with x[0,0] + y[-1,-1] = {want}"
+        );
+    }
+    let workers = children(sim.pid());
+    assert_eq!(
+        workers.len(),
+        1,
+        "one reference worker under simdev: {workers:?}"
+    );
+    let peak = status_bytes(workers[0], "VmHWM:");
+    assert!(
+        peak < 1 << 30,
+        "the worker's peak resident memory is {peak} bytes: y (4 GiB) was read, not mapped"
+    );
+    eprintln!("reference worker peak RSS {} MiB", peak >> 20);
+    drop(t);
+    rt.unload(h).unwrap();
+    rt.close();
 }
 
 /// A reference module in a temporary directory.
