@@ -147,7 +147,10 @@ const SMALL: (u64, u64, u64) = (128 * 256 * 2, 256 * 128 * 2, 128 * 128 * 2);
 #[test]
 fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
     let spec = binding("matmul_small", &example_reference(), "matmul");
-    let (rt, sim) = runtime(&["--reference", &spec], Some("1G"));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let trace_arg = trace.to_str().unwrap();
+    let (rt, mut sim) = runtime(&["--reference", &spec, "--trace", trace_arg], Some("1G"));
     let h = rt
         .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
         .unwrap();
@@ -206,6 +209,18 @@ fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
             "NC {nc}"
         );
     }
+    // The trace names the reference where shape-only runs say "shape-only".
+    sim.stop();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let spans = text
+        .matches("records (NEFF, reference: ref_matmul.py:matmul)")
+        .count();
+    assert!(
+        spans >= 5,
+        "the trace names the reference on the streams' spans ({spans} found, {} bytes of trace)",
+        text.len()
+    );
+    assert!(!text.contains("shape-only"), "no span says shape-only");
 }
 
 fn counters(sim: &runtime::backend::sim::PrivateSimdev, nc: u32) -> NcCounters {
