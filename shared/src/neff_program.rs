@@ -346,7 +346,7 @@ mod tests {
             flags: 0,
             reserved: 0,
             neff_uuid: [0x11; 16],
-            neff_hash: std::array::from_fn(|i| i as u8),
+            neff_hash: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             reserved2: [0; 4],
         };
         #[rustfmt::skip]

@@ -152,19 +152,16 @@ impl WorkerSlot {
     /// Kills and reaps the worker, and says how it ended.
     fn discard(&mut self) -> String {
         match self.worker.take() {
-            Some(mut w) => {
-                let status = match w.child.try_wait() {
-                    Ok(Some(s)) => format!("it exited ({s})"),
-                    _ => {
-                        let _ = w.child.kill();
-                        match w.child.wait() {
-                            Ok(s) => format!("it was killed ({s})"),
-                            Err(e) => format!("it was killed (wait: {e})"),
-                        }
+            Some(mut w) => match w.child.try_wait() {
+                Ok(Some(s)) => format!("it exited ({s})"),
+                _ => {
+                    let _ = w.child.kill();
+                    match w.child.wait() {
+                        Ok(s) => format!("it was killed ({s})"),
+                        Err(e) => format!("it was killed (wait: {e})"),
                     }
-                };
-                status
-            }
+                }
+            },
             None => "no worker".to_owned(),
         }
     }
