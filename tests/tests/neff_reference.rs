@@ -461,3 +461,27 @@ fn a_reference_past_the_timeout_gives_1004_and_a_fresh_worker() {
 fn a_worker_that_exits_gives_1004_and_a_fresh_worker() {
     misbehaving("exits", &["the reference worker died during the execution"]);
 }
+
+#[test]
+fn simdev_refuses_to_start_with_a_binding_it_cannot_load_naming_the_file() {
+    let program = tests::simdev_command(&[]).program;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("s.sock");
+    let missing_module = binding(
+        "matmul_small",
+        Path::new("/nonexistent/ref_missing.py"),
+        "f",
+    );
+    for (spec, named) in [
+        (missing_module.as_str(), "/nonexistent/ref_missing.py"),
+        ("/nonexistent/m.neff=ref.py:f", "/nonexistent/m.neff"),
+    ] {
+        let out = std::process::Command::new(&program)
+            .args(["--socket", socket.to_str().unwrap(), "--reference", spec])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{spec}: {stderr}");
+        assert!(stderr.contains(named), "{spec}: {stderr}");
+    }
+}

@@ -426,8 +426,19 @@ mod tests {
         let spec = format!("{}=/nope/ref.py:f", data("matmul_small.neff"));
         let e = References::load(&[spec], t).unwrap_err();
         assert!(e.contains("/nope/ref.py"), "{e}");
+        // A file that is not a NEFF: the parser's error, naming the file.
         let module = format!("{}/python/ref_matmul.py", env!("CARGO_MANIFEST_DIR"));
-        let e = References::load(&[format!("{module}.neff={module}:f")], t).unwrap_err();
-        assert!(e.contains("reference NEFF"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.neff");
+        std::fs::write(&junk, b"not a NEFF").unwrap();
+        let e = References::load(&[format!("{}={module}:f", junk.display())], t).unwrap_err();
+        assert!(
+            e.starts_with("reference NEFF ") && e.contains("junk.neff"),
+            "{e}"
+        );
+        // A golden file, until golden files exist, is refused at start, named.
+        let spec = format!("{}=rec.safetensors", data("matmul_small.neff"));
+        let e = References::load(&[spec], t).unwrap_err();
+        assert!(e.contains("golden file rec.safetensors"), "{e}");
     }
 }
