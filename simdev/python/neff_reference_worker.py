@@ -6,7 +6,8 @@ starts this program once, lazily, on the first execution of a bound NEFF, as
 ``python3``), with its **stdin** being one end of a ``SOCK_SEQPACKET`` socketpair and its stdout
 sent to simdev's stderr. Pure Python plus numpy.
 
-Protocol: one request message, one reply message, per execution.
+Protocol: once started (numpy imported), the worker sends ``{"ready": true, "pid": PID}``;
+then one request message, one reply message, per execution.
 
 Request (UTF-8 JSON, with the device memory chunks' memfds attached by ``SCM_RIGHTS``, each
 chunk once)::
@@ -114,8 +115,23 @@ def _run(req, fds):
                 pass  # the reference kept a view; the mapping goes when it does
 
 
+def _die_with_parent():
+    """On Linux, be killed when simdev dies, even mid-reference (PR_SET_PDEATHSIG follows the
+    thread that started the worker: an NC sequencer thread, which lives as long as the device)."""
+    try:
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def main():
+    _die_with_parent()
     sock = socket.socket(fileno=0)
+    sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
         if not msg and not fds:

@@ -375,7 +375,7 @@ fn misbehaving(function: &str, messages: &[&str]) {
     let m = module(dir.path(), "bad.py", MISBEHAVING);
     let spec = binding("matmul_small", &m, function);
     let (rt, sim) = runtime(
-        &["--reference", &spec, "--reference-timeout", "2s"],
+        &["--reference", &spec, "--reference-timeout", "5s"],
         Some("1G"),
     );
     let h = rt
@@ -454,7 +454,7 @@ fn a_reference_missing_an_output_gives_1004_naming_it() {
 
 #[test]
 fn a_reference_past_the_timeout_gives_1004_and_a_fresh_worker() {
-    misbehaving("sleeps", &["no reply within the reference timeout of 2s"]);
+    misbehaving("sleeps", &["no reply within the reference timeout of 5s"]);
 }
 
 #[test]

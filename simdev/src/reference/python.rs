@@ -3,7 +3,10 @@
 //! `python3`), started lazily on the first reference execution and kept for the next ones.
 //!
 //! simdev and the worker talk over a `SOCK_SEQPACKET` socketpair whose worker end is the
-//! worker's stdin (its stdout goes to simdev's stderr). Per execution simdev sends one JSON
+//! worker's stdin (its stdout goes to simdev's stderr). A started worker first says it is ready
+//! (`{"ready": true}`, after importing numpy) within [`STARTUP_TIMEOUT`] (or the execution
+//! timeout, if longer), so interpreter start-up is not charged to the first execution's
+//! timeout. Per execution simdev sends one JSON
 //! request ([`request`]) with the tensors' chunks' memfds attached (`SCM_RIGHTS`, each chunk
 //! once) and waits at most the timeout for one JSON reply. The worker maps the memfds and
 //! writes the outputs in place; nothing is copied through the socket.
@@ -34,6 +37,9 @@ pub const WORKER_SOURCE: &str = include_str!("../../python/neff_reference_worker
 
 /// Environment variable naming the Python interpreter (default `python3`).
 pub const ENV_PYTHON: &str = "NEURON_SIMDEV_PYTHON";
+
+/// How long a starting worker may take to say it is ready (at least).
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Largest reply read (a longer one is cut, which only shortens an error message).
 const MAX_REPLY: usize = 64 * 1024;
@@ -139,10 +145,22 @@ impl WorkerSlot {
                 .spawn()
                 .map_err(|e| format!("cannot start the reference worker {python:?}: {e}"))?;
             tracing::info!("reference worker started: pid {}", child.id());
-            self.worker = Some(Worker {
+            let worker = Worker {
                 child,
                 socket: ours,
-            });
+            };
+            let ready = receive(worker.socket.as_fd(), self.timeout.max(STARTUP_TIMEOUT));
+            self.worker = Some(worker);
+            let trouble = match ready {
+                Ok(Some(r)) if r.contains("\"ready\"") => None,
+                Ok(Some(r)) => Some(format!("started with {r:?}")),
+                Ok(None) => Some("did not start".to_owned()),
+                Err(e) => Some(format!("did not say it was ready ({e})")),
+            };
+            if let Some(t) = trouble {
+                let how = self.discard();
+                return Err(format!("the reference worker {t}; {how}"));
+            }
         }
         self.worker
             .as_ref()
@@ -180,35 +198,21 @@ impl WorkerSlot {
         let timeout = self.timeout;
         let (value, fds) = request(module, function, tensors);
         let bytes = value.to_string();
-        let worker = self.start()?;
-        let socket = worker.socket.as_fd();
-        let tv = TimeVal::new(
-            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            i64::from(timeout.subsec_micros()),
-        );
-        let sent = setsockopt(&socket, sockopt::ReceiveTimeout, &tv)
-            .and_then(|()| send_with_fds(socket, bytes.as_bytes(), &fds));
-        if let Err(e) = sent {
+        let socket = self.start()?.socket.as_fd();
+        if let Err(e) = send_with_fds(socket, bytes.as_bytes(), &fds) {
             let how = self.discard();
             return Err(format!(
                 "the reference worker could not take the request ({e}); {how}"
             ));
         }
-        let mut buf = vec![0u8; MAX_REPLY];
-        let received = loop {
-            match recv_with_fds(socket, &mut buf, MsgFlags::empty()) {
-                Err(Errno::EINTR) => {}
-                other => break other,
-            }
-        };
-        let reply = match received {
-            Ok(r) if r.is_eof() => {
+        let reply = match receive(socket, timeout) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
                 let how = self.discard();
                 return Err(format!(
                     "the reference worker died during the execution: {how}"
                 ));
             }
-            Ok(r) => String::from_utf8_lossy(&buf[..r.len]).into_owned(),
             Err(Errno::EAGAIN) => {
                 let how = self.discard();
                 return Err(format!(
@@ -237,6 +241,26 @@ impl WorkerSlot {
             }
         }
     }
+}
+
+/// One message from the worker within `timeout`: `None` at EOF.
+fn receive(socket: BorrowedFd<'_>, timeout: Duration) -> nix::Result<Option<String>> {
+    let tv = TimeVal::new(
+        i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        i64::from(timeout.subsec_micros()),
+    );
+    setsockopt(&socket, sockopt::ReceiveTimeout, &tv)?;
+    let mut buf = vec![0u8; MAX_REPLY];
+    let r = loop {
+        match recv_with_fds(socket, &mut buf, MsgFlags::empty()) {
+            Err(Errno::EINTR) => {}
+            other => break other?,
+        }
+    };
+    if r.is_eof() {
+        return Ok(None);
+    }
+    Ok(Some(String::from_utf8_lossy(&buf[..r.len]).into_owned()))
 }
 
 #[cfg(test)]
