@@ -22,10 +22,11 @@
 //!
 //! # Where the program's facts are
 //! The request carries the five streams' device addresses (`_pa + align_offset + offset`, in
-//! [`Engine::ALL`](crate::Engine::ALL) order). The 64 bytes immediately before the PE stream's
+//! [`Engine::ALL`](crate::Engine::ALL) order). The 128 bytes immediately before the PE stream's
 //! first record hold a [`NeffProgramHeader`] written by the runtime at load: each stream's record
-//! count (64-byte records), this subgraph's index and the subgraph count, and where the DGE
-//! table is.
+//! count (64-byte records), this subgraph's index and the subgraph count, where the DGE
+//! table is, and which NEFF this is (the NEFF header's `uuid` and the first 16 bytes of its
+//! `hash` field, as stored), so simdev can run a reference bound to that NEFF (issue 15).
 //!
 //! # The DGE table
 //! Per subgraph, the NEFF's `dge-table` variable is placed as [`NeffProgramHeader::dge_copies`]
@@ -57,9 +58,9 @@ pub const NEFF_RECORD_SIZE: u64 = 64;
 /// [`NeffProgramHeader::magic`].
 pub const NEFF_PROGRAM_MAGIC: [u8; 8] = *b"NEFFPROG";
 /// [`NeffProgramHeader::version`] this crate writes and reads.
-pub const NEFF_PROGRAM_VERSION: u32 = 1;
+pub const NEFF_PROGRAM_VERSION: u32 = 2;
 /// Bytes of [`NeffProgramHeader`], which sits this many bytes before the PE stream.
-pub const NEFF_PROGRAM_HEADER_SIZE: u64 = 64;
+pub const NEFF_PROGRAM_HEADER_SIZE: u64 = 128;
 
 /// The program encoding a request names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,11 +99,12 @@ pub const fn reload_requested(request: &DeviceExecRequest) -> bool {
     request.reload_seq_config & SEQ_CONFIG_RELOAD != 0
 }
 
-/// The 64-byte header the runtime writes immediately before a NEFF subgraph's PE stream.
+/// The 128-byte header the runtime writes immediately before a NEFF subgraph's PE stream.
 ///
 /// Layout (little-endian): `magic` @0x00, `version` @0x08, `subgraph` @0x0C,
 /// `subgraph_count` @0x0E, `records[5]` @0x10 (PE, ACT, POOL, DVE, SP), `dge_entries` @0x24,
-/// `dge_table_pa` @0x28, `dge_copies` @0x30, `flags` @0x34, `reserved` @0x38.
+/// `dge_table_pa` @0x28, `dge_copies` @0x30, `flags` @0x34, `reserved` @0x38,
+/// `neff_uuid` @0x40, `neff_hash` @0x50, `reserved2` @0x60.
 #[repr(C)]
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
@@ -128,6 +130,13 @@ pub struct NeffProgramHeader {
     pub flags: u32,
     /// Zero.
     pub reserved: u64,
+    /// The NEFF header's `uuid`, as stored.
+    pub neff_uuid: [u8; 16],
+    /// The first 16 bytes of the NEFF header's `hash` field (the payload's MD5 as stored:
+    /// four byte-swapped 32-bit words).
+    pub neff_hash: [u8; 16],
+    /// Zero.
+    pub reserved2: [u64; 4],
 }
 
 const _: () = assert!(std::mem::size_of::<NeffProgramHeader>() as u64 == NEFF_PROGRAM_HEADER_SIZE);
@@ -309,6 +318,9 @@ mod tests {
         assert_eq!(offset_of!(NeffProgramHeader, dge_copies), 0x30);
         assert_eq!(offset_of!(NeffProgramHeader, flags), 0x34);
         assert_eq!(offset_of!(NeffProgramHeader, reserved), 0x38);
+        assert_eq!(offset_of!(NeffProgramHeader, neff_uuid), 0x40);
+        assert_eq!(offset_of!(NeffProgramHeader, neff_hash), 0x50);
+        assert_eq!(offset_of!(NeffProgramHeader, reserved2), 0x60);
     }
 
     #[test]
@@ -333,16 +345,24 @@ mod tests {
             dge_copies: 4,
             flags: 0,
             reserved: 0,
+            neff_uuid: [0x11; 16],
+            neff_hash: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+            reserved2: [0; 4],
         };
         #[rustfmt::skip]
-        let golden: [u8; 64] = [
+        let golden: [u8; 128] = [
             b'N', b'E', b'F', b'F', b'P', b'R', b'O', b'G',
-            1, 0, 0, 0,  1, 0,  2, 0,
+            2, 0, 0, 0,  1, 0,  2, 0,
             12, 0, 0, 0,  5, 0, 0, 0,  7, 0, 0, 0,  2, 0, 0, 0,  3, 0, 0, 0,
             3, 0, 0, 0,
             0x00, 0x00, 0x01, 0x00, 0x40, 0, 0, 0,
             4, 0, 0, 0,  0, 0, 0, 0,
             0, 0, 0, 0, 0, 0, 0, 0,
+            0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+            0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+            0, 0, 0, 0, 0, 0, 0, 0,  0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0,  0, 0, 0, 0, 0, 0, 0, 0,
         ];
         assert_eq!(h.as_bytes(), &golden);
         assert_eq!(NeffProgramHeader::read_from_bytes(&golden).unwrap(), h);

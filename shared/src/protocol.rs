@@ -146,6 +146,9 @@ nc_counters! {
         /// documented function of the inputs ([`crate::neff_program::shape_only`]), not the
         /// model's numbers.
         pub neff_shape_only_executions: u64,
+        /// NEFF programs whose outputs a bound reference computed (simdev `--reference`),
+        /// run to their end.
+        pub neff_reference_executions: u64,
     }
 }
 
@@ -680,10 +683,11 @@ mod tests {
             faults_fired: 2,
             ..NcCounters::default()
         };
-        assert_eq!(NcCounters::NAMES.len(), 16);
+        assert_eq!(NcCounters::NAMES.len(), 17);
         assert_eq!(NcCounters::NAMES[0], "dma_descriptors");
         assert_eq!(NcCounters::NAMES[14], "faults_fired");
         assert_eq!(NcCounters::NAMES[15], "neff_shape_only_executions");
+        assert_eq!(NcCounters::NAMES[16], "neff_reference_executions");
         assert_eq!(c.get("dma_bytes"), Some(7));
         assert_eq!(c.get("faults_fired"), Some(2));
         assert_eq!(c.get("cc_chain"), None, "a misspelt name is not a counter");

@@ -1,5 +1,7 @@
 //! The `simdev` command line: `simdev [--socket PATH] [--arch trn1|inf2|trn2] [--ncs N]
-//! [--hbm SIZE] [--allow-uid UID]... [--trace FILE]`.
+//! [--hbm SIZE] [--allow-uid UID]... [--trace FILE] [--reference FILE.neff=MODULE.py:FUNCTION]...
+//! [--reference-timeout DURATION]`, plus the bindings of the environment variable
+//! `NEURON_SIMDEV_REFERENCE` ([`crate::reference`]).
 //!
 //! [`main_with_args`] is the whole program, callable from any binary: the `nrt` tool
 //! re-executes itself as simdev through it.
@@ -8,13 +10,15 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use shared::address_map::{Arch, CHUNK_GRANULE};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Config, MAX_NCS, default_socket_path};
+use crate::config::{Config, DEFAULT_REFERENCE_TIMEOUT, MAX_NCS, default_socket_path};
 use crate::dma::error_chain;
+use crate::reference::{BindingSpec, ENV_REFERENCE};
 use crate::server::{SimdevError, run};
 
 /// The exit status after an injected DeviceLost fault.
@@ -72,6 +76,45 @@ pub struct Args {
     /// transfers, doorbells and notifications to FILE when simdev stops.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Bind a NEFF to a CPU reference that computes its outputs instead of the shape-only
+    /// function: FILE.neff=MODULE.py:FUNCTION (a Python function run in a worker process) or
+    /// FILE.neff=GOLDEN.safetensors. Repeatable; NEURON_SIMDEV_REFERENCE adds more
+    /// (`;`-separated).
+    #[arg(long = "reference", value_name = "BINDING", value_parser = parse_binding)]
+    pub reference: Vec<String>,
+    /// How long one execution of a Python reference may take (e.g. 30s, 500ms) before its
+    /// worker is killed and the execution fails [default: 30s].
+    #[arg(long = "reference-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub reference_timeout: Option<Duration>,
+}
+
+/// Checks a `--reference` binding's syntax (the files are read when the device is built).
+fn parse_binding(text: &str) -> Result<String, String> {
+    BindingSpec::parse(text).map(|_| text.to_owned())
+}
+
+/// Parses a duration: a number of seconds, or a number with an `s` or `ms` suffix.
+///
+/// # Errors
+/// A message naming the text.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (digits, millis) = match t.strip_suffix("ms") {
+        Some(d) => (d, true),
+        None => (t.strip_suffix('s').unwrap_or(t), false),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (seconds, or a number with s or ms)"))?;
+    let d = if millis {
+        Duration::from_millis(n)
+    } else {
+        Duration::from_secs(n)
+    };
+    if d.is_zero() {
+        return Err(format!("{text:?}: the duration must be positive"));
+    }
+    Ok(d)
 }
 
 impl Args {
@@ -85,7 +128,23 @@ impl Args {
             hbm_bytes_per_nc: self.hbm.unwrap_or_else(|| arch.hbm_bytes_per_nc()),
             allow_uids: self.allow_uid.clone(),
             trace: self.trace.clone(),
+            references: self.reference.clone(),
+            reference_timeout: self.reference_timeout.unwrap_or(DEFAULT_REFERENCE_TIMEOUT),
         }
+    }
+
+    /// [`Args::config`] plus the bindings of `env` (the value of `NEURON_SIMDEV_REFERENCE`:
+    /// `;`-separated), after the command line's.
+    pub fn config_with_env(&self, env: Option<&str>) -> Config {
+        let mut config = self.config();
+        config.references.extend(
+            env.unwrap_or_default()
+                .split(';')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        );
+        config
     }
 }
 
@@ -142,7 +201,8 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    match run(args.config()) {
+    let env = std::env::var(ENV_REFERENCE).ok();
+    match run(args.config_with_env(env.as_deref())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(SimdevError::DeviceLost) => {
             let _ = writeln!(
@@ -204,5 +264,42 @@ mod tests {
         assert!(parse(&["simdev", "--ncs", "9"]).is_err());
         assert!(parse(&["simdev", "--arch", "inf1"]).is_err());
         assert!(parse(&["simdev", "--hbm", "5000"]).is_err());
+    }
+
+    #[test]
+    fn references_come_from_the_command_line_then_the_environment() {
+        let args = Args::try_parse_from([
+            "simdev",
+            "--reference",
+            "a.neff=r.py:f",
+            "--reference",
+            "b.neff=g.safetensors",
+            "--reference-timeout",
+            "250ms",
+        ])
+        .unwrap();
+        let c = args.config_with_env(Some(" c.neff=s.py:g ;; d.neff=t.py:h"));
+        assert_eq!(
+            c.references,
+            [
+                "a.neff=r.py:f",
+                "b.neff=g.safetensors",
+                "c.neff=s.py:g",
+                "d.neff=t.py:h"
+            ]
+        );
+        assert_eq!(c.reference_timeout, Duration::from_millis(250));
+        let plain = Args::try_parse_from(["simdev"])
+            .unwrap()
+            .config_with_env(None);
+        assert_eq!(
+            (plain.references.len(), plain.reference_timeout),
+            (0, DEFAULT_REFERENCE_TIMEOUT)
+        );
+        assert!(Args::try_parse_from(["simdev", "--reference", "a.neff"]).is_err());
+        assert!(Args::try_parse_from(["simdev", "--reference-timeout", "0"]).is_err());
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3s"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("x").is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! What one simdev emulates and where it listens: [`Config`], its defaults and its checks.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use shared::address_map::{AddressMap, Arch, CHUNK_GRANULE};
 use thiserror::Error;
@@ -29,7 +30,15 @@ pub struct Config {
     pub allow_uids: Vec<u32>,
     /// Where to write a Chrome trace-event JSON trace when simdev stops; `None`: no trace.
     pub trace: Option<PathBuf>,
+    /// Reference bindings, `FILE.neff=MODULE.py:FUNCTION` or `FILE.neff=GOLDEN.safetensors`
+    /// ([`crate::reference`]), loaded when the device is built.
+    pub references: Vec<String>,
+    /// How long one execution of a Python reference may take before its worker is killed.
+    pub reference_timeout: Duration,
 }
+
+/// [`Config::reference_timeout`] by default.
+pub const DEFAULT_REFERENCE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for Config {
     /// trn1 with its two NCs, 16 GiB of HBM per NC (the silicon's), [`default_socket_path`],
@@ -42,6 +51,8 @@ impl Default for Config {
             hbm_bytes_per_nc: Arch::Trn1.hbm_bytes_per_nc(),
             allow_uids: Vec::new(),
             trace: None,
+            references: Vec::new(),
+            reference_timeout: DEFAULT_REFERENCE_TIMEOUT,
         }
     }
 }
@@ -63,6 +74,9 @@ pub enum ConfigError {
         /// The value given.
         bytes: u64,
     },
+    /// A reference binding that cannot be loaded.
+    #[error("{0}")]
+    Reference(String),
 }
 
 impl Config {

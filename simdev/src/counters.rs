@@ -42,6 +42,8 @@ pub struct Counters {
     /// NEFF programs run shape-only to their end (no instruction semantics; see
     /// [`crate::shape_only`]).
     pub neff_shape_only_executions: AtomicU64,
+    /// NEFF programs whose outputs a bound reference computed ([`crate::reference`]).
+    pub neff_reference_executions: AtomicU64,
 }
 
 /// Adds `n` to a counter (relaxed: counters order nothing).
@@ -71,6 +73,7 @@ impl Counters {
             cc_chains: get(&self.cc_chains),
             faults_fired: get(&self.faults_fired),
             neff_shape_only_executions: get(&self.neff_shape_only_executions),
+            neff_reference_executions: get(&self.neff_reference_executions),
         }
     }
 }
@@ -104,7 +107,7 @@ mod tests {
             "dma_descriptors 1, dma_bytes 0, dma_aborts 0, register_writes 0, doorbells 0, \
              notifications 0, nq_overflows 0, posted_errors 0, resets 0, executions 0, \
              exec_errors 0, config_reloads 0, table_loads 0, cc_chains 0, faults_fired 15, \
-             neff_shape_only_executions 0"
+             neff_shape_only_executions 0, neff_reference_executions 0"
         );
     }
 }

@@ -25,6 +25,8 @@
 //! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
 //! - [`shape_only`]: a NEFF program run shape-only (streams charged, DGE table read, outputs a
 //!   documented function of the inputs).
+//! - [`reference`]: NEFFs bound to a CPU reference (a Python function in a worker process),
+//!   which computes their outputs instead of the shape-only function.
 //! - [`compute`]: each NC's SBUF and PSUM, and the compute instructions (matmul, activation,
 //!   tensor ops, reduce, copy, transpose, iota) the engines run on them.
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
@@ -49,6 +51,7 @@ pub mod engines;
 pub mod faults;
 pub mod memory;
 pub mod notify;
+pub mod reference;
 pub mod registers;
 pub mod server;
 pub mod shape_only;

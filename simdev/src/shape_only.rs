@@ -4,11 +4,11 @@
 //! The NeuronCore instruction encoding inside a NEFF is not public, so no instruction runs.
 //! One run, given the five stream addresses of the request:
 //!
-//! 1. **Header.** The [`NeffProgramHeader`] in the 64 bytes before the PE stream is read from
+//! 1. **Header.** The [`NeffProgramHeader`] in the 128 bytes before the PE stream is read from
 //!    the client's memory (OOB|GENERIC when those bytes are not inside one chunk of the
 //!    client, as for an instruction fetch) and checked: magic, version, subgraph index below
 //!    the subgraph count, at least one DGE copy, at most [`MAX_DGE_ENTRIES`] entries, zero
-//!    `flags` and `reserved` (GENERIC naming the field otherwise).
+//!    `flags`, `reserved` and `reserved2` (GENERIC naming the field otherwise).
 //! 2. **Streams.** Each engine's stream (`records` · 64 bytes at its address) must lie inside
 //!    one chunk of the client (OOB|GENERIC otherwise); its records are charged as
 //!    instructions ([`Host::stream`]: the latency model, one trace span per engine).
@@ -23,6 +23,14 @@
 //! 5. **Outputs.** Output `j` (in table order) gets this subgraph's
 //!    [`shape_only::share`] written with [`shape_only::fill`], in pieces of at most
 //!    [`WRITE_PIECE`] bytes through the chunk's bounds-checked accessor.
+//!
+//! **Reference-backed runs** ([`crate::reference`]): when the header's `neff_uuid` and
+//! `neff_hash` name a NEFF bound to a reference, steps 1 to 3 run as above (the streams'
+//! trace spans name the reference instead of "shape-only"), then, on subgraph 0 only, the
+//! table's inputs and outputs are matched to the binding's declared I/O (same count, same
+//! sizes, GENERIC naming the difference otherwise) and the reference computes whole outputs
+//! in place (its failure is GENERIC with its message); other subgraphs write nothing (their
+//! share of each output is covered by subgraph 0). Steps 4 and 5 do not run.
 //!
 //! The bytes read and written count as DMA bytes ([`Host::moved`]). Between entries and
 //! between pieces the run asks [`Host::live`], so an NC reset, release or reclaim abandons it
@@ -39,6 +47,7 @@ use shared::notification::error_flags;
 
 use crate::engines::{Stats, Stop};
 use crate::memory::Chunk;
+use crate::reference::{Binding, BoundTensor, Declared};
 
 /// Most entries one copy of a DGE table may have (a hostile header cannot make simdev read
 /// gigabytes of table).
@@ -64,7 +73,19 @@ pub trait Host {
     fn live(&mut self) -> Result<(), Stop>;
 
     /// `engine`'s stream of `records` 64-byte records at `pa` was checked: charge it.
-    fn stream(&mut self, engine: Engine, pa: u64, records: u32);
+    /// `reference` is the label of the reference that computes the outputs, `None` when the
+    /// run is shape-only.
+    fn stream(&mut self, engine: Engine, pa: u64, records: u32, reference: Option<&Arc<str>>);
+
+    /// The reference bound to the NEFF with header `uuid` and `hash` (the program header's
+    /// `neff_uuid` and `neff_hash`), if any.
+    fn reference(&mut self, uuid: &[u8; 16], hash: &[u8; 16]) -> Option<Arc<Binding>>;
+
+    /// Runs `binding`'s reference on `tensors`.
+    ///
+    /// # Errors
+    /// The reference's message.
+    fn run_reference(&mut self, binding: &Binding, tensors: &[BoundTensor]) -> Result<(), String>;
 
     /// `bytes` were read from or written to the client's memory.
     fn moved(&mut self, bytes: u64);
@@ -85,7 +106,12 @@ fn header(pe: u64, host: &mut impl Host) -> Result<NeffProgramHeader, Stop> {
             "the NEFF program header before the PE stream at {pe:#x} starts below address 0"
         ))
     })?;
-    let what = || format!("the NEFF program header at {at:#x} (64 bytes before the PE stream)");
+    let what = || {
+        format!(
+            "the NEFF program header at {at:#x} ({NEFF_PROGRAM_HEADER_SIZE} bytes before the PE \
+             stream)"
+        )
+    };
     let chunk = host
         .resolve(at, NEFF_PROGRAM_HEADER_SIZE)
         .ok_or_else(|| oob(what()))?;
@@ -135,6 +161,9 @@ fn header(pe: u64, host: &mut impl Host) -> Result<NeffProgramHeader, Stop> {
     }
     if h.reserved != 0 {
         return Err(bad("reserved", format!("is {:#x}, not 0", h.reserved)));
+    }
+    if h.reserved2 != [0; 4] {
+        return Err(bad("reserved2", format!("is {:x?}, not 0", h.reserved2)));
     }
     Ok(h)
 }
@@ -203,6 +232,56 @@ fn dge_table(h: &NeffProgramHeader, host: &mut impl Host) -> Result<Vec<Bound>, 
     Ok(bound)
 }
 
+/// Matches the checked table's inputs and outputs (in table order) to `binding`'s declared
+/// I/O (in DGE order).
+fn bind(binding: &Binding, table: &[Bound]) -> Result<Vec<BoundTensor>, Stop> {
+    let mut tensors = Vec::with_capacity(table.len());
+    for (input, declared) in [(true, &binding.inputs), (false, &binding.outputs)] {
+        let kind = if input {
+            DGE_KIND_INPUT
+        } else {
+            DGE_KIND_OUTPUT
+        };
+        let what = if input { "inputs" } else { "outputs" };
+        let entries: Vec<&Bound> = table.iter().filter(|b| b.entry.kind == kind).collect();
+        if entries.len() != declared.len() {
+            return Err(Stop::generic(format!(
+                "reference {}: the DGE table has {} {what}, the bound NEFF {} ({}) declares {}",
+                binding.label,
+                entries.len(),
+                binding.name,
+                binding.neff_path.display(),
+                declared.len()
+            )));
+        }
+        for (Bound { entry, chunk }, d) in entries.into_iter().zip(declared.iter()) {
+            let Declared {
+                name,
+                dtype,
+                shape,
+                size,
+            } = d;
+            if entry.size != *size {
+                return Err(Stop::generic(format!(
+                    "reference {}: DGE entry var_id {} is {} bytes, the bound NEFF's {name:?} \
+                     is {size}",
+                    binding.label, entry.var_id, entry.size
+                )));
+            }
+            tensors.push(BoundTensor {
+                name: name.clone(),
+                dtype: *dtype,
+                shape: shape.clone(),
+                input,
+                chunk: chunk.clone(),
+                offset: entry.pa - chunk.pa(),
+                size: *size,
+            });
+        }
+    }
+    Ok(tensors)
+}
+
 /// Runs the NEFF program whose streams start at `addresses` (in [`Engine::ALL`] order)
 /// shape-only (see the module doc); its stats count each engine's records as instructions.
 ///
@@ -226,10 +305,23 @@ pub fn run(addresses: [u64; 5], host: &mut impl Host) -> Result<Stats, Stop> {
         }
         stats.instructions[engine.index()] = records;
     }
+    let binding = host.reference(&h.neff_uuid, &h.neff_hash);
+    let label = binding.as_ref().map(|b| b.label.clone());
     for engine in Engine::ALL {
-        host.stream(engine, addresses[engine.index()], h.records[engine.index()]);
+        let (pa, records) = (addresses[engine.index()], h.records[engine.index()]);
+        host.stream(engine, pa, records, label.as_ref());
     }
     let table = dge_table(&h, host)?;
+    if let Some(binding) = binding {
+        if h.subgraph == 0 {
+            let tensors = bind(&binding, &table)?;
+            host.live()?;
+            host.run_reference(&binding, &tensors)
+                .map_err(Stop::generic)?;
+            host.moved(tensors.iter().map(|t| t.size).sum());
+        }
+        return Ok(stats);
+    }
     let mut seed = shape_only::Seed::default();
     for Bound { entry, chunk } in table.iter().filter(|b| b.entry.kind == DGE_KIND_INPUT) {
         host.live()?;
@@ -314,8 +406,14 @@ mod tests {
             self.lives = self.lives.checked_sub(1).ok_or(Stop::Abandoned)?;
             Ok(())
         }
-        fn stream(&mut self, engine: Engine, _pa: u64, records: u32) {
+        fn stream(&mut self, engine: Engine, _pa: u64, records: u32, _: Option<&Arc<str>>) {
             self.streams.push((engine, records));
+        }
+        fn reference(&mut self, _: &[u8; 16], _: &[u8; 16]) -> Option<Arc<Binding>> {
+            None
+        }
+        fn run_reference(&mut self, _: &Binding, _: &[BoundTensor]) -> Result<(), String> {
+            Ok(())
         }
         fn moved(&mut self, bytes: u64) {
             self.moved += bytes;
@@ -345,6 +443,9 @@ mod tests {
             dge_copies: 1,
             flags: 0,
             reserved: 0,
+            neff_uuid: [1; 16],
+            neff_hash: [2; 16],
+            reserved2: [0; 4],
         };
         prog.memory().write(prog.pa(), header.as_bytes()).unwrap();
         let entries = [
@@ -367,7 +468,7 @@ mod tests {
             .memory()
             .write(table.pa(), entries.as_bytes())
             .unwrap();
-        let addresses = [0, 1, 2, 3, 4].map(|i| prog.pa() + 64 + 64 * i);
+        let addresses = [0, 1, 2, 3, 4].map(|i| prog.pa() + NEFF_PROGRAM_HEADER_SIZE + 64 * i);
         // Two entries, one input, then one piece: the second piece finds the run abandoned.
         let mut host = Fake {
             space,

@@ -91,7 +91,7 @@ impl Track {
 }
 
 /// What an event records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Detail {
     /// An engine executed an instruction.
     Instruction {
@@ -111,6 +111,8 @@ pub enum Detail {
         engine: Engine,
         /// 64-byte records in the stream.
         records: u32,
+        /// The reference that computes the outputs ([`crate::reference`]); `None`: shape-only.
+        reference: Option<std::sync::Arc<str>>,
         /// The stream's address.
         pa: u64,
         /// The execution.
@@ -188,7 +190,7 @@ impl Detail {
 }
 
 /// One trace event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     /// The NC (the process).
     pub nc: u32,
@@ -209,7 +211,7 @@ fn micros(ns: u64) -> f64 {
 impl Event {
     /// The event in the Chrome trace-event format.
     pub fn to_json(&self) -> Value {
-        let (cat, name, args) = match self.detail {
+        let (cat, name, args) = match &self.detail {
             Detail::Instruction {
                 op,
                 pc,
@@ -223,21 +225,38 @@ impl Event {
             Detail::Stream {
                 engine,
                 records,
+                reference,
                 pa,
                 compute_idx,
-            } => (
-                "instruction",
-                format!(
-                    "{} stream: {records} records (NEFF, shape-only)",
-                    engine.name()
+            } => match reference {
+                None => (
+                    "instruction",
+                    format!(
+                        "{} stream: {records} records (NEFF, shape-only)",
+                        engine.name()
+                    ),
+                    json!({
+                        "pa": format!("{pa:#x}"),
+                        "records": records,
+                        "compute_idx": compute_idx,
+                        "shape_only": true,
+                    }),
                 ),
-                json!({
-                    "pa": format!("{pa:#x}"),
-                    "records": records,
-                    "compute_idx": compute_idx,
-                    "shape_only": true,
-                }),
-            ),
+                Some(r) => (
+                    "instruction",
+                    format!(
+                        "{} stream: {records} records (NEFF, reference: {r})",
+                        engine.name()
+                    ),
+                    json!({
+                        "pa": format!("{pa:#x}"),
+                        "records": records,
+                        "compute_idx": compute_idx,
+                        "shape_only": false,
+                        "reference": r.as_ref(),
+                    }),
+                ),
+            },
             Detail::Execution {
                 compute_idx,
                 flags,
@@ -252,7 +271,7 @@ impl Event {
                 compute_idx,
             } => (
                 "sequencer",
-                if config {
+                if *config {
                     "config reload"
                 } else {
                     "table load"
@@ -268,7 +287,7 @@ impl Event {
                 batch,
             } => (
                 "dma",
-                if batch {
+                if *batch {
                     "exec batch".to_owned()
                 } else {
                     format!("DMA {engine}.{queue}")
@@ -288,7 +307,7 @@ impl Event {
                 dropped,
             } => (
                 "notification",
-                NotificationKind::from_u16(kind)
+                NotificationKind::from_u16(*kind)
                     .map_or_else(|| format!("kind {kind}"), |k| format!("{k:?}")),
                 json!({
                     "compute_idx": compute_idx,
@@ -299,7 +318,7 @@ impl Event {
             ),
             Detail::Fault { kind, compute_idx } => (
                 "fault",
-                format!("fault {}", kind_name(kind)),
+                format!("fault {}", kind_name(*kind)),
                 json!({ "compute_idx": compute_idx }),
             ),
         };

@@ -7,7 +7,9 @@
 //! model manager (`kmgr`) then allocates and writes each plan.
 //!
 //! # Placement (per subgraph `k`, on the vNC's `k`-th NC)
-//! - **Program chunk** (one allocation): the 64-byte [`NeffProgramHeader`] at offset 0, then
+//! - **Program chunk** (one allocation): the 128-byte [`NeffProgramHeader`] at offset 0 (with
+//!   the NEFF header's uuid and the first 16 bytes of its hash field, so simdev knows which NEFF
+//!   runs), then
 //!   the five engine streams (PE first, so the header sits immediately before it), then the
 //!   activation tables, then the DVE tables, then the DGE table copies. Every piece starts at a
 //!   [`PROGRAM_ALIGN`] (64-byte, one stream record) aligned offset; the request's engine
@@ -289,7 +291,15 @@ pub fn plan<'a>(
         .iter()
         .zip(vnc.ncs)
         .enumerate()
-        .map(|(k, (sg, &nc))| plan_subgraph(&name, sg, k, sg_count, nc, info, vnc.dge_copies))
+        .map(|(k, (sg, &nc))| {
+            let at = Placement {
+                k,
+                sg_count,
+                nc,
+                dge_copies: vnc.dge_copies,
+            };
+            plan_subgraph(&name, &neff.header, sg, at, info)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let meta = Model {
         name: name.clone(),
@@ -315,15 +325,28 @@ pub fn plan<'a>(
     })
 }
 
-fn plan_subgraph<'a>(
-    name: &str,
-    sg: &'a Subgraph,
+/// Where one subgraph goes: its index, the subgraph count, its NC and the DGE copies.
+#[derive(Clone, Copy)]
+struct Placement {
     k: usize,
     sg_count: usize,
     nc: u32,
-    info: &DeviceInfo,
     dge_copies: u32,
+}
+
+fn plan_subgraph<'a>(
+    name: &str,
+    neff_header: &neff::NeffHeader,
+    sg: &'a Subgraph,
+    at: Placement,
+    info: &DeviceInfo,
 ) -> Result<SubgraphPlan<'a>, NrtError> {
+    let Placement {
+        k,
+        sg_count,
+        nc,
+        dge_copies,
+    } = at;
     let bad = |what: String| invalid(name, format!("subgraph {}: {what}", sg.name));
     // The program chunk: header, streams, tables, DGE copies.
     let mut off = NEFF_PROGRAM_HEADER_SIZE;
@@ -394,6 +417,9 @@ fn plan_subgraph<'a>(
         dge_copies: dge_copies.max(1),
         flags: 0,
         reserved: 0,
+        neff_uuid: neff_header.uuid,
+        neff_hash: neff_id_hash(neff_header),
+        reserved2: [0; 4],
     };
     let mut hbm_bytes = page(program_size);
     let mut largest: Option<(String, u64)> = None;
@@ -689,4 +715,12 @@ fn fill(
     hwq.acquire_dynamic_queues(nc, &plan.queues, DYNAMIC_QUEUE_DESCS)?;
     neff.queues.clone_from(&plan.queues);
     Ok(())
+}
+
+/// The first 16 bytes of the NEFF header's `hash` field, as stored (the program header's
+/// `neff_hash`).
+pub fn neff_id_hash(header: &neff::NeffHeader) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h.copy_from_slice(&header.hash[..16]);
+    h
 }

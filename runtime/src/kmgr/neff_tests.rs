@@ -111,7 +111,7 @@ fn matmul_small_places_header_streams_constants_and_queues_per_subgraph() {
             &rig,
             &tpb.blocks,
             tpb.engine_addresses[0] - NEFF_PROGRAM_HEADER_SIZE,
-            64,
+            128,
         );
         let header = NeffProgramHeader::read_from_bytes(&raw).unwrap();
         assert_eq!(header, n.header);

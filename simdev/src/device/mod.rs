@@ -68,6 +68,7 @@ use crate::dma::{self, Budget, DmaQueues};
 use crate::faults::FaultTable;
 use crate::memory::AddressSpace;
 use crate::notify::NotificationQueue;
+use crate::reference::References;
 use crate::registers::Registers;
 use crate::timing::{self, SimClock};
 use crate::trace::{self, DEFAULT_MAX_EVENTS, Tracer};
@@ -183,6 +184,8 @@ struct Core {
     lost_hook: Mutex<Option<LostHook>>,
     /// The trace (disabled unless configured).
     tracer: Tracer,
+    /// NEFFs bound to a reference, and the Python worker.
+    references: References,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -202,11 +205,14 @@ impl Device {
     /// nothing claimed or allocated.
     ///
     /// # Errors
-    /// [`ConfigError`] when the configuration is out of range.
+    /// [`ConfigError`] when the configuration is out of range or a reference binding cannot
+    /// be loaded ([`crate::reference`]).
     pub fn new(config: &Config) -> Result<Self, ConfigError> {
         config.validate()?;
+        let references = References::load(&config.references, config.reference_timeout)
+            .map_err(ConfigError::Reference)?;
         Ok(Self {
-            core: Arc::new_cyclic(|me| Core::new(config, me.clone())),
+            core: Arc::new_cyclic(|me| Core::new(config, references, me.clone())),
         })
     }
 
@@ -282,6 +288,11 @@ impl Device {
         self.core.stats()
     }
 
+    /// The pid of the Python reference worker, while one runs ([`crate::reference::python`]).
+    pub fn reference_worker_pid(&self) -> Option<u32> {
+        self.core.references.worker_pid()
+    }
+
     /// How many injected faults fired on NC `nc`'s executions, `None` when it does not exist.
     pub fn faults_fired(&self, nc: u32) -> Option<u64> {
         self.core
@@ -327,7 +338,7 @@ impl Drop for Device {
 }
 
 impl Core {
-    fn new(config: &Config, me: Weak<Core>) -> Self {
+    fn new(config: &Config, references: References, me: Weak<Core>) -> Self {
         let map = config.address_map();
         let arch = map.arch;
         let info = DeviceInfo {
@@ -385,6 +396,7 @@ impl Core {
             latency: Mutex::new(LatencyModel::default()),
             simulated: AtomicBool::new(false),
             lost_hook: Mutex::new(None),
+            references,
             tracer: config.trace.clone().map_or_else(Tracer::disabled, |path| {
                 Tracer::to_file(path, map.nc_count, DEFAULT_MAX_EVENTS)
             }),

@@ -25,6 +25,7 @@ pub(crate) fn config() -> Config {
         hbm_bytes_per_nc: 16 * MIB,
         allow_uids: Vec::new(),
         trace: None,
+        ..Config::default()
     }
 }
 

@@ -518,9 +518,12 @@ impl Core {
             epoch: work.epoch,
             budget: &mut budget,
             acct,
+            reference_used: false,
         };
         let stats = program.run(&Limits::for_arch(self.map.arch), &mut host)?;
-        if program.is_shape_only() {
+        if host.reference_used {
+            bump(&nc.counters.neff_reference_executions, 1);
+        } else if program.is_shape_only() {
             bump(&nc.counters.neff_shape_only_executions, 1);
         }
         Ok(stats)

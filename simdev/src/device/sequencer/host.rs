@@ -18,6 +18,7 @@ use crate::device::{Claim, Core, Nc, lock, read};
 use crate::dma::{Budget, DmaQueueId, QueueError, QueueStatus, error_chain};
 use crate::engines::{self, Stop};
 use crate::memory::Chunk;
+use crate::reference::{Binding, BoundTensor};
 use crate::shape_only;
 use crate::trace::Detail;
 
@@ -31,6 +32,8 @@ pub(super) struct ExecHost<'a> {
     pub(super) epoch: u64,
     pub(super) budget: &'a mut Budget,
     pub(super) acct: &'a mut Account,
+    /// A reference ([`crate::reference`]) computed (or was to compute) this NEFF's outputs.
+    pub(super) reference_used: bool,
 }
 
 impl ExecHost<'_> {
@@ -204,7 +207,7 @@ impl shape_only::Host for ExecHost<'_> {
         Ok(())
     }
 
-    fn stream(&mut self, engine: Engine, pa: u64, records: u32) {
+    fn stream(&mut self, engine: Engine, pa: u64, records: u32, reference: Option<&Arc<str>>) {
         let acct = &mut *self.acct;
         acct.charge.instructions += u64::from(records);
         if acct.events.is_none() {
@@ -223,6 +226,7 @@ impl shape_only::Host for ExecHost<'_> {
         let detail = Detail::Stream {
             engine,
             records,
+            reference: reference.cloned(),
             pa,
             compute_idx: acct.compute_idx,
         };
@@ -231,5 +235,22 @@ impl shape_only::Host for ExecHost<'_> {
 
     fn moved(&mut self, bytes: u64) {
         bump(&self.nc.counters.dma_bytes, bytes);
+    }
+
+    fn reference(&mut self, uuid: &[u8; 16], hash: &[u8; 16]) -> Option<Arc<Binding>> {
+        let found = self.core.references.find(uuid, hash);
+        self.reference_used = found.is_some();
+        found
+    }
+
+    fn run_reference(&mut self, binding: &Binding, tensors: &[BoundTensor]) -> Result<(), String> {
+        self.core.references.run(binding, tensors).inspect_err(|e| {
+            tracing::error!(
+                "NC {} execution {} of NEFF {:?}: {e}",
+                self.nc.index,
+                self.acct.compute_idx,
+                binding.name
+            );
+        })
     }
 }

@@ -35,7 +35,9 @@
 //!    ([`shared::neff_program`]): the five engines run the simulator ISA from the request's
 //!    addresses ([`crate::engines`]), or a NEFF subgraph runs **shape-only**
 //!    ([`crate::shape_only`]: streams charged, inputs and outputs through the DGE table,
-//!    counted in `neff_shape_only_executions`); any other encoding is GENERIC.
+//!    counted in `neff_shape_only_executions`), or, when the NEFF is bound to a reference,
+//!    with its outputs computed by the reference ([`crate::reference`], counted in
+//!    `neff_reference_executions`); any other encoding is GENERIC.
 //! 4. **Notification.** One entry of kind `Execution`: `compute_idx` (batches the exec queue
 //!    ran before this one since its DMA_QUEUE_INIT, NC reset, release or reclaim), the error
 //!    flags (0 on success; NUMERICAL when a compute instruction wrote a NaN or an infinity, the

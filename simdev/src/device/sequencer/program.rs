@@ -31,7 +31,7 @@ pub enum Program {
         addresses: [u64; 5],
     },
     /// A NEFF subgraph run shape-only ([`crate::shape_only`]): each engine's stream of 64-byte
-    /// records at its device address, the program header 64 bytes before the PE stream.
+    /// records at its device address, the program header 128 bytes before the PE stream.
     Neff {
         /// The streams' device addresses, in [`Engine::ALL`] order.
         addresses: [u64; 5],

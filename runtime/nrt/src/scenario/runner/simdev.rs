@@ -27,6 +27,24 @@ pub(super) fn process_running(pid: u32) -> bool {
     }
 }
 
+/// `binding` with its relative paths made relative to `dir` (the scenario file's directory);
+/// a binding that does not parse is passed as it is, for simdev to refuse by name.
+fn resolve_binding(binding: &str, dir: &std::path::Path) -> String {
+    use simdev::reference::{BindingSpec, Target};
+    let Ok(spec) = BindingSpec::parse(binding) else {
+        return binding.to_owned();
+    };
+    let neff = dir.join(&spec.neff);
+    match spec.target {
+        Target::Python { module, function } => format!(
+            "{}={}:{function}",
+            neff.display(),
+            dir.join(module).display()
+        ),
+        Target::Golden(file) => format!("{}={}", neff.display(), dir.join(file).display()),
+    }
+}
+
 impl Runner<'_> {
     /// simdev's command line from `[device]`.
     fn simdev_args(&self) -> Vec<std::ffi::OsString> {
@@ -40,6 +58,10 @@ impl Runner<'_> {
         if let Some(n) = d.ncs {
             v.push("--ncs".into());
             v.push(n.to_string().into());
+        }
+        for r in &d.references {
+            v.push("--reference".into());
+            v.push(resolve_binding(r, &self.dir).into());
         }
         v
     }

@@ -101,11 +101,13 @@ pub struct CountersCheck {
     pub cc_chains: Option<Bound>,
     /// NEFF programs simdev ran shape-only (no instruction semantics).
     pub neff_shape_only_executions: Option<Bound>,
+    /// NEFF programs whose outputs a bound reference computed.
+    pub neff_reference_executions: Option<Bound>,
 }
 
 impl CountersCheck {
     /// Every counter key with its bound, in report order.
-    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 15] {
+    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 16] {
         [
             ("dma_descriptors", self.dma_descriptors.as_ref()),
             ("dma_bytes", self.dma_bytes.as_ref()),
@@ -124,6 +126,10 @@ impl CountersCheck {
             (
                 "neff_shape_only_executions",
                 self.neff_shape_only_executions.as_ref(),
+            ),
+            (
+                "neff_reference_executions",
+                self.neff_reference_executions.as_ref(),
             ),
         ]
     }

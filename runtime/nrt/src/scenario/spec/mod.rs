@@ -70,6 +70,12 @@ pub struct DeviceSpec {
     pub seed: u64,
     /// The latency model, set before the runtime starts.
     pub latency: Option<LatencySpec>,
+    /// simdev `--reference` bindings, `FILE.neff=MODULE.py:FUNCTION` or
+    /// `FILE.neff=GOLDEN.safetensors`, their paths relative to the scenario file: the bound
+    /// NEFFs' outputs come from the reference, not the shape-only function (so their models
+    /// take `reference = "none"`).
+    #[serde(default)]
+    pub references: Vec<String>,
 }
 
 impl Default for DeviceSpec {
@@ -80,6 +86,7 @@ impl Default for DeviceSpec {
             hbm: default_hbm(),
             seed: 0,
             latency: None,
+            references: Vec::new(),
         }
     }
 }

@@ -6,8 +6,8 @@
 use std::os::fd::AsFd;
 
 use shared::neff_program::{
-    DGE_KIND_INPUT, DGE_KIND_OUTPUT, DgeEntry, NEFF_PROGRAM_MAGIC, NEFF_PROGRAM_VERSION,
-    NeffProgramHeader, PROGRAM_ENCODING_SHIFT, ProgramEncoding, shape_only,
+    DGE_KIND_INPUT, DGE_KIND_OUTPUT, DgeEntry, NEFF_PROGRAM_HEADER_SIZE, NEFF_PROGRAM_MAGIC,
+    NEFF_PROGRAM_VERSION, NeffProgramHeader, PROGRAM_ENCODING_SHIFT, ProgramEncoding, shape_only,
 };
 use shared::protocol::{FaultKind, FaultSpec, FaultWhen, LatencyModel};
 use zerocopy::IntoBytes;
@@ -43,7 +43,7 @@ impl<'c, 'd> Neff<'c, 'd> {
         let rig = Rig::new(c, nc);
         let prog = c.alloc(MemLocation::Hbm { nc }, 64 * KIB);
         let mut addrs = [0; 5];
-        let mut at = 64;
+        let mut at = NEFF_PROGRAM_HEADER_SIZE;
         for engine in Engine::ALL {
             addrs[engine.index()] = prog.pa + at;
             let len = u64::from(RECORDS[engine.index()]) * 64;
@@ -62,6 +62,9 @@ impl<'c, 'd> Neff<'c, 'd> {
             dge_copies: copies,
             flags: 0,
             reserved: 0,
+            neff_uuid: [0xAB; 16],
+            neff_hash: [0xCD; 16],
+            reserved2: [0; 4],
         };
         let neff = Self {
             rig,
@@ -287,13 +290,20 @@ fn bad_headers_streams_and_encodings_are_execution_errors() {
             },
             error_flags::GENERIC,
         ),
-        (NeffProgramHeader { version: 2, ..h }, error_flags::GENERIC),
+        (NeffProgramHeader { version: 1, ..h }, error_flags::GENERIC),
         (NeffProgramHeader { subgraph: 1, ..h }, error_flags::GENERIC),
         (
             NeffProgramHeader { dge_copies: 0, ..h },
             error_flags::GENERIC,
         ),
         (NeffProgramHeader { flags: 1, ..h }, error_flags::GENERIC),
+        (
+            NeffProgramHeader {
+                reserved2: [0, 0, 1, 0],
+                ..h
+            },
+            error_flags::GENERIC,
+        ),
         (
             NeffProgramHeader {
                 dge_entries: u32::MAX,
@@ -476,4 +486,77 @@ fn a_large_input_is_read_only_at_its_edges() {
     x.write(size - 1, b"!");
     assert_eq!(summary(&neff.run()), execution(2, 0));
     assert_ne!(whole(&out), shape_only::expected_output(seed, 0, 4096));
+}
+
+/// A device whose matmul_small is bound to `function` of a module written in `dir`, and the
+/// NEFF's header identity.
+fn bound_device(dir: &std::path::Path, source: &str) -> (Device, [u8; 16], [u8; 16]) {
+    let neff_file = format!(
+        "{}/../scenarios/data/neff/matmul_small.neff",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let module = dir.join("r.py");
+    std::fs::write(&module, source).unwrap();
+    let config = Config {
+        references: vec![format!("{neff_file}={}:f", module.display())],
+        reference_timeout: std::time::Duration::from_secs(10),
+        ..crate::device::test_utils::config()
+    };
+    let h = ::neff::NeffHeader::read(&std::fs::read(&neff_file).unwrap()).unwrap();
+    let mut hash = [0; 16];
+    hash.copy_from_slice(&h.hash[..16]);
+    (Device::new(&config).unwrap(), h.uuid, hash)
+}
+
+#[test]
+fn a_bound_neff_runs_its_reference_on_subgraph_0_only_and_checks_the_table_against_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = "import numpy as np\n\
+                  def f(x, y):\n    \
+                  return {'output0': np.full((128, 128), x[0, 0] + y[-1, -1], dtype=np.float16)}\n";
+    let (dev, uuid, hash) = bound_device(dir.path(), source);
+    let a = Client::new(&dev, 10);
+    let mut sg0 = Neff::new(&a, 0, 0, 2, 3, 1);
+    let mut sg1 = Neff::new(&a, 1, 1, 2, 3, 1);
+    for sg in [&mut sg0, &mut sg1] {
+        sg.header.neff_uuid = uuid;
+        sg.header.neff_hash = hash;
+        sg.write_header(&sg.header);
+    }
+    let x = a.alloc(MemLocation::Hbm { nc: 0 }, 64 * KIB);
+    let y = a.alloc(MemLocation::Hbm { nc: 0 }, 64 * KIB);
+    let out = a.alloc(MemLocation::Hbm { nc: 0 }, 32 * KIB);
+    x.write(0, &0x3C00u16.to_le_bytes()); // 1.0
+    y.write(64 * 1024 - 2, &0x4000u16.to_le_bytes()); // 2.0
+    // Subgraph 1 writes nothing and starts no worker.
+    sg1.bind(0, &[input(&x), input(&y), output(&out)]);
+    assert_eq!(summary(&sg1.run()), execution(0, 0));
+    assert_eq!(whole(&out), vec![0; 32 * 1024]);
+    assert_eq!(dev.reference_worker_pid(), None);
+    let c = a.counters(1);
+    assert_eq!(
+        (c.neff_reference_executions, c.neff_shape_only_executions),
+        (1, 0)
+    );
+    // A table that does not match the bound NEFF's I/O is GENERIC, before any worker runs.
+    sg0.bind(0, &[input(&x), input(&y), input(&x)]);
+    assert_eq!(summary(&sg0.run()), execution(0, error_flags::GENERIC));
+    assert_eq!(dev.reference_worker_pid(), None);
+    // Subgraph 0 runs the reference: the whole output, in place.
+    sg0.bind(0, &[input(&x), input(&y), output(&out)]);
+    assert_eq!(summary(&sg0.run()), execution(1, 0));
+    let want: Vec<u8> = std::iter::repeat_n(0x4200u16.to_le_bytes(), 128 * 128)
+        .flatten()
+        .collect(); // 3.0
+    assert_eq!(whole(&out), want);
+    assert!(dev.reference_worker_pid().is_some(), "the worker stays");
+    let c = a.counters(0);
+    assert_eq!(
+        (
+            c.neff_reference_executions,
+            c.neff_shape_only_executions,
+            c.exec_errors
+        ),
+        (1, 0, 1)
+    );
 }

@@ -1,0 +1,444 @@
+//! Reference-backed NEFF runs (issue 15; DESIGN §6 "NEFF models"): a NEFF bound to a CPU
+//! reference gets its outputs computed by that reference instead of [`crate::shape_only`]'s
+//! function.
+//!
+//! # Bindings
+//! `simdev --reference FILE.neff=MODULE.py:FUNCTION` (repeatable), or the environment
+//! variable [`ENV_REFERENCE`] with the same syntax, several separated by `;` (a private simdev
+//! started by the runtime inherits it). `FILE.neff=GOLDEN.safetensors` binds a recorded golden
+//! file instead ([`golden`]). At start, [`References::load`] parses each NEFF with the `neff`
+//! crate and records its header `uuid` and `hash` (first 16 bytes), its name, and its I/O in
+//! DGE-table order with dtype and shape; a NEFF or module that cannot be read is a startup
+//! error naming it.
+//!
+//! # At execution
+//! A NEFF program ([`shared::neff_program`]) whose header's `neff_uuid` and `neff_hash` match a
+//! binding runs the reference where the shape-only fill would run: after the header, the
+//! streams (still charged to the latency model) and the DGE table are checked. The DGE
+//! table's inputs and outputs (in table order) are matched to the binding's I/O (count and
+//! sizes must agree) and passed as [`BoundTensor`]s. Faults, the latency model and the
+//! notification are unchanged; the trace names the reference instead of "shape-only".
+//!
+//! **LNC=2**: only subgraph 0 runs the reference, which writes whole outputs; the other
+//! subgraphs write nothing (their share of each output is covered by subgraph 0).
+//!
+//! # Errors
+//! Anything that goes wrong in the reference — an exception, a missing output, a wrong dtype
+//! or shape, a worker that exits or outlives [`Config::reference_timeout`](crate::config::Config)
+//! — ends the execution with GENERIC (the runtime reports `NRT_EXEC_COMPLETED_WITH_ERR`) and a
+//! `tracing::error!` line with the reference's message. A dead or timed-out worker is killed
+//! and reaped; the next execution starts a fresh one ([`python`]).
+
+pub mod golden;
+pub mod python;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shared::model::DType;
+
+use crate::memory::Chunk;
+
+/// Environment variable with bindings, `;`-separated, read at simdev start.
+pub const ENV_REFERENCE: &str = "NEURON_SIMDEV_REFERENCE";
+
+/// What computes a bound NEFF's outputs.
+#[derive(Debug)]
+pub enum Reference {
+    /// `FUNCTION` of the Python file `module`, run by the worker ([`python`]).
+    Python {
+        /// The module's path (absolute).
+        module: PathBuf,
+        /// The function's name.
+        function: String,
+    },
+    /// A recorded golden file.
+    Golden(golden::Golden),
+}
+
+/// One tensor of one execution, as bound through the DGE table.
+#[derive(Clone, Debug)]
+pub struct BoundTensor {
+    /// The NEFF's name for it.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// An input (else an output).
+    pub input: bool,
+    /// The client chunk that holds it.
+    pub chunk: Arc<Chunk>,
+    /// Its byte offset in the chunk.
+    pub offset: u64,
+    /// Its bytes.
+    pub size: u64,
+}
+
+/// One tensor a bound NEFF declares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// Name.
+    pub name: String,
+    /// Dtype.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// A NEFF bound to a reference.
+#[derive(Debug)]
+pub struct Binding {
+    /// The NEFF file.
+    pub neff_path: PathBuf,
+    /// The NEFF header's uuid.
+    pub uuid: [u8; 16],
+    /// The first 16 bytes of the NEFF header's hash field.
+    pub hash: [u8; 16],
+    /// The NEFF's name.
+    pub name: String,
+    /// Inputs, in DGE-table order.
+    pub inputs: Vec<Declared>,
+    /// Outputs, in DGE-table order.
+    pub outputs: Vec<Declared>,
+    /// What computes the outputs.
+    pub reference: Reference,
+    /// How reports name it: `"ref_matmul.py:matmul"`, or the golden file's name.
+    pub label: Arc<str>,
+}
+
+/// One binding's text, split: `FILE.neff=MODULE.py:FUNCTION` or `FILE.neff=GOLDEN.safetensors`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingSpec {
+    /// The NEFF file.
+    pub neff: PathBuf,
+    /// What it is bound to.
+    pub target: Target,
+}
+
+/// The right-hand side of a binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A Python function.
+    Python {
+        /// The `.py` file.
+        module: PathBuf,
+        /// The function.
+        function: String,
+    },
+    /// A golden `.safetensors` file.
+    Golden(PathBuf),
+}
+
+impl BindingSpec {
+    /// Parses `FILE.neff=MODULE.py:FUNCTION` or `FILE.neff=GOLDEN.safetensors`.
+    ///
+    /// # Errors
+    /// A message naming the text and the rule it broke.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let bad = |why: &str| {
+            format!(
+                "reference binding {t:?}: {why} (expected FILE.neff=MODULE.py:FUNCTION or \
+                 FILE.neff=GOLDEN.safetensors)"
+            )
+        };
+        let (neff, rhs) = t.split_once(".neff=").ok_or_else(|| bad("no \".neff=\""))?;
+        if neff.is_empty() {
+            return Err(bad("no NEFF file before \".neff=\""));
+        }
+        let neff = PathBuf::from(format!("{neff}.neff"));
+        if rhs.ends_with(".safetensors") {
+            return Ok(Self {
+                neff,
+                target: Target::Golden(PathBuf::from(rhs)),
+            });
+        }
+        let (module, function) = rhs
+            .rsplit_once(':')
+            .ok_or_else(|| bad("no \":FUNCTION\" after the module"))?;
+        if !module.ends_with(".py") || module.len() == 3 {
+            return Err(bad("the module must be a .py file"));
+        }
+        let ident = function
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_')
+            && function.chars().all(|c| c.is_alphanumeric() || c == '_');
+        if !ident {
+            return Err(bad(&format!("{function:?} is not a Python function name")));
+        }
+        Ok(Self {
+            neff,
+            target: Target::Python {
+                module: PathBuf::from(module),
+                function: function.to_owned(),
+            },
+        })
+    }
+
+    /// Splits `text` (the [`ENV_REFERENCE`] syntax) at `;`, skipping empty items.
+    ///
+    /// # Errors
+    /// The first item's error.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        text.split(';')
+            .filter(|s| !s.trim().is_empty())
+            .map(Self::parse)
+            .collect()
+    }
+}
+
+/// File name of `path` for messages and labels.
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+impl Binding {
+    /// Reads and parses the NEFF and checks the target exists.
+    ///
+    /// # Errors
+    /// A message naming the file that cannot be used and why.
+    pub fn load(spec: &BindingSpec) -> Result<Self, String> {
+        let path = &spec.neff;
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("reference NEFF {}: {e}", path.display()))?;
+        let neff = neff::Neff::parse(&bytes, &neff::ParseOptions::default())
+            .map_err(|e| format!("reference NEFF {}: {e}", path.display()))?;
+        let first = neff
+            .subgraphs
+            .first()
+            .ok_or_else(|| format!("reference NEFF {}: no subgraphs", path.display()))?;
+        let (in_order, out_order) = first.dge_io_order();
+        let declared = |names: &[String], io: &[neff::IoTensor]| -> Result<Vec<Declared>, String> {
+            names
+                .iter()
+                .map(|n| {
+                    let t = io.iter().find(|t| &t.name == n).ok_or_else(|| {
+                        format!(
+                            "reference NEFF {}: the DGE table lists {n:?}, which is not one of \
+                             the model's inputs or outputs",
+                            path.display()
+                        )
+                    })?;
+                    Ok(Declared {
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        size: t.size,
+                    })
+                })
+                .collect()
+        };
+        let inputs = declared(&in_order, &neff.inputs)?;
+        let outputs = declared(&out_order, &neff.outputs)?;
+        let (reference, label) = match &spec.target {
+            Target::Python { module, function } => {
+                let abs = std::fs::canonicalize(module).map_err(|e| {
+                    format!(
+                        "reference module {} (for {}): {e}",
+                        module.display(),
+                        path.display()
+                    )
+                })?;
+                let label = format!("{}:{function}", file_name(module));
+                (
+                    Reference::Python {
+                        module: abs,
+                        function: function.clone(),
+                    },
+                    label,
+                )
+            }
+            Target::Golden(file) => (
+                Reference::Golden(golden::Golden::open(file, &neff).map_err(|e| {
+                    format!(
+                        "golden file {} (for {}): {e}",
+                        file.display(),
+                        path.display()
+                    )
+                })?),
+                file_name(file),
+            ),
+        };
+        let mut hash = [0u8; 16];
+        hash.copy_from_slice(&neff.header.hash[..16]);
+        Ok(Self {
+            neff_path: path.clone(),
+            uuid: neff.header.uuid,
+            hash,
+            name: neff.header.name(),
+            inputs,
+            outputs,
+            reference,
+            label: label.into(),
+        })
+    }
+}
+
+/// Every binding of one simdev, and the Python worker they share.
+#[derive(Debug, Default)]
+pub struct References {
+    bindings: Vec<Arc<Binding>>,
+    worker: Mutex<python::WorkerSlot>,
+}
+
+impl References {
+    /// Loads every binding of `specs` (see the module doc); `timeout` bounds one execution of
+    /// a Python reference.
+    ///
+    /// # Errors
+    /// The first binding that cannot be loaded, named.
+    pub fn load(specs: &[String], timeout: Duration) -> Result<Self, String> {
+        let bindings = specs
+            .iter()
+            .map(|s| BindingSpec::parse(s).and_then(|b| Binding::load(&b).map(Arc::new)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            bindings,
+            worker: Mutex::new(python::WorkerSlot::new(timeout)),
+        })
+    }
+
+    /// Whether any NEFF is bound.
+    pub fn is_empty(&self) -> bool {
+        self.bindings.is_empty()
+    }
+
+    /// The binding of the NEFF with this header `uuid` and `hash`.
+    pub fn find(&self, uuid: &[u8; 16], hash: &[u8; 16]) -> Option<Arc<Binding>> {
+        self.bindings
+            .iter()
+            .find(|b| &b.uuid == uuid && &b.hash == hash)
+            .cloned()
+    }
+
+    /// The pid of the running Python worker, if one runs.
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.worker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pid()
+    }
+
+    /// Runs `binding`'s reference on `tensors` (inputs and outputs, matched to the binding's
+    /// declared I/O by the caller).
+    ///
+    /// # Errors
+    /// The reference's message, prefixed with its label.
+    pub fn run(&self, binding: &Binding, tensors: &[BoundTensor]) -> Result<(), String> {
+        let result = match &binding.reference {
+            Reference::Python { module, function } => self
+                .worker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .run(module, function, tensors),
+            Reference::Golden(g) => g.run(tensors),
+        };
+        result.map_err(|e| format!("reference {}: {e}", binding.label))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bindings_parse_python_and_golden_targets() {
+        let b = BindingSpec::parse("data/neff/m.neff=refs/ref_matmul.py:matmul").unwrap();
+        assert_eq!(b.neff, PathBuf::from("data/neff/m.neff"));
+        assert_eq!(
+            b.target,
+            Target::Python {
+                module: PathBuf::from("refs/ref_matmul.py"),
+                function: "matmul".into()
+            }
+        );
+        let g = BindingSpec::parse(" a=b.neff=rec.safetensors ").unwrap();
+        assert_eq!(g.neff, PathBuf::from("a=b.neff"));
+        assert_eq!(g.target, Target::Golden(PathBuf::from("rec.safetensors")));
+        // A Windows-ish or odd module path keeps its colons; the function is after the last.
+        let c = BindingSpec::parse("m.neff=/x:y/r.py:_f2").unwrap();
+        assert!(matches!(c.target, Target::Python { ref function, .. } if function == "_f2"));
+        for bad in [
+            "m.neff",
+            "=r.py:f",
+            ".neff=r.py:f",
+            "m.neff=r.py",
+            "m.neff=r.txt:f",
+            "m.neff=.py:f",
+            "m.neff=r.py:",
+            "m.neff=r.py:2f",
+            "m.neff=r.py:f-g",
+        ] {
+            let e = BindingSpec::parse(bad).unwrap_err();
+            assert!(e.contains("reference binding"), "{bad}: {e}");
+        }
+        let list = BindingSpec::parse_list("a.neff=r.py:f; ;b.neff=g.safetensors;").unwrap();
+        assert_eq!(list.len(), 2);
+        assert!(BindingSpec::parse_list("a.neff=r.py:f;oops").is_err());
+    }
+
+    fn data(name: &str) -> String {
+        format!(
+            "{}/../scenarios/data/neff/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn loading_records_the_neff_identity_and_io_in_dge_order() {
+        let module = format!("{}/python/ref_matmul.py", env!("CARGO_MANIFEST_DIR"));
+        let spec = format!("{}={module}:matmul", data("matmul_small.neff"));
+        let refs = References::load(&[spec], Duration::from_secs(1)).unwrap();
+        let b = &refs.bindings[0];
+        let bytes = std::fs::read(data("matmul_small.neff")).unwrap();
+        let h = neff::NeffHeader::read(&bytes).unwrap();
+        assert_eq!((b.uuid, &b.hash[..]), (h.uuid, &h.hash[..16]));
+        assert_eq!(&*b.label, "ref_matmul.py:matmul");
+        let names = |d: &[Declared]| d.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            (names(&b.inputs), names(&b.outputs)),
+            (vec!["x".to_owned(), "y".into()], vec!["output0".to_owned()])
+        );
+        assert_eq!(b.inputs[0].shape, [128, 256]);
+        assert_eq!(
+            (b.outputs[0].dtype, b.outputs[0].size),
+            (DType::F16, 128 * 128 * 2)
+        );
+        assert!(refs.find(&h.uuid, &b.hash).is_some());
+        let mut other = b.hash;
+        other[0] ^= 1;
+        assert!(refs.find(&h.uuid, &other).is_none());
+    }
+
+    #[test]
+    fn bad_bindings_are_startup_errors_naming_the_file() {
+        let t = Duration::from_secs(1);
+        let e = References::load(&["/nope/m.neff=r.py:f".into()], t).unwrap_err();
+        assert!(e.contains("/nope/m.neff"), "{e}");
+        let spec = format!("{}=/nope/ref.py:f", data("matmul_small.neff"));
+        let e = References::load(&[spec], t).unwrap_err();
+        assert!(e.contains("/nope/ref.py"), "{e}");
+        // A file that is not a NEFF: the parser's error, naming the file.
+        let module = format!("{}/python/ref_matmul.py", env!("CARGO_MANIFEST_DIR"));
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.neff");
+        std::fs::write(&junk, b"not a NEFF").unwrap();
+        let e = References::load(&[format!("{}={module}:f", junk.display())], t).unwrap_err();
+        assert!(
+            e.starts_with("reference NEFF ") && e.contains("junk.neff"),
+            "{e}"
+        );
+        // A golden file, until golden files exist, is refused at start, named.
+        let spec = format!("{}=rec.safetensors", data("matmul_small.neff"));
+        let e = References::load(&[spec], t).unwrap_err();
+        assert!(e.contains("golden file rec.safetensors"), "{e}");
+    }
+}
