@@ -49,6 +49,7 @@ pub mod engines;
 pub mod faults;
 pub mod memory;
 pub mod notify;
+pub mod reference;
 pub mod registers;
 pub mod server;
 pub mod shape_only;
