@@ -90,12 +90,11 @@ pub fn record(file: &Path, out: &Path, executions: u32, seed: u64) -> Result<Rec
     let result = run(&rt, &neff, &bytes, executions, seed, backend);
     rt.close();
     let (recorded, source) = result?;
-    let file_bytes = golden::serialize(&neff, source, &recorded)?;
-    std::fs::write(out, &file_bytes).map_err(|e| format!("{}: {e}", out.display()))?;
+    let bytes = golden::write(out, &neff, source, &recorded)?;
     Ok(Recording {
         executions,
         source,
-        bytes: file_bytes.len() as u64,
+        bytes,
     })
 }
 

@@ -1,7 +1,8 @@
 //! `nrt neff record` through the real binary: a golden file of `matmul_small` recorded on a
 //! private simdev (trn2, LNC=2), read back with the safetensors crate: 10 executions of every
 //! input and output with the NEFF's dtypes and shapes, outputs the shape-only function of the
-//! inputs; tensors too large for a golden file refused.
+//! inputs, replayed exactly by simdev's golden reference (an unrecorded input names the closest
+//! execution); tensors too large for a golden file refused.
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -88,9 +89,88 @@ fn record_writes_10_executions_of_every_tensor_with_shape_only_outputs() {
         assert_ne!(x, previous_x, "execution {k} has its own inputs");
         previous_x = x;
     }
-    // simdev opens it as the NEFF's golden reference.
+    // simdev opens it as the NEFF's golden reference and replays every execution exactly.
     let golden = simdev::reference::golden::Golden::open(&out, &neff).unwrap();
     assert_eq!(golden.executions(), 10);
+    let device = Replay::new(&neff);
+    for k in (0..10).rev() {
+        for name in &inputs {
+            device.write(name, file.tensor(&format!("{k}/in/{name}")).unwrap().data());
+        }
+        golden.run(&device.tensors).unwrap();
+        assert!(
+            device.read("output0") == file.tensor(&format!("{k}/out/output0")).unwrap().data(),
+            "execution {k} replayed exactly"
+        );
+    }
+    let mut x = file.tensor("4/in/x").unwrap().data().to_vec();
+    x[100] ^= 0x80;
+    device.write("x", &x);
+    device.write("y", file.tensor("4/in/y").unwrap().data());
+    let err = golden.run(&device.tensors).unwrap_err();
+    assert!(
+        err.contains("closest is execution 4: input \"x\" differs first at byte 100 of 65536"),
+        "{err}"
+    );
+}
+
+/// The NEFF's tensors bound in chunks of an in-memory simdev address space, as simdev binds
+/// them for a reference.
+struct Replay {
+    _space: simdev::memory::AddressSpace,
+    tensors: Vec<simdev::reference::BoundTensor>,
+}
+
+impl Replay {
+    fn new(neff: &neff::Neff) -> Self {
+        let mut space = simdev::memory::AddressSpace::new(shared::address_map::AddressMap {
+            arch: shared::address_map::Arch::Trn2,
+            nc_count: 1,
+            hbm_bytes_per_nc: 16 << 20,
+        });
+        let tensors = neff
+            .inputs
+            .iter()
+            .map(|t| (t, true))
+            .chain(neff.outputs.iter().map(|t| (t, false)))
+            .map(|(t, input)| simdev::reference::BoundTensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                input,
+                chunk: space
+                    .allocate(
+                        simdev::client::ClientId(1),
+                        simdev::memory::Region::Hbm(0),
+                        t.size,
+                        0,
+                    )
+                    .unwrap(),
+                offset: 0,
+                size: t.size,
+            })
+            .collect();
+        Self {
+            _space: space,
+            tensors,
+        }
+    }
+
+    fn tensor(&self, name: &str) -> &simdev::reference::BoundTensor {
+        self.tensors.iter().find(|t| t.name == name).unwrap()
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) {
+        let t = self.tensor(name);
+        t.chunk.memory().write(t.chunk.pa(), bytes).unwrap();
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        let t = self.tensor(name);
+        let mut v = vec![0; usize::try_from(t.size).unwrap()];
+        t.chunk.memory().read(t.chunk.pa(), &mut v).unwrap();
+        v
+    }
 }
 
 #[test]

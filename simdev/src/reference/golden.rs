@@ -556,17 +556,12 @@ pub struct Recorded {
     pub outputs: Vec<(String, Vec<u8>)>,
 }
 
-/// The golden file of `executions` of `neff` (see the module doc), whose outputs came from
-/// `source` (`"silicon"`, `"simdev shape-only"`, `"simdev reference"`).
-///
-/// # Errors
-/// No execution, a tensor of the NEFF missing from an execution or of the wrong size, a dtype
-/// safetensors cannot name, or the serializer's error.
-pub fn serialize(
+/// The tensors and metadata of the golden file of `executions` of `neff`.
+fn views<'a>(
     neff: &neff::Neff,
     source: &str,
-    executions: &[Recorded],
-) -> Result<Vec<u8>, String> {
+    executions: &'a [Recorded],
+) -> Result<(Vec<(String, TensorView<'a>)>, HashMap<String, String>), String> {
     if executions.is_empty() {
         return Err("a golden file records at least one execution".into());
     }
@@ -613,7 +608,41 @@ pub fn serialize(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    Ok((views, metadata))
+}
+
+/// The golden file of `executions` of `neff` (see the module doc), whose outputs came from
+/// `source` (`"silicon"`, `"simdev shape-only"`, `"simdev reference"`).
+///
+/// # Errors
+/// No execution, a tensor of the NEFF missing from an execution or of the wrong size, a dtype
+/// safetensors cannot name, or the serializer's error.
+pub fn serialize(
+    neff: &neff::Neff,
+    source: &str,
+    executions: &[Recorded],
+) -> Result<Vec<u8>, String> {
+    let (views, metadata) = views(neff, source, executions)?;
     safetensors::serialize(views, &Some(metadata)).map_err(|e| e.to_string())
+}
+
+/// [`serialize`] straight into the file at `path` (no second copy of the tensors in memory);
+/// returns the file's size.
+///
+/// # Errors
+/// As [`serialize`], or writing the file.
+pub fn write(
+    path: &Path,
+    neff: &neff::Neff,
+    source: &str,
+    executions: &[Recorded],
+) -> Result<u64, String> {
+    let (views, metadata) = views(neff, source, executions)?;
+    safetensors::serialize_to_file(views, &Some(metadata), path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
