@@ -556,12 +556,15 @@ pub struct Recorded {
     pub outputs: Vec<(String, Vec<u8>)>,
 }
 
+/// A golden file's tensors by name and its `__metadata__`, ready to serialize.
+type Views<'a> = (Vec<(String, TensorView<'a>)>, HashMap<String, String>);
+
 /// The tensors and metadata of the golden file of `executions` of `neff`.
 fn views<'a>(
     neff: &neff::Neff,
     source: &str,
     executions: &'a [Recorded],
-) -> Result<(Vec<(String, TensorView<'a>)>, HashMap<String, String>), String> {
+) -> Result<Views<'a>, String> {
     if executions.is_empty() {
         return Err("a golden file records at least one execution".into());
     }
