@@ -9,7 +9,9 @@
 //! `--neff FILE` runs a NEFF with inputs of seeded random bytes. On simdev a NEFF runs
 //! **shape-only** (its instruction encoding is not public): the report says so, and the
 //! outputs are checked against the documented shape-only function of the inputs
-//! (`shared::neff_program::shape_only`), not against the model's numbers.
+//! (`shared::neff_program::shape_only`), not against the model's numbers. When simdev has a
+//! reference bound to the NEFF (issue 15) its outputs are the reference's: simdev's NC counters
+//! before and after the run tell which ([`neff_outputs`]), and the report says `"reference"`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use runtime::config::RuntimeConfig;
 use runtime::{Device, DeviceError, ModelHandle, Placement, Runtime, Tensor, TensorSet};
 use serde::Serialize;
 use shared::model::Target;
+use shared::protocol::NcCounters;
 
 /// What to run.
 #[derive(Debug)]
@@ -77,8 +80,10 @@ pub struct BenchReport {
     /// Why the figures do not describe a device, when they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
-    /// Where the outputs came from: `"computed"` (the model's numbers) or `"shape-only"` (a NEFF
-    /// on simdev: the documented function of the inputs, not the model's numbers).
+    /// Where the outputs came from: `"computed"` (the model's numbers), `"shape-only"` (a NEFF
+    /// on simdev: the documented function of the inputs, not the model's numbers),
+    /// `"reference"` (a NEFF on simdev whose outputs a bound reference computed) or
+    /// `"shape-only and reference"` ([`NeffOutputs`], from simdev's NC counters).
     outputs: &'static str,
     /// Untimed warm-up executions per core.
     warmup: u32,
@@ -89,6 +94,81 @@ pub struct BenchReport {
 
 /// The note of a NEFF run on simdev.
 const SHAPE_ONLY_NOTE: &str = "shape-only: simdev does not run NEFF instructions (their encoding is not public); every output is the documented function of the inputs (shared::neff_program::shape_only), checked here — not the model's numbers";
+
+/// The note of a NEFF run whose outputs simdev computed with a bound reference.
+const REFERENCE_NOTE: &str = "reference: simdev computed every output with the reference bound to this NEFF (a CPU function or a golden file; see simdev --reference), not shape-only; outputs are not checked here";
+
+/// The note of a NEFF run on simdev where some executions were shape-only and some used a
+/// reference.
+const MIXED_NOTE: &str = "shape-only and reference: simdev ran some executions shape-only (outputs a documented function of the inputs) and some with a bound reference; outputs are not checked here";
+
+/// Where a NEFF run's outputs came from on simdev, as its NC counters tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NeffOutputs {
+    /// Every execution shape-only ([`shared::neff_program::shape_only`]).
+    ShapeOnly,
+    /// Every execution computed by a reference bound to the NEFF.
+    Reference,
+    /// Some of each.
+    Mixed,
+}
+
+impl NeffOutputs {
+    /// The report's `outputs` value.
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Self::ShapeOnly => "shape-only",
+            Self::Reference => "reference",
+            Self::Mixed => "shape-only and reference",
+        }
+    }
+
+    /// The report's note.
+    const fn note(self) -> &'static str {
+        match self {
+            Self::ShapeOnly => SHAPE_ONLY_NOTE,
+            Self::Reference => REFERENCE_NOTE,
+            Self::Mixed => MIXED_NOTE,
+        }
+    }
+}
+
+/// Every NC's counters now; `None` for an NC whose counters cannot be read (hardware has none).
+pub(crate) fn nc_counters(dev: &dyn Device) -> Vec<Option<NcCounters>> {
+    (0..dev.info().nc_count)
+        .map(|nc| dev.nc_counters(nc).ok())
+        .collect()
+}
+
+/// NEFF executions on one NC whose outputs a reference computed.
+///
+/// Executions whose outputs a bound reference computed (simdev's `neff_reference_executions`).
+fn reference_executions(c: &NcCounters) -> u64 {
+    c.neff_reference_executions
+}
+
+/// Where the outputs of the NEFF executions between counter snapshots `before` and `after`
+/// came from; `None` when the counters say nothing (unreadable, or no execution ran).
+pub(crate) fn neff_outputs(
+    before: &[Option<NcCounters>],
+    after: &[Option<NcCounters>],
+) -> Option<NeffOutputs> {
+    let (mut shape_only, mut reference) = (0u64, 0u64);
+    for (b, a) in before.iter().zip(after) {
+        if let (Some(b), Some(a)) = (b, a) {
+            shape_only += a
+                .neff_shape_only_executions
+                .saturating_sub(b.neff_shape_only_executions);
+            reference += reference_executions(a).saturating_sub(reference_executions(b));
+        }
+    }
+    match (shape_only > 0, reference > 0) {
+        (true, false) => Some(NeffOutputs::ShapeOnly),
+        (false, true) => Some(NeffOutputs::Reference),
+        (true, true) => Some(NeffOutputs::Mixed),
+        (false, false) => None,
+    }
+}
 
 /// The note of a `NEURON_RT_FUNTIME=1` run.
 const FUNTIME_NOTE: &str = "NEURON_RT_FUNTIME=1: nothing ran on a device (execute returned success at once); outputs were not checked and no accuracy is reported";
@@ -151,14 +231,14 @@ fn max_in_flight(ncs: u32) -> Result<u64, String> {
     Ok(soft.saturating_sub(FD_RESERVE) / (FDS_PER_SLOT * u64::from(ncs.max(1))))
 }
 
-struct Core {
-    model: ModelHandle,
+pub(crate) struct Core {
+    pub(crate) model: ModelHandle,
     input: Tensor,
     output: Tensor,
-    ins: TensorSet,
-    outs: TensorSet,
+    pub(crate) ins: TensorSet,
+    pub(crate) outs: TensorSet,
     /// Every input and output tensor by name, in the model's order (NEFF runs).
-    named: Vec<(String, Tensor)>,
+    pub(crate) named: Vec<(String, Tensor)>,
 }
 
 /// One tensor pair of a loaded model on one core.
@@ -654,8 +734,9 @@ fn run_identity(
     Ok(r)
 }
 
-/// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes.
-fn neff_core(
+/// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes
+/// (as [`fill_neff_inputs`] writes them).
+pub(crate) fn neff_core(
     rt: &Runtime,
     vnc: u32,
     model: ModelHandle,
@@ -690,6 +771,21 @@ fn neff_core(
         outs,
         named,
     })
+}
+
+/// Writes the seeded random inputs of `seed` into `c`'s NEFF inputs (what [`neff_core`] wrote
+/// with that seed).
+pub(crate) fn fill_neff_inputs(neff: &neff::Neff, c: &Core, seed: u64) -> Result<(), String> {
+    for io in &neff.inputs {
+        let t = c
+            .named
+            .iter()
+            .find(|(n, _)| *n == io.name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| format!("no tensor {:?}", io.name))?;
+        fill_random(t, seed ^ fnv(&io.name))?;
+    }
+    Ok(())
 }
 
 fn fnv(s: &str) -> u64 {
@@ -788,9 +884,10 @@ fn run_neff(
                 .collect::<Result<Vec<_>, String>>()
         })
         .collect::<Result<Vec<_>, String>>()?;
-    // On simdev every output is the shape-only function of the inputs: check it once per slot
-    // (the inputs do not change between executions), after the timed runs.
-    let shape_only = backend == "sim";
+    // On simdev simdev's NC counters tell whether the outputs were shape-only or a bound
+    // reference's; shape-only outputs are checked against the shape-only function of the
+    // inputs once per slot (the inputs do not change between executions), after the timed runs.
+    let counters_before = nc_counters(rt.device().as_ref());
     let executions = u64::from(opts.iterations.unwrap_or(1000));
     let pb = bar(executions, opts.progress);
     let started = Instant::now();
@@ -809,8 +906,13 @@ fn run_neff(
     })?;
     let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    let source = (backend == "sim").then(|| {
+        // No execution counted (NEURON_RT_FUNTIME=1): shape-only is what simdev would run.
+        neff_outputs(&counters_before, &nc_counters(rt.device().as_ref()))
+            .unwrap_or(NeffOutputs::ShapeOnly)
+    });
     let mut failures = 0;
-    if shape_only && !rt.config().funtime {
+    if source == Some(NeffOutputs::ShapeOnly) && !rt.config().funtime {
         for c in all.iter().flatten() {
             for (name, want) in shape_only_outputs(&neff, c)? {
                 let t = c
@@ -838,9 +940,9 @@ fn run_neff(
     );
     r.failures = failures;
     r.load_seconds = load_seconds;
-    if shape_only {
-        r.note = Some(SHAPE_ONLY_NOTE.to_string());
-        r.outputs = "shape-only";
+    if let Some(source) = source {
+        r.note = Some(source.note().to_string());
+        r.outputs = source.label();
     }
     Ok(r)
 }
@@ -877,4 +979,46 @@ pub fn print(r: &BenchReport) {
         "throughput {:.0} executions/s, {:.0} images/s",
         r.executions_per_second, r.images_per_second
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counters of `executions`, `errors` of them failed, `shape_only` of the rest shape-only and
+    /// the others reference-backed.
+    fn counters(executions: u64, shape_only: u64, errors: u64) -> Option<NcCounters> {
+        Some(NcCounters {
+            executions,
+            neff_shape_only_executions: shape_only,
+            neff_reference_executions: executions - errors - shape_only,
+            exec_errors: errors,
+            ..NcCounters::default()
+        })
+    }
+
+    #[test]
+    fn simdev_counters_tell_shape_only_from_reference_outputs() {
+        let before = [counters(5, 5, 0), counters(5, 5, 0)];
+        // LNC=2: both NCs of the logical core count each execution.
+        let shape_only = [counters(15, 15, 0), counters(15, 15, 0)];
+        assert_eq!(
+            neff_outputs(&before, &shape_only),
+            Some(NeffOutputs::ShapeOnly)
+        );
+        let reference = [counters(15, 5, 0), counters(15, 5, 0)];
+        assert_eq!(
+            neff_outputs(&before, &reference),
+            Some(NeffOutputs::Reference)
+        );
+        let mixed = [counters(15, 10, 0), counters(15, 10, 0)];
+        assert_eq!(neff_outputs(&before, &mixed), Some(NeffOutputs::Mixed));
+        // Executions that failed are neither.
+        let failed = [counters(7, 5, 2), counters(7, 5, 2)];
+        assert_eq!(neff_outputs(&before, &failed), None);
+        // Nothing ran, or no counters (hardware): the counters say nothing.
+        assert_eq!(neff_outputs(&before, &before), None);
+        assert_eq!(neff_outputs(&[None, None], &[None, None]), None);
+        assert_eq!(NeffOutputs::Reference.label(), "reference");
+    }
 }

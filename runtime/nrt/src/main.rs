@@ -8,6 +8,8 @@
 //!   switches, crashes), one private simdev each, with a PASS/FAIL line per expectation.
 //! - `nrt neff info FILE [--json]`: a NEFF's header, I/O tensors, subgraphs, constants, DMA
 //!   queues, instruction records per engine and the device memory a load needs.
+//! - `nrt neff record FILE --out GOLDEN.safetensors [--executions N] [--seed S]`: run a NEFF
+//!   with seeded inputs and record its inputs and outputs in a golden file simdev can replay.
 //! - `nrt install --prefix DIR [--lib FILE]`: the C library (`libnrt.so.1`) and its headers laid
 //!   out like `/opt/aws/neuron`, with a simdev for the library to start.
 //! - `nrt simdev [simdev options]` (or this program run under the name `simdev`): run as the
@@ -27,6 +29,7 @@ mod bench;
 use bench::BenchOptions;
 mod install;
 mod neff_info;
+mod neff_record;
 mod scenario;
 
 #[derive(Parser, Debug)]
@@ -95,7 +98,8 @@ enum Command {
         #[command(subcommand)]
         command: scenario::ScenarioCommand,
     },
-    /// Inspect a NEFF (neuronx-cc output): `nrt neff info FILE [--json]`.
+    /// Inspect a NEFF (neuronx-cc output): `nrt neff info FILE [--json]`; record a golden file
+    /// of its executions: `nrt neff record FILE --out GOLDEN.safetensors`.
     Neff {
         /// What to do.
         #[command(subcommand)]

@@ -47,11 +47,50 @@ pub enum NeffCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Run a NEFF on the device the runtime finds (silicon, or simdev) with seeded random
+    /// inputs and record every execution's inputs and outputs in a golden file (safetensors,
+    /// format `nrt-golden` 1: tensors "{k}/in/{name}" and "{k}/out/{name}"), which simdev can
+    /// replay as the NEFF's reference. Tensors above 256 MiB are refused.
+    Record {
+        /// The NEFF file.
+        file: PathBuf,
+        /// The golden file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Executions to record.
+        #[arg(long, default_value_t = 10)]
+        executions: u32,
+        /// Seed of the inputs (execution k uses seed + k, as `nrt bench --neff` slot k does).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// Runs `nrt neff ...`.
 pub fn main(command: NeffCommand) -> ExitCode {
     match command {
+        NeffCommand::Record {
+            file,
+            out,
+            executions,
+            seed,
+        } => match crate::neff_record::record(&file, &out, executions, seed) {
+            Ok(r) => {
+                println!(
+                    "{}: {} executions recorded to {} ({} bytes; outputs from {})",
+                    file.display(),
+                    r.executions,
+                    out.display(),
+                    r.bytes,
+                    r.source
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nrt neff record: {e}");
+                ExitCode::FAILURE
+            }
+        },
         NeffCommand::Info { file, json } => match info(&file) {
             Ok(report) => {
                 if json {
