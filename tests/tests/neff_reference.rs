@@ -485,3 +485,74 @@ fn simdev_refuses_to_start_with_a_binding_it_cannot_load_naming_the_file() {
         assert!(stderr.contains(named), "{spec}: {stderr}");
     }
 }
+
+/// Kills and reaps a simdev started by hand when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_environment_binds_a_reference_as_the_command_line_does() {
+    use std::io::BufRead;
+    let program = tests::simdev_command(&[]).program;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("s.sock");
+    // Two bindings, `;`-separated; the first names a NEFF this test does not run.
+    let env = format!(
+        "{} ; {}",
+        binding("matmul_large", &example_reference(), "matmul"),
+        binding("matmul_small", &example_reference(), "matmul")
+    );
+    let mut child = Child(
+        std::process::Command::new(&program)
+            .args([
+                "--socket",
+                socket.to_str().unwrap(),
+                "--arch",
+                "trn2",
+                "--hbm",
+                "1G",
+            ])
+            .env("NEURON_SIMDEV_REFERENCE", &env)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("simdev listening on"), "{line}");
+    let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
+    let cfg = RuntimeConfig {
+        lnc: 2,
+        exec_timeout: Duration::from_secs(60),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev, cfg).unwrap();
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+        .unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    for e in 0..3 {
+        let (x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
+        t.x.write(&bytes(&x), 0).unwrap();
+        t.y.write(&bytes(&y), 0).unwrap();
+        rt.execute(h, &t.ins, &t.outs).unwrap();
+        let mut out = vec![0u8; 32768];
+        t.out.read(&mut out, 0).unwrap();
+        assert_close(
+            &halves(&out),
+            &matmul_f32(&x, &y),
+            &format!("execution {e}"),
+        );
+    }
+    drop(t);
+    rt.unload(h).unwrap();
+    rt.close();
+}
