@@ -373,3 +373,24 @@ fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
     );
     assert!(e.contains("LNC=2"), "{e}");
 }
+
+#[test]
+fn bench_neff_with_a_reference_bound_through_the_environment_says_reference() {
+    // A private simdev inherits NEURON_SIMDEV_REFERENCE: nrt bench runs the NEFF through the
+    // example reference (numpy's x @ y) and says where its outputs came from.
+    let small = neff("matmul_small");
+    let binding = format!(
+        "{small}={}/../../simdev/python/ref_matmul.py:matmul",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let r = nrt_with(
+        &["bench", "--neff", &small, "--iterations", "3", "--json"],
+        &[
+            ("NEURON_SIMDEV_ARCH", "trn2"),
+            ("NEURON_LOGICAL_NC_CONFIG", "2"),
+            ("NEURON_SIMDEV_REFERENCE", &binding),
+        ],
+    );
+    assert_eq!(r["outputs"], "reference", "{r}");
+    assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+}
