@@ -721,7 +721,7 @@ fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
     let o = run({
         let mut c = Command::new(&exe);
         c.arg(&neff)
-            .arg("20")
+            .args(["20", "shape-only"])
             .env("NEURON_SIMDEV_ARCH", "trn2")
             .env("NEURON_LOGICAL_NC_CONFIG", "2");
         c
@@ -734,4 +734,31 @@ fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
     ] {
         assert!(stdout.contains(line), "{line:?} in\n{stdout}");
     }
+}
+
+#[test]
+fn a_real_neff_with_a_reference_bound_gives_x_at_y_to_a_c_program() {
+    // The same C program, unchanged but for what it checks: the private simdev libnrt starts
+    // inherits NEURON_SIMDEV_REFERENCE and runs the example reference (numpy's x @ y).
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["neff.c"], "neff", true);
+    let neff = crate_dir().join("../scenarios/data/neff/matmul_small.neff");
+    let reference = crate_dir().join("../simdev/python/ref_matmul.py");
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(&neff)
+            .args(["10", "matmul"])
+            .env("NEURON_SIMDEV_ARCH", "trn2")
+            .env("NEURON_LOGICAL_NC_CONFIG", "2")
+            .env(
+                "NEURON_SIMDEV_REFERENCE",
+                format!("{}={}:matmul", neff.display(), reference.display()),
+            );
+        c
+    });
+    assert_ran(
+        &o,
+        "neff with a reference",
+        "neff executions 10 outputs matmul-checked",
+    );
 }

@@ -3,8 +3,11 @@
  * the model's inputs and outputs discovered with nrt_get_model_tensor_info (names, FLOAT16,
  * shapes, sizes), one device tensor each, inputs filled, nrt_execute, the output read back.
  * simdev runs NEFFs shape-only, so the output is checked against the documented shape-only
- * function of the inputs (shared::neff_program::shape_only), written out again here in C.
- * Usage: neff FILE.neff EXECUTIONS   (env: NEURON_SIMDEV_ARCH=trn2 NEURON_LOGICAL_NC_CONFIG=2)
+ * function of the inputs (shared::neff_program::shape_only), written out again here in C; with
+ * a reference bound (NEURON_SIMDEV_REFERENCE=...=ref_matmul.py:matmul) simdev computes the real
+ * numbers, and the output is checked against x @ y computed here from the float16 inputs.
+ * Usage: neff FILE.neff EXECUTIONS shape-only|matmul
+ *        (env: NEURON_SIMDEV_ARCH=trn2 NEURON_LOGICAL_NC_CONFIG=2)
  */
 #include <stdint.h>
 #include <string.h>
@@ -36,6 +39,43 @@ static uint64_t fnv(uint64_t h, const unsigned char *p, size_t n) {
     return h;
 }
 
+/* IEEE half (little-endian bytes at p) to float. */
+static float half_at(const unsigned char *p) {
+    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8;
+    unsigned sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    float v;
+    if (e == 0) {
+        v = (float)m / 1024.0f / 16384.0f; /* subnormal: m * 2^-24 */
+    } else if (e == 31) {
+        v = m ? 0.0f / 0.0f : 1.0f / 0.0f;
+    } else {
+        v = (1.0f + (float)m / 1024.0f) * (float)(1u << e) / 32768.0f; /* 2^(e-15) */
+    }
+    return sign ? -v : v;
+}
+
+/* A float in [-2, 2) as IEEE half (exact for these: 8 fraction bits). */
+static void half_of(float f, unsigned char *p) {
+    unsigned sign = f < 0, e = 15, m;
+    float a = sign ? -f : f;
+    if (a < 1.0f / 16384.0f) {
+        p[0] = 0;
+        p[1] = (unsigned char)(sign << 7);
+        return;
+    }
+    while (a >= 2.0f) {
+        a /= 2.0f;
+        e++;
+    }
+    while (a < 1.0f) {
+        a *= 2.0f;
+        e--;
+    }
+    m = (unsigned)((a - 1.0f) * 1024.0f);
+    p[0] = (unsigned char)(m & 0xff);
+    p[1] = (unsigned char)(sign << 7 | e << 2 | m >> 8);
+}
+
 /* Byte o of the stream seeded `stream`. */
 static unsigned char stream_byte(uint64_t stream, uint64_t o) {
     return (unsigned char)(splitmix64(stream + o / 8) >> (8 * (o % 8)));
@@ -51,9 +91,12 @@ int main(int argc, char **argv) {
     nrt_tensor_set_t *inputs = NULL, *outputs = NULL;
     long executions, e;
     uint64_t n_io;
+    int matmul;
 
-    ASSERT(argc == 3);
+    ASSERT(argc == 4);
     executions = atol(argv[2]);
+    matmul = strcmp(argv[3], "matmul") == 0;
+    ASSERT(matmul || strcmp(argv[3], "shape-only") == 0);
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
     bytes = read_file(argv[1], &size);
     CHECK(nrt_load(bytes, size, 0, -1, &model));
@@ -94,8 +137,10 @@ int main(int argc, char **argv) {
             size_t n = info->tensor_array[i].size, j, edge = n < EDGE ? n : EDGE;
             unsigned char le[8];
             int k;
-            for (j = 0; j < n; j++) {
-                buffers[i][j] = (unsigned char)((j * 31 + (size_t)e * 7 + i * 101) >> 3);
+            for (j = 0; j + 1 < n; j += 2) {
+                /* Values in [-2, 2) with 8 fraction bits: exact in float16. */
+                int q = (int)((j / 2 * 37 + (size_t)e * 11 + i * 101) % 1024) - 512;
+                half_of((float)q / 256.0f, &buffers[i][j]);
             }
             CHECK(nrt_tensor_write(tensors[i], buffers[i], 0, n));
             for (k = 0; k < 8; k++) {
@@ -107,13 +152,31 @@ int main(int argc, char **argv) {
         }
         CHECK(nrt_execute(model, inputs, outputs));
         CHECK(nrt_tensor_read(tensors[2], buffers[2], 0, info->tensor_array[2].size));
-        stream = splitmix64(seed ^ 0x9E3779B97F4A7C15ull);
-        for (i = 0; i < info->tensor_array[2].size; i++) {
-            bad += buffers[2][i] != stream_byte(stream, i);
+        if (matmul) {
+            /* output0[128,128] = x[128,256] @ y[256,128]: within float16's rounding. */
+            size_t r, c, k;
+            for (r = 0; r < 128; r++) {
+                for (c = 0; c < 128; c++) {
+                    float want = 0.0f, got, a, tol;
+                    for (k = 0; k < 256; k++) {
+                        want += half_at(&buffers[0][(r * 256 + k) * 2]) *
+                                half_at(&buffers[1][(k * 128 + c) * 2]);
+                    }
+                    got = half_at(&buffers[2][(r * 128 + c) * 2]);
+                    a = want < 0 ? -want : want;
+                    tol = 1e-3f * a + (a > 1.0f ? a : 1.0f) / 2048.0f;
+                    bad += (got - want > tol || want - got > tol);
+                }
+            }
+        } else {
+            stream = splitmix64(seed ^ 0x9E3779B97F4A7C15ull);
+            for (i = 0; i < info->tensor_array[2].size; i++) {
+                bad += buffers[2][i] != stream_byte(stream, i);
+            }
         }
         ASSERT(bad == 0);
     }
-    printf("neff executions %ld outputs shape-only-checked\n", executions);
+    printf("neff executions %ld outputs %s-checked\n", executions, argv[3]);
     nrt_destroy_tensor_set(&inputs);
     nrt_destroy_tensor_set(&outputs);
     for (i = 0; i < n_io; i++) {
