@@ -316,6 +316,9 @@ pub enum Request {
     SetLatency(LatencyModel),
     /// Device-wide usage. Reply: [`Reply::DeviceStats`].
     DeviceStats,
+    /// The NEFF reference bindings simdev was started with (issue 15), so reports can name
+    /// what computed a NEFF's outputs. Reply: [`Reply::References`].
+    References,
 }
 
 /// A fault simdev injects into an execution (scenario control).
@@ -460,8 +463,21 @@ impl Request {
             Self::ClearFaults => "ClearFaults",
             Self::SetLatency(_) => "SetLatency",
             Self::DeviceStats => "DeviceStats",
+            Self::References => "References",
         }
     }
+}
+
+/// A NEFF bound to a reference in simdev: the NEFF's identity (as the program header carries
+/// it, `shared::neff_program`) and how reports name the reference.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReferenceBinding {
+    /// The NEFF header's uuid.
+    pub neff_uuid: [u8; 16],
+    /// The first 16 bytes of the NEFF header's hash field.
+    pub neff_hash: [u8; 16],
+    /// The reference: `"ref_matmul.py:matmul"`, or a golden file's name.
+    pub label: String,
 }
 
 /// Why simdev refused a request.
@@ -562,6 +578,8 @@ pub enum Reply {
     Counters(NcCounters),
     /// Device-wide usage.
     DeviceStats(DeviceStats),
+    /// The NEFF reference bindings, in the order simdev was given them.
+    References(Vec<ReferenceBinding>),
     /// The request failed.
     Error(RemoteError),
 }
@@ -728,6 +746,22 @@ mod tests {
             let n = encode(&req, &mut buf).unwrap();
             assert_eq!(decode::<Request>(&buf[..n]).unwrap(), req);
         }
+    }
+
+    #[test]
+    fn the_references_reply_round_trips_and_appends_to_the_enums() {
+        let reply = Reply::References(vec![ReferenceBinding {
+            neff_uuid: [7; 16],
+            neff_hash: [9; 16],
+            label: "ref_matmul.py:matmul".into(),
+        }]);
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let n = encode(&reply, &mut buf).unwrap();
+        assert_eq!(decode::<Reply>(&buf[..n]).unwrap(), reply);
+        // Appended: the variants before it keep their wire indices.
+        let n = encode(&Request::References, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [23]);
+        assert_eq!(Request::References.name(), "References");
     }
 
     #[test]

@@ -90,6 +90,10 @@ pub struct BenchReport {
     /// NEFF runs: seconds `nrt_load` of the NEFF took (the first core's).
     #[serde(skip_serializing_if = "Option::is_none")]
     load_seconds: Option<f64>,
+    /// NEFF runs with a reference: the reference simdev has bound to this NEFF
+    /// (`"ref_matmul.py:matmul"`, or a golden file's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
 }
 
 /// The note of a NEFF run on simdev.
@@ -212,6 +216,7 @@ impl BenchReport {
             outputs: "computed",
             warmup: opts.warmup,
             load_seconds: None,
+            reference: None,
         }
     }
 }
@@ -944,7 +949,25 @@ fn run_neff(
         r.note = Some(source.note().to_string());
         r.outputs = source.label();
     }
+    if matches!(source, Some(NeffOutputs::Reference | NeffOutputs::Mixed)) {
+        r.reference = bound_reference(rt.device().as_ref(), &neff);
+        if let (Some(label), Some(note)) = (&r.reference, &mut r.note) {
+            *note = format!("reference: {label} — {note}");
+        }
+    }
     Ok(r)
+}
+
+/// The label of the reference simdev has bound to `neff` (matched by the header's uuid and
+/// hash, as simdev matches a running program), if the device says.
+fn bound_reference(device: &dyn runtime::Device, neff: &neff::Neff) -> Option<String> {
+    let hash: [u8; 16] = neff.header.hash[..16].try_into().ok()?;
+    device
+        .neff_references()
+        .ok()?
+        .into_iter()
+        .find(|b| b.neff_uuid == neff.header.uuid && b.neff_hash == hash)
+        .map(|b| b.label)
 }
 
 /// Prints a report as text.

@@ -392,5 +392,13 @@ fn bench_neff_with_a_reference_bound_through_the_environment_says_reference() {
         ],
     );
     assert_eq!(r["outputs"], "reference", "{r}");
+    assert_eq!(r["reference"], "ref_matmul.py:matmul", "{r}");
+    assert!(
+        r["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("reference: ref_matmul.py:matmul"),
+        "{r}"
+    );
     assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
 }

@@ -380,6 +380,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// `Unsupported` on hardware.
     fn nc_counters(&self, nc: u32) -> Result<NcCounters, DeviceError>;
+
+    /// The NEFF reference bindings of a simulated device (which NEFFs compute real numbers,
+    /// and with what).
+    ///
+    /// # Errors
+    /// `Unsupported` where the device has none to tell (hardware runs the NEFF's own
+    /// instructions).
+    fn neff_references(&self) -> Result<Vec<shared::protocol::ReferenceBinding>, DeviceError> {
+        Err(DeviceError::Unsupported {
+            op: "neff_references",
+            backend: self.backend_name(),
+        })
+    }
 }
 
 /// Checks `value < limit` for argument `what` of `op`.

@@ -699,6 +699,14 @@ impl Device for SimDevice {
             other => Err(unexpected(op, &other)),
         }
     }
+
+    fn neff_references(&self) -> Result<Vec<shared::protocol::ReferenceBinding>, DeviceError> {
+        let op = "References";
+        match self.request(op, &Request::References)?.0 {
+            Reply::References(r) => Ok(r),
+            other => Err(unexpected(op, &other)),
+        }
+    }
 }
 
 /// How to start a simdev process: a program and the arguments that precede simdev's own

@@ -107,7 +107,8 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::InjectFault(_)
         | Request::ClearFaults
         | Request::SetLatency(_)
-        | Request::DeviceStats => None,
+        | Request::DeviceStats
+        | Request::References => None,
     }
 }
 
@@ -277,6 +278,7 @@ impl Core {
                 ok()
             }
             Request::DeviceStats => reply(Reply::DeviceStats(self.stats())),
+            Request::References => reply(Reply::References(self.references.described())),
         }
     }
 

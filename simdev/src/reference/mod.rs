@@ -306,7 +306,20 @@ impl References {
         })
     }
 
-    /// Whether any NEFF is bound.
+    /// Every binding as [`Request::References`](shared::protocol::Request::References) answers
+    /// it: the NEFF's identity and the reference's label.
+    pub fn described(&self) -> Vec<shared::protocol::ReferenceBinding> {
+        self.bindings
+            .iter()
+            .map(|b| shared::protocol::ReferenceBinding {
+                neff_uuid: b.uuid,
+                neff_hash: b.hash,
+                label: b.label.to_string(),
+            })
+            .collect()
+    }
+
+    /// Whether there is no binding.
     pub fn is_empty(&self) -> bool {
         self.bindings.is_empty()
     }
