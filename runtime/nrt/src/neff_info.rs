@@ -19,7 +19,9 @@ use shared::Engine;
 /// What simdev does with a NEFF, printed with every report.
 pub const SHAPE_ONLY_NOTE: &str = "simdev runs NEFFs shape-only: no instruction semantics; \
      outputs are a documented deterministic function of the inputs \
-     (shared::neff_program::shape_only), not the model's numbers";
+     (shared::neff_program::shape_only), not the model's numbers — unless simdev has a \
+     reference bound to the NEFF (simdev --reference FILE.neff=MODULE.py:FUNCTION or a golden \
+     file), which computes real ones";
 
 /// `nrt neff ...`.
 #[derive(Subcommand, Debug)]
