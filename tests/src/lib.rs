@@ -7,6 +7,7 @@
 //! (SIGTERM, then SIGKILL) when its guard drops.
 
 pub mod bench;
+pub mod matmul_neff;
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};

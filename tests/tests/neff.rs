@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, Runtime, Tensor, TensorSet};
+use runtime::{Placement, Runtime};
 use shared::NrtStatus;
 use shared::neff_program::shape_only::{EDGE_BYTES, Seed, expected_output, splitmix64};
+use tests::matmul_neff::{SMALL, io};
 use tests::{connect, start_simdev};
 
 fn neff_path(name: &str) -> PathBuf {
@@ -52,31 +53,6 @@ fn pattern(len: usize, salt: u64, e: u64) -> Vec<u8> {
     v
 }
 
-struct Io {
-    x: Tensor,
-    y: Tensor,
-    out: Tensor,
-    ins: TensorSet,
-    outs: TensorSet,
-}
-
-fn io(rt: &Runtime, placement: Placement, sizes: (u64, u64, u64)) -> Io {
-    let x = rt.tensor_allocate(placement, sizes.0, "x").unwrap();
-    let y = rt.tensor_allocate(placement, sizes.1, "y").unwrap();
-    let out = rt.tensor_allocate(placement, sizes.2, "output0").unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("x", &x);
-    ins.add("y", &y);
-    outs.add("output0", &out);
-    Io {
-        x,
-        y,
-        out,
-        ins,
-        outs,
-    }
-}
-
 /// The shape-only output0 of inputs whose edges are `x` and `y` (DGE order x, y; one output).
 fn expected(x: (u64, &[u8], &[u8]), y: (u64, &[u8], &[u8]), len: usize) -> Vec<u8> {
     let mut s = Seed::default();
@@ -84,8 +60,6 @@ fn expected(x: (u64, &[u8], &[u8]), y: (u64, &[u8], &[u8]), len: usize) -> Vec<u
     s.input(y.0, y.1, y.2);
     expected_output(s, 0, len)
 }
-
-const SMALL: (u64, u64, u64) = (128 * 256 * 2, 256 * 128 * 2, 128 * 128 * 2);
 
 fn run_small(rt: &Runtime, placement: Placement, executions: u64) {
     let h = rt.load(&neff_bytes("matmul_small"), 0).unwrap();

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use half::f16;
 use runtime::config::RuntimeConfig;
-use runtime::{Placement, ReadBuffer, Runtime, Tensor, TensorSet};
+use runtime::{Placement, ReadBuffer, Runtime};
 use shared::NrtStatus;
 use shared::neff_program::shape_only::splitmix64;
 use shared::protocol::{NcCounters, Reply, Request};
+use tests::matmul_neff::{SMALL, io};
 use tests::{RawClient, connect, start_simdev};
 
 fn neff_path(name: &str) -> PathBuf {
@@ -116,33 +117,6 @@ fn assert_close(got: &[f16], want: &[f32], what: &str) {
         );
     }
 }
-
-struct Io {
-    x: Tensor,
-    y: Tensor,
-    out: Tensor,
-    ins: TensorSet,
-    outs: TensorSet,
-}
-
-fn io(rt: &Runtime, placement: Placement, sizes: (u64, u64, u64)) -> Io {
-    let x = rt.tensor_allocate(placement, sizes.0, "x").unwrap();
-    let y = rt.tensor_allocate(placement, sizes.1, "y").unwrap();
-    let out = rt.tensor_allocate(placement, sizes.2, "output0").unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("x", &x);
-    ins.add("y", &y);
-    outs.add("output0", &out);
-    Io {
-        x,
-        y,
-        out,
-        ins,
-        outs,
-    }
-}
-
-const SMALL: (u64, u64, u64) = (128 * 256 * 2, 256 * 128 * 2, 128 * 128 * 2);
 
 #[test]
 fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
