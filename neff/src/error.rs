@@ -6,9 +6,6 @@ use thiserror::Error;
 /// Why a NEFF was refused. Each names the member and field where it applies.
 #[derive(Debug, Error)]
 pub enum NeffError {
-    /// Never returned; kept so code written against the data model's placeholder still builds.
-    #[error("NEFF parsing is not implemented yet")]
-    Unimplemented,
     /// The file is shorter than the 1024-byte header.
     #[error("NEFF file is {len} bytes, shorter than its 1024-byte header")]
     TooShort {
