@@ -118,6 +118,23 @@ fn assert_close(got: &[f16], want: &[f32], what: &str) {
     }
 }
 
+/// Writes execution `e`'s x and y, executes synchronously, and checks output0 against x @ y.
+fn execute_and_check(
+    rt: &Runtime,
+    h: runtime::ModelHandle,
+    t: &tests::matmul_neff::MatmulIo,
+    e: u64,
+    what: &str,
+) {
+    let (x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
+    t.x.write(&bytes(&x), 0).unwrap();
+    t.y.write(&bytes(&y), 0).unwrap();
+    rt.execute(h, &t.ins, &t.outs).unwrap();
+    let mut out = vec![0u8; 32768];
+    t.out.read(&mut out, 0).unwrap();
+    assert_close(&halves(&out), &matmul_f32(&x, &y), what);
+}
+
 #[test]
 fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
     let spec = binding("matmul_small", &example_reference(), "matmul");
@@ -131,17 +148,7 @@ fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
     for placement in [Placement::Device { vnc: 0 }, Placement::Host] {
         let t = io(&rt, placement, SMALL);
         for e in 0..100 {
-            let (x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
-            t.x.write(&bytes(&x), 0).unwrap();
-            t.y.write(&bytes(&y), 0).unwrap();
-            rt.execute(h, &t.ins, &t.outs).unwrap();
-            let mut out = vec![0u8; 32768];
-            t.out.read(&mut out, 0).unwrap();
-            assert_close(
-                &halves(&out),
-                &matmul_f32(&x, &y),
-                &format!("sync {placement:?} execution {e}"),
-            );
+            execute_and_check(&rt, h, &t, e, &format!("sync {placement:?} execution {e}"));
         }
     }
     // The explicit async pipeline: writes on the tensor-op XU, the execution scheduled on the
@@ -514,17 +521,7 @@ fn the_environment_binds_a_reference_as_the_command_line_does() {
         .unwrap();
     let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
     for e in 0..3 {
-        let (x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
-        t.x.write(&bytes(&x), 0).unwrap();
-        t.y.write(&bytes(&y), 0).unwrap();
-        rt.execute(h, &t.ins, &t.outs).unwrap();
-        let mut out = vec![0u8; 32768];
-        t.out.read(&mut out, 0).unwrap();
-        assert_close(
-            &halves(&out),
-            &matmul_f32(&x, &y),
-            &format!("execution {e}"),
-        );
+        execute_and_check(&rt, h, &t, e, &format!("execution {e}"));
     }
     drop(t);
     rt.unload(h).unwrap();
