@@ -26,6 +26,7 @@ pub mod bind;
 pub mod builder;
 pub mod completion;
 pub mod config;
+pub mod datastore;
 pub mod dma;
 pub mod doorbell;
 pub mod error;
