@@ -41,6 +41,10 @@ pub mod tensor_op;
 mod test_support;
 pub mod xu;
 
+/// The runtime version this runtime reports to other processes (neuron-ls's
+/// `neuron_runtime_version`): libnrt's version as `nrt_get_version` reports it.
+pub const RUNTIME_VERSION: &str = "2.0.0.0";
+
 pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};

@@ -319,6 +319,36 @@ pub enum Request {
     /// The NEFF reference bindings simdev was started with (issue 15), so reports can name
     /// what computed a NEFF's outputs. Reply: [`Reply::References`].
     References,
+    /// Who this client is, beyond what the socket's credentials say (its pid): the runtime
+    /// version it runs, for `nrt ls`'s process list. Sent once after the handshake by
+    /// runtimes; optional. Reply: [`Reply::Ok`].
+    Identify {
+        /// The runtime's version string (at most [`MAX_IDENTITY_LEN`] bytes are kept).
+        runtime_version: String,
+    },
+    /// The connected clients that hold NCs or device memory (neuron-ls's process list).
+    /// Reply: [`Reply::Clients`].
+    Clients,
+}
+
+/// Longest identity string simdev keeps of a client (longer ones are cut at a char boundary).
+pub const MAX_IDENTITY_LEN: usize = 256;
+
+/// A connected client as simdev knows it: its process (from the socket's credentials and
+/// `/proc`), what it said of itself ([`Request::Identify`]) and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientSummary {
+    /// The process id (`SO_PEERCRED`; 0 when not known).
+    pub pid: u32,
+    /// Its command line (`/proc/PID/cmdline`, arguments joined by spaces; empty when simdev
+    /// cannot read it, e.g. from another pid namespace).
+    pub command: String,
+    /// The runtime version it announced (empty when it did not).
+    pub runtime_version: String,
+    /// The NCs it holds, ascending.
+    pub ncs: Vec<u32>,
+    /// Bytes of device memory chunks it holds (HBM and host).
+    pub memory_bytes: u64,
 }
 
 /// A fault simdev injects into an execution (scenario control).
@@ -464,6 +494,8 @@ impl Request {
             Self::SetLatency(_) => "SetLatency",
             Self::DeviceStats => "DeviceStats",
             Self::References => "References",
+            Self::Identify { .. } => "Identify",
+            Self::Clients => "Clients",
         }
     }
 }
@@ -582,6 +614,8 @@ pub enum Reply {
     References(Vec<ReferenceBinding>),
     /// The request failed.
     Error(RemoteError),
+    /// The clients holding NCs or memory, by pid.
+    Clients(Vec<ClientSummary>),
 }
 
 impl Reply {

@@ -104,6 +104,25 @@ impl Peer {
         self.pid
     }
 
+    /// The process's command line (`/proc/PID/cmdline`, arguments joined by spaces, at most
+    /// [`shared::protocol::MAX_IDENTITY_LEN`] bytes), read now; empty when `/proc` is not of
+    /// simdev's pid namespace, the pid is unknown, or the file cannot be read.
+    pub fn command(&self) -> String {
+        if self.pid == 0 || !proc_is_ours() {
+            return String::new();
+        }
+        let Ok(raw) = std::fs::read(format!("/proc/{}/cmdline", self.pid)) else {
+            return String::new();
+        };
+        let joined = raw
+            .split(|&b| b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(String::from_utf8_lossy)
+            .collect::<Vec<_>>()
+            .join(" ");
+        truncate_identity(joined)
+    }
+
     /// Why the peer is gone, or `None` while it may still live.
     pub fn gone(&self) -> Option<String> {
         if let Some(connection) = &self.connection {
@@ -131,10 +150,33 @@ impl Peer {
     }
 }
 
+/// `s` cut to at most [`shared::protocol::MAX_IDENTITY_LEN`] bytes, at a char boundary.
+pub fn truncate_identity(mut s: String) -> String {
+    let mut end = s.len().min(shared::protocol::MAX_IDENTITY_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_peer_names_its_command_line_and_identities_are_bounded() {
+        let (ours, _theirs) = pair();
+        let peer = Peer::new(std::process::id(), ours);
+        let own = std::env::args().collect::<Vec<_>>().join(" ");
+        assert_eq!(peer.command(), truncate_identity(own));
+        assert_eq!(Peer::pid_only(0).command(), "");
+        let long = "é".repeat(200);
+        let cut = truncate_identity(long);
+        assert!(cut.len() <= shared::protocol::MAX_IDENTITY_LEN && cut.len() >= 254);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 

@@ -420,6 +420,15 @@ impl AddressSpace {
         self.by_handle.values().map(|c| c.size()).sum()
     }
 
+    /// Bytes of live chunks per owner.
+    pub fn bytes_by_owner(&self) -> std::collections::HashMap<ClientId, u64> {
+        let mut by_owner = std::collections::HashMap::new();
+        for chunk in self.by_handle.values() {
+            *by_owner.entry(chunk.owner).or_insert(0) += chunk.size();
+        }
+        by_owner
+    }
+
     /// The free ranges of `region`, in address order (for tests and diagnostics).
     pub fn free_ranges(&self, region: Region) -> Vec<(u64, u64)> {
         match region {

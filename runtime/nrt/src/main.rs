@@ -1,6 +1,7 @@
 //! `nrt`: the Neuron runtime's command-line tool.
 //!
-//! - `nrt ls [--json]`: the device, its NCs and their resources.
+//! - `nrt ls [--json-output]`: the devices in neuron-ls's shapes (cores, memory, the processes
+//!   holding them), then the backend and each NC's resources.
 //! - `nrt bench [--model digits|identity] [--batch B] [--ncs N] [--iterations K] [--json]`: run
 //!   the digits MLP over the UCI test set (or the identity model), report accuracy, logit error,
 //!   latency percentiles and throughput.
@@ -23,11 +24,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use runtime::backend::sim::SimdevCommand;
 use runtime::backend::{Device, OpenOptions};
-use serde::Serialize;
 
 mod bench;
 use bench::BenchOptions;
 mod install;
+mod ls;
 mod neff_info;
 mod neff_record;
 mod scenario;
@@ -45,10 +46,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// List the device: backend, arch, NCs, HBM per NC, semaphores, events and DMA queues per NC.
+    /// List the devices as neuron-ls does (cores, memory, the processes holding them), then
+    /// the backend and each NC's resources.
     Ls {
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
+        /// Print neuron-ls's JSON (an array of devices) instead of tables.
+        #[arg(long = "json-output", short = 'j', visible_alias = "json")]
         json: bool,
     },
     /// Load a model (by default the digits MLP, built on the fly), run it over the whole test set
@@ -143,32 +145,6 @@ enum Command {
     },
 }
 
-/// One NC's resources, as `ls` reports them.
-#[derive(Serialize, Debug)]
-struct NcReport {
-    nc: u32,
-    hbm_base: u64,
-    hbm_bytes: u64,
-    semaphores: u32,
-    events: u32,
-    dma_engines: u32,
-    dma_queues_per_engine: u32,
-    dma_queues: u32,
-}
-
-/// The device, as `ls --json` prints it.
-#[derive(Serialize, Debug)]
-struct LsReport {
-    backend: &'static str,
-    description: String,
-    arch: &'static str,
-    arch_version: u32,
-    nc_count: u32,
-    hbm_bytes_per_nc: u64,
-    host_base: u64,
-    ncs: Vec<NcReport>,
-}
-
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
     open_device_traced(None)
 }
@@ -200,68 +176,6 @@ fn open_device_traced(
         });
     }
     runtime::backend::open(&opts)
-}
-
-fn ls_report(dev: &dyn Device) -> LsReport {
-    let info = dev.info();
-    let ncs = (0..info.nc_count)
-        .map(|nc| NcReport {
-            nc,
-            hbm_base: info.hbm_bases.get(nc as usize).copied().unwrap_or_default(),
-            hbm_bytes: info.hbm_bytes_per_nc,
-            semaphores: info.semaphores_per_nc,
-            events: info.events_per_nc,
-            dma_engines: info.dma_engines_per_nc,
-            dma_queues_per_engine: info.dma_queues_per_engine,
-            dma_queues: info.dma_engines_per_nc * info.dma_queues_per_engine,
-        })
-        .collect();
-    LsReport {
-        backend: dev.backend_name(),
-        description: info.description.clone(),
-        arch: info.arch.name(),
-        arch_version: info.arch.version(),
-        nc_count: info.nc_count,
-        hbm_bytes_per_nc: info.hbm_bytes_per_nc,
-        host_base: info.host_base,
-        ncs,
-    }
-}
-
-fn human_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    for (name, size) in UNITS {
-        if bytes >= size && bytes.is_multiple_of(size) {
-            return format!("{} {name}", bytes / size);
-        }
-    }
-    format!("{bytes} B")
-}
-
-fn print_ls(report: &LsReport) {
-    println!("backend  {} ({})", report.backend, report.description);
-    println!("arch     {} (V{})", report.arch, report.arch_version);
-    println!("NCs      {}", report.nc_count);
-    println!("HBM/NC   {}", human_bytes(report.hbm_bytes_per_nc));
-    println!();
-    println!(
-        "{:>3}  {:>18}  {:>10}  {:>10}  {:>6}  {:>18}",
-        "NC", "HBM base", "HBM", "semaphores", "events", "DMA queues"
-    );
-    for nc in &report.ncs {
-        println!(
-            "{:>3}  {:>#18x}  {:>10}  {:>10}  {:>6}  {:>18}",
-            nc.nc,
-            nc.hbm_base,
-            human_bytes(nc.hbm_bytes),
-            nc.semaphores,
-            nc.events,
-            format!(
-                "{} ({}x{})",
-                nc.dma_queues, nc.dma_engines, nc.dma_queues_per_engine
-            ),
-        );
-    }
 }
 
 fn init_tracing() {
@@ -312,9 +226,16 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let report = ls_report(dev.as_ref());
+            let devices = match ls::configured_lnc().and_then(|lnc| ls::describe(dev.as_ref(), lnc))
+            {
+                Ok(devices) => devices,
+                Err(e) => {
+                    eprintln!("nrt ls: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             if json {
-                match serde_json::to_string(&report) {
+                match serde_json::to_string_pretty(&devices) {
                     Ok(s) => println!("{s}"),
                     Err(e) => {
                         eprintln!("nrt ls: {e}");
@@ -322,7 +243,7 @@ fn main() -> ExitCode {
                     }
                 }
             } else {
-                print_ls(&report);
+                ls::print(&devices);
             }
             ExitCode::SUCCESS
         }

@@ -137,10 +137,16 @@ fn bench_async_and_trace_write_a_perfetto_file() {
 #[test]
 fn ls_describes_the_device() {
     let r = nrt(&["ls", "--json"]);
-    assert_eq!(r["backend"], "sim");
-    assert_eq!(r["nc_count"].as_u64(), Some(2));
-    assert_eq!(r["ncs"][0]["semaphores"].as_u64(), Some(256));
-    assert_eq!(r["ncs"][1]["dma_queues"].as_u64(), Some(256));
+    let d = &r[0];
+    assert_eq!(d["nc_count"].as_u64(), Some(2));
+    assert_eq!(d["nrt"]["backend"], "sim");
+    assert_eq!(d["nrt"]["ncs"][0]["semaphores"].as_u64(), Some(256));
+    assert_eq!(d["nrt"]["ncs"][1]["dma_queues"].as_u64(), Some(256));
+    assert_eq!(
+        d["neuron_processes"].as_array().map(Vec::len),
+        Some(0),
+        "nrt ls's own private simdev has no other client: {r}"
+    );
 }
 
 /// Runs `nrt args` with extra environment `env`, expects it to fail, returns its stderr.

@@ -393,6 +393,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
             backend: self.backend_name(),
         })
     }
+
+    /// The processes holding the device's NCs or memory, with their command lines and runtime
+    /// versions (neuron-ls's `neuron_processes`).
+    ///
+    /// # Errors
+    /// `Unsupported` where the backend cannot tell (the neuron backend: the driver's process
+    /// list is not read yet).
+    fn processes(&self) -> Result<Vec<shared::protocol::ClientSummary>, DeviceError> {
+        Err(DeviceError::Unsupported {
+            op: "processes",
+            backend: self.backend_name(),
+        })
+    }
 }
 
 /// Checks `value < limit` for argument `what` of `op`.

@@ -41,8 +41,8 @@ use shared::address_map::SEM_WINDOW_SIZE;
 use shared::fd_passing;
 use shared::memory::SharedChunk;
 use shared::protocol::{
-    self, DeviceInfo, DeviceStats, FaultSpec, LatencyModel, MAX_MSG_SIZE, MemLocation, NcCounters,
-    PROTOCOL_VERSION, Reply, Request,
+    self, ClientSummary, DeviceInfo, DeviceStats, FaultSpec, LatencyModel, MAX_MSG_SIZE,
+    MemLocation, NcCounters, PROTOCOL_VERSION, Reply, Request,
 };
 
 use super::{
@@ -190,10 +190,18 @@ impl SimDevice {
         match reply {
             Reply::Hello { version, device } if version == PROTOCOL_VERSION => {
                 self.info = device;
-                Ok(())
             }
-            other => Err(unexpected("Hello", &other)),
+            other => return Err(unexpected("Hello", &other)),
         }
+        // Who we are, for `nrt ls`'s process list. Optional: a simdev that does not know the
+        // request still serves us.
+        let identify = Request::Identify {
+            runtime_version: crate::RUNTIME_VERSION.to_owned(),
+        };
+        if let Err(e) = self.request_ok("Identify", &identify) {
+            tracing::debug!("simdev did not take our identity: {e}");
+        }
+        Ok(())
     }
 
     /// Starts a private simdev with `command` and connects to it; the child is stopped when the
@@ -245,6 +253,17 @@ impl SimDevice {
         match self.request("DeviceStats", &Request::DeviceStats)?.0 {
             Reply::DeviceStats(s) => Ok(s),
             other => Err(unexpected("DeviceStats", &other)),
+        }
+    }
+
+    /// The clients holding NCs or memory (what [`Device::processes`] returns).
+    ///
+    /// # Errors
+    /// A dead simdev.
+    pub fn clients(&self) -> Result<Vec<ClientSummary>, DeviceError> {
+        match self.request("Clients", &Request::Clients)?.0 {
+            Reply::Clients(list) => Ok(list),
+            other => Err(unexpected("Clients", &other)),
         }
     }
 
@@ -706,6 +725,10 @@ impl Device for SimDevice {
             Reply::References(r) => Ok(r),
             other => Err(unexpected(op, &other)),
         }
+    }
+
+    fn processes(&self) -> Result<Vec<ClientSummary>, DeviceError> {
+        self.clients()
     }
 }
 

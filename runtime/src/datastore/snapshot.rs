@@ -21,6 +21,7 @@ pub const HIST_BUCKETS: usize = 312;
 /// The bucket of a sample of `ns` nanoseconds: `ns` itself below 8; else, with `e` the index
 /// of the highest set bit (at most [`HIST_MAX_EXPONENT`]) and `sub` the 3 bits below it,
 /// `(e - 2) * 8 + sub`.
+#[allow(clippy::cast_possible_truncation)] // every value cast is below 312
 pub const fn bucket_of(ns: u64) -> usize {
     if ns < HIST_SUB_BUCKETS {
         return ns as usize;
@@ -34,6 +35,7 @@ pub const fn bucket_of(ns: u64) -> usize {
 }
 
 /// The smallest sample of bucket `index` (the inverse of [`bucket_of`] on bucket starts).
+#[allow(clippy::cast_possible_truncation)] // every value cast is below 312
 pub const fn bucket_start(index: usize) -> u64 {
     let sub_buckets = HIST_SUB_BUCKETS as usize;
     if index < sub_buckets {
@@ -360,6 +362,9 @@ mod tests {
         let d = h.delta(&earlier);
         assert_eq!((d.count, d.sum_ns), (1, 5_000_000));
         assert!(d.min_ns <= 5_000_000 && d.max_ns >= 5_000_000 - 5_000_000 / 8);
-        assert_eq!(d.percentile(50.0).map(|v| v.abs_diff(5_000_000) <= 625_000), Some(true));
+        assert_eq!(
+            d.percentile(50.0).map(|v| v.abs_diff(5_000_000) <= 625_000),
+            Some(true)
+        );
     }
 }

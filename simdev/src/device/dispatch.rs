@@ -2,6 +2,7 @@
 //! out, with each refusal mapped to its [`ErrorKind`]. A panic inside a handler is caught and
 //! answered as an error; a failed posted request is counted in the NC's `posted_errors`.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use std::sync::atomic::Ordering;
 use shared::ioctl::NQ_TYPE_NOTIFY;
 use shared::notification::{NQ_MAX_ENTRIES, nq_bytes};
 use shared::protocol::{
-    DeviceStats, ErrorKind, FaultSpec, LatencyModel, MemLocation, PROTOCOL_VERSION, RemoteError,
-    Reply, Request,
+    ClientSummary, DeviceStats, ErrorKind, FaultSpec, LatencyModel, MemLocation, PROTOCOL_VERSION,
+    RemoteError, Reply, Request,
 };
 use shared::sequencer::{EXEC_QUEUE, EXEC_QUEUE_ENGINE, SEM_INFERENCE_START};
 use shared::udma::Direction;
@@ -23,7 +24,7 @@ use crate::notify::NotificationQueue;
 use crate::timing;
 
 use super::{Core, lock, read, write};
-use crate::client::ClientId;
+use crate::client::{ClientId, truncate_identity};
 
 pub(super) fn refuse(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
     RemoteError {
@@ -108,7 +109,9 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::ClearFaults
         | Request::SetLatency(_)
         | Request::DeviceStats
-        | Request::References => None,
+        | Request::References
+        | Request::Identify { .. }
+        | Request::Clients => None,
     }
 }
 
@@ -279,7 +282,46 @@ impl Core {
             }
             Request::DeviceStats => reply(Reply::DeviceStats(self.stats())),
             Request::References => reply(Reply::References(self.references.described())),
+            Request::Identify { runtime_version } => {
+                if let Some(info) = lock(&self.clients).get_mut(&client) {
+                    info.runtime_version = Some(truncate_identity(runtime_version));
+                }
+                ok()
+            }
+            Request::Clients => reply(Reply::Clients(self.clients_summary())),
         }
+    }
+
+    /// The clients that hold NCs or memory chunks, by pid (what [`Request::Clients`]
+    /// answers). Reads the NC owners, then the memory, then the clients table: one lock at a
+    /// time, so the figures are each exact but not taken at one instant.
+    pub(super) fn clients_summary(&self) -> Vec<ClientSummary> {
+        let mut ncs: HashMap<ClientId, Vec<u32>> = HashMap::new();
+        for (index, nc) in self.ncs.iter().enumerate() {
+            if let Some(claim) = self.owner(nc) {
+                ncs.entry(claim.client)
+                    .or_default()
+                    .push(u32::try_from(index).unwrap_or(u32::MAX));
+            }
+        }
+        let memory = read(&self.memory).bytes_by_owner();
+        let clients = lock(&self.clients);
+        let mut out: Vec<ClientSummary> = clients
+            .iter()
+            .filter_map(|(id, info)| {
+                let held = ncs.remove(id).unwrap_or_default();
+                let bytes = memory.get(id).copied().unwrap_or(0);
+                (!held.is_empty() || bytes > 0).then(|| ClientSummary {
+                    pid: info.peer.pid(),
+                    command: info.peer.command(),
+                    runtime_version: info.runtime_version.clone().unwrap_or_default(),
+                    ncs: held,
+                    memory_bytes: bytes,
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| (c.ncs.first().copied().unwrap_or(u32::MAX), c.pid));
+        out
     }
 
     fn inject_fault(&self, spec: FaultSpec) -> Handled {

@@ -131,6 +131,8 @@ struct Nc {
 #[derive(Debug)]
 struct ClientInfo {
     peer: Peer,
+    /// The runtime version it announced ([`Request::Identify`]), if any.
+    runtime_version: Option<String>,
 }
 
 /// What the device does when an injected DeviceLost fault fires, after posting DeviceLost to

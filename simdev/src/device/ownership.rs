@@ -17,7 +17,13 @@ use crate::counters::bump;
 impl Core {
     pub(super) fn connect(&self, peer: Peer) -> ClientId {
         let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
-        lock(&self.clients).insert(client, ClientInfo { peer });
+        lock(&self.clients).insert(
+            client,
+            ClientInfo {
+                peer,
+                runtime_version: None,
+            },
+        );
         client
     }
 

@@ -201,3 +201,43 @@ fn a_reset_takes_its_modelled_device_time() {
     assert_eq!(dev.core.ncs[0].clock.now(), 500_000);
     assert_eq!(dev.core.ncs[1].clock.now(), 0);
 }
+
+#[test]
+fn clients_lists_the_processes_holding_ncs_or_memory_with_what_they_said_of_themselves() {
+    let dev = device();
+    let me = std::process::id();
+    let a = Client::new(&dev, me);
+    let b = Client::new(&dev, 4_000_000);
+    let idle = Client::new(&dev, 4_000_001);
+    a.ok(Request::Identify {
+        runtime_version: "2.0.0 test".into(),
+    });
+    a.claim(1);
+    a.claim(0);
+    let _mem = b.alloc(MemLocation::Host, 16 * MIB);
+    let _nq = a.alloc(MemLocation::Hbm { nc: 1 }, MIB);
+    let Reply::Clients(list) = idle.call(Request::Clients) else {
+        panic!("Clients answers Reply::Clients")
+    };
+    assert_eq!(list.len(), 2, "the idle client holds nothing: {list:?}");
+    let first = &list[0];
+    assert_eq!(first.pid, me);
+    assert_eq!(first.ncs, vec![0, 1]);
+    assert_eq!(first.runtime_version, "2.0.0 test");
+    let own = std::fs::read(format!("/proc/{me}/cmdline")).unwrap();
+    let program = String::from_utf8_lossy(own.split(|&c| c == 0).next().unwrap()).into_owned();
+    assert!(first.command.starts_with(&program), "{}", first.command);
+    assert_eq!(first.memory_bytes, MIB);
+    let second = &list[1];
+    assert_eq!((second.pid, second.ncs.clone()), (4_000_000, vec![]));
+    assert_eq!(second.memory_bytes, 16 * MIB);
+    assert_eq!(second.runtime_version, "", "b never identified itself");
+    dev.disconnect(a.id);
+    let Reply::Clients(list) = idle.call(Request::Clients) else {
+        panic!("Clients answers Reply::Clients")
+    };
+    assert_eq!(
+        list.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        vec![4_000_000]
+    );
+}

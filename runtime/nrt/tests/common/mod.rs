@@ -1,0 +1,88 @@
+//! Helpers of the operator-tool tests: a shared simdev (`nrt simdev` on a private socket) and
+//! runtime processes (`nrt bench` children) that hold its NCs while a tool looks at them.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use runtime::backend::sim::{PrivateSimdev, SimdevCommand};
+
+/// The `nrt` binary under test.
+pub fn nrt_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_nrt")
+}
+
+/// A simdev (`nrt simdev ARGS`) on a private socket, stopped on drop.
+pub fn start_simdev(args: &[&str]) -> PrivateSimdev {
+    PrivateSimdev::spawn(&SimdevCommand {
+        program: PathBuf::from(nrt_bin()),
+        args_prefix: vec!["simdev".into()],
+        extra_args: args.iter().map(Into::into).collect(),
+    })
+    .expect("simdev starts")
+}
+
+/// `nrt` with the environment cleaned of device selection, pointed at `socket`.
+pub fn nrt_command(socket: &Path) -> Command {
+    let mut c = Command::new(nrt_bin());
+    c.env_remove("NEURON_RT_BACKEND")
+        .env_remove("NEURON_LOGICAL_NC_CONFIG")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .env_remove("NEURON_RT_NUM_CORES")
+        .env_remove("NEURON_RT_TRACE")
+        .env("NEURON_SIMDEV_SOCKET", socket);
+    c
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A runtime process: `nrt bench --model identity` for `iterations` executions on `ncs`
+/// logical cores, with `env` added (e.g. the datastore directory).
+pub fn spawn_runtime(socket: &Path, ncs: u32, iterations: u64, env: &[(&str, &str)]) -> Reaped {
+    let child = nrt_command(socket)
+        .args(["bench", "--model", "identity", "--json"])
+        .args([
+            "--ncs",
+            &ncs.to_string(),
+            "--iterations",
+            &iterations.to_string(),
+        ])
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nrt bench starts");
+    Reaped(child)
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, for at most `timeout`.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
