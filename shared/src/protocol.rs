@@ -799,6 +799,36 @@ mod tests {
     }
 
     #[test]
+    fn identify_and_clients_round_trip_and_append_to_the_enums() {
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        let identify = Request::Identify {
+            runtime_version: "2.0.0.0".into(),
+        };
+        let n = encode(&identify, &mut buf).unwrap();
+        assert_eq!(&buf[..2], [24, 7], "variant 24, then the string's length");
+        assert_eq!(decode::<Request>(&buf[..n]).unwrap(), identify);
+        let n = encode(&Request::Clients, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [25]);
+        let reply = Reply::Clients(vec![ClientSummary {
+            pid: 42,
+            command: "python3 train.py".into(),
+            runtime_version: "2.0.0.0".into(),
+            ncs: vec![0, 1],
+            memory_bytes: 1 << 20,
+        }]);
+        let n = encode(&reply, &mut buf).unwrap();
+        assert_eq!(
+            buf[0], 12,
+            "after Error (11): the replies before keep their indices"
+        );
+        assert_eq!(decode::<Reply>(&buf[..n]).unwrap(), reply);
+        assert_eq!(
+            (identify.name(), Request::Clients.name()),
+            ("Identify", "Clients")
+        );
+    }
+
+    #[test]
     fn golden_bytes_of_the_doorbell() {
         // bincode 2 standard config: varint enum tag (10 = SemaphoreIncrement), varint u32s.
         let mut buf = [0u8; MAX_MSG_SIZE];
