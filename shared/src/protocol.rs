@@ -319,6 +319,17 @@ pub enum Request {
     /// The NEFF reference bindings simdev was started with (issue 15), so reports can name
     /// what computed a NEFF's outputs. Reply: [`Reply::References`].
     References,
+    /// Start recording the device trace events of the NCs this client owns now, even without
+    /// simdev's `--trace`: at most `max_events` per NC (capped by simdev) are held until
+    /// [`Request::TraceDrain`] takes them; more are dropped and counted. Claiming an NC again
+    /// (by anyone) or releasing it ends its subscription. Reply: [`Reply::TraceSubscribed`].
+    TraceSubscribe {
+        /// Events held per NC before dropping.
+        max_events: u32,
+    },
+    /// Take the held trace events of this client's subscribed NCs, oldest first, as many as
+    /// fit one message. Reply: [`Reply::TraceEvents`] (`more` set: send it again).
+    TraceDrain,
 }
 
 /// A fault simdev injects into an execution (scenario control).
@@ -352,6 +363,25 @@ pub enum FaultKind {
     },
     /// The device is lost: simdev posts DeviceLost to every claimed NC and exits.
     DeviceLost,
+}
+
+impl FaultKind {
+    /// The kind's name (its variant, without parameters).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NcUncorrectable => "NcUncorrectable",
+            Self::HbmUncorrectable => "HbmUncorrectable",
+            Self::HbmRepairable => "HbmRepairable",
+            Self::DmaAbort => "DmaAbort",
+            Self::OutOfBounds => "OutOfBounds",
+            Self::Numerical => "Numerical",
+            Self::GenericError => "GenericError",
+            Self::MissingCompletion => "MissingCompletion",
+            Self::LateCompletion { .. } => "LateCompletion",
+            Self::ExtraLatency { .. } => "ExtraLatency",
+            Self::DeviceLost => "DeviceLost",
+        }
+    }
 }
 
 /// When an armed fault fires.
@@ -464,6 +494,8 @@ impl Request {
             Self::SetLatency(_) => "SetLatency",
             Self::DeviceStats => "DeviceStats",
             Self::References => "References",
+            Self::TraceSubscribe { .. } => "TraceSubscribe",
+            Self::TraceDrain => "TraceDrain",
         }
     }
 }
@@ -582,6 +614,35 @@ pub enum Reply {
     References(Vec<ReferenceBinding>),
     /// The request failed.
     Error(RemoteError),
+    /// The client's NCs whose trace events simdev now records, and the trace clock.
+    TraceSubscribed {
+        /// The NCs subscribed (those the client owned).
+        ncs: Vec<u32>,
+        /// The clock of the events' timestamps.
+        clock: TraceClock,
+    },
+    /// Held trace events of the client's subscribed NCs ([`Request::TraceDrain`]).
+    TraceEvents {
+        /// Events, oldest first per NC.
+        events: Vec<crate::device_trace::Event>,
+        /// Events dropped (the NC's buffer was full) since the last drain.
+        dropped: u64,
+        /// More events are held: drain again.
+        more: bool,
+        /// The clock of the events' timestamps.
+        clock: TraceClock,
+    },
+}
+
+/// The time base of simdev's trace events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceClock {
+    /// simdev's start on the host's `CLOCK_MONOTONIC`, in ns: an event's host time is
+    /// `origin_monotonic_ns + ts_ns` (both processes run on one host).
+    pub origin_monotonic_ns: u64,
+    /// A latency model is set: events carry the NC's simulated clock (ns since the NC's
+    /// simulated start), not wall time since `origin_monotonic_ns`.
+    pub simulated: bool,
 }
 
 impl Reply {
@@ -762,6 +823,65 @@ mod tests {
         let n = encode(&Request::References, &mut buf).unwrap();
         assert_eq!(&buf[..n], [23]);
         assert_eq!(Request::References.name(), "References");
+    }
+
+    #[test]
+    fn the_trace_requests_and_replies_round_trip_and_append_to_the_enums() {
+        use crate::device_trace::{Detail, Event};
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        // Appended after References (23): the earlier variants keep their wire indices.
+        let n = encode(&Request::TraceSubscribe { max_events: 200 }, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [24, 200]);
+        let n = encode(&Request::TraceDrain, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [25]);
+        assert_eq!(Request::TraceDrain.name(), "TraceDrain");
+        assert_eq!(
+            Request::TraceSubscribe { max_events: 1 }.name(),
+            "TraceSubscribe"
+        );
+        let clock = TraceClock {
+            origin_monotonic_ns: 123_456_789,
+            simulated: false,
+        };
+        let replies = [
+            Reply::TraceSubscribed {
+                ncs: vec![0, 1],
+                clock,
+            },
+            Reply::TraceEvents {
+                events: vec![
+                    Event {
+                        nc: 1,
+                        ts_ns: 5,
+                        dur_ns: Some(7),
+                        detail: Detail::Stream {
+                            engine: crate::exec_request::Engine::Pe,
+                            records: 3,
+                            reference: Some("ref.py:f".into()),
+                            pa: 0x1000,
+                            compute_idx: 4,
+                        },
+                    },
+                    Event {
+                        nc: 1,
+                        ts_ns: 9,
+                        dur_ns: None,
+                        detail: Detail::Fault {
+                            kind: FaultKind::ExtraLatency { ns: 5 },
+                            compute_idx: 4,
+                        },
+                    },
+                ],
+                dropped: 2,
+                more: true,
+                clock,
+            },
+        ];
+        for reply in replies {
+            let n = encode(&reply, &mut buf).unwrap();
+            assert_eq!(decode::<Reply>(&buf[..n]).unwrap(), reply);
+            assert_eq!(reply.fd_count(), 0);
+        }
     }
 
     #[test]

@@ -108,7 +108,9 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::ClearFaults
         | Request::SetLatency(_)
         | Request::DeviceStats
-        | Request::References => None,
+        | Request::References
+        | Request::TraceSubscribe { .. }
+        | Request::TraceDrain => None,
     }
 }
 
@@ -279,6 +281,44 @@ impl Core {
             }
             Request::DeviceStats => reply(Reply::DeviceStats(self.stats())),
             Request::References => reply(Reply::References(self.references.described())),
+            Request::TraceSubscribe { max_events } => {
+                let ncs: Vec<u32> = self
+                    .ncs
+                    .iter()
+                    .filter(|n| self.owned_by(n, client))
+                    .map(|n| n.index)
+                    .collect();
+                self.tracer
+                    .subscribe(client.0, &ncs, max_events as usize);
+                reply(Reply::TraceSubscribed {
+                    ncs,
+                    clock: self.trace_clock(),
+                })
+            }
+            Request::TraceDrain => reply(self.trace_drain(client)),
+        }
+    }
+
+    /// [`Request::TraceDrain`]: as many of `client`'s held trace events as fit one message.
+    fn trace_drain(&self, client: ClientId) -> Reply {
+        /// Room kept for the reply's other fields and the events vector's length.
+        const OVERHEAD: usize = 64;
+        let mut scratch = [0u8; shared::protocol::MAX_MSG_SIZE];
+        let mut used = OVERHEAD;
+        let (events, dropped, more) = self.tracer.drain(client.0, |event| {
+            let size = shared::protocol::encode(event, &mut scratch)
+                .unwrap_or(shared::protocol::MAX_MSG_SIZE);
+            if used + size > shared::protocol::MAX_MSG_SIZE {
+                return false;
+            }
+            used += size;
+            true
+        });
+        Reply::TraceEvents {
+            events,
+            dropped,
+            more,
+            clock: self.trace_clock(),
         }
     }
 
