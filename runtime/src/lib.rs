@@ -37,6 +37,7 @@ pub mod stage;
 pub mod sys_trace;
 pub mod tensor;
 pub mod tensor_op;
+pub mod trace;
 #[cfg(test)]
 mod test_support;
 pub mod xu;
