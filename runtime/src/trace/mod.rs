@@ -44,6 +44,10 @@ pub use shared::device_trace::monotonic_ns;
 /// Spans an enabled timeline holds (preallocated) before it drops.
 pub const DEFAULT_MAX_SPANS: usize = 1 << 18;
 
+/// Most [`crate::backend::Device::trace_drain`] round trips one file takes (each brings one
+/// message's worth of events: this bounds the drain of simdev's largest buffers).
+pub const MAX_DRAINS: usize = 1 << 20;
+
 /// Spans one thread can pend before a commit (more are dropped and counted).
 const MAX_PENDING: usize = 16;
 
@@ -125,6 +129,8 @@ thread_local! {
     static PENDING: RefCell<Pending> = const {
         RefCell::new(Pending { spans: [None; MAX_PENDING], len: 0, overflow: 0 })
     };
+    /// The (seq_id, compute_idx) of the execution this thread is submitting, noted at stage.
+    static NOTED: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
     /// This thread's Linux tid (0: not read yet).
     static TID: Cell<u32> = const { Cell::new(0) };
 }
@@ -220,7 +226,39 @@ impl Timeline {
             let mut p = p.borrow_mut();
             p.len = 0;
         });
+        NOTED.with(|n| n.set((0, 0)));
         Some(monotonic_ns())
+    }
+
+    /// Notes the ids of the execution the calling thread is submitting (at stage, where they
+    /// are known) for [`Timeline::commit_noted`].
+    #[inline]
+    pub fn note(&self, seq_id: u64, compute_idx: u32) {
+        if self.inner.is_some() {
+            NOTED.with(|n| n.set((seq_id, compute_idx)));
+        }
+    }
+
+    /// Replaces the noted sequence id (the implicit-async pool assigns its job id after stage).
+    #[inline]
+    pub fn note_seq_id(&self, seq_id: u64) {
+        if self.inner.is_some() {
+            NOTED.with(|n| n.set((seq_id, n.get().1)));
+        }
+    }
+
+    /// [`Timeline::commit`] with the noted ids, on logical core `vnc` for model `model_id`.
+    pub fn commit_noted(&self, vnc: u32, model_id: u64) {
+        if self.inner.is_none() {
+            return;
+        }
+        let (seq_id, compute_idx) = NOTED.with(Cell::get);
+        self.commit(ExecIds {
+            seq_id,
+            compute_idx,
+            vnc,
+            model_id,
+        });
     }
 
     /// Records the calling thread's pended spans with `ids`.

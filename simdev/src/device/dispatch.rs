@@ -300,18 +300,31 @@ impl Core {
     }
 
     /// [`Request::TraceDrain`]: as many of `client`'s held trace events as fit one message.
+    /// The budget counts what the client's decoder counts against [`MAX_MSG_SIZE`]: each
+    /// event's encoded bytes, plus the memory its decoding claims (the vector slot and the
+    /// reference label's string).
+    ///
+    /// [`MAX_MSG_SIZE`]: shared::protocol::MAX_MSG_SIZE
     fn trace_drain(&self, client: ClientId) -> Reply {
         /// Room kept for the reply's other fields and the events vector's length.
         const OVERHEAD: usize = 64;
         let mut scratch = [0u8; shared::protocol::MAX_MSG_SIZE];
         let mut used = OVERHEAD;
         let (events, dropped, more) = self.tracer.drain(client.0, |event| {
-            let size = shared::protocol::encode(event, &mut scratch)
+            let encoded = shared::protocol::encode(event, &mut scratch)
                 .unwrap_or(shared::protocol::MAX_MSG_SIZE);
-            if used + size > shared::protocol::MAX_MSG_SIZE {
+            let label = match &event.detail {
+                crate::trace::Detail::Stream {
+                    reference: Some(r),
+                    ..
+                } => r.len(),
+                _ => 0,
+            };
+            let claim = encoded + std::mem::size_of::<crate::trace::Event>() + label;
+            if used + claim > shared::protocol::MAX_MSG_SIZE {
                 return false;
             }
-            used += size;
+            used += claim;
             true
         });
         Reply::TraceEvents {

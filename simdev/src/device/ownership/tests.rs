@@ -297,7 +297,9 @@ fn a_subscription_is_bounded_and_drains_in_messages_that_fit() {
         let request = Request::TraceDrain;
         let (reply, _) = dev.handle(a.id, request);
         let mut buf = [0u8; shared::protocol::MAX_MSG_SIZE];
-        shared::protocol::encode(&reply, &mut buf).expect("the reply fits one message");
+        let n = shared::protocol::encode(&reply, &mut buf).expect("the reply fits one message");
+        let decoded: Reply = shared::protocol::decode(&buf[..n]).expect("the client decodes it");
+        assert_eq!(decoded, reply);
         messages += 1;
         let Reply::TraceEvents {
             events: e,
