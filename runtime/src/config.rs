@@ -427,7 +427,9 @@ mod tests {
         assert_eq!(cfg(&[]).unwrap().trace_file, None);
         assert_eq!(cfg(&[("NEURON_RT_TRACE", " ")]).unwrap().trace_file, None);
         assert_eq!(
-            cfg(&[("NEURON_RT_TRACE", "/tmp/t.json")]).unwrap().trace_file,
+            cfg(&[("NEURON_RT_TRACE", "/tmp/t.json")])
+                .unwrap()
+                .trace_file,
             Some("/tmp/t.json".into())
         );
     }

@@ -37,9 +37,9 @@ pub mod stage;
 pub mod sys_trace;
 pub mod tensor;
 pub mod tensor_op;
-pub mod trace;
 #[cfg(test)]
 mod test_support;
+pub mod trace;
 pub mod xu;
 
 pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp, nrt};

@@ -28,9 +28,9 @@
 //! `DmaStart` made it process), or the four head pairs of an exec batch that the sequencer
 //! fetched. Instant events have `"s": "t"` (thread scope).
 
+use std::collections::VecDeque;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -163,14 +163,17 @@ impl Tracer {
             *slot = None;
         }
         let any = subs.iter().any(Option::is_some);
-        self.on
-            .store(any || self.file.is_some(), Ordering::Relaxed);
+        self.on.store(any || self.file.is_some(), Ordering::Relaxed);
     }
 
     /// Takes `client`'s held events, oldest first per NC, while `fits(event)` says the next one
     /// still fits (the reply's size budget). Returns the events, the drops counted since the
     /// last drain, and whether more are held.
-    pub fn drain(&self, client: u64, mut fits: impl FnMut(&Event) -> bool) -> (Vec<Event>, u64, bool) {
+    pub fn drain(
+        &self,
+        client: u64,
+        mut fits: impl FnMut(&Event) -> bool,
+    ) -> (Vec<Event>, u64, bool) {
         let mut subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
         let mut dropped = 0u64;

@@ -28,7 +28,7 @@ fn slice(e: &Value) -> Slice {
 }
 
 /// Runtime spans named `name` of execution `seq_id` (the file's hex string) on `vnc`.
-fn spans<'a>(events: &'a [Value], name: &str, seq_id: &str, vnc: u64) -> Vec<Slice> {
+fn spans(events: &[Value], name: &str, seq_id: &str, vnc: u64) -> Vec<Slice> {
     events
         .iter()
         .filter(|e| {
@@ -71,7 +71,11 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
     let trace: Value = serde_json::from_slice(bytes).expect("the timeline is JSON");
     assert_eq!(trace["displayTimeUnit"], "ns");
     let other = &trace["otherData"];
-    assert_eq!(other["sources"], serde_json::json!(["runtime", "simdev"]), "{other}");
+    assert_eq!(
+        other["sources"],
+        serde_json::json!(["runtime", "simdev"]),
+        "{other}"
+    );
     assert!(
         other["device_events"]
             .as_str()
@@ -85,7 +89,9 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
         events
             .iter()
             .find(|e| {
-                e["ph"] == "M" && e["pid"].as_u64() == Some(pid) && e["tid"].as_u64() == Some(tid)
+                e["ph"] == "M"
+                    && e["pid"].as_u64() == Some(pid)
+                    && e["tid"].as_u64() == Some(tid)
                     && e["name"] == what
             })
             .and_then(|e| e["args"]["name"].as_str().map(str::to_owned))
@@ -96,25 +102,36 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
         .map(slice)
         .collect();
     executes.sort_by(|a, b| a.ts.total_cmp(&b.ts));
-    let execute = executes.get(n).cloned().unwrap_or_else(|| {
-        panic!("no execute span #{n} ({} in the file)", executes.len())
-    });
+    let execute = executes
+        .get(n)
+        .cloned()
+        .unwrap_or_else(|| panic!("no execute span #{n} ({} in the file)", executes.len()));
     let e = &execute.event;
     let pid = e["pid"].as_u64().expect("pid");
     let tid = e["tid"].as_u64().expect("tid");
     assert!(pid < DEVICE_PID_BASE);
     let process = named(pid, 0, "process_name").expect("the runtime process is named");
     assert!(process.ends_with(&format!("(pid {pid})")), "{process}");
-    assert!(named(pid, tid, "thread_name").is_some(), "the thread is named");
+    assert!(
+        named(pid, tid, "thread_name").is_some(),
+        "the thread is named"
+    );
     let seq_id = e["args"]["seq_id"].as_str().expect("seq_id").to_owned();
     let compute_idx = e["args"]["compute_idx"].as_u64().expect("compute_idx");
     let vnc = e["args"]["vnc"].as_u64().expect("vnc");
-    assert_ne!(seq_id, "0x0", "the execute span carries the execution's seq_id");
+    assert_ne!(
+        seq_id, "0x0",
+        "the execute span carries the execution's seq_id"
+    );
     let one = |name: &str| -> Slice {
         let found = spans(events, name, &seq_id, vnc);
         assert_eq!(found.len(), 1, "{name} spans of {seq_id}: {found:?}");
         let s = found[0].clone();
-        assert_eq!(s.event["args"]["compute_idx"].as_u64(), Some(compute_idx), "{name}");
+        assert_eq!(
+            s.event["args"]["compute_idx"].as_u64(),
+            Some(compute_idx),
+            "{name}"
+        );
         s
     };
     let inside = |s: &Slice, what: &str| {
@@ -126,11 +143,16 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
             execute.ts,
             execute.end
         );
-        assert_eq!(s.event["tid"].as_u64(), Some(tid), "{what} is on the caller's thread");
+        assert_eq!(
+            s.event["tid"].as_u64(),
+            Some(tid),
+            "{what} is on the caller's thread"
+        );
     };
     let binds = spans(events, "bind", &seq_id, vnc);
     assert!(!binds.is_empty(), "no bind span of {seq_id}");
-    let (stage, doorbell, wait, harvest) = (one("stage"), one("doorbell"), one("wait"), one("harvest"));
+    let (stage, doorbell, wait, harvest) =
+        (one("stage"), one("doorbell"), one("wait"), one("harvest"));
     for b in &binds {
         inside(b, "bind");
         assert!(b.end <= stage.ts, "bind ends before stage");
@@ -138,14 +160,21 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
     inside(&stage, "stage");
     inside(&doorbell, "doorbell");
     inside(&wait, "wait");
-    assert!(stage.end <= doorbell.ts && doorbell.end <= wait.ts, "stage, doorbell, wait in order");
+    assert!(
+        stage.end <= doorbell.ts && doorbell.end <= wait.ts,
+        "stage, doorbell, wait in order"
+    );
     let worker = harvest.event["tid"].as_u64().expect("tid");
     assert_ne!(worker, tid, "the harvest runs on the worker");
-    assert!(named(pid, worker, "thread_name").is_some(), "the worker is named");
+    assert!(
+        named(pid, worker, "thread_name").is_some(),
+        "the worker is named"
+    );
     // The device's events of the execution, in its logical core's process.
     let device_pid = DEVICE_PID_BASE + vnc;
     assert!(
-        named(device_pid, 0, "process_name").is_some_and(|n| n.starts_with(&format!("logical core {vnc}"))),
+        named(device_pid, 0, "process_name")
+            .is_some_and(|n| n.starts_with(&format!("logical core {vnc}"))),
         "the logical core's process is named"
     );
     let device = |cat: &str| -> Vec<Slice> {
@@ -160,7 +189,11 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
             .collect()
     };
     let executions = device("execution");
-    assert_eq!(executions.len(), 1, "device executions of compute_idx {compute_idx}: {executions:?}");
+    assert_eq!(
+        executions.len(),
+        1,
+        "device executions of compute_idx {compute_idx}: {executions:?}"
+    );
     let device_execution = executions[0].clone();
     let track = device_execution.event["tid"].as_u64().expect("tid");
     assert!(
@@ -171,7 +204,11 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
         .into_iter()
         .filter(|s| s.event["name"] == "Execution")
         .collect();
-    assert_eq!(notes.len(), 1, "notifications of compute_idx {compute_idx}: {notes:?}");
+    assert_eq!(
+        notes.len(),
+        1,
+        "notifications of compute_idx {compute_idx}: {notes:?}"
+    );
     let notification = notes[0].clone();
     assert!(
         doorbell.ts < device_execution.ts,

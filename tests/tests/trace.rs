@@ -73,7 +73,13 @@ fn neuron_rt_trace_writes_one_timeline_whose_spans_and_device_events_nest() {
     assert_eq!(other["device_clock"], "host CLOCK_MONOTONIC", "{other}");
     // Device events of the engines, DMA and doorbells are there too, in logical core 0's process.
     let events = trace["traceEvents"].as_array().unwrap();
-    for cat in ["instruction", "dma", "doorbell", "notification", "execution"] {
+    for cat in [
+        "instruction",
+        "dma",
+        "doorbell",
+        "notification",
+        "execution",
+    ] {
         assert!(
             events
                 .iter()
@@ -115,6 +121,9 @@ fn the_explicit_async_path_gets_its_spans_and_the_worker_its_harvest() {
         for name in ["execute", "bind", "stage", "doorbell", "harvest"] {
             assert!(names.contains(&name), "{seq}: no {name} span in {names:?}");
         }
-        assert!(!names.contains(&"wait"), "{seq}: the async call does not wait");
+        assert!(
+            !names.contains(&"wait"),
+            "{seq}: the async call does not wait"
+        );
     }
 }

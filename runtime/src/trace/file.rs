@@ -123,9 +123,7 @@ impl Contents<'_> {
             first = false;
             serde_json::to_writer(&mut *out, value).map_err(io::Error::other)
         };
-        let meta = |pid: u32, tid: u32, name: &str, args: Value| {
-            json!({ "ph": "M", "name": name, "pid": pid, "tid": tid, "args": args })
-        };
+        let meta = |pid: u32, tid: u32, name: &str, args: Value| json!({ "ph": "M", "name": name, "pid": pid, "tid": tid, "args": args });
         // The runtime process and its threads.
         item(
             &mut out,
@@ -138,7 +136,12 @@ impl Contents<'_> {
         )?;
         item(
             &mut out,
-            &meta(self.pid, 0, "process_sort_index", json!({ "sort_index": 0 })),
+            &meta(
+                self.pid,
+                0,
+                "process_sort_index",
+                json!({ "sort_index": 0 }),
+            ),
         )?;
         for (i, (tid, name)) in self.threads.iter().enumerate() {
             item(
@@ -147,7 +150,12 @@ impl Contents<'_> {
             )?;
             item(
                 &mut out,
-                &meta(self.pid, *tid, "thread_sort_index", json!({ "sort_index": i })),
+                &meta(
+                    self.pid,
+                    *tid,
+                    "thread_sort_index",
+                    json!({ "sort_index": i }),
+                ),
             )?;
         }
         // One process per logical core, a track per NC and engine.
@@ -215,8 +223,7 @@ impl Contents<'_> {
                     json!(device_tid(event.nc, event.detail.track())),
                 );
                 map.insert("ts".into(), json!(self.rel(self.device_host_ns(event))));
-                if simulated
-                    && let Some(args) = map.get_mut("args").and_then(Value::as_object_mut)
+                if simulated && let Some(args) = map.get_mut("args").and_then(Value::as_object_mut)
                 {
                     args.insert("simulated_ts_ns".into(), json!(event.ts_ns));
                 }
@@ -325,7 +332,11 @@ impl Contents<'_> {
                     };
                     (
                         (self.pid, span.tid, self.rel(span.start_ns)),
-                        (device_pid, device_tid(main, seq), self.rel(self.device_host_ns(exec))),
+                        (
+                            device_pid,
+                            device_tid(main, seq),
+                            self.rel(self.device_host_ns(exec)),
+                        ),
                     )
                 }
                 SpanKind::Harvest => {
@@ -338,17 +349,25 @@ impl Contents<'_> {
                         continue;
                     };
                     (
-                        (device_pid, device_tid(main, seq), self.rel(self.device_host_ns(note))),
+                        (
+                            device_pid,
+                            device_tid(main, seq),
+                            self.rel(self.device_host_ns(note)),
+                        ),
                         (self.pid, span.tid, self.rel(span.start_ns)),
                     )
                 }
                 _ => continue,
             };
             id += 1;
-            flows.push(json!({ "ph": "s", "cat": "flow", "name": span.kind.name(), "id": id,
-                               "pid": from.0, "tid": from.1, "ts": from.2 }));
-            flows.push(json!({ "ph": "f", "bp": "e", "cat": "flow", "name": span.kind.name(),
-                               "id": id, "pid": to.0, "tid": to.1, "ts": to.2 }));
+            flows.push(
+                json!({ "ph": "s", "cat": "flow", "name": span.kind.name(), "id": id,
+                               "pid": from.0, "tid": from.1, "ts": from.2 }),
+            );
+            flows.push(
+                json!({ "ph": "f", "bp": "e", "cat": "flow", "name": span.kind.name(),
+                               "id": id, "pid": to.0, "tid": to.1, "ts": to.2 }),
+            );
         }
         flows
     }

@@ -321,20 +321,22 @@ impl Timeline {
 
     /// The spans recorded so far (a copy) and the threads that recorded them.
     pub fn snapshot(&self) -> (Vec<Span>, Vec<(u32, String)>) {
-        self.inner.as_deref().map_or_else(Default::default, |inner| {
-            (
-                inner
-                    .spans
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone(),
-                inner
-                    .threads
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone(),
-            )
-        })
+        self.inner
+            .as_deref()
+            .map_or_else(Default::default, |inner| {
+                (
+                    inner
+                        .spans
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone(),
+                    inner
+                        .threads
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone(),
+                )
+            })
     }
 
     /// Spans dropped so far (the buffer was full, or a thread pended too many).

@@ -59,7 +59,10 @@ fn a_failed_call_leaves_nothing_pended_for_the_next_one() {
     t.pend(SpanKind::Execute, start);
     t.commit(ids(2));
     let (spans, _) = t.snapshot();
-    assert_eq!(spans.iter().map(|s| s.kind).collect::<Vec<_>>(), [SpanKind::Execute]);
+    assert_eq!(
+        spans.iter().map(|s| s.kind).collect::<Vec<_>>(),
+        [SpanKind::Execute]
+    );
 }
 
 #[test]
@@ -144,28 +147,64 @@ fn the_file_groups_processes_and_tracks_places_device_events_on_the_host_clock_a
             .find(|e| e["ph"] == "M" && e["pid"] == pid && e["tid"] == tid && e["name"] == what)
             .map(|e| e["args"].clone())
     };
-    assert_eq!(meta(1234, 0, "process_name").unwrap()["name"], "bench (pid 1234)");
+    assert_eq!(
+        meta(1234, 0, "process_name").unwrap()["name"],
+        "bench (pid 1234)"
+    );
     assert_eq!(meta(1234, 42, "thread_name").unwrap()["name"], "main");
     let dev = DEVICE_PID_BASE;
-    assert_eq!(meta(dev, 0, "process_name").unwrap()["name"], "logical core 0 (NC 3, NC 4)");
+    assert_eq!(
+        meta(dev, 0, "process_name").unwrap()["name"],
+        "logical core 0 (NC 3, NC 4)"
+    );
     assert_eq!(meta(dev, 0, "process_sort_index").unwrap()["sort_index"], 1);
-    assert_eq!(meta(dev, 4 * 8 + 2, "thread_name").unwrap()["name"], "NC 4 PE");
-    assert_eq!(meta(dev, 3 * 8 + 1, "thread_name").unwrap()["name"], "NC 3 sequencer");
+    assert_eq!(
+        meta(dev, 4 * 8 + 2, "thread_name").unwrap()["name"],
+        "NC 4 PE"
+    );
+    assert_eq!(
+        meta(dev, 3 * 8 + 1, "thread_name").unwrap()["name"],
+        "NC 3 sequencer"
+    );
     let exec = events.iter().find(|e| e["cat"] == "execution").unwrap();
-    assert_eq!((exec["pid"].as_u64(), exec["ts"].as_f64()), (Some(u64::from(dev)), Some(2.0)));
-    let doorbell = events.iter().find(|e| e["name"] == "doorbell" && e["ph"] == "X").unwrap();
+    assert_eq!(
+        (exec["pid"].as_u64(), exec["ts"].as_f64()),
+        (Some(u64::from(dev)), Some(2.0))
+    );
+    let doorbell = events
+        .iter()
+        .find(|e| e["name"] == "doorbell" && e["ph"] == "X")
+        .unwrap();
     assert_eq!(doorbell["ts"].as_f64(), Some(1.0));
     assert_eq!(doorbell["args"]["seq_id"], "0x5");
     assert_eq!(doorbell["args"]["compute_idx"], 7);
     let flows: Vec<_> = events.iter().filter(|e| e["cat"] == "flow").collect();
-    assert_eq!(flows.len(), 4, "doorbell → execution, notification → harvest");
-    assert_eq!((&flows[1]["ph"], flows[1]["pid"].as_u64()), (&"f".into(), Some(u64::from(dev))));
+    assert_eq!(
+        flows.len(),
+        4,
+        "doorbell → execution, notification → harvest"
+    );
+    assert_eq!(
+        (&flows[1]["ph"], flows[1]["pid"].as_u64()),
+        (&"f".into(), Some(u64::from(dev)))
+    );
     assert_eq!(flows[2]["ts"].as_f64(), Some(6.5));
     assert_eq!(json["displayTimeUnit"], "ns");
     let other = &json["otherData"];
     assert_eq!(other["sources"], serde_json::json!(["runtime", "simdev"]));
-    assert_eq!((other["dropped_spans"].as_u64(), other["dropped_device_events"].as_u64()), (Some(1), Some(4)));
-    assert!(other["device_events"].as_str().unwrap().starts_with("simdev"));
+    assert_eq!(
+        (
+            other["dropped_spans"].as_u64(),
+            other["dropped_device_events"].as_u64()
+        ),
+        (Some(1), Some(4))
+    );
+    assert!(
+        other["device_events"]
+            .as_str()
+            .unwrap()
+            .starts_with("simdev")
+    );
 }
 
 #[test]
@@ -186,6 +225,17 @@ fn without_device_events_the_file_says_why() {
     contents.write_json(&mut bytes).unwrap();
     let json: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(json["otherData"]["sources"], serde_json::json!(["runtime"]));
-    assert!(json["otherData"]["device_events"].as_str().unwrap().contains("neuron backend"));
-    assert!(!json["traceEvents"].as_array().unwrap().iter().any(|e| e["pid"] == DEVICE_PID_BASE));
+    assert!(
+        json["otherData"]["device_events"]
+            .as_str()
+            .unwrap()
+            .contains("neuron backend")
+    );
+    assert!(
+        !json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["pid"] == DEVICE_PID_BASE)
+    );
 }

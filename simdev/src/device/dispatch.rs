@@ -288,8 +288,7 @@ impl Core {
                     .filter(|n| self.owned_by(n, client))
                     .map(|n| n.index)
                     .collect();
-                self.tracer
-                    .subscribe(client.0, &ncs, max_events as usize);
+                self.tracer.subscribe(client.0, &ncs, max_events as usize);
                 reply(Reply::TraceSubscribed {
                     ncs,
                     clock: self.trace_clock(),
@@ -315,8 +314,7 @@ impl Core {
                 .unwrap_or(shared::protocol::MAX_MSG_SIZE);
             let label = match &event.detail {
                 crate::trace::Detail::Stream {
-                    reference: Some(r),
-                    ..
+                    reference: Some(r), ..
                 } => r.len(),
                 _ => 0,
             };
