@@ -3,7 +3,16 @@
 //!
 //! Events are kept in memory, at most [`DEFAULT_MAX_EVENTS`] (later ones are dropped and
 //! counted), and written once, when simdev stops ([`Tracer::write`]). A disabled tracer holds
-//! nothing; every recording site checks [`Tracer::enabled`] first, one branch.
+//! nothing; every recording site checks [`Tracer::enabled`] first, one branch (a relaxed
+//! load: recording also turns on at run time when a client subscribes).
+//!
+//! **Subscriptions.** A client may ask for its own NCs' events without `--trace`
+//! ([`shared::protocol::Request::TraceSubscribe`], then `TraceDrain`): [`Tracer::subscribe`]
+//! keeps a bounded buffer per subscribed NC ([`MAX_SUBSCRIBED_EVENTS`] at most; drops
+//! counted), [`Tracer::drain`] hands them over, and a claim or release of the NC ends the
+//! subscription ([`Tracer::forget_nc`]), so one client never sees another's events. The
+//! runtime merges them into its timeline (`runtime::trace`). The event types ([`Event`],
+//! [`Detail`], [`Track`]) live in [`shared::device_trace`], which both sides use.
 //!
 //! # Schema
 //! The file is the object form `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData":

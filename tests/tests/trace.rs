@@ -127,3 +127,49 @@ fn the_explicit_async_path_gets_its_spans_and_the_worker_its_harvest() {
         );
     }
 }
+
+#[test]
+fn the_implicit_async_pool_gets_its_spans_with_the_job_id_and_the_pool_worker_its_harvest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timeline.json");
+    let (rt, _sim) = runtime_with(RuntimeConfig {
+        trace_file: Some(path.clone()),
+        async_max_inflight: 2,
+        ..RuntimeConfig::default()
+    });
+    let m = load(&rt, 0);
+    let (ins, outs) = io(&rt, 0);
+    for _ in 0..6 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    rt.async_drain(0);
+    rt.close();
+    let trace: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let spans = |name: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["cat"] == "runtime" && e["name"] == name)
+            .collect()
+    };
+    let harvests = spans("harvest");
+    assert_eq!(harvests.len(), 6, "one harvest per execution");
+    let key = |e: &Value| (e["args"]["seq_id"].clone(), e["args"]["compute_idx"].clone());
+    let mut jobs: Vec<_> = harvests.iter().map(|h| key(h)).collect();
+    jobs.sort_by_key(|k| k.0.as_str().map(str::to_owned));
+    jobs.dedup();
+    assert_eq!(jobs.len(), 6, "distinct job ids: {jobs:?}");
+    for h in &harvests {
+        for name in ["execute", "bind", "stage", "doorbell"] {
+            let caller = spans(name)
+                .into_iter()
+                .find(|s| key(s) == key(h))
+                .unwrap_or_else(|| panic!("no {name} span of {:?}", key(h)));
+            assert_ne!(caller["tid"], h["tid"], "the pool's worker harvests");
+        }
+        assert!(
+            !spans("wait").iter().any(|s| key(s) == key(h)),
+            "nothing waits in the call"
+        );
+    }
+}
