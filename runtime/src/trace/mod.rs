@@ -30,7 +30,7 @@
 //! # Clock
 //! Every timestamp is the host's `CLOCK_MONOTONIC` ([`shared::device_trace::monotonic_ns`]);
 //! simdev stamps its events relative to its own start on the same clock and says where that
-//! is ([`shared::protocol::TraceClock`]), so both land on one axis ([`file`] documents the
+//! is ([`shared::protocol::TraceClock`]), so both land on one axis ([`mod@file`] documents the
 //! file).
 
 pub mod file;
