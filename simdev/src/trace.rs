@@ -161,7 +161,9 @@ impl Tracer {
                 dropped: 0,
             });
         }
-        self.on.store(true, Ordering::Relaxed);
+        if !ncs.is_empty() {
+            self.on.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Ends NC `nc`'s subscription, discarding what it holds (the NC changes hands). Recording
@@ -401,6 +403,26 @@ mod tests {
         tracer.record(doorbell(0, 1));
         assert_eq!(tracer.room(), 0);
         assert_eq!(tracer.write("wall").unwrap(), None);
+    }
+
+    #[test]
+    fn recording_is_on_while_a_subscription_lasts_and_off_after() {
+        let tracer = Tracer::disabled();
+        tracer.subscribe(7, &[], 10);
+        assert!(
+            !tracer.enabled(),
+            "a client without NCs subscribes to nothing"
+        );
+        tracer.subscribe(7, &[1], 10);
+        assert!(tracer.enabled());
+        tracer.record(doorbell(0, 1)); // NC 0: nobody's
+        tracer.record(doorbell(1, 2));
+        assert_eq!(tracer.drain(7, |_| true).0, [doorbell(1, 2)]);
+        assert!(tracer.drain(8, |_| true).0.is_empty(), "another client's");
+        tracer.forget_nc(1);
+        assert!(!tracer.enabled());
+        tracer.record(doorbell(1, 3));
+        assert_eq!(tracer.drain(7, |_| true), (Vec::new(), 0, false));
     }
 
     #[test]

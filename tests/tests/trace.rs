@@ -154,7 +154,12 @@ fn the_implicit_async_pool_gets_its_spans_with_the_job_id_and_the_pool_worker_it
     };
     let harvests = spans("harvest");
     assert_eq!(harvests.len(), 6, "one harvest per execution");
-    let key = |e: &Value| (e["args"]["seq_id"].clone(), e["args"]["compute_idx"].clone());
+    let key = |e: &Value| {
+        (
+            e["args"]["seq_id"].clone(),
+            e["args"]["compute_idx"].clone(),
+        )
+    };
     let mut jobs: Vec<_> = harvests.iter().map(|h| key(h)).collect();
     jobs.sort_by_key(|k| k.0.as_str().map(str::to_owned));
     jobs.dedup();
