@@ -188,40 +188,63 @@ pub fn check_execution(bytes: &[u8], n: usize) -> Execution {
             .map(slice)
             .collect()
     };
-    let executions = device("execution");
+    // One execution and one notification per NC of the logical core (its track: tid / 8).
+    let by_nc = |slices: Vec<Slice>| -> std::collections::BTreeMap<u64, Vec<Slice>> {
+        let mut map = std::collections::BTreeMap::<u64, Vec<Slice>>::new();
+        for s in slices {
+            let nc = s.event["tid"].as_u64().expect("tid") / 8;
+            map.entry(nc).or_default().push(s);
+        }
+        map
+    };
+    let executions = by_nc(device("execution"));
+    let notes = by_nc(
+        device("notification")
+            .into_iter()
+            .filter(|s| s.event["name"] == "Execution")
+            .collect(),
+    );
+    assert!(
+        !executions.is_empty(),
+        "no device execution of compute_idx {compute_idx}"
+    );
     assert_eq!(
-        executions.len(),
-        1,
-        "device executions of compute_idx {compute_idx}: {executions:?}"
+        executions.keys().collect::<Vec<_>>(),
+        notes.keys().collect::<Vec<_>>(),
+        "each NC that executed notified"
     );
-    let device_execution = executions[0].clone();
-    let track = device_execution.event["tid"].as_u64().expect("tid");
-    assert!(
-        named(device_pid, track, "thread_name").is_some_and(|n| n.ends_with("sequencer")),
-        "the device execution is on an NC's sequencer track"
-    );
-    let notes: Vec<Slice> = device("notification")
-        .into_iter()
-        .filter(|s| s.event["name"] == "Execution")
-        .collect();
-    assert_eq!(
-        notes.len(),
-        1,
-        "notifications of compute_idx {compute_idx}: {notes:?}"
-    );
-    let notification = notes[0].clone();
-    assert!(
-        doorbell.ts < device_execution.ts,
-        "the doorbell ({}) starts before the device's execution ({})",
-        doorbell.ts,
-        device_execution.ts
-    );
-    assert!(
-        notification.ts <= harvest.end,
-        "the notification ({}) comes before the harvest ends ({})",
-        notification.ts,
-        harvest.end
-    );
+    for (nc, slices) in executions.iter().chain(notes.iter()) {
+        assert_eq!(
+            slices.len(),
+            1,
+            "NC {nc}, compute_idx {compute_idx}: {slices:?}"
+        );
+    }
+    for (nc, exec) in &executions {
+        let exec = &exec[0];
+        let track = exec.event["tid"].as_u64().expect("tid");
+        assert!(
+            named(device_pid, track, "thread_name")
+                .is_some_and(|n| n == format!("NC {nc} sequencer")),
+            "the device execution is on NC {nc}'s sequencer track"
+        );
+        assert!(
+            doorbell.ts < exec.ts,
+            "the doorbell ({}) starts before NC {nc}'s execution ({})",
+            doorbell.ts,
+            exec.ts
+        );
+        let note = &notes[nc][0];
+        assert!(
+            note.ts <= harvest.end,
+            "NC {nc}'s notification ({}) comes before the harvest ends ({})",
+            note.ts,
+            harvest.end
+        );
+    }
+    let main = executions.keys().next().copied().unwrap_or_default();
+    let device_execution = executions[&main][0].clone();
+    let notification = notes[&main][0].clone();
     assert!(
         harvest.end <= execute.end,
         "the harvest ends ({}) before the execute span ({})",

@@ -178,3 +178,68 @@ fn the_implicit_async_pool_gets_its_spans_with_the_job_id_and_the_pool_worker_it
         );
     }
 }
+
+#[test]
+fn with_lnc_2_one_logical_core_process_holds_both_ncs_tracks_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timeline.json");
+    let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
+    let rt = Runtime::init(
+        Arc::new(connect(&sim)),
+        RuntimeConfig {
+            lnc: 2,
+            exec_timeout: Duration::from_secs(20),
+            trace_file: Some(path.clone()),
+            ..RuntimeConfig::default()
+        },
+    )
+    .expect("nrt_init");
+    let m = rt
+        .load(
+            &runtime::builder::identity_split(4096)
+                .to_container(Target::Simdev)
+                .unwrap(),
+            1,
+        )
+        .unwrap();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 1 }, 4096, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    for _ in 0..3 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    rt.close();
+    let bytes = std::fs::read(&path).unwrap();
+    let e = check_execution(&bytes, 1);
+    let trace: Value = serde_json::from_slice(&bytes).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let core1 = (1u64 << 22) + 1;
+    let name = |tid: u64| {
+        events
+            .iter()
+            .find(|m| {
+                m["ph"] == "M" && m["pid"].as_u64() == Some(core1) && m["tid"].as_u64() == Some(tid)
+            })
+            .map(|m| m["args"]["name"].clone())
+    };
+    assert_eq!(name(0), Some("logical core 1 (NC 2, NC 3)".into()));
+    assert_eq!(name(2 * 8 + 2), Some("NC 2 PE".into()));
+    assert_eq!(name(3 * 8 + 7), Some("NC 3 DMA".into()));
+    // Both NCs of the logical core ran the execution, on their own sequencer tracks.
+    for nc in [2u64, 3] {
+        assert!(
+            events.iter().any(|d| d["cat"] == "execution"
+                && d["pid"].as_u64() == Some(core1)
+                && d["tid"].as_u64() == Some(nc * 8 + 1)
+                && d["args"]["compute_idx"].as_u64() == Some(e.compute_idx)),
+            "NC {nc} executed compute_idx {}",
+            e.compute_idx
+        );
+    }
+}
