@@ -239,3 +239,54 @@ fn without_device_events_the_file_says_why() {
             .any(|e| e["pid"] == DEVICE_PID_BASE)
     );
 }
+
+#[test]
+fn under_a_latency_model_device_events_say_so_and_keep_their_simulated_time() {
+    let clock = TraceClock {
+        origin_monotonic_ns: 1_000,
+        simulated: true,
+    };
+    let source = DeviceSource::Simdev { clock, dropped: 0 };
+    let device = [Event {
+        nc: 0,
+        ts_ns: 5_000,
+        dur_ns: Some(2_000),
+        detail: Detail::Execution {
+            compute_idx: 1,
+            flags: 0,
+            instructions: 3,
+        },
+    }];
+    let contents = Contents {
+        pid: 1,
+        command: "x",
+        origin_ns: 0,
+        spans: &[],
+        threads: &[],
+        dropped_spans: 0,
+        vncs: &[vec![0]],
+        device: &device,
+        source: &source,
+    };
+    let mut bytes = Vec::new();
+    contents.write_json(&mut bytes).unwrap();
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        json["otherData"]["device_clock"]
+            .as_str()
+            .unwrap()
+            .starts_with("simulated")
+    );
+    let exec = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["cat"] == "execution")
+        .unwrap();
+    assert_eq!(exec["args"]["simulated_ts_ns"], 5_000);
+    assert_eq!(
+        exec["ts"].as_f64(),
+        Some(6.0),
+        "placed from simdev's origin"
+    );
+}
