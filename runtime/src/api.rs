@@ -41,6 +41,7 @@ use crate::reserve;
 use crate::stage::{DgeWrite, HwExecQueue, StagedProgram};
 use crate::sys_trace::SysTrace;
 use crate::tensor::{MemCharge, Placement, RuntimeId, Tensor, TensorSet, UseHold};
+use crate::trace::{SpanKind, Timeline};
 use crate::xu::{
     CollectivesEngine, CompletionEngine, ExecInfo, ExecStatus, ExecutionUnit, MAX_TPBS_PER_VNC, Xu,
     XuConfig, XuTable, XuWorkers,
@@ -54,6 +55,10 @@ use tensor_op::TensorOps;
 
 /// Entries of each NC's notification queue.
 pub const NQ_ENTRIES: u32 = 1024;
+
+/// Device trace events simdev holds per NC for the timeline between drains (drained at close;
+/// more are dropped and counted in the file's `otherData.dropped_device_events`).
+pub const DEVICE_TRACE_EVENTS_PER_NC: u32 = 1 << 20;
 
 /// The back-off between two attempts of a sync execute the funnel refused with NRT_QUEUE_FULL
 /// (the seed's `usleep(100)`).
@@ -225,6 +230,13 @@ pub struct Runtime {
     model_charges: Mutex<HashMap<u64, MemCharge>>,
     /// The TENSOR_OP XUs (two per logical core), their engine and workers; `None` once closed.
     tensor_ops: Option<TensorOps>,
+    /// The Perfetto timeline (`NEURON_RT_TRACE`, [`crate::trace`]); disabled without it.
+    timeline: Arc<Timeline>,
+    /// The timeline's origin (host `CLOCK_MONOTONIC` ns at init).
+    timeline_origin_ns: u64,
+    /// The device's trace subscription while the timeline records: its clock, or why the
+    /// device's events are missing.
+    device_trace: Option<Result<shared::protocol::TraceClock, String>>,
 }
 
 /// What `nrt_get_instance_info` reports.
@@ -406,10 +418,24 @@ impl Runtime {
         }
         let metrics = Arc::new(Metrics::new(nc_count as usize));
         let trace = Arc::new(SysTrace::new(vncs.iter().map(|v| v.ncs.clone()).collect()));
+        let timeline_origin_ns = crate::trace::monotonic_ns();
+        let (timeline, device_trace) = if config.trace_file.is_some() {
+            let subscribed = device
+                .trace_subscribe(DEVICE_TRACE_EVENTS_PER_NC)
+                .map(|(_, clock)| clock)
+                .map_err(|e| e.to_string());
+            (
+                Arc::new(Timeline::new(crate::trace::DEFAULT_MAX_SPANS)),
+                Some(subscribed),
+            )
+        } else {
+            (Arc::new(Timeline::disabled()), None)
+        };
         let engine = Arc::new(
             NqEngine::new(readers)
                 .with_numerical_errors(config.report_numerical_errors)
-                .with_sys_trace(trace.clone()),
+                .with_sys_trace(trace.clone())
+                .with_timeline(timeline.clone()),
         );
         let vnc_ncs: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
         let tensor_ops = match TensorOps::new(&device, &engine, &vnc_ncs, &config, &trace) {
@@ -495,6 +521,9 @@ impl Runtime {
             trace,
             model_charges: Mutex::new(HashMap::new()),
             tensor_ops: Some(tensor_ops),
+            timeline,
+            timeline_origin_ns,
+            device_trace,
         })
     }
 
@@ -820,6 +849,22 @@ impl Runtime {
         inputs: &TensorSet,
         outputs: &TensorSet,
     ) -> NrtResult<()> {
+        let start = self.timeline.begin();
+        let r = self.execute_spanned(model, inputs, outputs);
+        if start.is_some() {
+            self.timeline.pend(SpanKind::Execute, start);
+            self.timeline.commit_noted(model.vnc, model.id);
+        }
+        r
+    }
+
+    /// [`Runtime::execute`] inside its timeline span.
+    fn execute_spanned(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<()> {
         self.check_process()?;
         if self.config.funtime {
             return Ok(());
@@ -948,6 +993,7 @@ impl Runtime {
         let skip = self.config.skip_config_optimization;
         let stage =
             |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
+                let span = self.timeline.now();
                 self.stage(m, info, model_switch, skip).map_err(|e| {
                     tracing::error!(error = %e, "stage failed");
                     e.status
@@ -955,10 +1001,19 @@ impl Runtime {
                 info.request.deadline = Some(Instant::now() + timeout);
                 self.trace
                     .stamp(&mut info.request.trace, || profiling::staged_seq_id(xu));
+                if span.is_some() {
+                    let seq_id = profiling::staged_seq_id(xu);
+                    info.request.timeline_seq_id = seq_id;
+                    self.timeline.note(seq_id, info.request.compute_idx);
+                    self.timeline.pend(SpanKind::Stage, span);
+                }
                 Ok(())
             };
         let doorbell = |_: &ExecInfo<ExecRequest>| {
-            kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status)
+            let span = self.timeline.now();
+            let r = kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status);
+            self.timeline.pend(SpanKind::Doorbell, span);
+            r
         };
         f(xu, info, &stage, &doorbell).map_err(|s| Self::refusal(m, s))
     }
@@ -984,11 +1039,17 @@ impl Runtime {
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let seq = schedule_retrying_queue_full(self.wait_budget, || {
             let cell = status.clone();
-            self.funnel(m, bind()?, move |xu, info, stage, doorbell| {
+            let span = self.timeline.now();
+            let resources = bind();
+            self.timeline.pend(SpanKind::Bind, span);
+            self.funnel(m, resources?, move |xu, info, stage, doorbell| {
                 xu.schedule_request(info, Some(cell), stage, doorbell)
             })
         })?;
-        wait_sync(xu, seq, self.wait_budget)?;
+        let span = self.timeline.now();
+        let waited = wait_sync(xu, seq, self.wait_budget);
+        self.timeline.pend(SpanKind::Wait, span);
+        waited?;
         Ok(status.get().unwrap_or(NrtStatus::Failure))
     }
 
@@ -1046,30 +1107,42 @@ impl Runtime {
                 "Async exec mode only supports device allocated tensors",
             ));
         }
+        let span = self.timeline.now();
         let resources = build_compute_resources(
             m,
             inputs,
             outputs,
             ExecMode::from_async_workers_present(true),
-        )?;
+        );
+        self.timeline.pend(SpanKind::Bind, span);
+        let resources = resources?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let info = self.work_item(m, resources);
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
         let stage =
             |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
+                let span = self.timeline.now();
                 self.stage(m, info, model_switch, skip)
                     .map_err(|e| e.status)?;
                 info.request.deadline = Some(Instant::now() + timeout);
                 // The pool sets the job id as the sequence id once it assigns it.
                 self.trace.stamp(&mut info.request.trace, || 0);
+                self.timeline.note(0, info.request.compute_idx);
+                self.timeline.pend(SpanKind::Stage, span);
                 Ok(())
             };
         let doorbell = |_: &ExecInfo<ExecRequest>| {
-            kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status)
+            let span = self.timeline.now();
+            let r = kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status);
+            self.timeline.pend(SpanKind::Doorbell, span);
+            r
         };
-        pool.post(m.vnc(), info, stage, doorbell)
-            .map_err(|s| Self::refusal(m, s))
+        let job = pool
+            .post(m.vnc(), info, stage, doorbell)
+            .map_err(|s| Self::refusal(m, s))?;
+        self.timeline.note_seq_id(job);
+        Ok(job)
     }
 
     /// `nrt_register_async_exec_callback`: `cb(model_id, vnc, job_id, status)` runs on the pool's
@@ -1122,6 +1195,22 @@ impl Runtime {
         inputs: &TensorSet,
         outputs: &TensorSet,
     ) -> NrtResult<ScheduledExecution> {
+        let start = self.timeline.begin();
+        let r = self.execute_schedule_spanned(model, inputs, outputs);
+        if start.is_some() {
+            self.timeline.pend(SpanKind::Execute, start);
+            self.timeline.commit_noted(model.vnc, model.id);
+        }
+        r
+    }
+
+    /// [`Runtime::execute_schedule`] inside its timeline span.
+    fn execute_schedule_spanned(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<ScheduledExecution> {
         self.check_process()?;
         let m = self.resolve(model)?;
         if self.pool.is_some() {
@@ -1143,12 +1232,15 @@ impl Runtime {
             ));
         }
         check_input_count(&m, inputs)?;
+        let span = self.timeline.now();
         let resources = build_compute_resources(
             &m,
             inputs,
             outputs,
             ExecMode::from_async_workers_present(false),
-        )?;
+        );
+        self.timeline.pend(SpanKind::Bind, span);
+        let resources = resources?;
         let status = Arc::new(ExecStatus::new());
         let cell = status.clone();
         // Marks every bound tensor as used by this request until its work item is freed.
@@ -1399,6 +1491,71 @@ impl Runtime {
         Ok(())
     }
 
+    /// Writes the timeline file (`NEURON_RT_TRACE`): this runtime's spans and, drained now,
+    /// the device's events of its NCs. `Ok(None)` when the timeline is off. [`Runtime::close`]
+    /// calls it once the workers stopped; a drain takes the device's events, so a second call
+    /// holds none.
+    ///
+    /// # Errors
+    /// Creating or writing the file.
+    fn write_timeline(&self) -> std::io::Result<Option<std::path::PathBuf>> {
+        let (Some(path), Some(subscribed)) = (&self.config.trace_file, &self.device_trace) else {
+            return Ok(None);
+        };
+        let mut device = Vec::new();
+        let source = match subscribed {
+            Ok(clock) => {
+                let mut clock = *clock;
+                let mut dropped = 0u64;
+                let mut drained = Ok(());
+                // Each reply holds one message's worth; bounded by what simdev can hold.
+                for _ in 0..=crate::trace::MAX_DRAINS {
+                    match self.device.trace_drain() {
+                        Ok(batch) => {
+                            device.extend(batch.events);
+                            dropped = dropped.saturating_add(batch.dropped);
+                            clock = batch.clock;
+                            if !batch.more {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            drained = Err(e);
+                            break;
+                        }
+                    }
+                }
+                match drained {
+                    Ok(()) => crate::trace::file::DeviceSource::Simdev { clock, dropped },
+                    Err(e) => crate::trace::file::DeviceSource::None(format!(
+                        "draining the device's events failed: {e}"
+                    )),
+                }
+            }
+            Err(why) => crate::trace::file::DeviceSource::None(why.clone()),
+        };
+        let (spans, threads) = self.timeline.snapshot();
+        let vncs: Vec<Vec<u32>> = self.vncs.iter().map(|v| v.ncs.clone()).collect();
+        let command = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "runtime".to_owned());
+        let contents = crate::trace::file::Contents {
+            pid: self.pid,
+            command: &command,
+            origin_ns: self.timeline_origin_ns,
+            spans: &spans,
+            threads: &threads,
+            dropped_spans: self.timeline.dropped(),
+            vncs: &vncs,
+            device: &device,
+            source: &source,
+        };
+        let file = std::fs::File::create(path)?;
+        contents.write_json(file)?;
+        Ok(Some(path.clone()))
+    }
+
     /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
     /// the exec queues and the NCs. A private simdev stops when the device is dropped. In a
     /// process forked after init it does nothing to the device: the runtime is leaked.
@@ -1419,6 +1576,11 @@ impl Runtime {
         }
         if let Some(t) = self.tensor_ops.take() {
             t.release();
+        }
+        // Every span is recorded (the workers are joined); the device's events go before the
+        // NCs are released (a release ends their subscription).
+        if let Err(e) = self.write_timeline() {
+            tracing::error!(error = %e, "writing the timeline (NEURON_RT_TRACE)");
         }
         self.models.unload_all();
         // Each logical core's queues are listed under each of its NCs: the last reference

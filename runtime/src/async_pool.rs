@@ -187,6 +187,7 @@ impl AsyncPool {
         };
         let req_id = self.id_tracker.fetch_add(1, Ordering::Relaxed);
         info.request.trace.seq_id = req_id;
+        info.request.timeline_seq_id = req_id;
         q.deque.push_back(AsyncReq { req_id, info });
         drop(q);
         w.has_work.notify_one();

@@ -220,6 +220,9 @@ pub struct ExecRequest {
     pub inflight: Option<InflightGuard>,
     /// The system trace's stamp (set at stage while anything captures).
     pub trace: ExecStamp,
+    /// The execution's sequence id for the timeline's harvest span (set at stage, or by the
+    /// implicit-async pool, while [`crate::trace`] records).
+    pub timeline_seq_id: u64,
     /// Marks the bound tensors as used by this scheduled request until the work item is freed
     /// (an explicit free is refused meanwhile, naming the request).
     pub hold: Option<crate::tensor::UseHold>,
@@ -244,6 +247,8 @@ pub struct NqEngine {
     timeouts: Mutex<Vec<(u32, String)>>,
     /// Records each execution whose status it returns.
     trace: Arc<SysTrace>,
+    /// Records the harvest span of each execution whose status it returns.
+    timeline: Arc<crate::trace::Timeline>,
     /// DmaQueueError notifications, routed to the queue they name.
     dma_errors: DmaQueueErrors,
 }
@@ -273,6 +278,7 @@ impl NqEngine {
             report_numerical_errors: false,
             timeouts: Mutex::new(Vec::new()),
             trace: Arc::new(SysTrace::new(Vec::new())),
+            timeline: Arc::new(crate::trace::Timeline::disabled()),
             dma_errors: DmaQueueErrors::default(),
         }
     }
@@ -281,6 +287,14 @@ impl NqEngine {
     #[must_use]
     pub fn with_sys_trace(mut self, trace: Arc<SysTrace>) -> Self {
         self.trace = trace;
+        self
+    }
+
+    /// Records the harvest span of every execution whose status the engine returns in
+    /// `timeline`.
+    #[must_use]
+    pub fn with_timeline(mut self, timeline: Arc<crate::trace::Timeline>) -> Self {
+        self.timeline = timeline;
         self
     }
 
@@ -514,11 +528,22 @@ impl CompletionEngine for NqEngine {
     type Request = ExecRequest;
 
     /// One step ([`NqEngine::progress`]); an execution that ends here is recorded in the
-    /// system trace.
+    /// system trace, and this step is its timeline's `harvest` span.
     fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
+        let start = self.timeline.now();
         let p = self.progress(vnc, info);
         if let Progress::Done(s) | Progress::Error(s) = p {
             self.trace.record_execution(vnc, info, s);
+            if start.is_some() {
+                let ids = crate::trace::ExecIds {
+                    seq_id: info.request.timeline_seq_id,
+                    compute_idx: info.request.compute_idx,
+                    vnc,
+                    model_id: info.model_id,
+                };
+                self.timeline
+                    .record(crate::trace::SpanKind::Harvest, start, ids);
+            }
         }
         p
     }

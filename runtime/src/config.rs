@@ -14,6 +14,7 @@
 //! | `NEURON_FAIL_ON_NAN` | 1: the same as `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` |
 //! | `NEURON_RT_VALIDATE_HASH` | 1: `nrt_load` checks a NEFF's header hash (the MD5 of its payload) and refuses a mismatch; default 0, as libnrt |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
+//! | `NEURON_RT_TRACE` | ours: a file path; the runtime records its execution spans and the device's events and writes them there as one Perfetto timeline at close (`crate::trace`) |
 
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ pub struct RuntimeConfig {
     pub reset_cores: bool,
     /// `NEURON_RT_VALIDATE_HASH`: check a NEFF's header hash at load (off by default).
     pub validate_hash: bool,
+    /// `NEURON_RT_TRACE`: the Perfetto timeline file written at close ([`crate::trace`]);
+    /// `None` (the default) records nothing.
+    pub trace_file: Option<std::path::PathBuf>,
 }
 
 /// Which logical cores `nrt_init` reserves ([`RuntimeConfig::select_vncs`]).
@@ -79,6 +83,7 @@ impl Default for RuntimeConfig {
             report_numerical_errors: false,
             reset_cores: true,
             validate_hash: false,
+            trace_file: None,
         }
     }
 }
@@ -279,6 +284,9 @@ impl RuntimeConfig {
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }
+        if let Some(v) = get("NEURON_RT_TRACE").filter(|v| !v.trim().is_empty()) {
+            c.trace_file = Some(v.into());
+        }
         Ok(c)
     }
 
@@ -412,6 +420,18 @@ mod tests {
         assert!(cfg(&[]).unwrap().reset_cores);
         assert!(!cfg(&[("NEURON_RT_RESET_CORES", "0")]).unwrap().reset_cores);
         assert!(cfg(&[("NEURON_RT_RESET_CORES", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn the_trace_file_is_off_by_default_and_set_by_neuron_rt_trace() {
+        assert_eq!(cfg(&[]).unwrap().trace_file, None);
+        assert_eq!(cfg(&[("NEURON_RT_TRACE", " ")]).unwrap().trace_file, None);
+        assert_eq!(
+            cfg(&[("NEURON_RT_TRACE", "/tmp/t.json")])
+                .unwrap()
+                .trace_file,
+            Some("/tmp/t.json".into())
+        );
     }
 
     #[test]

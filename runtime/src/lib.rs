@@ -39,6 +39,7 @@ pub mod tensor;
 pub mod tensor_op;
 #[cfg(test)]
 mod test_support;
+pub mod trace;
 pub mod xu;
 
 /// The runtime version this runtime reports to other processes (neuron-ls's

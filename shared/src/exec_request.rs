@@ -19,7 +19,7 @@ pub const REQUEST_BUFFER_SIZE: usize = CC_DMA_INCREMENT_OFFSET + 4;
 /// The five NeuronCore engines, in the order the request carries their instruction-block
 /// addresses.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Engine {
     /// PE: the tensor engine (matmul).
     Pe = 0,

@@ -71,7 +71,7 @@ pub const MAX_PROGRAM_INSTRUCTIONS: u32 = 1 << 20;
 
 /// Instruction opcodes. Values are ABI (never renumbered).
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Opcode {
     /// 0x00: no operation (waits and signals still apply).
     Nop = 0x00,

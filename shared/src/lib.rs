@@ -27,6 +27,7 @@
 
 pub mod address_map;
 pub mod child;
+pub mod device_trace;
 pub mod exec_request;
 pub mod fd_passing;
 pub mod ids;

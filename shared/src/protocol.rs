@@ -329,6 +329,17 @@ pub enum Request {
     /// The connected clients that hold NCs or device memory (neuron-ls's process list).
     /// Reply: [`Reply::Clients`].
     Clients,
+    /// Start recording the device trace events of the NCs this client owns now, even without
+    /// simdev's `--trace`: at most `max_events` per NC (capped by simdev) are held until
+    /// [`Request::TraceDrain`] takes them; more are dropped and counted. Claiming an NC again
+    /// (by anyone) or releasing it ends its subscription. Reply: [`Reply::TraceSubscribed`].
+    TraceSubscribe {
+        /// Events held per NC before dropping.
+        max_events: u32,
+    },
+    /// Take the held trace events of this client's subscribed NCs, oldest first, as many as
+    /// fit one message. Reply: [`Reply::TraceEvents`] (`more` set: send it again).
+    TraceDrain,
 }
 
 /// Longest identity string simdev keeps of a client (longer ones are cut at a char boundary).
@@ -382,6 +393,25 @@ pub enum FaultKind {
     },
     /// The device is lost: simdev posts DeviceLost to every claimed NC and exits.
     DeviceLost,
+}
+
+impl FaultKind {
+    /// The kind's name (its variant, without parameters).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NcUncorrectable => "NcUncorrectable",
+            Self::HbmUncorrectable => "HbmUncorrectable",
+            Self::HbmRepairable => "HbmRepairable",
+            Self::DmaAbort => "DmaAbort",
+            Self::OutOfBounds => "OutOfBounds",
+            Self::Numerical => "Numerical",
+            Self::GenericError => "GenericError",
+            Self::MissingCompletion => "MissingCompletion",
+            Self::LateCompletion { .. } => "LateCompletion",
+            Self::ExtraLatency { .. } => "ExtraLatency",
+            Self::DeviceLost => "DeviceLost",
+        }
+    }
 }
 
 /// When an armed fault fires.
@@ -496,6 +526,8 @@ impl Request {
             Self::References => "References",
             Self::Identify { .. } => "Identify",
             Self::Clients => "Clients",
+            Self::TraceSubscribe { .. } => "TraceSubscribe",
+            Self::TraceDrain => "TraceDrain",
         }
     }
 }
@@ -616,6 +648,35 @@ pub enum Reply {
     Error(RemoteError),
     /// The clients holding NCs or memory, by pid.
     Clients(Vec<ClientSummary>),
+    /// The client's NCs whose trace events simdev now records, and the trace clock.
+    TraceSubscribed {
+        /// The NCs subscribed (those the client owned).
+        ncs: Vec<u32>,
+        /// The clock of the events' timestamps.
+        clock: TraceClock,
+    },
+    /// Held trace events of the client's subscribed NCs ([`Request::TraceDrain`]).
+    TraceEvents {
+        /// Events, oldest first per NC.
+        events: Vec<crate::device_trace::Event>,
+        /// Events dropped (the NC's buffer was full) since the last drain.
+        dropped: u64,
+        /// More events are held: drain again.
+        more: bool,
+        /// The clock of the events' timestamps.
+        clock: TraceClock,
+    },
+}
+
+/// The time base of simdev's trace events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceClock {
+    /// simdev's start on the host's `CLOCK_MONOTONIC`, in ns: an event's host time is
+    /// `origin_monotonic_ns + ts_ns` (both processes run on one host).
+    pub origin_monotonic_ns: u64,
+    /// A latency model is set: events carry the NC's simulated clock (ns since the NC's
+    /// simulated start), not wall time since `origin_monotonic_ns`.
+    pub simulated: bool,
 }
 
 impl Reply {
@@ -826,6 +887,65 @@ mod tests {
             (identify.name(), Request::Clients.name()),
             ("Identify", "Clients")
         );
+    }
+
+    #[test]
+    fn the_trace_requests_and_replies_round_trip_and_append_to_the_enums() {
+        use crate::device_trace::{Detail, Event};
+        let mut buf = [0u8; MAX_MSG_SIZE];
+        // Appended after Clients (25): the earlier variants keep their wire indices.
+        let n = encode(&Request::TraceSubscribe { max_events: 200 }, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [26, 200]);
+        let n = encode(&Request::TraceDrain, &mut buf).unwrap();
+        assert_eq!(&buf[..n], [27]);
+        assert_eq!(Request::TraceDrain.name(), "TraceDrain");
+        assert_eq!(
+            Request::TraceSubscribe { max_events: 1 }.name(),
+            "TraceSubscribe"
+        );
+        let clock = TraceClock {
+            origin_monotonic_ns: 123_456_789,
+            simulated: false,
+        };
+        let replies = [
+            Reply::TraceSubscribed {
+                ncs: vec![0, 1],
+                clock,
+            },
+            Reply::TraceEvents {
+                events: vec![
+                    Event {
+                        nc: 1,
+                        ts_ns: 5,
+                        dur_ns: Some(7),
+                        detail: Detail::Stream {
+                            engine: crate::exec_request::Engine::Pe,
+                            records: 3,
+                            reference: Some("ref.py:f".into()),
+                            pa: 0x1000,
+                            compute_idx: 4,
+                        },
+                    },
+                    Event {
+                        nc: 1,
+                        ts_ns: 9,
+                        dur_ns: None,
+                        detail: Detail::Fault {
+                            kind: FaultKind::ExtraLatency { ns: 5 },
+                            compute_idx: 4,
+                        },
+                    },
+                ],
+                dropped: 2,
+                more: true,
+                clock,
+            },
+        ];
+        for reply in replies {
+            let n = encode(&reply, &mut buf).unwrap();
+            assert_eq!(decode::<Reply>(&buf[..n]).unwrap(), reply);
+            assert_eq!(reply.fd_count(), 0);
+        }
     }
 
     #[test]

@@ -287,19 +287,7 @@ impl Effects {
 
 /// A short name of a fault kind, for logs and traces.
 pub const fn kind_name(kind: FaultKind) -> &'static str {
-    match kind {
-        FaultKind::NcUncorrectable => "NcUncorrectable",
-        FaultKind::HbmUncorrectable => "HbmUncorrectable",
-        FaultKind::HbmRepairable => "HbmRepairable",
-        FaultKind::DmaAbort => "DmaAbort",
-        FaultKind::OutOfBounds => "OutOfBounds",
-        FaultKind::Numerical => "Numerical",
-        FaultKind::GenericError => "GenericError",
-        FaultKind::MissingCompletion => "MissingCompletion",
-        FaultKind::LateCompletion { .. } => "LateCompletion",
-        FaultKind::ExtraLatency { .. } => "ExtraLatency",
-        FaultKind::DeviceLost => "DeviceLost",
-    }
+    kind.name()
 }
 
 #[cfg(test)]

@@ -3,7 +3,16 @@
 //!
 //! Events are kept in memory, at most [`DEFAULT_MAX_EVENTS`] (later ones are dropped and
 //! counted), and written once, when simdev stops ([`Tracer::write`]). A disabled tracer holds
-//! nothing; every recording site checks [`Tracer::enabled`] first, one branch.
+//! nothing; every recording site checks [`Tracer::enabled`] first, one branch (a relaxed
+//! load: recording also turns on at run time when a client subscribes).
+//!
+//! **Subscriptions.** A client may ask for its own NCs' events without `--trace`
+//! ([`shared::protocol::Request::TraceSubscribe`], then `TraceDrain`): [`Tracer::subscribe`]
+//! keeps a bounded buffer per subscribed NC ([`MAX_SUBSCRIBED_EVENTS`] at most; drops
+//! counted), [`Tracer::drain`] hands them over, and a claim or release of the NC ends the
+//! subscription ([`Tracer::forget_nc`]), so one client never sees another's events. The
+//! runtime merges them into its timeline (`runtime::trace`). The event types ([`Event`],
+//! [`Detail`], [`Track`]) live in [`shared::device_trace`], which both sides use.
 //!
 //! # Schema
 //! The file is the object form `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData":
@@ -28,325 +37,23 @@
 //! `DmaStart` made it process), or the four head pairs of an exec batch that the sequencer
 //! fetched. Instant events have `"s": "t"` (thread scope).
 
+use std::collections::VecDeque;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use serde_json::{Value, json};
-use shared::exec_request::Engine;
-use shared::isa::Opcode;
-use shared::notification::NotificationKind;
-use shared::protocol::FaultKind;
-
-use crate::faults::kind_name;
+pub use shared::device_trace::{Detail, Event, Track};
 
 /// Most events a trace keeps in memory by default.
 pub const DEFAULT_MAX_EVENTS: usize = 1_000_000;
 
-/// A track of an NC: the sequencer, one engine, or its DMA engines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Track {
-    /// Doorbells, notifications, executions, faults.
-    Sequencer,
-    /// An engine's instructions.
-    Engine(Engine),
-    /// DMA transfers.
-    Dma,
-}
+/// Most events a client's subscription holds per NC ([`Tracer::subscribe`] caps the client's
+/// ask at this).
+pub const MAX_SUBSCRIBED_EVENTS: usize = 1 << 20;
 
-impl Track {
-    /// Every track, in display order.
-    pub const ALL: [Self; 7] = [
-        Self::Sequencer,
-        Self::Engine(Engine::Pe),
-        Self::Engine(Engine::Act),
-        Self::Engine(Engine::Pool),
-        Self::Engine(Engine::Dve),
-        Self::Engine(Engine::Sp),
-        Self::Dma,
-    ];
-
-    /// The thread id of the track.
-    pub const fn tid(self) -> u32 {
-        match self {
-            Self::Sequencer => 1,
-            Self::Engine(Engine::Pe) => 2,
-            Self::Engine(Engine::Act) => 3,
-            Self::Engine(Engine::Pool) => 4,
-            Self::Engine(Engine::Dve) => 5,
-            Self::Engine(Engine::Sp) => 6,
-            Self::Dma => 7,
-        }
-    }
-
-    /// The thread name of the track.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Sequencer => "sequencer",
-            Self::Engine(engine) => engine.name(),
-            Self::Dma => "DMA",
-        }
-    }
-}
-
-/// What an event records.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Detail {
-    /// An engine executed an instruction.
-    Instruction {
-        /// The engine.
-        engine: Engine,
-        /// The opcode.
-        op: Opcode,
-        /// Its address.
-        pc: u64,
-        /// The execution.
-        compute_idx: u32,
-    },
-    /// An engine's whole NEFF stream, charged shape-only (no instruction ran: see
-    /// [`crate::shape_only`]).
-    Stream {
-        /// The engine.
-        engine: Engine,
-        /// 64-byte records in the stream.
-        records: u32,
-        /// The reference that computes the outputs ([`crate::reference`]); `None`: shape-only.
-        reference: Option<std::sync::Arc<str>>,
-        /// The stream's address.
-        pa: u64,
-        /// The execution.
-        compute_idx: u32,
-    },
-    /// A whole execution, doorbell count taken to notification.
-    Execution {
-        /// The execution.
-        compute_idx: u32,
-        /// The notification's error flags.
-        flags: u32,
-        /// Instructions executed by all engines.
-        instructions: u64,
-    },
-    /// A sequencer config reload (`reload == true`) or an activation-table load.
-    Reload {
-        /// Config reload or table load.
-        config: bool,
-        /// The execution.
-        compute_idx: u32,
-    },
-    /// Descriptor pairs a DMA queue processed.
-    Dma {
-        /// DMA engine.
-        engine: u32,
-        /// Queue on the engine.
-        queue: u32,
-        /// Pairs completed.
-        pairs: u64,
-        /// Bytes moved.
-        bytes: u64,
-        /// The sequencer's fetch of an exec batch's head pairs.
-        batch: bool,
-    },
-    /// A posted semaphore increment (doorbell) arrived.
-    Doorbell {
-        /// Semaphore index.
-        semaphore: u32,
-        /// Amount added.
-        value: u32,
-    },
-    /// A notification was written (or dropped: the NQ was full or absent).
-    Notification {
-        /// Its `kind` field.
-        kind: u16,
-        /// Its `compute_idx`.
-        compute_idx: u32,
-        /// Its error flags.
-        flags: u32,
-        /// Its `source` field.
-        source: u16,
-        /// Dropped instead of written.
-        dropped: bool,
-    },
-    /// An injected fault fired on an execution.
-    Fault {
-        /// The fault.
-        kind: FaultKind,
-        /// The execution.
-        compute_idx: u32,
-    },
-}
-
-impl Detail {
-    /// The track the event belongs to.
-    pub const fn track(&self) -> Track {
-        match self {
-            Self::Instruction { engine, .. } | Self::Stream { engine, .. } => {
-                Track::Engine(*engine)
-            }
-            Self::Dma { .. } => Track::Dma,
-            _ => Track::Sequencer,
-        }
-    }
-}
-
-/// One trace event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Event {
-    /// The NC (the process).
-    pub nc: u32,
-    /// Start, in nanoseconds of the trace clock.
-    pub ts_ns: u64,
-    /// Duration in nanoseconds for a complete event; `None` for an instant event.
-    pub dur_ns: Option<u64>,
-    /// What happened.
-    pub detail: Detail,
-}
-
-/// Nanoseconds as the fractional microseconds of the trace format (exact up to 2^53 ns, about
-/// 104 days).
-fn micros(ns: u64) -> f64 {
-    ns as f64 / 1000.0
-}
-
-impl Event {
-    /// The event in the Chrome trace-event format.
-    pub fn to_json(&self) -> Value {
-        let (cat, name, args) = match &self.detail {
-            Detail::Instruction {
-                op,
-                pc,
-                compute_idx,
-                ..
-            } => (
-                "instruction",
-                format!("{op:?}"),
-                json!({ "pc": format!("{pc:#x}"), "compute_idx": compute_idx }),
-            ),
-            Detail::Stream {
-                engine,
-                records,
-                reference,
-                pa,
-                compute_idx,
-            } => match reference {
-                None => (
-                    "instruction",
-                    format!(
-                        "{} stream: {records} records (NEFF, shape-only)",
-                        engine.name()
-                    ),
-                    json!({
-                        "pa": format!("{pa:#x}"),
-                        "records": records,
-                        "compute_idx": compute_idx,
-                        "shape_only": true,
-                    }),
-                ),
-                Some(r) => (
-                    "instruction",
-                    format!(
-                        "{} stream: {records} records (NEFF, reference: {r})",
-                        engine.name()
-                    ),
-                    json!({
-                        "pa": format!("{pa:#x}"),
-                        "records": records,
-                        "compute_idx": compute_idx,
-                        "shape_only": false,
-                        "reference": r.as_ref(),
-                    }),
-                ),
-            },
-            Detail::Execution {
-                compute_idx,
-                flags,
-                instructions,
-            } => (
-                "execution",
-                "execution".to_owned(),
-                json!({ "compute_idx": compute_idx, "flags": flags, "instructions": instructions }),
-            ),
-            Detail::Reload {
-                config,
-                compute_idx,
-            } => (
-                "sequencer",
-                if *config {
-                    "config reload"
-                } else {
-                    "table load"
-                }
-                .to_owned(),
-                json!({ "compute_idx": compute_idx }),
-            ),
-            Detail::Dma {
-                engine,
-                queue,
-                pairs,
-                bytes,
-                batch,
-            } => (
-                "dma",
-                if *batch {
-                    "exec batch".to_owned()
-                } else {
-                    format!("DMA {engine}.{queue}")
-                },
-                json!({ "engine": engine, "queue": queue, "pairs": pairs, "bytes": bytes }),
-            ),
-            Detail::Doorbell { semaphore, value } => (
-                "doorbell",
-                "doorbell".to_owned(),
-                json!({ "semaphore": semaphore, "value": value }),
-            ),
-            Detail::Notification {
-                kind,
-                compute_idx,
-                flags,
-                source,
-                dropped,
-            } => (
-                "notification",
-                NotificationKind::from_u16(*kind)
-                    .map_or_else(|| format!("kind {kind}"), |k| format!("{k:?}")),
-                json!({
-                    "compute_idx": compute_idx,
-                    "flags": flags,
-                    "source": source,
-                    "dropped": dropped,
-                }),
-            ),
-            Detail::Fault { kind, compute_idx } => (
-                "fault",
-                format!("fault {}", kind_name(*kind)),
-                json!({ "compute_idx": compute_idx }),
-            ),
-        };
-        let mut event = json!({
-            "name": name,
-            "cat": cat,
-            "pid": self.nc,
-            "tid": self.detail.track().tid(),
-            "ts": micros(self.ts_ns),
-            "args": args,
-        });
-        if let Some(map) = event.as_object_mut() {
-            match self.dur_ns {
-                Some(dur) => {
-                    map.insert("ph".to_owned(), json!("X"));
-                    map.insert("dur".to_owned(), json!(micros(dur)));
-                }
-                None => {
-                    map.insert("ph".to_owned(), json!("i"));
-                    map.insert("s".to_owned(), json!("t"));
-                }
-            }
-        }
-        event
-    }
-}
-
-/// An enabled trace's state.
+/// The `--trace` file's state.
 #[derive(Debug)]
 struct Inner {
     path: PathBuf,
@@ -354,6 +61,25 @@ struct Inner {
     max_events: usize,
     events: Mutex<Vec<Event>>,
     dropped: AtomicU64,
+}
+
+/// One NC's subscription: the client that asked and the events held for it.
+#[derive(Debug)]
+struct Subscription {
+    client: u64,
+    max_events: usize,
+    events: VecDeque<Event>,
+    dropped: u64,
+}
+
+impl Subscription {
+    fn push(&mut self, event: Event) {
+        if self.events.len() < self.max_events {
+            self.events.push_back(event);
+        } else {
+            self.dropped = self.dropped.saturating_add(1);
+        }
+    }
 }
 
 /// What a written trace holds.
@@ -367,53 +93,136 @@ pub struct Summary {
     pub dropped: u64,
 }
 
-/// The device's trace: disabled, or buffering events for one file.
+/// The device's trace: the `--trace` file's buffer (fixed at start) and the clients'
+/// subscriptions (made at run time, [`Tracer::subscribe`]). Recording is on while either
+/// exists: [`Tracer::enabled`] is one relaxed load, the one branch of every recording site.
+///
+/// Invariant: a subscription holds only events of its NC, recorded while its client was
+/// subscribed; [`Tracer::forget_nc`] (called when the NC is claimed or released) drops it, so
+/// a later owner never sees an earlier one's events and vice versa.
 #[derive(Debug, Default)]
 pub struct Tracer {
-    inner: Option<Box<Inner>>,
+    on: AtomicBool,
+    file: Option<Box<Inner>>,
+    /// Per NC index.
+    subs: Mutex<Vec<Option<Subscription>>>,
 }
 
 impl Tracer {
-    /// A tracer that records nothing.
+    /// A tracer that records nothing (until a client subscribes).
     pub const fn disabled() -> Self {
-        Self { inner: None }
+        Self {
+            on: AtomicBool::new(false),
+            file: None,
+            subs: Mutex::new(Vec::new()),
+        }
     }
 
     /// A tracer for a device of `ncs` NCs that keeps at most `max_events` events and writes
     /// them to `path`.
     pub fn to_file(path: PathBuf, ncs: u32, max_events: usize) -> Self {
         Self {
-            inner: Some(Box::new(Inner {
+            on: AtomicBool::new(true),
+            file: Some(Box::new(Inner {
                 path,
                 ncs,
                 max_events,
                 events: Mutex::new(Vec::new()),
                 dropped: AtomicU64::new(0),
             })),
+            subs: Mutex::new(Vec::new()),
         }
     }
 
-    /// Whether events are recorded.
+    /// Whether events are recorded (a `--trace` file or a subscription).
     #[inline]
-    pub const fn enabled(&self) -> bool {
-        self.inner.is_some()
+    pub fn enabled(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
     }
 
-    /// The trace file, when enabled.
+    /// The trace file, when `--trace` is set.
     pub fn path(&self) -> Option<&Path> {
-        self.inner.as_deref().map(|i| i.path.as_path())
+        self.file.as_deref().map(|i| i.path.as_path())
     }
 
-    /// Events the buffer can still take before it drops (0 when disabled).
+    /// Starts holding events of each NC of `ncs` for `client` (at most `max_events` each,
+    /// capped at [`MAX_SUBSCRIBED_EVENTS`]), replacing an earlier subscription of the NC.
+    pub fn subscribe(&self, client: u64, ncs: &[u32], max_events: usize) {
+        let mut subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+        for &nc in ncs {
+            let i = nc as usize;
+            if subs.len() <= i {
+                subs.resize_with(i + 1, || None);
+            }
+            subs[i] = Some(Subscription {
+                client,
+                max_events: max_events.min(MAX_SUBSCRIBED_EVENTS),
+                events: VecDeque::new(),
+                dropped: 0,
+            });
+        }
+        if !ncs.is_empty() {
+            self.on.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Ends NC `nc`'s subscription, discarding what it holds (the NC changes hands). Recording
+    /// stays on while another subscription or the file remains.
+    pub fn forget_nc(&self, nc: u32) {
+        let mut subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = subs.get_mut(nc as usize) {
+            *slot = None;
+        }
+        let any = subs.iter().any(Option::is_some);
+        self.on.store(any || self.file.is_some(), Ordering::Relaxed);
+    }
+
+    /// Takes `client`'s held events, oldest first per NC, while `fits(event)` says the next one
+    /// still fits (the reply's size budget). Returns the events, the drops counted since the
+    /// last drain, and whether more are held.
+    pub fn drain(
+        &self,
+        client: u64,
+        mut fits: impl FnMut(&Event) -> bool,
+    ) -> (Vec<Event>, u64, bool) {
+        let mut subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        let mut dropped = 0u64;
+        let mut more = false;
+        for sub in subs.iter_mut().flatten().filter(|s| s.client == client) {
+            dropped = dropped.saturating_add(std::mem::take(&mut sub.dropped));
+            while let Some(event) = sub.events.front() {
+                if more || !fits(event) {
+                    more = true;
+                    break;
+                }
+                if let Some(event) = sub.events.pop_front() {
+                    out.push(event);
+                }
+            }
+        }
+        (out, dropped, more)
+    }
+
+    /// Events the buffer can still take before it drops (0 when disabled): the most any
+    /// buffer (the file's, a subscription's) has room for.
     pub fn room(&self) -> usize {
-        self.inner.as_deref().map_or(0, |inner| {
+        if !self.enabled() {
+            return 0;
+        }
+        let file = self.file.as_deref().map_or(0, |inner| {
             let held = inner
                 .events
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .len();
             inner.max_events.saturating_sub(held)
-        })
+        });
+        let subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+        subs.iter()
+            .flatten()
+            .map(|s| s.max_events.saturating_sub(s.events.len()))
+            .fold(file, usize::max)
     }
 
     /// Records `event` (dropped and counted when the buffer is full).
@@ -421,9 +230,29 @@ impl Tracer {
         self.record_all(vec![event], 0);
     }
 
-    /// Records `events` and counts `dropped` more that the caller could not keep.
+    /// Records `events` and counts `dropped` more that the caller could not keep (counted for
+    /// the file and for the subscription of the NC of the first event).
     pub fn record_all(&self, events: Vec<Event>, dropped: u64) {
-        let Some(inner) = self.inner.as_deref() else {
+        if !self.enabled() {
+            return;
+        }
+        {
+            let mut subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+            if !subs.is_empty() {
+                if dropped > 0
+                    && let Some(Some(sub)) =
+                        events.first().and_then(|e| subs.get_mut(e.nc as usize))
+                {
+                    sub.dropped = sub.dropped.saturating_add(dropped);
+                }
+                for event in &events {
+                    if let Some(Some(sub)) = subs.get_mut(event.nc as usize) {
+                        sub.push(event.clone());
+                    }
+                }
+            }
+        }
+        let Some(inner) = self.file.as_deref() else {
             return;
         };
         let mut held = inner.events.lock().unwrap_or_else(PoisonError::into_inner);
@@ -439,7 +268,7 @@ impl Tracer {
 
     /// What the trace holds now (what [`Tracer::write`] would write); `None` when disabled.
     pub fn summary(&self) -> Option<Summary> {
-        let inner = self.inner.as_deref()?;
+        let inner = self.file.as_deref()?;
         let events = inner
             .events
             .lock()
@@ -452,9 +281,9 @@ impl Tracer {
         })
     }
 
-    /// Events dropped so far.
+    /// Events dropped from the file's buffer so far.
     pub fn dropped(&self) -> u64 {
-        self.inner
+        self.file
             .as_deref()
             .map_or(0, |i| i.dropped.load(Ordering::Relaxed))
     }
@@ -465,7 +294,7 @@ impl Tracer {
     /// # Errors
     /// The writer's.
     pub fn write_json(&self, out: impl Write, clock: &str) -> io::Result<usize> {
-        let Some(inner) = self.inner.as_deref() else {
+        let Some(inner) = self.file.as_deref() else {
             return Ok(0);
         };
         let events = inner
@@ -545,6 +374,9 @@ impl Tracer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::exec_request::Engine;
+    use shared::isa::Opcode;
+    use shared::notification::NotificationKind;
 
     fn doorbell(nc: u32, ts_ns: u64) -> Event {
         Event {
@@ -571,6 +403,26 @@ mod tests {
         tracer.record(doorbell(0, 1));
         assert_eq!(tracer.room(), 0);
         assert_eq!(tracer.write("wall").unwrap(), None);
+    }
+
+    #[test]
+    fn recording_is_on_while_a_subscription_lasts_and_off_after() {
+        let tracer = Tracer::disabled();
+        tracer.subscribe(7, &[], 10);
+        assert!(
+            !tracer.enabled(),
+            "a client without NCs subscribes to nothing"
+        );
+        tracer.subscribe(7, &[1], 10);
+        assert!(tracer.enabled());
+        tracer.record(doorbell(0, 1)); // NC 0: nobody's
+        tracer.record(doorbell(1, 2));
+        assert_eq!(tracer.drain(7, |_| true).0, [doorbell(1, 2)]);
+        assert!(tracer.drain(8, |_| true).0.is_empty(), "another client's");
+        tracer.forget_nc(1);
+        assert!(!tracer.enabled());
+        tracer.record(doorbell(1, 3));
+        assert_eq!(tracer.drain(7, |_| true), (Vec::new(), 0, false));
     }
 
     #[test]

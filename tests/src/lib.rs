@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod matmul_neff;
+pub mod timeline;
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};

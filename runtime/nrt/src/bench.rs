@@ -46,6 +46,9 @@ pub struct BenchOptions {
     pub warmup: u32,
     /// Seed of a NEFF's random inputs.
     pub seed: u64,
+    /// Write the runtime's timeline (its spans and the device's events) there at close
+    /// (`NEURON_RT_TRACE`'s file; it wins over that variable).
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// What `bench` measured (the `--json` object).
@@ -358,6 +361,9 @@ pub fn run(
         }
     }
     let mut config = RuntimeConfig::from_env().map_err(|e| e.to_string())?;
+    if let Some(path) = &opts.trace {
+        config.trace_file = Some(path.clone());
+    }
     let dev = open().map_err(|e| crate::error_chain(&e))?;
     let arch = dev.info().arch;
     if config.lnc == 2 && arch != shared::Arch::Trn2 {

@@ -86,8 +86,10 @@ enum Command {
         /// Keep N executions in flight per core through the explicit async API (0: synchronous).
         #[arg(long = "async", default_value_t = 0)]
         in_flight: u32,
-        /// Write a Chrome trace-event JSON of engine, DMA, doorbell and notification activity
-        /// (opens in Perfetto); the private simdev writes it when the benchmark ends.
+        /// Write the runtime's timeline at the end: its execute, bind, stage, doorbell, wait and
+        /// harvest spans with the device's engine, DMA, doorbell and notification events, on
+        /// one clock (Chrome trace-event JSON that opens in Perfetto; `NEURON_RT_TRACE`). Works
+        /// with a private or a shared simdev.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
         /// Print one JSON object instead of text.
@@ -145,29 +147,9 @@ enum Command {
     },
 }
 
+/// Opens the device (starting a private simdev, as this very binary, when none is set up).
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
-    open_device_traced(None)
-}
-
-/// Opens the device; with `trace`, the private simdev this starts writes a Chrome trace there
-/// when it stops (a device nrt did not start cannot be asked to).
-fn open_device_traced(
-    trace: Option<&std::path::Path>,
-) -> Result<Box<dyn Device>, runtime::DeviceError> {
     let mut opts = OpenOptions::from_env()?;
-    if let Some(path) = trace {
-        if opts.simdev_socket.is_some() || opts.kind == runtime::backend::BackendKind::Neuron {
-            return Err(runtime::DeviceError::Config {
-                message: "--trace needs nrt to start its own simdev: unset NEURON_SIMDEV_SOCKET (or start that simdev with --trace FILE)".into(),
-            });
-        }
-        let abs = std::env::current_dir()
-            .map(|d| d.join(path))
-            .unwrap_or_else(|_| path.to_owned());
-        opts.kind = runtime::backend::BackendKind::Sim;
-        opts.simdev_args
-            .extend([OsString::from("--trace"), abs.into_os_string()]);
-    }
     if let Ok(exe) = std::env::current_exe() {
         opts.simdev_command = Some(SimdevCommand {
             program: exe,
@@ -271,8 +253,13 @@ fn main() -> ExitCode {
                 iterations,
                 ncs,
                 progress: !json,
+                trace: trace.as_ref().map(|p| {
+                    std::env::current_dir()
+                        .map(|d| d.join(p))
+                        .unwrap_or_else(|_| p.clone())
+                }),
             };
-            match bench::run(&opts, || open_device_traced(trace.as_deref())) {
+            match bench::run(&opts, open_device) {
                 Ok(report) => {
                     if json {
                         println!("{}", serde_json::to_string(&report).unwrap_or_default());

@@ -406,6 +406,49 @@ pub trait Device: Send + Sync + std::fmt::Debug {
             backend: self.backend_name(),
         })
     }
+
+    /// Starts recording the device's trace events of the NCs this process owns, at most
+    /// `max_events` per NC until [`Device::trace_drain`] takes them; returns the NCs and the
+    /// events' clock.
+    ///
+    /// # Errors
+    /// `Unsupported` where the device records no trace (hardware: the timeline then holds
+    /// the runtime's spans only).
+    fn trace_subscribe(
+        &self,
+        max_events: u32,
+    ) -> Result<(Vec<u32>, shared::protocol::TraceClock), DeviceError> {
+        let _ = max_events;
+        Err(DeviceError::Unsupported {
+            op: "trace_subscribe",
+            backend: self.backend_name(),
+        })
+    }
+
+    /// Takes one batch of this process's held device trace events: the events, the drops
+    /// since the last drain, whether more are held, and the events' clock.
+    ///
+    /// # Errors
+    /// `Unsupported` where the device records no trace.
+    fn trace_drain(&self) -> Result<DrainedTrace, DeviceError> {
+        Err(DeviceError::Unsupported {
+            op: "trace_drain",
+            backend: self.backend_name(),
+        })
+    }
+}
+
+/// One batch of device trace events ([`Device::trace_drain`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainedTrace {
+    /// The events, oldest first per NC.
+    pub events: Vec<shared::device_trace::Event>,
+    /// Events the device dropped (its buffer was full) since the last drain.
+    pub dropped: u64,
+    /// More events are held: drain again.
+    pub more: bool,
+    /// The events' clock.
+    pub clock: shared::protocol::TraceClock,
 }
 
 /// Checks `value < limit` for argument `what` of `op`.

@@ -730,6 +730,35 @@ impl Device for SimDevice {
     fn processes(&self) -> Result<Vec<ClientSummary>, DeviceError> {
         self.clients()
     }
+
+    fn trace_subscribe(
+        &self,
+        max_events: u32,
+    ) -> Result<(Vec<u32>, shared::protocol::TraceClock), DeviceError> {
+        let op = "TraceSubscribe";
+        match self.request(op, &Request::TraceSubscribe { max_events })?.0 {
+            Reply::TraceSubscribed { ncs, clock } => Ok((ncs, clock)),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    fn trace_drain(&self) -> Result<super::DrainedTrace, DeviceError> {
+        let op = "TraceDrain";
+        match self.request(op, &Request::TraceDrain)?.0 {
+            Reply::TraceEvents {
+                events,
+                dropped,
+                more,
+                clock,
+            } => Ok(super::DrainedTrace {
+                events,
+                dropped,
+                more,
+                clock,
+            }),
+            other => Err(unexpected(op, &other)),
+        }
+    }
 }
 
 /// How to start a simdev process: a program and the arguments that precede simdev's own

@@ -112,6 +112,7 @@ const fn request_nc(request: &Request) -> Option<u32> {
         | Request::References
         | Request::Identify { .. }
         | Request::Clients => None,
+        Request::TraceSubscribe { .. } | Request::TraceDrain => None,
     }
 }
 
@@ -289,6 +290,55 @@ impl Core {
                 ok()
             }
             Request::Clients => reply(Reply::Clients(self.clients_summary())),
+            Request::TraceSubscribe { max_events } => {
+                let ncs: Vec<u32> = self
+                    .ncs
+                    .iter()
+                    .filter(|n| self.owned_by(n, client))
+                    .map(|n| n.index)
+                    .collect();
+                self.tracer.subscribe(client.0, &ncs, max_events as usize);
+                reply(Reply::TraceSubscribed {
+                    ncs,
+                    clock: self.trace_clock(),
+                })
+            }
+            Request::TraceDrain => reply(self.trace_drain(client)),
+        }
+    }
+
+    /// [`Request::TraceDrain`]: as many of `client`'s held trace events as fit one message.
+    /// The budget counts what the client's decoder counts against [`MAX_MSG_SIZE`]: each
+    /// event's encoded bytes, plus the memory its decoding claims (the vector slot and the
+    /// reference label's string).
+    ///
+    /// [`MAX_MSG_SIZE`]: shared::protocol::MAX_MSG_SIZE
+    fn trace_drain(&self, client: ClientId) -> Reply {
+        /// Room kept for the reply's other fields and the events vector's length.
+        const OVERHEAD: usize = 64;
+        let mut scratch = [0u8; shared::protocol::MAX_MSG_SIZE];
+        let mut used = OVERHEAD;
+        let (events, dropped, more) = self.tracer.drain(client.0, |event| {
+            let encoded = shared::protocol::encode(event, &mut scratch)
+                .unwrap_or(shared::protocol::MAX_MSG_SIZE);
+            let label = match &event.detail {
+                crate::trace::Detail::Stream {
+                    reference: Some(r), ..
+                } => r.len(),
+                _ => 0,
+            };
+            let claim = encoded + std::mem::size_of::<crate::trace::Event>() + label;
+            if used + claim > shared::protocol::MAX_MSG_SIZE {
+                return false;
+            }
+            used += claim;
+            true
+        });
+        Reply::TraceEvents {
+            events,
+            dropped,
+            more,
+            clock: self.trace_clock(),
         }
     }
 

@@ -171,6 +171,9 @@ struct Core {
     reclaim_lock: Mutex<()>,
     next_client: AtomicU64,
     start: Instant,
+    /// `start` on the host's `CLOCK_MONOTONIC` (ns): the origin of trace timestamps that
+    /// subscribed clients place on their own clock.
+    start_monotonic_ns: u64,
     budget_pairs: AtomicU64,
     budget_bytes: AtomicU64,
     /// [`Device::device_lost`] ran: no execution starts or posts any more.
@@ -391,6 +394,7 @@ impl Core {
             reclaim_lock: Mutex::new(()),
             next_client: AtomicU64::new(1),
             start: Instant::now(),
+            start_monotonic_ns: shared::device_trace::monotonic_ns(),
             budget_pairs: AtomicU64::new(dma::DEFAULT_BUDGET_PAIRS),
             budget_bytes: AtomicU64::new(dma::DEFAULT_BUDGET_BYTES),
             lost: AtomicBool::new(false),
@@ -421,6 +425,14 @@ impl Core {
     fn latency_model(&self) -> Option<LatencyModel> {
         let model = *lock(&self.latency);
         (!timing::is_wall_clock(&model)).then_some(model)
+    }
+
+    /// The time base of trace events, as a subscribed client sees it.
+    fn trace_clock(&self) -> shared::protocol::TraceClock {
+        shared::protocol::TraceClock {
+            origin_monotonic_ns: self.start_monotonic_ns,
+            simulated: self.simulated(),
+        }
     }
 
     /// Whether device time is simulated (a latency model is set).

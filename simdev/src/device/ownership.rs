@@ -153,6 +153,8 @@ impl Core {
         let registers =
             Registers::new(&self.map, nc).map_err(|e| os_refusal("claiming the NC", &e))?;
         lock(&n.compute).clear();
+        // A new owner: the NC's trace subscription (an earlier owner's) ends.
+        self.tracer.forget_nc(nc);
         let fds = registers
             .client_fds()
             .map_err(|e| os_refusal("claiming the NC", &e))?;
@@ -204,6 +206,7 @@ impl Core {
             claim.registers.zero();
         }
         if release {
+            self.tracer.forget_nc(nc.index);
             *slot = None;
             tracing::info!("NC {} released", nc.index);
         }

@@ -8,6 +8,7 @@ use shared::protocol::{ErrorKind, MemLocation, Reply, Request};
 
 use crate::device::test_utils::*;
 use crate::device::*;
+use crate::trace::Detail;
 
 #[test]
 fn a_gone_client_loses_its_ncs_memory_and_queues() {
@@ -240,4 +241,129 @@ fn clients_lists_the_processes_holding_ncs_or_memory_with_what_they_said_of_them
         list.iter().map(|c| c.pid).collect::<Vec<_>>(),
         vec![4_000_000]
     );
+}
+fn doorbell(client: &Client<'_>, nc: u32, value: u32) {
+    // Semaphore 5 is not the inference-start semaphore: a doorbell the trace records and
+    // nothing executes.
+    client.dev.handle(
+        client.id,
+        Request::SemaphoreIncrement {
+            nc,
+            index: 5,
+            value,
+        },
+    );
+}
+
+fn drain(client: &Client<'_>) -> (Vec<shared::device_trace::Event>, u64) {
+    let mut all = Vec::new();
+    let mut dropped_total = 0;
+    loop {
+        match client.call(Request::TraceDrain) {
+            Reply::TraceEvents {
+                events,
+                dropped,
+                more,
+                ..
+            } => {
+                all.extend(events);
+                dropped_total += dropped;
+                if !more {
+                    return (all, dropped_total);
+                }
+            }
+            other => panic!("TraceDrain was answered {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_trace_drain_returns_only_the_clients_own_ncs_events() {
+    let dev = device();
+    assert!(!dev.core.tracer.enabled(), "no --trace: nothing recorded");
+    let (a, b) = (Client::new(&dev, 100), Client::new(&dev, 200));
+    a.claim(0);
+    b.claim(1);
+    doorbell(&a, 0, 1); // before any subscription: not held
+    let Reply::TraceSubscribed { ncs, clock } =
+        a.call(Request::TraceSubscribe { max_events: 1000 })
+    else {
+        panic!("TraceSubscribe refused");
+    };
+    assert_eq!(ncs, [0]);
+    assert!(!clock.simulated && clock.origin_monotonic_ns > 0);
+    assert!(dev.core.tracer.enabled());
+    b.call(Request::TraceSubscribe { max_events: 1000 });
+    doorbell(&a, 0, 2);
+    doorbell(&b, 1, 3);
+    doorbell(&b, 1, 4);
+    let (ea, _) = drain(&a);
+    let (eb, _) = drain(&b);
+    let values = |events: &[shared::device_trace::Event], nc: u32| -> Vec<u32> {
+        events
+            .iter()
+            .map(|e| match e.detail {
+                Detail::Doorbell { value, .. } if e.nc == nc => value,
+                _ => panic!("an event of another NC or kind leaked: {e:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(values(&ea, 0), [2]);
+    assert_eq!(values(&eb, 1), [3, 4]);
+    assert!(drain(&a).0.is_empty(), "a drain takes the events");
+    // A release ends the subscription: the NC's next owner's events never reach `a`.
+    a.ok(Request::ReleaseNc { nc: 0 });
+    let c = Client::new(&dev, 300);
+    c.claim(0);
+    doorbell(&c, 0, 9);
+    assert!(drain(&a).0.is_empty());
+    assert!(drain(&c).0.is_empty(), "c did not subscribe");
+}
+
+#[test]
+fn a_subscription_is_bounded_and_drains_in_messages_that_fit() {
+    let dev = device();
+    let a = Client::new(&dev, 100);
+    a.claim(0);
+    a.call(Request::TraceSubscribe { max_events: 500 });
+    for v in 0..600 {
+        doorbell(&a, 0, v);
+    }
+    let mut messages = 0;
+    let mut events = Vec::new();
+    let mut dropped = 0;
+    loop {
+        let request = Request::TraceDrain;
+        let (reply, _) = dev.handle(a.id, request);
+        let mut buf = [0u8; shared::protocol::MAX_MSG_SIZE];
+        let n = shared::protocol::encode(&reply, &mut buf).expect("the reply fits one message");
+        let decoded: Reply = shared::protocol::decode(&buf[..n]).expect("the client decodes it");
+        assert_eq!(decoded, reply);
+        messages += 1;
+        let Reply::TraceEvents {
+            events: e,
+            dropped: d,
+            more,
+            ..
+        } = reply
+        else {
+            panic!("refused");
+        };
+        events.extend(e);
+        dropped += d;
+        if !more {
+            break;
+        }
+    }
+    assert_eq!((events.len(), dropped), (500, 100));
+    assert!(messages > 1, "500 events do not fit one message");
+    let first: Vec<u32> = events
+        .iter()
+        .take(3)
+        .map(|e| match e.detail {
+            Detail::Doorbell { value, .. } => value,
+            _ => u32::MAX,
+        })
+        .collect();
+    assert_eq!(first, [0, 1, 2], "oldest first");
 }
