@@ -360,6 +360,9 @@ mod tests {
         let d = h.delta(&earlier);
         assert_eq!((d.count, d.sum_ns), (1, 5_000_000));
         assert!(d.min_ns <= 5_000_000 && d.max_ns >= 5_000_000 - 5_000_000 / 8);
-        assert_eq!(d.percentile(50.0).map(|v| v.abs_diff(5_000_000) <= 625_000), Some(true));
+        assert_eq!(
+            d.percentile(50.0).map(|v| v.abs_diff(5_000_000) <= 625_000),
+            Some(true)
+        );
     }
 }
