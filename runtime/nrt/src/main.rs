@@ -88,6 +88,11 @@ enum Command {
         /// (opens in Perfetto); the private simdev writes it when the benchmark ends.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
+        /// The runtime datastore: `env` (as NEURON_RT_DATASTORE says), `on`, `off`, or `both`
+        /// (identity model: alternating blocks of off and on in this one process, printing
+        /// both sides' p50 and mean and their ratios).
+        #[arg(long, value_enum, default_value_t = bench::DatastoreChoice::Env)]
+        datastore: bench::DatastoreChoice,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -338,8 +343,10 @@ fn main() -> ExitCode {
             in_flight,
             json,
             trace,
+            datastore,
         } => {
             let opts = BenchOptions {
+                datastore,
                 in_flight,
                 model,
                 neff,
