@@ -863,7 +863,11 @@ fn identity_samples(
             pb,
         )
     })?;
-    Ok((samples, failures.into_inner(), started.elapsed().as_secs_f64()))
+    Ok((
+        samples,
+        failures.into_inner(),
+        started.elapsed().as_secs_f64(),
+    ))
 }
 
 /// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes
