@@ -582,12 +582,11 @@ impl Datastore {
             STATE_CLOSED,
             Ordering::Release,
         );
-        if let Some(p) = &self.path {
-            if let Err(e) = std::fs::remove_file(p) {
-                if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
-                }
-            }
+        if let Some(p) = &self.path
+            && let Err(e) = std::fs::remove_file(p)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
         }
     }
 }

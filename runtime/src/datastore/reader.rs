@@ -212,7 +212,7 @@ fn table(
     if count > MAX_TABLE {
         return Err(ReadError::Layout(format!("{count} {what} records")));
     }
-    if (size as usize) < min_size || size % 8 != 0 || offset % 8 != 0 {
+    if (size as usize) < min_size || !size.is_multiple_of(8) || !offset.is_multiple_of(8) {
         return Err(ReadError::Layout(format!(
             "{what} records of {size} bytes at {offset:#x} (at least {min_size}, 8-aligned)"
         )));

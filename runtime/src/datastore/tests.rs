@@ -342,7 +342,8 @@ fn short_foreign_and_corrupt_files_are_typed_errors_and_scan_skips_them() {
         std::fs::write(&p, bytes).unwrap();
         p
     };
-    let cases: Vec<(PathBuf, fn(&ReadError) -> bool)> = vec![
+    type Case = (PathBuf, fn(&ReadError) -> bool);
+    let cases: Vec<Case> = vec![
         (put("empty", &[]), |e| {
             matches!(e, ReadError::TooShort { .. })
         }),
