@@ -33,6 +33,8 @@ use crate::backend::{ClaimedNc, Device};
 use crate::bind::{ExecMode, ExecResources, build_compute_resources};
 use crate::completion::{ExecRequest, NqEngine, NqReader};
 use crate::config::{Platform, RuntimeConfig};
+use crate::datastore::Datastore;
+use crate::datastore::snapshot::MemKind;
 use crate::doorbell::kickoff_exec;
 use crate::error::{NrtError, NrtResult};
 use crate::kmgr::{LoadContext, LoadedModel, ModelDb};
@@ -237,6 +239,9 @@ pub struct Runtime {
     /// The device's trace subscription while the timeline records: its clock, or why the
     /// device's events are missing.
     device_trace: Option<Result<shared::protocol::TraceClock, String>>,
+    /// The counters other processes read ([`crate::datastore`]): the shared file, or the same
+    /// records in private memory (`NEURON_RT_DATASTORE=off`).
+    datastore: Arc<Datastore>,
 }
 
 /// What `nrt_get_instance_info` reports.
@@ -277,6 +282,34 @@ pub fn instance_info_of(arch: shared::Arch) -> InstanceInfo {
         arch_name: arch.name().to_string(),
         device_revision: format!("v{}", arch.version()),
     }
+}
+
+/// The runtime's datastore: the shared file in the configured directory, or — when it is off
+/// or the file cannot be created (logged) — the same records in private memory.
+///
+/// # Errors
+/// NRT_RESOURCE when not even the private mapping can be made.
+fn open_datastore(config: &RuntimeConfig, cores: &[Vec<u32>], lnc: u32) -> NrtResult<Datastore> {
+    if config.datastore {
+        let dir = config
+            .datastore_dir
+            .clone()
+            .unwrap_or_else(crate::datastore::default_dir);
+        match Datastore::create(&dir, cores, lnc) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "the datastore file cannot be created; counters stay private"
+            ),
+        }
+    }
+    Datastore::private(cores, lnc).map_err(|e| {
+        status_err(
+            NrtStatus::Resource,
+            format!("mapping the runtime's counters: {e}"),
+        )
+    })
 }
 
 /// The refusal of a call made in a process forked from the one that initialised the runtime.
@@ -416,7 +449,18 @@ impl Runtime {
             reserve::release_all(&*device, &claimed);
             return Err(e);
         }
-        let metrics = Arc::new(Metrics::new(nc_count as usize));
+        let cores: Vec<Vec<u32>> = vncs.iter().map(|v| v.ncs.clone()).collect();
+        let datastore = match open_datastore(&config, &cores, lnc) {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                reserve::release_all(&*device, &claimed);
+                return Err(e);
+            }
+        };
+        let metrics = Arc::new(Metrics::with_datastore(
+            datastore.clone(),
+            nc_count as usize,
+        ));
         let trace = Arc::new(SysTrace::new(vncs.iter().map(|v| v.ncs.clone()).collect()));
         let timeline_origin_ns = crate::trace::monotonic_ns();
         let (timeline, device_trace) = if config.trace_file.is_some() {
@@ -524,6 +568,7 @@ impl Runtime {
             timeline,
             timeline_origin_ns,
             device_trace,
+            datastore,
         })
     }
 
@@ -582,6 +627,11 @@ impl Runtime {
     /// The physical NCs of logical core `vnc`.
     pub fn vnc_ncs(&self, vnc: u32) -> Option<&[u32]> {
         self.vncs.get(vnc as usize).map(|v| v.ncs.as_slice())
+    }
+
+    /// The runtime's datastore (its file, if any, is [`Datastore::path`]).
+    pub fn datastore(&self) -> &Arc<Datastore> {
+        &self.datastore
     }
 
     /// Execution metrics per physical NC.
@@ -675,7 +725,16 @@ impl Runtime {
     }
 
     fn charge_model(&self, m: &LoadedModel, vnc: u32) -> ModelHandle {
-        let charge = MemCharge::new(&self.mem_used[vnc as usize], m.device_bytes());
+        let charge = MemCharge::by_kind(
+            &self.mem_used[vnc as usize],
+            Some(&self.datastore),
+            vnc,
+            m.device_bytes_by_kind(),
+        );
+        m.set_datastore_slot(
+            self.datastore
+                .model_loaded(m.id(), vnc, m.name(), m.device_bytes()),
+        );
         self.model_charges
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -744,7 +803,11 @@ impl Runtime {
     /// NRT_INVALID_HANDLE for an unknown or already unloaded model.
     pub fn unload(&self, model: ModelHandle) -> NrtResult<()> {
         self.check_process()?;
+        let slot = self.models.get(model.id).and_then(|m| m.datastore_slot());
         self.models.unload(model.id)?;
+        if let Some(slot) = slot {
+            self.datastore.model_unloaded(slot);
+        }
         self.model_charges
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -797,7 +860,13 @@ impl Runtime {
                         err.message = format!("tensor {name:?} ({size} bytes): {}", err.message);
                         err
                     })?;
-                let charge = MemCharge::new(&self.mem_used[v as usize], a.size);
+                let charge = MemCharge::of_kind(
+                    &self.mem_used[v as usize],
+                    Some(&self.datastore),
+                    v,
+                    MemKind::Tensors,
+                    a.size,
+                );
                 match self.device.mem_map(&a) {
                     Ok(m) => {
                         Ok(
@@ -952,7 +1021,9 @@ impl Runtime {
         }
         req.inflight = Some(m.begin_execution());
         req.resources = Some(resources);
-        Box::new(ExecInfo::execute(m.id(), req))
+        let mut info = Box::new(ExecInfo::execute(m.id(), req));
+        info.model_slot = m.datastore_slot();
+        info
     }
 
     fn refusal(m: &LoadedModel, s: NrtStatus) -> NrtError {
@@ -1593,6 +1664,7 @@ impl Runtime {
         for c in self.claimed.drain(..) {
             let _ = self.device.release_nc(c.nc);
         }
+        self.datastore.close();
     }
 }
 

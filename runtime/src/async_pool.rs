@@ -263,11 +263,14 @@ fn worker_loop(
                 }
             }
         };
-        let e2e_us =
-            u64::try_from(req.info.submission_ts.elapsed().as_micros()).unwrap_or(u64::MAX);
-        for (i, nc) in w.tpbs.iter().enumerate() {
-            metrics.record_execution(*nc as usize, status, e2e_us, &req.info.resp[i]);
-        }
+        metrics.record_completion(
+            w.vnc,
+            &w.tpbs,
+            req.info.model_slot,
+            status,
+            req.info.submission_ts.elapsed(),
+            &req.info.resp,
+        );
         let (model_id, req_id) = (req.info.model_id, req.req_id);
         drop(req);
         let cb = lock(callback).clone();

@@ -13,6 +13,8 @@
 //! | `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY` | `critical`: report NaN/Inf results as NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003); `none` (default, as libnrt since 2.25): the execution returns success. The outputs are delivered either way |
 //! | `NEURON_FAIL_ON_NAN` | 1: the same as `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` |
 //! | `NEURON_RT_VALIDATE_HASH` | 1: `nrt_load` checks a NEFF's header hash (the MD5 of its payload) and refuses a mismatch; default 0, as libnrt |
+//! | `NEURON_RT_DATASTORE` | ours: `off` (or 0) keeps the runtime's counters in private memory instead of the shared datastore file ([`crate::datastore`]); default on |
+//! | `NEURON_RT_DATASTORE_DIR` | ours: the directory of the datastore files `nrt-datastore-<pid>` (default `/dev/shm`, else the temp dir) |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
 //! | `NEURON_RT_TRACE` | ours: a file path; the runtime records its execution spans and the device's events and writes them there as one Perfetto timeline at close (`crate::trace`) |
 
@@ -50,6 +52,11 @@ pub struct RuntimeConfig {
     /// `NEURON_RT_TRACE`: the Perfetto timeline file written at close ([`crate::trace`]);
     /// `None` (the default) records nothing.
     pub trace_file: Option<std::path::PathBuf>,
+    /// `NEURON_RT_DATASTORE`: publish the counters in a shared datastore file (default on).
+    pub datastore: bool,
+    /// `NEURON_RT_DATASTORE_DIR`: where the datastore file goes (`None`:
+    /// [`crate::datastore::default_dir`]).
+    pub datastore_dir: Option<std::path::PathBuf>,
 }
 
 /// Which logical cores `nrt_init` reserves ([`RuntimeConfig::select_vncs`]).
@@ -84,6 +91,8 @@ impl Default for RuntimeConfig {
             reset_cores: true,
             validate_hash: false,
             trace_file: None,
+            datastore: true,
+            datastore_dir: None,
         }
     }
 }
@@ -281,6 +290,12 @@ impl RuntimeConfig {
         if let Some(v) = get("NEURON_RT_VALIDATE_HASH") {
             c.validate_hash = parse_bool("NEURON_RT_VALIDATE_HASH", &v)?;
         }
+        if let Some(v) = get("NEURON_RT_DATASTORE").filter(|v| !v.trim().is_empty()) {
+            c.datastore = parse_bool("NEURON_RT_DATASTORE", v.trim())?;
+        }
+        if let Some(v) = get("NEURON_RT_DATASTORE_DIR").filter(|v| !v.trim().is_empty()) {
+            c.datastore_dir = Some(v.into());
+        }
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }
@@ -399,6 +414,17 @@ mod tests {
     #[test]
     fn neff_hash_validation_is_off_unless_asked() {
         assert!(!cfg(&[]).unwrap().validate_hash);
+        assert!(cfg(&[]).unwrap().datastore);
+        assert!(!cfg(&[("NEURON_RT_DATASTORE", "off")]).unwrap().datastore);
+        assert!(!cfg(&[("NEURON_RT_DATASTORE", "0")]).unwrap().datastore);
+        assert!(cfg(&[("NEURON_RT_DATASTORE", "maybe")]).is_err());
+        assert_eq!(cfg(&[]).unwrap().datastore_dir, None);
+        assert_eq!(
+            cfg(&[("NEURON_RT_DATASTORE_DIR", "/tmp/x")])
+                .unwrap()
+                .datastore_dir,
+            Some("/tmp/x".into())
+        );
         assert!(
             cfg(&[("NEURON_RT_VALIDATE_HASH", "1")])
                 .unwrap()

@@ -10,6 +10,8 @@
 //! it ([`neff_load`]): its [`LoadedModel::model`] is then the NEFF's metadata (I/O, sg_count,
 //! flags, table hashes) and each [`LoadedTpb`] carries its [`neff_load::NeffTpb`].
 
+use crate::datastore::ModelSlot;
+use crate::datastore::snapshot::MemKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -42,6 +44,9 @@ pub struct LoadedTpb {
     pub engine_addresses: [u64; 5],
     /// Internal buffers, by index (for a NEFF: constants, the scratchpad, tmp-buf/pointer vars).
     pub buffers: Vec<Allocation>,
+    /// What each of `buffers` holds, for the datastore's memory by kind (constants: weights
+    /// and other initialised data; scratchpad: everything else).
+    pub buffer_kinds: Vec<MemKind>,
     /// The NEFF program of this TPB (`None` for a model container).
     pub neff: Option<neff_load::NeffTpb>,
 }
@@ -61,6 +66,8 @@ pub struct LoadedModel {
     cc_builds: AtomicU64,
     device: Arc<dyn Device>,
     runtime: RuntimeId,
+    /// Its datastore slot, set once after load.
+    datastore_slot: std::sync::OnceLock<Option<ModelSlot>>,
 }
 
 impl LoadedModel {
@@ -219,6 +226,34 @@ impl LoadedModel {
             .iter()
             .map(|t| t.blocks.size + t.buffers.iter().map(|b| b.size).sum::<u64>())
             .sum()
+    }
+
+    /// [`LoadedModel::device_bytes`] by memory kind ([`MemKind::ALL`] order): instruction
+    /// blocks, streams and tables are model code; buffers as [`LoadedTpb::buffer_kinds`] says.
+    pub fn device_bytes_by_kind(&self) -> [u64; 5] {
+        let mut kinds = [0u64; 5];
+        for t in &self.tpbs {
+            kinds[MemKind::ModelCode as usize] += t.blocks.size;
+            for (i, b) in t.buffers.iter().enumerate() {
+                let k = t
+                    .buffer_kinds
+                    .get(i)
+                    .copied()
+                    .unwrap_or(MemKind::ModelSharedScratchpad);
+                kinds[k as usize] += b.size;
+            }
+        }
+        kinds
+    }
+
+    /// The model's datastore slot (`None` when it has none).
+    pub fn datastore_slot(&self) -> Option<ModelSlot> {
+        self.datastore_slot.get().copied().flatten()
+    }
+
+    /// Records the model's datastore slot (once, right after load).
+    pub(crate) fn set_datastore_slot(&self, slot: Option<ModelSlot>) {
+        let _ = self.datastore_slot.set(slot);
     }
 
     /// Whether this is a NEFF model.
@@ -454,6 +489,7 @@ impl ModelDb {
                     blocks: chunk,
                     engine_addresses: [0; 5],
                     buffers: Vec::new(),
+                    buffer_kinds: Vec::new(),
                     neff: None,
                 };
                 let map = device.mem_map(&chunk);
@@ -469,6 +505,11 @@ impl ModelDb {
                     for b in &tpb.buffers {
                         let a = device.mem_alloc(MemLocation::Hbm { nc }, b.size, 0)?;
                         loaded.buffers.push(a);
+                        loaded.buffer_kinds.push(if b.init.is_empty() {
+                            MemKind::ModelSharedScratchpad
+                        } else {
+                            MemKind::Constants
+                        });
                         if !b.init.is_empty() {
                             let m = device.mem_map(&a)?;
                             m.write(a.pa, &b.init)
@@ -556,6 +597,7 @@ impl ModelDb {
             cc_builds: AtomicU64::new(0),
             device: device.clone(),
             runtime,
+            datastore_slot: std::sync::OnceLock::new(),
         });
         if let Err(e) = result {
             loaded.free();

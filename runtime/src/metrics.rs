@@ -6,12 +6,16 @@
 //! HBM_UE 32, NC_UE 33. Statuses without an ordinal of their own are counted under
 //! [`OTHER_ORDINAL`]. Error stats count infer-error flag indices 5..=8 at ordinal flag + 31.
 
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
 
 use shared::NrtStatus;
+use shared::datastore::LatencyRecord;
+
+use crate::datastore::{Datastore, ModelSlot};
 
 /// Number of exec-stat ordinals kept (0..=40).
-pub const EXEC_STAT_ORDINALS: usize = 41;
+pub const EXEC_STAT_ORDINALS: usize = shared::datastore::EXEC_STAT_ORDINALS;
 /// Ordinal used for statuses libnrt has no ordinal for.
 pub const OTHER_ORDINAL: usize = 0;
 
@@ -43,15 +47,6 @@ pub struct LatencyStats {
     pub max_us: u64,
     /// Last sample, µs.
     pub last_us: u64,
-}
-
-impl LatencyStats {
-    fn record(&mut self, us: u64) {
-        self.count += 1;
-        self.total_us = self.total_us.saturating_add(us);
-        self.max_us = self.max_us.max(us);
-        self.last_us = us;
-    }
 }
 
 /// Counters of one physical NC.
@@ -104,45 +99,107 @@ pub struct TpbResponse {
     pub error_flags: u32,
 }
 
-/// The runtime's metrics: one [`NcMetrics`] per physical NC.
+/// The runtime's metrics: the seed's per-TPB counters plus the datastore's per-core and
+/// per-model ones, stored in a [`Datastore`] (the shared file, or the same records in private
+/// memory: one code path either way).
 #[derive(Debug)]
 pub struct Metrics {
-    ncs: Vec<Mutex<NcMetrics>>,
+    store: Option<Arc<Datastore>>,
+    /// Physical NCs of the device ([`Metrics::snapshot`] answers for each).
+    nc_count: usize,
 }
 
 impl Metrics {
-    /// Counters for `nc_count` NCs, all zero.
+    /// Counters for `nc_count` NCs, all zero, in private memory: one logical core per NC
+    /// (core `i` is NC `i`). When even a private mapping cannot be made the counters are off
+    /// (logged) and every snapshot reads zero.
     pub fn new(nc_count: usize) -> Self {
+        let cores: Vec<Vec<u32>> = (0..nc_count)
+            .map(|nc| vec![u32::try_from(nc).unwrap_or(u32::MAX)])
+            .collect();
+        let store = match Datastore::private(&cores, 1) {
+            Ok(d) => Some(Arc::new(d)),
+            Err(e) => {
+                tracing::error!(error = %e, "metrics: no memory for the counters; they are off");
+                None
+            }
+        };
+        Self { store, nc_count }
+    }
+
+    /// The metrics of a runtime whose counters live in `store`, on a device of `nc_count` NCs.
+    pub fn with_datastore(store: Arc<Datastore>, nc_count: usize) -> Self {
         Self {
-            ncs: (0..nc_count)
-                .map(|_| Mutex::new(NcMetrics::default()))
-                .collect(),
+            store: Some(store),
+            nc_count,
         }
+    }
+
+    /// The datastore holding the counters.
+    pub fn datastore(&self) -> Option<&Arc<Datastore>> {
+        self.store.as_ref()
     }
 
     /// Records one execution on `nc` (the three `kmetric_update_nds_*` updaters). An NC
     /// outside the table is ignored.
     pub fn record_execution(&self, nc: usize, status: NrtStatus, e2e_us: u64, resp: &TpbResponse) {
-        let Some(m) = self.ncs.get(nc) else { return };
-        let mut m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.e2e.record(e2e_us);
-        m.device.record(resp.device_ns / 1000);
-        m.nc.record(resp.nc_ns / 1000);
-        for flag in 5..=8u32 {
-            if resp.error_flags & (1 << flag) != 0 {
-                m.error_stats[(flag - 5) as usize] += 1;
-            }
+        if let (Some(s), Ok(nc)) = (&self.store, u32::try_from(nc)) {
+            s.record_tpb(nc, status, e2e_us, resp);
         }
-        m.exec_stats[exec_stat_ordinal(status)] += 1;
     }
 
-    /// A copy of NC `nc`'s counters (`None` for an NC outside the table).
+    /// Records one finished execution of logical core `vnc` (physical NCs `tpbs`, results
+    /// `resp` in the same order) of the model in `model_slot`: the per-TPB counters, then the
+    /// core's and the model's, once. Allocation-free.
+    pub fn record_completion(
+        &self,
+        vnc: u32,
+        tpbs: &[u32],
+        model_slot: Option<ModelSlot>,
+        status: NrtStatus,
+        e2e: Duration,
+        resp: &[TpbResponse],
+    ) {
+        let Some(s) = &self.store else { return };
+        let e2e_us = u64::try_from(e2e.as_micros()).unwrap_or(u64::MAX);
+        let mut device_ns = 0;
+        for (nc, r) in tpbs.iter().zip(resp) {
+            s.record_tpb(*nc, status, e2e_us, r);
+            device_ns = device_ns.max(r.device_ns);
+        }
+        s.record_core(vnc, status, e2e, device_ns);
+        if let Some(slot) = model_slot {
+            s.record_model(slot, status, e2e);
+        }
+    }
+
+    /// A copy of NC `nc`'s counters (`None` for an NC outside the device).
     pub fn snapshot(&self, nc: usize) -> Option<NcMetrics> {
-        self.ncs.get(nc).map(|m| {
-            m.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone()
-        })
+        if nc >= self.nc_count {
+            return None;
+        }
+        let rec = self
+            .store
+            .as_ref()
+            .and_then(|s| s.tpb_record(u32::try_from(nc).ok()?));
+        Some(rec.map_or_else(NcMetrics::default, |r| NcMetrics {
+            exec_stats: r.exec_stats,
+            error_stats: r.error_stats,
+            e2e: LatencyStats::from(r.e2e),
+            device: LatencyStats::from(r.device),
+            nc: LatencyStats::from(r.nc_busy),
+        }))
+    }
+}
+
+impl From<LatencyRecord> for LatencyStats {
+    fn from(r: LatencyRecord) -> Self {
+        Self {
+            count: r.count,
+            total_us: r.total_us,
+            max_us: r.max_us,
+            last_us: r.last_us,
+        }
     }
 }
 

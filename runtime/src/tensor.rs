@@ -16,6 +16,8 @@
 //! writes from another process are refused (NRT_UNINITIALIZED naming the allocating process),
 //! and a drop there frees nothing (the sim backend refuses the inherited connection).
 
+use crate::datastore::Datastore;
+use crate::datastore::snapshot::MemKind;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,11 +169,13 @@ pub trait HostBuffer: Send + Sync + std::fmt::Debug {
 }
 
 /// Device bytes charged to one logical core while a tensor or model holds them
-/// (`nrt_get_vnc_memory_stats`); released on drop.
+/// (`nrt_get_vnc_memory_stats`), and by kind in the runtime's datastore; released on drop.
 #[derive(Debug)]
 pub struct MemCharge {
     used: Arc<AtomicU64>,
     bytes: u64,
+    /// The datastore, logical core and bytes by kind ([`MemKind::ALL`] order) charged there.
+    by_kind: Option<(Arc<Datastore>, u32, [u64; 5])>,
 }
 
 impl MemCharge {
@@ -181,13 +185,50 @@ impl MemCharge {
         Self {
             used: used.clone(),
             bytes,
+            by_kind: None,
         }
+    }
+
+    /// Adds the sum of `kinds` to `used`, and each kind to logical core `vnc` of `store`,
+    /// until the charge is dropped.
+    pub fn by_kind(
+        used: &Arc<AtomicU64>,
+        store: Option<&Arc<Datastore>>,
+        vnc: u32,
+        kinds: [u64; 5],
+    ) -> Self {
+        let mut charge = Self::new(used, kinds.iter().sum());
+        if let Some(s) = store {
+            for (k, b) in MemKind::ALL.iter().zip(kinds) {
+                s.charge_memory(vnc, *k, b);
+            }
+            charge.by_kind = Some((s.clone(), vnc, kinds));
+        }
+        charge
+    }
+
+    /// A charge of `bytes` of one `kind`.
+    pub fn of_kind(
+        used: &Arc<AtomicU64>,
+        store: Option<&Arc<Datastore>>,
+        vnc: u32,
+        kind: MemKind,
+        bytes: u64,
+    ) -> Self {
+        let mut kinds = [0; 5];
+        kinds[kind as usize] = bytes;
+        Self::by_kind(used, store, vnc, kinds)
     }
 }
 
 impl Drop for MemCharge {
     fn drop(&mut self) {
         self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        if let Some((s, vnc, kinds)) = &self.by_kind {
+            for (k, b) in MemKind::ALL.iter().zip(kinds) {
+                s.release_memory(*vnc, *k, *b);
+            }
+        }
     }
 }
 

@@ -18,6 +18,8 @@
 //! - [`model`]: the model container v2 (header, metadata, per-TPB programs and ring templates).
 //! - [`neff_program`]: how a request names a NEFF program, its header and DGE table, and the
 //!   shape-only output function (simulator-defined).
+//! - [`datastore`]: the runtime datastore's shared-memory file layout (per-core, per-TPB and
+//!   per-model counters other processes map read-only).
 //! - [`memory`]: bounds-checked, PA-addressed access to shared mappings (all shared-memory
 //!   `unsafe` lives there).
 //!
@@ -27,6 +29,7 @@
 
 pub mod address_map;
 pub mod child;
+pub mod datastore;
 pub mod device_trace;
 pub mod exec_request;
 pub mod fd_passing;

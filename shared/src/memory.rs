@@ -129,6 +129,28 @@ impl SharedChunk {
         })
     }
 
+    /// A private anonymous mapping of `len` zeroed bytes placed at device `pa` (counters that
+    /// live in this process only, through the same accessor as a shared file's).
+    ///
+    /// # Errors
+    /// [`MemError::Map`] if `len` is 0 or `mmap` fails.
+    pub fn anonymous(pa: u64, len: usize) -> Result<Self, MemError> {
+        let err = |source| MemError::Map { pa, len, source };
+        if len == 0 {
+            return Err(err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "empty chunk",
+            )));
+        }
+        let map = MmapOptions::new().len(len).map_anon().map_err(err)?;
+        Ok(Self {
+            map: MmapRaw::from(map),
+            pa,
+            len,
+            writable: true,
+        })
+    }
+
     /// First device PA of the chunk.
     pub const fn pa(&self) -> u64 {
         self.pa
@@ -321,6 +343,87 @@ impl SharedChunk {
         self.atomic_u64(off).store(v, order);
         Ok(())
     }
+
+    /// Atomically adds `v` (wrapping) to the u64 at `pa`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`SharedChunk::store_u64`].
+    pub fn fetch_add_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<u64, MemError> {
+        let off = self.aligned_offset(pa, 8, true)?;
+        Ok(self.atomic_u64(off).fetch_add(v, order))
+    }
+
+    /// Atomically subtracts `v` (wrapping) from the u64 at `pa`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`SharedChunk::store_u64`].
+    pub fn fetch_sub_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<u64, MemError> {
+        let off = self.aligned_offset(pa, 8, true)?;
+        Ok(self.atomic_u64(off).fetch_sub(v, order))
+    }
+
+    /// Atomically stores the minimum of `v` and the u64 at `pa`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`SharedChunk::store_u64`].
+    pub fn fetch_min_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<u64, MemError> {
+        let off = self.aligned_offset(pa, 8, true)?;
+        Ok(self.atomic_u64(off).fetch_min(v, order))
+    }
+
+    /// Atomically stores the maximum of `v` and the u64 at `pa`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`SharedChunk::store_u64`].
+    pub fn fetch_max_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<u64, MemError> {
+        let off = self.aligned_offset(pa, 8, true)?;
+        Ok(self.atomic_u64(off).fetch_max(v, order))
+    }
+
+    /// Reads a plain-old-data value at `pa` one u64 word at a time with atomic loads of
+    /// `order` (a record whose counters another process updates atomically). `T` must be a
+    /// whole number of u64 words and `pa` 8-aligned.
+    ///
+    /// # Errors
+    /// [`MemError::OutOfBounds`] or [`MemError::Misaligned`] (also for a `T` whose size is not
+    /// a multiple of 8).
+    pub fn load_words<T: FromBytes + IntoBytes>(
+        &self,
+        pa: u64,
+        order: Ordering,
+    ) -> Result<T, MemError> {
+        let mut v = T::new_zeroed();
+        let bytes = v.as_mut_bytes();
+        if bytes.len() % 8 != 0 {
+            return Err(MemError::Misaligned { pa, align: 8 });
+        }
+        let off = self.offset(pa, bytes.len())?;
+        if off % 8 != 0 {
+            return Err(MemError::Misaligned { pa, align: 8 });
+        }
+        for (i, word) in bytes.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&self.atomic_u64(off + 8 * i).load(order).to_ne_bytes());
+        }
+        Ok(v)
+    }
+
+    /// Writes `words` at `pa` one u64 at a time with atomic stores of `order`.
+    ///
+    /// # Errors
+    /// [`MemError::OutOfBounds`], [`MemError::Misaligned`] or [`MemError::ReadOnly`].
+    pub fn store_words(&self, pa: u64, words: &[u64], order: Ordering) -> Result<(), MemError> {
+        if words.is_empty() {
+            return Ok(());
+        }
+        let off = self.writable_offset(pa, words.len() * 8)?;
+        if off % 8 != 0 {
+            return Err(MemError::Misaligned { pa, align: 8 });
+        }
+        for (i, w) in words.iter().enumerate() {
+            self.atomic_u64(off + 8 * i).store(*w, order);
+        }
+        Ok(())
+    }
 }
 
 /// Copies `len` bytes from `src_pa` in `src` to `dst_pa` in `dst` (the DMA data mover). The two
@@ -417,6 +520,55 @@ mod tests {
         let b = SharedChunk::map_fd(&file, 0x4000, 8192, true).unwrap();
         a.write_obj(0x5000, &0xDEAD_BEEF_u32).unwrap();
         assert_eq!(b.read_obj::<u32>(0x5000).unwrap(), 0xDEAD_BEEF);
+    }
+
+    #[test]
+    fn u64_read_modify_writes_and_word_copies() {
+        let c = SharedChunk::anonymous(0x2000, 4096).unwrap();
+        assert_eq!(c.fetch_add_u64(0x2008, 5, Ordering::Relaxed).unwrap(), 0);
+        assert_eq!(c.fetch_sub_u64(0x2008, 2, Ordering::Relaxed).unwrap(), 5);
+        c.store_u64(0x2010, u64::MAX, Ordering::Relaxed).unwrap();
+        assert_eq!(
+            c.fetch_min_u64(0x2010, 7, Ordering::Relaxed).unwrap(),
+            u64::MAX
+        );
+        assert_eq!(c.fetch_min_u64(0x2010, 9, Ordering::Relaxed).unwrap(), 7);
+        assert_eq!(c.fetch_max_u64(0x2018, 9, Ordering::Relaxed).unwrap(), 0);
+        assert_eq!(c.fetch_max_u64(0x2018, 3, Ordering::Relaxed).unwrap(), 9);
+        let got: [u64; 3] = c.load_words(0x2008, Ordering::Relaxed).unwrap();
+        assert_eq!(got, [3, 7, 9]);
+        c.store_words(0x2100, &[1, 2], Ordering::Relaxed).unwrap();
+        assert_eq!(
+            c.load_words::<[u64; 2]>(0x2100, Ordering::Relaxed).unwrap(),
+            [1, 2]
+        );
+        assert!(matches!(
+            c.load_words::<[u64; 2]>(0x2004, Ordering::Relaxed),
+            Err(MemError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            c.load_words::<[u32; 3]>(0x2000, Ordering::Relaxed),
+            Err(MemError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            c.load_words::<[u64; 2]>(0x2ff8, Ordering::Relaxed),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            c.fetch_add_u64(0x2ffc, 1, Ordering::Relaxed),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4096).unwrap();
+        let ro = SharedChunk::map_fd(&file, 0, 4096, false).unwrap();
+        assert!(matches!(
+            ro.fetch_max_u64(0, 1, Ordering::Relaxed),
+            Err(MemError::ReadOnly { .. })
+        ));
+        assert!(matches!(
+            ro.store_words(0, &[1], Ordering::Relaxed),
+            Err(MemError::ReadOnly { .. })
+        ));
     }
 
     #[test]

@@ -267,10 +267,14 @@ fn fork_after_init_leaves_the_parent_alone() {
     facade.run(1, nrt::execute).unwrap();
     let rt = nrt::current().unwrap();
     assert_eq!(rt.vnc_ncs(0), Some(&[0][..]));
+    // The second runtime's datastore in a directory of its own: the child must neither write
+    // nor remove it.
+    let datastore_dir = tempfile::tempdir().unwrap();
     let own = Runtime::init(
         Arc::new(connect(&sim)),
         RuntimeConfig {
             visible_cores: Some((2, 1)),
+            datastore_dir: Some(datastore_dir.path().to_path_buf()),
             ..RuntimeConfig::default()
         },
     )
@@ -348,9 +352,29 @@ fn fork_after_init_leaves_the_parent_alone() {
         1 + u64::from(AFTER),
         "NC 0 ran only the parent's executions"
     );
+    let published = runtime::datastore::scan(datastore_dir.path());
+    assert_eq!(
+        published.len(),
+        1,
+        "the parent's datastore file survived the child"
+    );
+    assert_eq!(published[0].pid, std::process::id());
+    assert_eq!(
+        published[0].liveness,
+        runtime::datastore::snapshot::Liveness::Live
+    );
+    assert_eq!(
+        published[0].cores[0].executions.total(),
+        1 + u64::from(AFTER),
+        "only the parent's executions are in its datastore"
+    );
     drop(facade);
     drop(own_rig);
     own.close();
+    assert!(
+        runtime::datastore::scan(datastore_dir.path()).is_empty(),
+        "close removed the file"
+    );
     drop(rt);
     nrt::close();
     assert_eq!(observer.device_stats().unwrap().claimed_ncs, 0);

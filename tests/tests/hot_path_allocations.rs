@@ -24,14 +24,19 @@ fn a_steady_state_execute_allocates_at_most_its_work_item() {
 
     let sim = start_simdev(&["--hbm", "64M"]);
     let dev = std::sync::Arc::new(connect(&sim));
+    // The datastore on, in a directory of this test's own.
+    let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::init(
         dev,
         RuntimeConfig {
             exec_timeout: Duration::from_secs(10),
+            datastore: true,
+            datastore_dir: Some(dir.path().to_path_buf()),
             ..RuntimeConfig::default()
         },
     )
     .unwrap();
+    assert!(rt.datastore().path().is_some(), "the datastore file exists");
     let IdentityIo {
         model: m,
         input: i,

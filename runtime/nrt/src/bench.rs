@@ -49,6 +49,45 @@ pub struct BenchOptions {
     /// Write the runtime's timeline (its spans and the device's events) there at close
     /// (`NEURON_RT_TRACE`'s file; it wins over that variable).
     pub trace: Option<std::path::PathBuf>,
+    /// The runtime datastore: as the environment says, on, off, or both in alternating blocks
+    /// (`--datastore`).
+    pub datastore: DatastoreChoice,
+}
+
+/// `nrt bench --datastore`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DatastoreChoice {
+    /// As `NEURON_RT_DATASTORE` says (default on).
+    #[default]
+    Env,
+    /// The shared datastore file.
+    On,
+    /// The counters in private memory only.
+    Off,
+    /// Alternating blocks of off and on in one process (and one simdev), each block on a fresh
+    /// runtime; the report is the "on" blocks' and adds both sides' p50 and mean and their
+    /// ratios.
+    Both,
+}
+
+/// Blocks of `--datastore both` (half off, half on, alternating, off first).
+const DATASTORE_BLOCKS: u64 = 10;
+
+/// The two sides of `--datastore both`.
+#[derive(Serialize, Debug)]
+pub struct DatastoreComparison {
+    /// Blocks run (half each way).
+    blocks: u64,
+    /// Timed executions per side.
+    executions_per_side: u64,
+    off_p50_us: f64,
+    off_mean_us: f64,
+    on_p50_us: f64,
+    on_mean_us: f64,
+    /// on p50 / off p50.
+    p50_ratio: f64,
+    /// on mean / off mean.
+    mean_ratio: f64,
 }
 
 /// What `bench` measured (the `--json` object).
@@ -97,6 +136,9 @@ pub struct BenchReport {
     /// (`"ref_matmul.py:matmul"`, or a golden file's name).
     #[serde(skip_serializing_if = "Option::is_none")]
     reference: Option<String>,
+    /// `--datastore both`: the off and on sides (the report's own figures are the on side's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    datastore: Option<DatastoreComparison>,
 }
 
 /// The note of a NEFF run on simdev.
@@ -220,6 +262,7 @@ impl BenchReport {
             warmup: opts.warmup,
             load_seconds: None,
             reference: None,
+            datastore: None,
         }
     }
 }
@@ -389,6 +432,12 @@ pub fn run(
         config.num_cores = opts.ncs;
     }
     let backend = dev.backend_name();
+    match opts.datastore {
+        DatastoreChoice::Env => {}
+        DatastoreChoice::On => config.datastore = true,
+        DatastoreChoice::Off => config.datastore = false,
+        DatastoreChoice::Both => return run_datastore_both(opts, config, Arc::from(dev), backend),
+    }
     let rt = Runtime::init(Arc::from(dev), config).map_err(|e| e.to_string())?;
     let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if rt.implicit_async() {
@@ -680,12 +729,104 @@ fn run_digits(
     Ok(r)
 }
 
+/// `--datastore both` (identity model, synchronous or `--async`): [`DATASTORE_BLOCKS`] blocks
+/// of `iterations / blocks` executions, alternating a runtime with the datastore off and one
+/// with it on (each block initialises, loads, warms up, runs and closes its own runtime on the
+/// same device), so drift of the machine affects both sides alike.
+fn run_datastore_both(
+    opts: &BenchOptions,
+    config: RuntimeConfig,
+    dev: Arc<dyn Device>,
+    backend: &'static str,
+) -> Result<BenchReport, String> {
+    if opts.neff.is_some() || opts.model != "identity" {
+        return Err("--datastore both runs the identity model (--model identity)".into());
+    }
+    let total = u64::from(opts.iterations.unwrap_or(1000));
+    let per_block = (total / DATASTORE_BLOCKS).max(1);
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let (mut wall_on, mut failures) = (0.0, 0u64);
+    let pb = bar(per_block * DATASTORE_BLOCKS, opts.progress);
+    for block in 0..DATASTORE_BLOCKS {
+        let datastore = block % 2 == 1;
+        let rt = Runtime::init(
+            dev.clone(),
+            RuntimeConfig {
+                datastore,
+                ..config.clone()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let ncs = rt.visible_vnc_count().min(opts.ncs);
+        let r = identity_samples(&rt, opts, ncs, per_block, &pb);
+        rt.close();
+        let (samples, f, wall) = r?;
+        failures += f;
+        if datastore {
+            on.extend(samples);
+            wall_on += wall;
+        } else {
+            off.extend(samples);
+        }
+    }
+    pb.finish_and_clear();
+    let (so, sn) = (stats(off.clone()), stats(on.clone()));
+    let side = per_block * DATASTORE_BLOCKS / 2;
+    let mut r = BenchReport::timed(
+        "identity".into(),
+        backend,
+        opts,
+        opts.ncs,
+        (side, side),
+        on,
+        wall_on,
+    );
+    r.failures = failures;
+    r.datastore = Some(DatastoreComparison {
+        blocks: DATASTORE_BLOCKS,
+        executions_per_side: side,
+        off_p50_us: so.p50,
+        off_mean_us: so.mean,
+        on_p50_us: sn.p50,
+        on_mean_us: sn.mean,
+        p50_ratio: sn.p50 / so.p50,
+        mean_ratio: sn.mean / so.mean,
+    });
+    Ok(r)
+}
+
 fn run_identity(
     rt: &Runtime,
     opts: &BenchOptions,
     ncs: u32,
     backend: &'static str,
 ) -> Result<BenchReport, String> {
+    let executions = u64::from(opts.iterations.unwrap_or(1000));
+    let pb = bar(executions, opts.progress);
+    let (samples, failures, wall) = identity_samples(rt, opts, ncs, executions, &pb)?;
+    pb.finish_and_clear();
+    let mut r = BenchReport::timed(
+        "identity".into(),
+        backend,
+        opts,
+        ncs,
+        (executions, executions),
+        samples,
+        wall,
+    );
+    r.failures = failures;
+    Ok(r)
+}
+
+/// Runs `executions` identity executions on `ncs` cores of `rt`, each output checked: their
+/// latencies, the outputs that did not match and the wall time in seconds.
+fn identity_samples(
+    rt: &Runtime,
+    opts: &BenchOptions,
+    ncs: u32,
+    executions: u64,
+    pb: &indicatif::ProgressBar,
+) -> Result<(Vec<Duration>, u64, f64), String> {
     if opts.bytes == 0 {
         return Err("--bytes must be at least 1".into());
     }
@@ -697,10 +838,8 @@ fn run_identity(
     let container = model
         .to_container(Target::Simdev)
         .map_err(|e| e.to_string())?;
-    let executions = u64::from(opts.iterations.unwrap_or(1000));
     let len = opts.bytes as usize;
     let all = cores(rt, ncs, opts.in_flight, &container, len as u64, len as u64)?;
-    let pb = bar(executions, opts.progress);
     let failures = std::sync::atomic::AtomicU64::new(0);
     let started = Instant::now();
     let samples = on_each_core(&all, |v, slots| {
@@ -727,22 +866,14 @@ fn run_identity(
             es,
             prepare,
             finish,
-            &pb,
+            pb,
         )
     })?;
-    let wall = started.elapsed().as_secs_f64();
-    pb.finish_and_clear();
-    let mut r = BenchReport::timed(
-        "identity".into(),
-        backend,
-        opts,
-        ncs,
-        (executions, executions),
+    Ok((
         samples,
-        wall,
-    );
-    r.failures = failures.into_inner();
-    Ok(r)
+        failures.into_inner(),
+        started.elapsed().as_secs_f64(),
+    ))
 }
 
 /// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes
@@ -1001,6 +1132,26 @@ pub fn print(r: &BenchReport) {
         "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   mean {:.1} us   min {:.1} us   max {:.1} us   std {:.1} us",
         r.p50_us, r.p90_us, r.p99_us, r.mean_us, r.min_us, r.max_us, r.std_us
     );
+    if let Some(d) = &r.datastore {
+        println!(
+            "datastore off  p50 {:.1} us   mean {:.1} us   ({} executions in {} alternating blocks)",
+            d.off_p50_us,
+            d.off_mean_us,
+            d.executions_per_side,
+            d.blocks / 2
+        );
+        println!(
+            "datastore on   p50 {:.1} us   mean {:.1} us   ({} executions in {} alternating blocks)",
+            d.on_p50_us,
+            d.on_mean_us,
+            d.executions_per_side,
+            d.blocks / 2
+        );
+        println!(
+            "on/off         p50 {:.4}   mean {:.4}",
+            d.p50_ratio, d.mean_ratio
+        );
+    }
     if let Some(s) = r.load_seconds {
         println!("load {:.1} ms", s * 1e3);
     }

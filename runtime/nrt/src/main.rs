@@ -92,6 +92,11 @@ enum Command {
         /// with a private or a shared simdev.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
+        /// The runtime datastore: `env` (as NEURON_RT_DATASTORE says), `on`, `off`, or `both`
+        /// (identity model: alternating blocks of off and on in this one process, printing
+        /// both sides' p50 and mean and their ratios).
+        #[arg(long, value_enum, default_value_t = bench::DatastoreChoice::Env)]
+        datastore: bench::DatastoreChoice,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -241,8 +246,10 @@ fn main() -> ExitCode {
             in_flight,
             json,
             trace,
+            datastore,
         } => {
             let opts = BenchOptions {
+                datastore,
                 in_flight,
                 model,
                 neff,

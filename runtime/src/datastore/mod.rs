@@ -2,7 +2,602 @@
 //! other processes (`nrt monitor`, `nrt top`) map read-only — the counterpart of libnrt's
 //! Neuron DataStore (`nrt/nds/neuron_ds.h`).
 //!
-//! [`snapshot`] holds what a reader sees (plain values). The file's layout, the writer on the
-//! execute path and the reader are built on it.
+//! [`snapshot`] holds what a reader sees (plain values); the file's layout is
+//! [`shared::datastore`]; [`Datastore`] is the writer and [`reader`] the reader.
+//!
+//! **Writer.** `Runtime::init` creates `<dir>/nrt-datastore-<pid>` (dir =
+//! `NEURON_RT_DATASTORE_DIR`, else `/dev/shm`, else the temp dir; a second runtime of the same
+//! process adds `.<n>`): the file is filled and published (`state` = live, release store) under
+//! a hidden temporary name, then linked to its final name, so a reader never sees a half-written
+//! file. With `NEURON_RT_DATASTORE=off` the same records live in a private anonymous mapping:
+//! the execute path is the same either way. Counters are per-counter atomics (Relaxed
+//! `fetch_add`, `fetch_min`/`fetch_max`): the execute path never blocks or allocates here.
+//! A model slot's identity (assigned at load, marked unloaded at unload, reused
+//! least-recently-unloaded first when all are taken) changes under a single-writer seqlock;
+//! load and unload are serialised by the writer's slot lock.
+//!
+//! **Removal.** `Runtime::close` (or dropping the runtime in the process that created it) marks
+//! the file closed and removes it; a forked child never touches it. A process that dies without
+//! closing (SIGKILL) leaves its file: readers report it [`snapshot::Liveness::Stale`] (its pid is
+//! gone, or the pid was reused by a process with another start time), and the next
+//! `Runtime::init` in that directory removes stale files ([`remove_stale`]), so the directory
+//! does not fill. A reader may call [`remove_stale`] as well.
 
+pub mod reader;
 pub mod snapshot;
+
+mod proc_stat;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use shared::NrtStatus;
+use shared::datastore::{
+    CoreRecord, DATASTORE_FILE_PREFIX, DATASTORE_MAGIC, DATASTORE_VERSION, DatastoreHeader,
+    HistogramRecord, MAX_LNC, MODEL_NAME_BYTES, MODEL_SLOTS, ModelSlotRecord, SLOT_FREE,
+    SLOT_LOADED, SLOT_UNLOADED, STATE_CLOSED, STATE_LIVE, TpbRecord, layout_of, offsets, padded,
+    status_slot,
+};
+use shared::{MemError, SharedChunk};
+use zerocopy::{FromZeros, IntoBytes};
+
+use crate::metrics::{TpbResponse, exec_stat_ordinal};
+pub use reader::{ReadError, read_file, remove_stale, scan, scan_detailed};
+use snapshot::{HIST_BUCKETS, MemKind, bucket_of};
+
+const _: () = assert!(HIST_BUCKETS == shared::datastore::HIST_BUCKETS);
+const _: () = assert!(MemKind::ALL.len() == shared::datastore::MEM_KINDS);
+
+/// The directory of the datastore files when `NEURON_RT_DATASTORE_DIR` is not set: `/dev/shm`
+/// if it exists, else the temp dir.
+pub fn default_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A model's slot in the datastore (carried by its work items; no lookup on the execute path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModelSlot(u32);
+
+impl ModelSlot {
+    /// The slot's index.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// Why a datastore could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// A file operation failed.
+    #[error("datastore file {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Mapping or writing the records failed.
+    #[error("datastore mapping: {0}")]
+    Map(#[from] MemError),
+    /// A logical core with no NC or more than [`MAX_LNC`].
+    #[error("logical core {vnc} has {ncs} NCs (1..={MAX_LNC} allowed)")]
+    BadCore {
+        /// The core.
+        vnc: usize,
+        /// Its NC count.
+        ncs: usize,
+    },
+}
+
+/// Writer-side bookkeeping of the model slots (under the slot lock; load/unload only).
+#[derive(Debug, Default)]
+struct SlotTable {
+    /// The last generation handed out.
+    generation: u64,
+}
+
+/// One runtime's datastore: the writer of the records (in a shared file or a private mapping).
+///
+/// # Invariants
+/// `chunk` holds a valid layout (header, `cores` core records, `tpbs` TPB records, the model
+/// slots) at PA 0; every offset computed from the fields below is inside it, so the accessor's
+/// bounds checks never fail (their errors are ignored on the execute path).
+#[derive(Debug)]
+pub struct Datastore {
+    chunk: SharedChunk,
+    /// The published file (`None`: private).
+    path: Option<PathBuf>,
+    /// The process that created the file: the only one that writes or removes it.
+    owner: u32,
+    core_offset: u64,
+    tpb_offset: u64,
+    model_offset: u64,
+    cores: u32,
+    /// Physical NC → TPB record index (`u32::MAX`: not ours).
+    tpb_of_nc: Vec<u32>,
+    slots: Mutex<SlotTable>,
+}
+
+fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Datastore {
+    /// The records of `cores` (each logical core's physical NCs, vNC order) at `lnc` NCs per
+    /// core in a private anonymous mapping (`NEURON_RT_DATASTORE=off`, and tests).
+    ///
+    /// # Errors
+    /// [`CreateError::BadCore`]; [`CreateError::Map`] when the mapping cannot be made.
+    pub fn private(cores: &[Vec<u32>], lnc: u32) -> Result<Self, CreateError> {
+        let (_, _, _, size) = Self::check(cores)?;
+        let chunk = SharedChunk::anonymous(0, size)?;
+        let ds = Self::fill(chunk, None, cores, lnc)?;
+        ds.publish()?;
+        Ok(ds)
+    }
+
+    /// Creates and publishes `dir/nrt-datastore-<pid>` (`.<n>` added when this process already
+    /// has one) for `cores` at `lnc`. Removes the stale files of dead processes in `dir` first.
+    ///
+    /// # Errors
+    /// [`CreateError::Io`] when the directory or file cannot be written; as
+    /// [`Datastore::private`].
+    pub fn create(dir: &Path, cores: &[Vec<u32>], lnc: u32) -> Result<Self, CreateError> {
+        let (_, _, _, size) = Self::check(cores)?;
+        if let Err(e) = remove_stale(dir) {
+            tracing::debug!(dir = %dir.display(), error = %e, "datastore: removing stale files");
+        }
+        let pid = std::process::id();
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CreateError::Io { path, source }
+        };
+        let tmp = dir.join(format!(
+            ".{DATASTORE_FILE_PREFIX}{pid}.{}.tmp",
+            unix_ns(SystemTime::now())
+        ));
+        let file: File = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        let made = (|| {
+            file.set_len(size as u64).map_err(io_err(&tmp))?;
+            let chunk = SharedChunk::map_fd(&file, 0, size, true)?;
+            let mut ds = Self::fill(chunk, None, cores, lnc)?;
+            ds.publish()?;
+            // Link the finished file to the first free final name.
+            for n in 0..1024u32 {
+                let name = if n == 0 {
+                    format!("{DATASTORE_FILE_PREFIX}{pid}")
+                } else {
+                    format!("{DATASTORE_FILE_PREFIX}{pid}.{n}")
+                };
+                let path = dir.join(name);
+                match std::fs::hard_link(&tmp, &path) {
+                    Ok(()) => {
+                        ds.path = Some(path);
+                        return Ok(ds);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io_err(&path)(e)),
+                }
+            }
+            Err(io_err(dir)(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "1024 datastore files of this process",
+            )))
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        made
+    }
+
+    /// (core_offset, tpb_offset, model_offset, file_size) of `cores`, checked.
+    fn check(cores: &[Vec<u32>]) -> Result<(usize, usize, usize, usize), CreateError> {
+        for (vnc, ncs) in cores.iter().enumerate() {
+            if ncs.is_empty() || ncs.len() > MAX_LNC {
+                return Err(CreateError::BadCore {
+                    vnc,
+                    ncs: ncs.len(),
+                });
+            }
+        }
+        let tpbs = cores.iter().map(Vec::len).sum();
+        Ok(layout_of(cores.len(), tpbs))
+    }
+
+    /// Writes the header (state initialising) and the records' fixed fields into a zeroed
+    /// `chunk`.
+    fn fill(
+        chunk: SharedChunk,
+        path: Option<PathBuf>,
+        cores: &[Vec<u32>],
+        lnc: u32,
+    ) -> Result<Self, CreateError> {
+        let (core_offset, tpb_offset, model_offset, size) = Self::check(cores)?;
+        let tpbs: usize = cores.iter().map(Vec::len).sum();
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let header = DatastoreHeader {
+            magic: DATASTORE_MAGIC,
+            version: DATASTORE_VERSION,
+            header_size: to_u32(size_of::<DatastoreHeader>()),
+            pid: std::process::id(),
+            lnc,
+            start_time: proc_stat::start_time(std::process::id()).unwrap_or(0),
+            created_unix_ns: unix_ns(SystemTime::now()),
+            state: 0,
+            file_size: size as u64,
+            core_count: to_u32(cores.len()),
+            core_record_size: to_u32(size_of::<CoreRecord>()),
+            core_offset: core_offset as u64,
+            tpb_count: to_u32(tpbs),
+            tpb_record_size: to_u32(size_of::<TpbRecord>()),
+            tpb_offset: tpb_offset as u64,
+            model_slot_count: to_u32(MODEL_SLOTS),
+            model_slot_size: to_u32(size_of::<ModelSlotRecord>()),
+            model_offset: model_offset as u64,
+            runtime_version: padded(env!("CARGO_PKG_VERSION")),
+            command: padded(&proc_stat::command_line()),
+        };
+        chunk.write_obj(0, &header)?;
+        let max_nc = cores
+            .iter()
+            .flatten()
+            .copied()
+            .max()
+            .map_or(0, |n| n as usize + 1);
+        let mut tpb_of_nc = vec![u32::MAX; max_nc];
+        let mut empty_hist = HistogramRecord::new_zeroed();
+        empty_hist.min_ns = u64::MAX;
+        let mut first_tpb = 0usize;
+        for (vnc, ncs) in cores.iter().enumerate() {
+            let mut core = CoreRecord::new_zeroed();
+            core.vnc = to_u32(vnc);
+            core.logical_id = ncs[0] / lnc.max(1);
+            core.nc_count = to_u32(ncs.len());
+            core.first_tpb = to_u32(first_tpb);
+            for (slot, nc) in core.ncs.iter_mut().zip(ncs) {
+                *slot = *nc;
+            }
+            core.total_latency = empty_hist;
+            core.device_latency = empty_hist;
+            chunk.write_obj((core_offset + vnc * size_of::<CoreRecord>()) as u64, &core)?;
+            for nc in ncs {
+                let mut tpb = TpbRecord::new_zeroed();
+                tpb.nc = *nc;
+                tpb.vnc = core.vnc;
+                tpb.nc_latency = empty_hist;
+                chunk.write_obj(
+                    (tpb_offset + first_tpb * size_of::<TpbRecord>()) as u64,
+                    &tpb,
+                )?;
+                tpb_of_nc[*nc as usize] = to_u32(first_tpb);
+                first_tpb += 1;
+            }
+        }
+        for s in 0..MODEL_SLOTS {
+            let mut slot = ModelSlotRecord::new_zeroed();
+            slot.total_latency = empty_hist;
+            chunk.write_obj(
+                (model_offset + s * size_of::<ModelSlotRecord>()) as u64,
+                &slot,
+            )?;
+        }
+        Ok(Self {
+            chunk,
+            path,
+            owner: std::process::id(),
+            core_offset: core_offset as u64,
+            tpb_offset: tpb_offset as u64,
+            model_offset: model_offset as u64,
+            cores: to_u32(cores.len()),
+            tpb_of_nc,
+            slots: Mutex::new(SlotTable::default()),
+        })
+    }
+
+    fn publish(&self) -> Result<(), MemError> {
+        self.chunk
+            .store_u64(offsets::HEADER_STATE as u64, STATE_LIVE, Ordering::Release)
+    }
+
+    /// The published file (`None` for a private datastore).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// What a reader sees of this datastore now.
+    pub fn snapshot(&self) -> snapshot::ProcessSnapshot {
+        // The records were written by us and are valid by construction (type invariant).
+        reader::read_chunk(&self.chunk, true).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "datastore: reading our own records");
+            snapshot::ProcessSnapshot {
+                pid: self.owner,
+                command: String::new(),
+                runtime_version: String::new(),
+                lnc: 0,
+                uptime: Duration::ZERO,
+                liveness: snapshot::Liveness::Live,
+                cores: Vec::new(),
+                models: Vec::new(),
+                read_retries: 0,
+            }
+        })
+    }
+
+    /// A copy of physical NC `nc`'s TPB record (`None`: not one of ours).
+    pub fn tpb_record(&self, nc: u32) -> Option<TpbRecord> {
+        self.chunk
+            .load_words(self.tpb_base(nc)?, Ordering::Relaxed)
+            .ok()
+    }
+
+    /// The TPB record of physical NC `nc` (`None`: not one of ours).
+    fn tpb_base(&self, nc: u32) -> Option<u64> {
+        let i = *self.tpb_of_nc.get(nc as usize)?;
+        (i != u32::MAX).then(|| self.tpb_offset + u64::from(i) * size_of::<TpbRecord>() as u64)
+    }
+
+    fn core_base(&self, vnc: u32) -> Option<u64> {
+        (vnc < self.cores)
+            .then(|| self.core_offset + u64::from(vnc) * size_of::<CoreRecord>() as u64)
+    }
+
+    fn slot_base(&self, slot: ModelSlot) -> Option<u64> {
+        ((slot.0 as usize) < MODEL_SLOTS)
+            .then(|| self.model_offset + u64::from(slot.0) * size_of::<ModelSlotRecord>() as u64)
+    }
+
+    fn add(&self, pa: u64, v: u64) {
+        let _ = self.chunk.fetch_add_u64(pa, v, Ordering::Relaxed);
+    }
+
+    fn record_hist(&self, base: u64, ns: u64) {
+        self.add(base + offsets::HIST_COUNT as u64, 1);
+        self.add(base + offsets::HIST_SUM as u64, ns);
+        let _ = self
+            .chunk
+            .fetch_min_u64(base + offsets::HIST_MIN as u64, ns, Ordering::Relaxed);
+        let _ = self
+            .chunk
+            .fetch_max_u64(base + offsets::HIST_MAX as u64, ns, Ordering::Relaxed);
+        self.add(
+            base + offsets::HIST_BUCKETS as u64 + 8 * bucket_of(ns) as u64,
+            1,
+        );
+    }
+
+    fn record_latency(&self, base: u64, us: u64) {
+        self.add(base + offsets::LAT_COUNT as u64, 1);
+        self.add(base + offsets::LAT_TOTAL as u64, us);
+        let _ = self
+            .chunk
+            .fetch_max_u64(base + offsets::LAT_MAX as u64, us, Ordering::Relaxed);
+        let _ = self
+            .chunk
+            .store_u64(base + offsets::LAT_LAST as u64, us, Ordering::Relaxed);
+    }
+
+    /// Records one execution on physical NC `nc` (the seed's per-TPB `kmetric_update_nds_*`
+    /// updaters). An NC that is not ours is ignored.
+    pub fn record_tpb(&self, nc: u32, status: NrtStatus, e2e_us: u64, resp: &TpbResponse) {
+        let Some(base) = self.tpb_base(nc) else {
+            return;
+        };
+        self.add(
+            base + offsets::TPB_EXEC_STATS as u64 + 8 * exec_stat_ordinal(status) as u64,
+            1,
+        );
+        for flag in 5..=8u32 {
+            if resp.error_flags & (1 << flag) != 0 {
+                self.add(
+                    base + offsets::TPB_ERROR_STATS as u64 + 8 * u64::from(flag - 5),
+                    1,
+                );
+            }
+        }
+        self.add(base + offsets::TPB_BUSY_NS as u64, resp.nc_ns);
+        self.record_latency(base + offsets::TPB_E2E as u64, e2e_us);
+        self.record_latency(base + offsets::TPB_DEVICE as u64, resp.device_ns / 1000);
+        self.record_latency(base + offsets::TPB_NC_BUSY as u64, resp.nc_ns / 1000);
+        self.record_hist(base + offsets::TPB_NC_LATENCY as u64, resp.nc_ns);
+    }
+
+    /// Records one execution on logical core `vnc` (once per execution, whatever its TPB
+    /// count): its status, end-to-end latency and device latency (the slower TPB).
+    pub fn record_core(&self, vnc: u32, status: NrtStatus, e2e: Duration, device_ns: u64) {
+        let Some(base) = self.core_base(vnc) else {
+            return;
+        };
+        self.add(
+            base + offsets::CORE_EXECUTIONS as u64 + 8 * status_slot(status as u32) as u64,
+            1,
+        );
+        self.record_hist(base + offsets::CORE_TOTAL_LATENCY as u64, duration_ns(e2e));
+        self.record_hist(base + offsets::CORE_DEVICE_LATENCY as u64, device_ns);
+    }
+
+    /// Records one execution of the model in `slot`.
+    pub fn record_model(&self, slot: ModelSlot, status: NrtStatus, e2e: Duration) {
+        let Some(base) = self.slot_base(slot) else {
+            return;
+        };
+        self.add(
+            base + offsets::SLOT_EXECUTIONS as u64 + 8 * status_slot(status as u32) as u64,
+            1,
+        );
+        self.record_hist(base + offsets::SLOT_TOTAL_LATENCY as u64, duration_ns(e2e));
+    }
+
+    /// Adds `bytes` of `kind` to logical core `vnc`'s memory.
+    pub fn charge_memory(&self, vnc: u32, kind: MemKind, bytes: u64) {
+        if let Some(base) = self.core_base(vnc) {
+            self.add(base + offsets::CORE_MEMORY as u64 + 8 * kind as u64, bytes);
+        }
+    }
+
+    /// Takes `bytes` of `kind` off logical core `vnc`'s memory.
+    pub fn release_memory(&self, vnc: u32, kind: MemKind, bytes: u64) {
+        if let Some(base) = self.core_base(vnc) {
+            let _ = self.chunk.fetch_sub_u64(
+                base + offsets::CORE_MEMORY as u64 + 8 * kind as u64,
+                bytes,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Rewrites slot `base`'s identity under its seqlock (single writer: the slot lock is
+    /// held): `seq` odd, the fields, then `seq` even again with a release store.
+    fn seqlock_write(&self, base: u64, write: impl FnOnce()) {
+        let seq_pa = base + offsets::SLOT_SEQ as u64;
+        let seq = self.chunk.load_u64(seq_pa, Ordering::Relaxed).unwrap_or(0);
+        let _ = self
+            .chunk
+            .store_u64(seq_pa, seq.wrapping_add(1) | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        write();
+        let _ = self.chunk.store_u64(
+            seq_pa,
+            (seq.wrapping_add(1) | 1).wrapping_add(1),
+            Ordering::Release,
+        );
+    }
+
+    fn slot_record(&self, base: u64) -> Option<ModelSlotRecord> {
+        self.chunk.load_words(base, Ordering::Relaxed).ok()
+    }
+
+    /// Assigns a slot to model `id` (loaded on `vnc`, named `name`, holding `memory_bytes`):
+    /// a free slot, else the one unloaded longest ago (its counts start over). `None` when
+    /// every slot holds a loaded model: the model is then not counted per model.
+    pub fn model_loaded(
+        &self,
+        id: u64,
+        vnc: u32,
+        name: &str,
+        memory_bytes: u64,
+    ) -> Option<ModelSlot> {
+        let mut table = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut best: Option<(u32, u64)> = None;
+        for s in 0..MODEL_SLOTS {
+            let slot = ModelSlot(u32::try_from(s).ok()?);
+            let rec = self.slot_record(self.slot_base(slot)?)?;
+            match rec.state {
+                SLOT_FREE => {
+                    best = Some((slot.0, 0));
+                    break;
+                }
+                SLOT_UNLOADED if best.is_none_or(|(_, g)| rec.generation < g) => {
+                    best = Some((slot.0, rec.generation));
+                }
+                _ => {}
+            }
+        }
+        let slot = ModelSlot(best?.0);
+        let base = self.slot_base(slot)?;
+        table.generation += 1;
+        let mut rec = ModelSlotRecord::new_zeroed();
+        rec.id = id;
+        rec.vnc = vnc;
+        rec.state = SLOT_LOADED;
+        rec.memory_bytes = memory_bytes;
+        rec.generation = table.generation;
+        rec.name = padded::<MODEL_NAME_BYTES>(name);
+        rec.total_latency.min_ns = u64::MAX;
+        self.seqlock_write(base, || self.store_slot_fields(base, &rec));
+        Some(slot)
+    }
+
+    /// Writes every word of `rec` but `seq` (inside the seqlock).
+    fn store_slot_fields(&self, base: u64, rec: &ModelSlotRecord) {
+        let bytes = rec.as_bytes();
+        let words: Vec<u64> = bytes[offsets::SLOT_SEQ + 8..]
+            .chunks_exact(8)
+            .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+            .collect();
+        let _ = self.chunk.store_words(
+            base + offsets::SLOT_SEQ as u64 + 8,
+            &words,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Marks `slot` unloaded (its counts stay until the slot is reused).
+    pub fn model_unloaded(&self, slot: ModelSlot) {
+        let mut table = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(base) = self.slot_base(slot) else {
+            return;
+        };
+        let Some(mut rec) = self.slot_record(base) else {
+            return;
+        };
+        table.generation += 1;
+        rec.state = SLOT_UNLOADED;
+        rec.memory_bytes = 0;
+        rec.generation = table.generation;
+        self.seqlock_write(base, || {
+            // The identity words only: the counters keep counting (nothing runs any more).
+            let head = &rec.as_bytes()[8..offsets::SLOT_EXECUTIONS];
+            let words: Vec<u64> = head
+                .chunks_exact(8)
+                .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+                .collect();
+            let _ = self.chunk.store_words(base + 8, &words, Ordering::Relaxed);
+        });
+    }
+
+    /// Marks the file closed and removes it (in the creating process only; a forked child
+    /// leaves it to its parent).
+    pub fn close(&self) {
+        if std::process::id() != self.owner {
+            return;
+        }
+        let _ = self.chunk.store_u64(
+            offsets::HEADER_STATE as u64,
+            STATE_CLOSED,
+            Ordering::Release,
+        );
+        if let Some(p) = &self.path
+            && let Err(e) = std::fs::remove_file(p)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
+        }
+    }
+}
+
+impl Drop for Datastore {
+    /// Removes the file in the creating process (a forked child inherits the object, never the
+    /// file).
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests;

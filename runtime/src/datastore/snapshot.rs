@@ -21,7 +21,8 @@ pub const HIST_BUCKETS: usize = 312;
 /// The bucket of a sample of `ns` nanoseconds: `ns` itself below 8; else, with `e` the index
 /// of the highest set bit (at most [`HIST_MAX_EXPONENT`]) and `sub` the 3 bits below it,
 /// `(e - 2) * 8 + sub`.
-#[allow(clippy::cast_possible_truncation)] // every value cast is below 312
+// The casts are of values below 312 (a bucket index) or 64 (a bit index).
+#[allow(clippy::cast_possible_truncation)]
 pub const fn bucket_of(ns: u64) -> usize {
     if ns < HIST_SUB_BUCKETS {
         return ns as usize;
@@ -35,7 +36,8 @@ pub const fn bucket_of(ns: u64) -> usize {
 }
 
 /// The smallest sample of bucket `index` (the inverse of [`bucket_of`] on bucket starts).
-#[allow(clippy::cast_possible_truncation)] // every value cast is below 312
+// The casts are of the constant 8 and of `index / 8 + 2` (an exponent for any bucket index).
+#[allow(clippy::cast_possible_truncation)]
 pub const fn bucket_start(index: usize) -> u64 {
     let sub_buckets = HIST_SUB_BUCKETS as usize;
     if index < sub_buckets {

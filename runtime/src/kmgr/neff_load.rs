@@ -43,6 +43,7 @@
 //! bytes 16..32 zero: equal tables skip `load_act_dve_tables` like a container's. Its
 //! `exec_req_flags` are [`NEFF_EXEC_REQ_FLAGS`].
 
+use crate::datastore::snapshot::MemKind;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -651,6 +652,7 @@ pub(crate) fn place_subgraph(
         blocks: chunk,
         engine_addresses: plan.stream_offsets.map(|o| chunk.pa + o),
         buffers: Vec::new(),
+        buffer_kinds: Vec::new(),
         neff: Some(NeffTpb {
             header,
             dge: plan.dge.clone(),
@@ -693,12 +695,14 @@ fn fill(
     for c in &plan.constants {
         let a = device.mem_alloc(MemLocation::Hbm { nc }, c.size, c.alignment)?;
         loaded.buffers.push(a);
+        loaded.buffer_kinds.push(MemKind::Constants);
         neff.var_pas.insert(c.var.clone(), a.pa);
         device.mem_map(&a)?.write(a.pa, c.data).map_err(wf)?;
     }
     if plan.scratch_size > 0 {
         let a = device.mem_alloc(MemLocation::Hbm { nc }, plan.scratch_size, 0)?;
         loaded.buffers.push(a);
+        loaded.buffer_kinds.push(MemKind::ModelSharedScratchpad);
         for (v, off) in &plan.virtuals {
             neff.var_pas.insert(v.clone(), a.pa + off);
         }
@@ -706,6 +710,7 @@ fn fill(
     for (v, size) in &plan.tmp {
         let a = device.mem_alloc(MemLocation::Hbm { nc }, *size, 0)?;
         loaded.buffers.push(a);
+        loaded.buffer_kinds.push(MemKind::ModelSharedScratchpad);
         neff.var_pas.insert(v.clone(), a.pa);
     }
     let hwq = neff

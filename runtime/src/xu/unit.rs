@@ -45,6 +45,8 @@ pub struct ExecInfo<R> {
     pub submission_ts: Instant,
     /// Whether a thread blocks on the result (sync) or not (explicit async).
     pub sync_exec: bool,
+    /// The model's datastore slot (set at submit; `None`: not counted per model).
+    pub model_slot: Option<crate::datastore::ModelSlot>,
     /// Per-TPB results, filled by the completion engine (`infer_resp_t`).
     pub resp: [TpbResponse; MAX_TPBS_PER_VNC],
     /// The completion engine's state for this request.
@@ -59,6 +61,7 @@ impl<R> ExecInfo<R> {
             model_id,
             submission_ts: Instant::now(),
             sync_exec: true,
+            model_slot: None,
             resp: [TpbResponse::default(); MAX_TPBS_PER_VNC],
             request,
         }
@@ -713,12 +716,16 @@ impl<E: CompletionEngine> Xu<E> {
         };
         if info.kind == ExecKind::Execute {
             self.engine.completed(self.vnc, seq, &info, exec_status);
-            let e2e_us =
-                u64::try_from(info.submission_ts.elapsed().as_micros()).unwrap_or(u64::MAX);
-            for (i, nc) in self.tpbs.iter().enumerate() {
-                self.metrics
-                    .record_execution(*nc as usize, exec_status, e2e_us, &info.resp[i]);
-            }
+            // Once per execution (never for a STOP: seed 004's GOTCHA): per TPB, per core, per
+            // model.
+            self.metrics.record_completion(
+                self.vnc,
+                &self.tpbs,
+                info.model_slot,
+                exec_status,
+                info.submission_ts.elapsed(),
+                &info.resp,
+            );
         }
         let deferred = {
             let mut guard = lock(&self.unstage_lock);
