@@ -6,3 +6,5 @@
 //! execute path and the reader are built on it.
 
 pub mod snapshot;
+mod scan_stub;
+pub use scan_stub::scan;
