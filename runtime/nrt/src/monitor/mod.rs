@@ -179,3 +179,248 @@ pub fn main(args: &MonitorArgs, mut source: impl Source) -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+/// The exposition validator the scrape test uses, shared with the unit tests.
+#[cfg(test)]
+#[path = "../../tests/support/exposition.rs"]
+#[allow(dead_code)]
+mod exposition;
+
+#[cfg(test)]
+mod tests {
+    use super::collect::tests::{core, process};
+    use super::hw::{DeviceSummary, HwSample};
+    use super::*;
+    use runtime::datastore::snapshot::Liveness;
+    use serde_json::Value;
+    use shared::protocol::NcCounters;
+
+    use super::exposition;
+
+    /// Two samples a second apart: pid 101 with two cores (one idle in the period), pid 303
+    /// stale.
+    fn figures() -> collect::Figures {
+        let t0 = Instant::now();
+        let prev = Sample {
+            at: t0,
+            processes: vec![process(101, 5, vec![core(0, 10, 0, 100, 0), core(1, 3, 0, 5, 0)])],
+        };
+        let mut stale = process(303, 9, vec![core(0, 5, 0, 1, 0)]);
+        stale.liveness = Liveness::Stale;
+        let cur = Sample {
+            at: t0 + Duration::from_secs(1),
+            processes: vec![
+                process(101, 6, vec![core(0, 50, 2, 2000, 250), core(1, 3, 0, 5, 0)]),
+                stale,
+            ],
+        };
+        collect(Some(&prev), &cur)
+    }
+
+    fn hw() -> HwSample {
+        HwSample {
+            error: String::new(),
+            device: Some(DeviceSummary {
+                arch: "trn2",
+                nc_count: 8,
+                hbm_bytes_per_nc: 1 << 30,
+            }),
+            ncs: vec![(
+                0,
+                NcCounters {
+                    executions: 42,
+                    dma_bytes: 4096,
+                    doorbells: 43,
+                    ..NcCounters::default()
+                },
+            )],
+        }
+    }
+
+    fn num(v: &Value) -> f64 {
+        v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+    }
+
+    #[test]
+    fn the_document_has_neuron_monitors_fields_and_figures() {
+        let doc = schema::document(&figures(), &hw(), schema::memory_info(1.0));
+        let v = serde_json::to_value(&doc).unwrap();
+        let rt = &v["neuron_runtime_data"];
+        assert_eq!(rt.as_array().map(Vec::len), Some(2));
+        let live = &rt[0];
+        assert_eq!(live["pid"], 101);
+        assert_eq!(live["address"], "");
+        assert_eq!(live["neuron_runtime_tag"], "app-101 --serve");
+        assert_eq!(live["error"], "");
+        let r = &live["report"];
+        let nc = &r["neuroncore_counters"];
+        assert_eq!(num(&nc["period"]), 1.0);
+        assert_eq!(nc["error"], "");
+        // Keyed by the device's logical core index (vnc + 4 in the fixture).
+        assert_eq!(num(&nc["neuroncores_in_use"]["4"]["neuroncore_utilization"]), 25.0);
+        assert_eq!(nc["neuroncores_in_use"]["4"]["flops"], 0);
+        assert_eq!(num(&nc["neuroncores_in_use"]["5"]["neuroncore_utilization"]), 0.0);
+        let es = &r["execution_stats"];
+        assert_eq!(es["execution_summary"]["completed"], 40);
+        assert_eq!(es["execution_summary"]["timed_out"], 2);
+        assert_eq!(es["execution_summary"]["failed_to_queue"], 0);
+        assert_eq!(es["error_summary"]["transient"], 2);
+        for k in ["generic", "numerical", "model", "runtime", "hardware"] {
+            assert_eq!(es["error_summary"][k], 0, "{k}");
+        }
+        let total = &es["latency_stats"]["total_latency"];
+        for p in ["p0", "p1", "p25", "p50", "p75", "p99", "p100"] {
+            let s = num(&total[p]);
+            assert!((s - 0.002).abs() <= 0.002 / 8.0, "{p}: {s} s, not about 2 ms");
+        }
+        assert!((num(&es["latency_stats"]["device_latency"]["p50"]) - 0.001).abs() <= 0.001 / 8.0);
+        let mu = &r["memory_used"];
+        let used = &mu["neuron_runtime_used_bytes"];
+        assert_eq!(used["host"], 0);
+        assert_eq!(used["neuron_device"], 2 * 1500);
+        let core4 = &used["usage_breakdown"]["neuroncore_memory_usage"]["4"];
+        assert_eq!(
+            [
+                &core4["constants"],
+                &core4["model_code"],
+                &core4["model_shared_scratchpad"],
+                &core4["runtime_memory"],
+                &core4["tensors"]
+            ],
+            [100, 200, 300, 400, 500]
+        );
+        assert_eq!(used["usage_breakdown"]["host"]["dma_buffers"], 0);
+        let model = &mu["loaded_models"][0];
+        assert_eq!(model["name"], "digits");
+        assert_eq!(model["is_running"], true);
+        assert_eq!(model["memory_used_bytes"]["neuron_device"], 1500);
+        assert_eq!(model["subgraphs"]["sg00"]["neuroncore_index"], 4);
+
+        let stale = &rt[1];
+        assert_eq!(stale["pid"], 303);
+        assert!(stale["error"].as_str().unwrap().contains("stale"));
+        assert_eq!(stale["report"]["execution_stats"]["execution_summary"]["completed"], 0);
+        assert!(stale["report"]["execution_stats"]["latency_stats"]["total_latency"].is_null());
+        assert_eq!(
+            stale["report"]["neuroncore_counters"]["neuroncores_in_use"],
+            serde_json::json!({})
+        );
+
+        let hwc = &v["system_data"]["neuron_hw_counters"];
+        assert_eq!(hwc["error"], "");
+        assert_eq!(hwc["neuron_devices"][0]["neuron_device_index"], 0);
+        let nc0 = &hwc["neuron_devices"][0]["neuroncores"]["0"];
+        assert_eq!((&nc0["executions"], &nc0["dma_bytes"], &nc0["doorbells"]), (&42.into(), &4096.into(), &43.into()));
+        assert_eq!(nc0["notifications"], 0);
+        let hi = &v["neuron_hardware_info"];
+        assert_eq!(hi["neuron_device_count"], 1);
+        assert_eq!(hi["neuroncore_per_device_count"], 8);
+        assert_eq!(hi["logical_neuroncore_config"], 1);
+        assert_eq!(hi["neuron_device_type"], "trn2");
+        assert!(v["instance_info"]["error"].as_str().is_some_and(|e| !e.is_empty()));
+        assert!(num(&v["system_data"]["memory_info"]["memory_total_bytes"]) > 0.0);
+    }
+
+    #[test]
+    fn latency_is_null_in_a_period_without_executions() {
+        let fig = figures();
+        let idle = collect::Figures {
+            period: fig.period,
+            processes: vec![collect::ProcessFigures {
+                total_latency: Default::default(),
+                device_latency: Default::default(),
+                ..fig.processes[0].clone()
+            }],
+        };
+        let v = serde_json::to_value(schema::document(&idle, &HwSample::default(), Default::default()))
+            .unwrap();
+        let ls = &v["neuron_runtime_data"][0]["report"]["execution_stats"]["latency_stats"];
+        assert!(ls["total_latency"].is_null() && ls["device_latency"].is_null(), "{ls}");
+        assert_eq!(v["neuron_hardware_info"]["neuron_device_count"], 0);
+    }
+
+    #[test]
+    fn the_exposition_is_valid_and_holds_the_figures() {
+        exposition::self_test();
+        let text = prometheus::render(&figures(), &hw());
+        let e = exposition::validate(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+        let one = |name: &str, labels: &[(&str, &str)]| -> f64 {
+            let hits: Vec<_> = e
+                .named(name)
+                .filter(|s| labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+                .collect();
+            assert_eq!(hits.len(), 1, "{name} {labels:?} in\n{text}");
+            hits[0].value
+        };
+        assert_eq!(e.types["execution_status_total"], "counter");
+        assert_eq!(e.types["execution_latency_seconds"], "summary");
+        assert_eq!(one("neuron_runtime_processes", &[("state", "live")]), 1.0);
+        assert_eq!(one("neuron_runtime_processes", &[("state", "stale")]), 1.0);
+        assert_eq!(one("neuroncore_utilization_ratio", &[("pid", "101"), ("neuroncore", "4")]), 0.25);
+        // Counters are totals since start: 50 + 3 completed, 2 timed out.
+        assert_eq!(
+            one("execution_status_total", &[("pid", "101"), ("status_type", "completed")]),
+            53.0
+        );
+        assert_eq!(
+            one("execution_status_total", &[("pid", "101"), ("status_type", "timed_out")]),
+            2.0
+        );
+        assert_eq!(one("execution_errors_total", &[("pid", "101"), ("error_type", "transient")]), 2.0);
+        assert_eq!(one("neuroncore_executions_total", &[("pid", "101"), ("neuroncore", "5")]), 3.0);
+        assert_eq!(
+            one("execution_latency_seconds_count", &[("pid", "101"), ("latency_type", "total")]),
+            55.0
+        );
+        let p100 = one(
+            "execution_latency_seconds",
+            &[("pid", "101"), ("latency_type", "total"), ("quantile", "1")],
+        );
+        assert!((p100 - 0.002).abs() < 1e-9, "{p100}");
+        assert_eq!(one("neuroncore_memory_usage_tensors", &[("pid", "101"), ("neuroncore", "4")]), 500.0);
+        assert_eq!(
+            one("neuron_runtime_memory_used_bytes", &[("pid", "101"), ("memory_location", "neuron_device")]),
+            3000.0
+        );
+        assert_eq!(one("neuron_hw_counters_up", &[]), 1.0);
+        assert_eq!(one("neuron_hw_executions_total", &[("nc", "0")]), 42.0);
+        assert_eq!(one("neuron_hw_dma_bytes_total", &[("nc", "0")]), 4096.0);
+        assert!(e.named("execution_status_total").all(|s| s.label("pid") != Some("303")), "stale");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut fig = figures();
+        fig.processes[0].command = "a \"quoted\" \\ path\nnext".into();
+        let text = prometheus::render(&fig, &HwSample::default());
+        let e = exposition::validate(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+        let tag = e
+            .named("execution_status_total")
+            .next()
+            .and_then(|s| s.label("runtime_tag").map(str::to_owned));
+        assert_eq!(tag.as_deref(), Some("a \"quoted\" \\ path\nnext"));
+        assert_eq!(e.named("neuron_hw_counters_up").next().map(|s| s.value), Some(0.0));
+    }
+
+    #[test]
+    fn prometheus_binds_loopback_only_unless_allowed() {
+        use prometheus::{AddrError, bind_addr};
+        assert!(bind_addr("127.0.0.1:0", false).is_ok());
+        assert!(bind_addr("[::1]:9090", false).is_ok());
+        assert!(bind_addr("localhost:0", false).is_ok());
+        let refused = bind_addr("0.0.0.0:9090", false);
+        assert!(matches!(refused, Err(AddrError::Remote(_))), "{refused:?}");
+        assert!(refused.unwrap_err().to_string().contains("--prometheus-allow-remote"));
+        assert!(bind_addr("0.0.0.0:9090", true).is_ok());
+        assert!(matches!(bind_addr("nonsense", false), Err(AddrError::Invalid(_))));
+        assert!(matches!(bind_addr("127.0.0.1", false), Err(AddrError::Invalid(_))));
+    }
+
+    #[test]
+    fn periods_are_humantime_and_positive() {
+        assert_eq!(parse_period("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_period("1s"), Ok(Duration::from_secs(1)));
+        assert!(parse_period("0s").unwrap_err().contains("more than zero"));
+        assert!(parse_period("fast").is_err());
+    }
+}

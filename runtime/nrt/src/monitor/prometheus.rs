@@ -233,7 +233,11 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
     w.sample(
         "neuron_hw_counters_up",
         &[],
-        if hw.error.is_empty() { 1.0 } else { 0.0 },
+        if hw.error.is_empty() && hw.device.is_some() {
+            1.0
+        } else {
+            0.0
+        },
     );
     if let Some((_, first)) = hw.ncs.first() {
         for (counter, _) in first.iter() {
