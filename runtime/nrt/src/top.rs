@@ -175,7 +175,13 @@ pub fn draw(frame: &mut Frame, view: &View) {
     )
     .header(
         Row::new(vec![
-            "PID", "COMMAND", "STATE", "MODELS", "DEVICE MEM", "COMPLETED", "ERRORS",
+            "PID",
+            "COMMAND",
+            "STATE",
+            "MODELS",
+            "DEVICE MEM",
+            "COMPLETED",
+            "ERRORS",
         ])
         .style(bold),
     )
@@ -289,7 +295,11 @@ mod tests {
         let cur = Sample {
             at: t0 + Duration::from_secs(1),
             processes: vec![
-                process(101, 6, vec![core(0, 50, 2, 2000, 500), core(1, 10, 0, 300, 100)]),
+                process(
+                    101,
+                    6,
+                    vec![core(0, 50, 2, 2000, 500), core(1, 10, 0, 300, 100)],
+                ),
                 process(202, 6, vec![core(0, 7, 0, 40, 1000)]),
                 stale,
             ],
@@ -311,7 +321,10 @@ mod tests {
         let core_lines: Vec<&str> = s.lines().filter(|l| l.contains(" nc")).collect();
         assert_eq!(core_lines.len(), 3, "{s}");
         assert!(core_lines[0].contains("101") && core_lines[0].contains("nc4"));
-        assert!(core_lines[0].contains("50.0%") && core_lines[0].contains("52.0"), "{s}");
+        assert!(
+            core_lines[0].contains("50.0%") && core_lines[0].contains("52.0"),
+            "{s}"
+        );
         assert!(core_lines[0].contains("2 (2 total)"), "{s}");
         assert!(core_lines[1].contains("nc5") && core_lines[1].contains("10.0%"));
         assert!(core_lines[2].contains("202") && core_lines[2].contains("100.0%"));

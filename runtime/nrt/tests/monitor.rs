@@ -237,19 +237,33 @@ fn count_documents_one_per_period_in_neuron_monitors_schema() {
         .output()
         .unwrap();
     let took = t0.elapsed();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let docs = documents(&out.stdout);
     assert_eq!(docs.len(), 3);
-    assert!(took >= Duration::from_millis(300), "3 periods of 100 ms took {took:?}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "3 periods of 100 ms took {took:?}"
+    );
     for d in &docs {
-        assert!(d.neuron_runtime_data.is_empty(), "no datastores in an empty dir");
+        assert!(
+            d.neuron_runtime_data.is_empty(),
+            "no datastores in an empty dir"
+        );
         let hw = &d.system_data.neuron_hw_counters;
         assert!(
             (0.05..1.0).contains(&hw.period),
             "period {} s for --period 100ms",
             hw.period
         );
-        assert!(hw.error.contains("NEURON_SIMDEV_SOCKET is not set"), "{}", hw.error);
+        assert!(
+            hw.error.contains("NEURON_SIMDEV_SOCKET is not set"),
+            "{}",
+            hw.error
+        );
         assert!(hw.neuron_devices.is_empty());
         assert_eq!(d.neuron_hardware_info.neuron_device_count, 0);
         assert!(!d.neuron_hardware_info.error.is_empty());
@@ -262,10 +276,18 @@ fn count_documents_one_per_period_in_neuron_monitors_schema() {
 fn hw_counters_come_from_the_named_simdev_as_a_plain_client() {
     let sim = simdev();
     let store = tempfile::tempdir().unwrap();
-    let out = monitor(&["--period", "50ms", "--count", "1"], store.path(), Some(sim.socket()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = monitor(
+        &["--period", "50ms", "--count", "1"],
+        store.path(),
+        Some(sim.socket()),
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let d = documents(&out.stdout).pop().expect("one document");
     let hw = &d.system_data.neuron_hw_counters;
     assert_eq!(hw.error, "");
@@ -277,12 +299,22 @@ fn hw_counters_come_from_the_named_simdev_as_a_plain_client() {
     assert!(info.neuroncore_per_device_count >= 1);
     assert!(!info.neuron_device_type.is_empty() && info.neuron_device_memory_size > 0);
     assert_eq!(
-        ncs.len() as u32,
+        u32::try_from(ncs.len()).unwrap(),
         info.neuroncore_per_device_count * info.logical_neuroncore_config
     );
     for (nc, counters) in ncs {
-        for name in ["executions", "exec_errors", "dma_bytes", "doorbells", "notifications"] {
-            assert_eq!(counters.get(name), Some(&0), "NC {nc} {name} on an idle simdev");
+        for name in [
+            "executions",
+            "exec_errors",
+            "dma_bytes",
+            "doorbells",
+            "notifications",
+        ] {
+            assert_eq!(
+                counters.get(name),
+                Some(&0),
+                "NC {nc} {name} on an idle simdev"
+            );
         }
     }
 }
@@ -291,17 +323,28 @@ fn hw_counters_come_from_the_named_simdev_as_a_plain_client() {
 fn no_simdev_listening_is_an_error_string_not_a_private_simdev() {
     let store = tempfile::tempdir().unwrap();
     let socket = store.path().join("nobody-listens.sock");
-    let out = monitor(&["--period", "20ms", "--count", "2"], store.path(), Some(&socket))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = monitor(
+        &["--period", "20ms", "--count", "2"],
+        store.path(),
+        Some(&socket),
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for d in documents(&out.stdout) {
         let hw = &d.system_data.neuron_hw_counters;
         assert!(hw.error.contains("no simdev reachable at"), "{}", hw.error);
         assert!(hw.error.contains("nobody-listens.sock"), "{}", hw.error);
         assert!(hw.neuron_devices.is_empty());
     }
-    assert!(!socket.exists(), "the monitor must not start a simdev there");
+    assert!(
+        !socket.exists(),
+        "the monitor must not start a simdev there"
+    );
 }
 
 #[test]
@@ -336,7 +379,10 @@ fn sigint_and_sigterm_end_the_stream_with_status_0() {
 fn bad_options_are_refused_with_a_reason() {
     let store = tempfile::tempdir().unwrap();
     for (args, why) in [
-        (&["--prometheus", "0.0.0.0:0"][..], "--prometheus-allow-remote"),
+        (
+            &["--prometheus", "0.0.0.0:0"][..],
+            "--prometheus-allow-remote",
+        ),
         (&["--prometheus", "not-an-address"][..], "HOST:PORT"),
         (&["--period", "0s"][..], "more than zero"),
         (&["--period", "soon"][..], "e.g. 100ms"),
@@ -407,13 +453,22 @@ fn prometheus_scrape_is_valid_exposition_with_the_counters() {
         "neuron_hw_dma_bytes_total",
         "neuron_hardware_info",
     ] {
-        assert!(e.types.contains_key(family), "{family} not declared:\n{body}");
+        assert!(
+            e.types.contains_key(family),
+            "{family} not declared:\n{body}"
+        );
     }
     assert_eq!(e.types["neuron_hw_executions_total"], "counter");
-    assert_eq!(e.named("neuron_hw_counters_up").next().map(|s| s.value), Some(1.0));
+    assert_eq!(
+        e.named("neuron_hw_counters_up").next().map(|s| s.value),
+        Some(1.0)
+    );
     let ncs: Vec<_> = e.named("neuron_hw_executions_total").collect();
     assert!(!ncs.is_empty());
-    assert!(ncs.iter().all(|s| s.label("nc").is_some() && s.value == 0.0));
+    assert!(
+        ncs.iter()
+            .all(|s| s.label("nc").is_some() && s.value == 0.0)
+    );
     assert_eq!(
         e.named("neuron_runtime_processes")
             .find(|s| s.label("state") == Some("live"))

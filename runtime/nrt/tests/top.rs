@@ -59,7 +59,10 @@ impl Tmux {
             if ok(&s) {
                 return s;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; screen:\n{s}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; screen:\n{s}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -76,7 +79,10 @@ impl Drop for Tmux {
 /// The refresh counter in top's header.
 fn refresh(screen: &str) -> Option<u64> {
     let rest = &screen[screen.find("refresh #")? + "refresh #".len()..];
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The status `echo TOP-EXIT=$?` printed (the command line itself shows `TOP-EXIT=$?`).
@@ -93,8 +99,16 @@ fn exit_status(screen: &str) -> Option<u32> {
 /// Starts a shell in tmux, runs `nrt top` in it and waits for the first screen.
 fn start_top(tmux: &Tmux, store: &Path) {
     tmux.run(&[
-        "new-session", "-d", "-s", "t", "-x", "160", "-y", "40",
-        "-e", &format!("NEURON_RT_DATASTORE_DIR={}", store.display()),
+        "new-session",
+        "-d",
+        "-s",
+        "t",
+        "-x",
+        "160",
+        "-y",
+        "40",
+        "-e",
+        &format!("NEURON_RT_DATASTORE_DIR={}", store.display()),
         "env -u NEURON_SIMDEV_SOCKET sh",
     ]);
     tmux.wait_for("the shell's prompt", |s| !s.trim().is_empty());
@@ -118,15 +132,29 @@ fn top_shows_the_view_refreshes_and_q_restores_the_terminal() {
     // The screen may be caught mid-write: wait for all of it (the test times out with the
     // screen printed if a part never shows).
     let parts = [
-        "nrt top", "NeuronCores", "PROCESS", "CORE", "UTIL", "EXEC/S", "P50", "P99", "ERRORS",
-        "Processes", "DEVICE MEM", "runtimes 0 live, 0 stale", "period 200ms",
+        "nrt top",
+        "NeuronCores",
+        "PROCESS",
+        "CORE",
+        "UTIL",
+        "EXEC/S",
+        "P50",
+        "P99",
+        "ERRORS",
+        "Processes",
+        "DEVICE MEM",
+        "runtimes 0 live, 0 stale",
+        "period 200ms",
         "NEURON_SIMDEV_SOCKET is not set",
     ];
     let first = tmux.wait_for("top's whole first screen", |s| {
         refresh(s).is_some() && parts.iter().all(|p| s.contains(p))
     });
     assert!(tmux.alternate_on(), "top draws on the alternate screen");
-    assert!(!first.contains("BEFORE-TOP"), "the shell's screen is hidden while top runs");
+    assert!(
+        !first.contains("BEFORE-TOP"),
+        "the shell's screen is hidden while top runs"
+    );
     let n = refresh(&first).unwrap();
     let later = tmux.wait_for("a refresh", |s| refresh(s).is_some_and(|m| m >= n + 2));
     assert!(later.contains("NeuronCores"));
@@ -134,8 +162,14 @@ fn top_shows_the_view_refreshes_and_q_restores_the_terminal() {
     tmux.run(&["send-keys", "-t", "t", "q"]);
     let after = tmux.wait_for("top's exit", |s| exit_status(s).is_some());
     assert_eq!(exit_status(&after), Some(0), "{after}");
-    assert!(after.contains("BEFORE-TOP"), "the shell's screen is back:\n{after}");
-    assert!(!after.contains("NeuronCores"), "top's screen is gone:\n{after}");
+    assert!(
+        after.contains("BEFORE-TOP"),
+        "the shell's screen is back:\n{after}"
+    );
+    assert!(
+        !after.contains("NeuronCores"),
+        "top's screen is gone:\n{after}"
+    );
     assert!(!tmux.alternate_on(), "the alternate screen was left");
     // Raw mode is off: a line typed now is echoed and run by the shell.
     tmux.run(&["send-keys", "-t", "t", "echo cooked-$((6*7))", "Enter"]);
@@ -157,7 +191,10 @@ fn top_restores_the_terminal_on_sigterm_and_esc() {
     let shell = String::from_utf8_lossy(&shell.stdout).trim().to_string();
     let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
         .expect("the shell's children");
-    let pids: Vec<i32> = children.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    let pids: Vec<i32> = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
     assert_eq!(pids.len(), 1, "the shell runs one child: {children:?}");
     let comm = std::fs::read_to_string(format!("/proc/{}/comm", pids[0])).unwrap();
     assert_eq!(comm.trim(), "nrt");
@@ -172,8 +209,13 @@ fn top_restores_the_terminal_on_sigterm_and_esc() {
     assert!(!tmux.alternate_on());
 
     tmux.run(&["send-keys", "-t", "t", "clear", "Enter"]);
-    tmux.wait_for("a clear screen", |s| exit_status(s).is_none() && !s.contains("BEFORE"));
-    let cmd = format!("{} top --period 200ms; echo TOP-EXIT=$?", env!("CARGO_BIN_EXE_nrt"));
+    tmux.wait_for("a clear screen", |s| {
+        exit_status(s).is_none() && !s.contains("BEFORE")
+    });
+    let cmd = format!(
+        "{} top --period 200ms; echo TOP-EXIT=$?",
+        env!("CARGO_BIN_EXE_nrt")
+    );
     tmux.run(&["send-keys", "-t", "t", &cmd, "Enter"]);
     tmux.wait_for("top's first screen", |s| refresh(s).is_some());
     tmux.run(&["send-keys", "-t", "t", "Escape"]);

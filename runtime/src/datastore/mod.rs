@@ -5,6 +5,6 @@
 //! [`snapshot`] holds what a reader sees (plain values). The file's layout, the writer on the
 //! execute path and the reader are built on it.
 
-pub mod snapshot;
 mod scan_stub;
+pub mod snapshot;
 pub use scan_stub::scan;

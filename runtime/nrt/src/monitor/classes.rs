@@ -239,7 +239,13 @@ mod tests {
     #[test]
     fn success_is_completed_and_no_error() {
         let (x, e) = one(NrtStatus::Success, 7);
-        assert_eq!(x, ExecutionSummary { completed: 7, ..Default::default() });
+        assert_eq!(
+            x,
+            ExecutionSummary {
+                completed: 7,
+                ..Default::default()
+            }
+        );
         assert_eq!(e, ErrorSummary::default());
     }
 
@@ -254,8 +260,19 @@ mod tests {
             (NrtStatus::ExecSwNqOverflow, "runtime"),
         ] {
             let (x, e) = one(s, 3);
-            assert_eq!(x, ExecutionSummary { completed_with_err: 3, ..Default::default() }, "{s:?}");
-            assert_eq!(e.iter().iter().find(|(n, _)| *n == class).map(|p| p.1), Some(3), "{s:?}");
+            assert_eq!(
+                x,
+                ExecutionSummary {
+                    completed_with_err: 3,
+                    ..Default::default()
+                },
+                "{s:?}"
+            );
+            assert_eq!(
+                e.iter().iter().find(|(n, _)| *n == class).map(|p| p.1),
+                Some(3),
+                "{s:?}"
+            );
             assert_eq!(e.total(), 3, "{s:?}");
         }
     }
@@ -263,23 +280,61 @@ mod tests {
     #[test]
     fn numerical_error_is_completed_with_num_err_and_numerical() {
         let (x, e) = one(NrtStatus::ExecCompletedWithNumErr, 2);
-        assert_eq!(x, ExecutionSummary { completed_with_num_err: 2, ..Default::default() });
-        assert_eq!(e, ErrorSummary { numerical: 2, ..Default::default() });
+        assert_eq!(
+            x,
+            ExecutionSummary {
+                completed_with_num_err: 2,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            e,
+            ErrorSummary {
+                numerical: 2,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
     fn timeout_is_timed_out_and_transient() {
         let (x, e) = one(NrtStatus::Timeout, 1);
-        assert_eq!(x, ExecutionSummary { timed_out: 1, ..Default::default() });
-        assert_eq!(e, ErrorSummary { transient: 1, ..Default::default() });
+        assert_eq!(
+            x,
+            ExecutionSummary {
+                timed_out: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            e,
+            ErrorSummary {
+                transient: 1,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
     fn invalid_and_bad_input_are_incorrect_input_and_model() {
         for s in [NrtStatus::Invalid, NrtStatus::ExecBadInput] {
             let (x, e) = one(s, 4);
-            assert_eq!(x, ExecutionSummary { incorrect_input: 4, ..Default::default() }, "{s:?}");
-            assert_eq!(e, ErrorSummary { model: 4, ..Default::default() }, "{s:?}");
+            assert_eq!(
+                x,
+                ExecutionSummary {
+                    incorrect_input: 4,
+                    ..Default::default()
+                },
+                "{s:?}"
+            );
+            assert_eq!(
+                e,
+                ErrorSummary {
+                    model: 4,
+                    ..Default::default()
+                },
+                "{s:?}"
+            );
         }
     }
 
@@ -287,8 +342,22 @@ mod tests {
     fn queue_full_and_nc_busy_failed_to_queue_and_are_transient() {
         for s in [NrtStatus::QueueFull, NrtStatus::ExecNcBusy] {
             let (x, e) = one(s, 5);
-            assert_eq!(x, ExecutionSummary { failed_to_queue: 5, ..Default::default() }, "{s:?}");
-            assert_eq!(e, ErrorSummary { transient: 5, ..Default::default() }, "{s:?}");
+            assert_eq!(
+                x,
+                ExecutionSummary {
+                    failed_to_queue: 5,
+                    ..Default::default()
+                },
+                "{s:?}"
+            );
+            assert_eq!(
+                e,
+                ErrorSummary {
+                    transient: 5,
+                    ..Default::default()
+                },
+                "{s:?}"
+            );
         }
         let (x, e) = one(NrtStatus::Resource, 1);
         assert_eq!((x.failed_to_queue, e.runtime), (1, 1));
@@ -304,8 +373,13 @@ mod tests {
         let outcomes: u64 = x.iter().iter().map(|p| p.1).sum();
         assert_eq!(outcomes, counts.total());
         assert_eq!(x.completed, 1, "only NRT_SUCCESS completes cleanly");
-        assert_eq!(e.total(), counts.total() - 1, "every failure has exactly one error class");
-        assert_eq!((x.completed_with_err, e.generic) >= (2, 2), true, "codes outside ALL");
+        assert_eq!(
+            e.total(),
+            counts.total() - 1,
+            "every failure has exactly one error class"
+        );
+        // FAILURE and EXEC_COMPLETED_WITH_ERR, plus the 2 codes outside ALL.
+        assert_eq!(e.generic, 4, "codes outside ALL are generic");
     }
 
     #[test]

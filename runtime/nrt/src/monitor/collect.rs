@@ -311,7 +311,10 @@ pub(crate) mod tests {
             vnc,
             logical_id: vnc + 4,
             ncs: vec![vnc + 4],
-            executions: StatusCounts { by_status, other: 0 },
+            executions: StatusCounts {
+                by_status,
+                other: 0,
+            },
             total_latency: total,
             device_latency: device,
             memory: MemoryUsage {
@@ -366,7 +369,11 @@ pub(crate) mod tests {
         assert_eq!(p.period, Duration::from_secs(2));
         let c = &p.cores[0];
         // 500 ms busy in 2 s.
-        assert!((c.utilization_pct - 25.0).abs() < 1e-9, "{}", c.utilization_pct);
+        assert!(
+            (c.utilization_pct - 25.0).abs() < 1e-9,
+            "{}",
+            c.utilization_pct
+        );
         assert_eq!((c.executions, c.errors), (204, 4));
         assert!((c.executions_per_s - 102.0).abs() < 1e-9);
         assert_eq!((c.executions_total, c.errors_total), (304, 4));

@@ -203,7 +203,11 @@ mod tests {
         let t0 = Instant::now();
         let prev = Sample {
             at: t0,
-            processes: vec![process(101, 5, vec![core(0, 10, 0, 100, 0), core(1, 3, 0, 5, 0)])],
+            processes: vec![process(
+                101,
+                5,
+                vec![core(0, 10, 0, 100, 0), core(1, 3, 0, 5, 0)],
+            )],
         };
         let mut stale = process(303, 9, vec![core(0, 5, 0, 1, 0)]);
         stale.liveness = Liveness::Stale;
@@ -257,9 +261,15 @@ mod tests {
         assert_eq!(num(&nc["period"]), 1.0);
         assert_eq!(nc["error"], "");
         // Keyed by the device's logical core index (vnc + 4 in the fixture).
-        assert_eq!(num(&nc["neuroncores_in_use"]["4"]["neuroncore_utilization"]), 25.0);
+        assert_eq!(
+            num(&nc["neuroncores_in_use"]["4"]["neuroncore_utilization"]),
+            25.0
+        );
         assert_eq!(nc["neuroncores_in_use"]["4"]["flops"], 0);
-        assert_eq!(num(&nc["neuroncores_in_use"]["5"]["neuroncore_utilization"]), 0.0);
+        assert_eq!(
+            num(&nc["neuroncores_in_use"]["5"]["neuroncore_utilization"]),
+            0.0
+        );
         let es = &r["execution_stats"];
         assert_eq!(es["execution_summary"]["completed"], 40);
         assert_eq!(es["execution_summary"]["timed_out"], 2);
@@ -271,7 +281,10 @@ mod tests {
         let total = &es["latency_stats"]["total_latency"];
         for p in ["p0", "p1", "p25", "p50", "p75", "p99", "p100"] {
             let s = num(&total[p]);
-            assert!((s - 0.002).abs() <= 0.002 / 8.0, "{p}: {s} s, not about 2 ms");
+            assert!(
+                (s - 0.002).abs() <= 0.002 / 8.0,
+                "{p}: {s} s, not about 2 ms"
+            );
         }
         assert!((num(&es["latency_stats"]["device_latency"]["p50"]) - 0.001).abs() <= 0.001 / 8.0);
         let mu = &r["memory_used"];
@@ -299,7 +312,10 @@ mod tests {
         let stale = &rt[1];
         assert_eq!(stale["pid"], 303);
         assert!(stale["error"].as_str().unwrap().contains("stale"));
-        assert_eq!(stale["report"]["execution_stats"]["execution_summary"]["completed"], 0);
+        assert_eq!(
+            stale["report"]["execution_stats"]["execution_summary"]["completed"],
+            0
+        );
         assert!(stale["report"]["execution_stats"]["latency_stats"]["total_latency"].is_null());
         assert_eq!(
             stale["report"]["neuroncore_counters"]["neuroncores_in_use"],
@@ -310,14 +326,21 @@ mod tests {
         assert_eq!(hwc["error"], "");
         assert_eq!(hwc["neuron_devices"][0]["neuron_device_index"], 0);
         let nc0 = &hwc["neuron_devices"][0]["neuroncores"]["0"];
-        assert_eq!((&nc0["executions"], &nc0["dma_bytes"], &nc0["doorbells"]), (&42.into(), &4096.into(), &43.into()));
+        assert_eq!(
+            (&nc0["executions"], &nc0["dma_bytes"], &nc0["doorbells"]),
+            (&42.into(), &4096.into(), &43.into())
+        );
         assert_eq!(nc0["notifications"], 0);
         let hi = &v["neuron_hardware_info"];
         assert_eq!(hi["neuron_device_count"], 1);
         assert_eq!(hi["neuroncore_per_device_count"], 8);
         assert_eq!(hi["logical_neuroncore_config"], 1);
         assert_eq!(hi["neuron_device_type"], "trn2");
-        assert!(v["instance_info"]["error"].as_str().is_some_and(|e| !e.is_empty()));
+        assert!(
+            v["instance_info"]["error"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty())
+        );
         assert!(num(&v["system_data"]["memory_info"]["memory_total_bytes"]) > 0.0);
     }
 
@@ -332,10 +355,17 @@ mod tests {
                 ..fig.processes[0].clone()
             }],
         };
-        let v = serde_json::to_value(schema::document(&idle, &HwSample::default(), Default::default()))
-            .unwrap();
+        let v = serde_json::to_value(schema::document(
+            &idle,
+            &HwSample::default(),
+            Default::default(),
+        ))
+        .unwrap();
         let ls = &v["neuron_runtime_data"][0]["report"]["execution_stats"]["latency_stats"];
-        assert!(ls["total_latency"].is_null() && ls["device_latency"].is_null(), "{ls}");
+        assert!(
+            ls["total_latency"].is_null() && ls["device_latency"].is_null(),
+            "{ls}"
+        );
         assert_eq!(v["neuron_hardware_info"]["neuron_device_count"], 0);
     }
 
@@ -356,20 +386,47 @@ mod tests {
         assert_eq!(e.types["execution_latency_seconds"], "summary");
         assert_eq!(one("neuron_runtime_processes", &[("state", "live")]), 1.0);
         assert_eq!(one("neuron_runtime_processes", &[("state", "stale")]), 1.0);
-        assert_eq!(one("neuroncore_utilization_ratio", &[("pid", "101"), ("neuroncore", "4")]), 0.25);
+        assert_eq!(
+            one(
+                "neuroncore_utilization_ratio",
+                &[("pid", "101"), ("neuroncore", "4")]
+            ),
+            0.25
+        );
         // Counters are totals since start: 50 + 3 completed, 2 timed out.
         assert_eq!(
-            one("execution_status_total", &[("pid", "101"), ("status_type", "completed")]),
+            one(
+                "execution_status_total",
+                &[("pid", "101"), ("status_type", "completed")]
+            ),
             53.0
         );
         assert_eq!(
-            one("execution_status_total", &[("pid", "101"), ("status_type", "timed_out")]),
+            one(
+                "execution_status_total",
+                &[("pid", "101"), ("status_type", "timed_out")]
+            ),
             2.0
         );
-        assert_eq!(one("execution_errors_total", &[("pid", "101"), ("error_type", "transient")]), 2.0);
-        assert_eq!(one("neuroncore_executions_total", &[("pid", "101"), ("neuroncore", "5")]), 3.0);
         assert_eq!(
-            one("execution_latency_seconds_count", &[("pid", "101"), ("latency_type", "total")]),
+            one(
+                "execution_errors_total",
+                &[("pid", "101"), ("error_type", "transient")]
+            ),
+            2.0
+        );
+        assert_eq!(
+            one(
+                "neuroncore_executions_total",
+                &[("pid", "101"), ("neuroncore", "5")]
+            ),
+            3.0
+        );
+        assert_eq!(
+            one(
+                "execution_latency_seconds_count",
+                &[("pid", "101"), ("latency_type", "total")]
+            ),
             55.0
         );
         let p100 = one(
@@ -377,15 +434,28 @@ mod tests {
             &[("pid", "101"), ("latency_type", "total"), ("quantile", "1")],
         );
         assert!((p100 - 0.002).abs() < 1e-9, "{p100}");
-        assert_eq!(one("neuroncore_memory_usage_tensors", &[("pid", "101"), ("neuroncore", "4")]), 500.0);
         assert_eq!(
-            one("neuron_runtime_memory_used_bytes", &[("pid", "101"), ("memory_location", "neuron_device")]),
+            one(
+                "neuroncore_memory_usage_tensors",
+                &[("pid", "101"), ("neuroncore", "4")]
+            ),
+            500.0
+        );
+        assert_eq!(
+            one(
+                "neuron_runtime_memory_used_bytes",
+                &[("pid", "101"), ("memory_location", "neuron_device")]
+            ),
             3000.0
         );
         assert_eq!(one("neuron_hw_counters_up", &[]), 1.0);
         assert_eq!(one("neuron_hw_executions_total", &[("nc", "0")]), 42.0);
         assert_eq!(one("neuron_hw_dma_bytes_total", &[("nc", "0")]), 4096.0);
-        assert!(e.named("execution_status_total").all(|s| s.label("pid") != Some("303")), "stale");
+        assert!(
+            e.named("execution_status_total")
+                .all(|s| s.label("pid") != Some("303")),
+            "stale"
+        );
     }
 
     #[test]
@@ -399,7 +469,10 @@ mod tests {
             .next()
             .and_then(|s| s.label("runtime_tag").map(str::to_owned));
         assert_eq!(tag.as_deref(), Some("a \"quoted\" \\ path\nnext"));
-        assert_eq!(e.named("neuron_hw_counters_up").next().map(|s| s.value), Some(0.0));
+        assert_eq!(
+            e.named("neuron_hw_counters_up").next().map(|s| s.value),
+            Some(0.0)
+        );
     }
 
     #[test]
@@ -410,10 +483,21 @@ mod tests {
         assert!(bind_addr("localhost:0", false).is_ok());
         let refused = bind_addr("0.0.0.0:9090", false);
         assert!(matches!(refused, Err(AddrError::Remote(_))), "{refused:?}");
-        assert!(refused.unwrap_err().to_string().contains("--prometheus-allow-remote"));
+        assert!(
+            refused
+                .unwrap_err()
+                .to_string()
+                .contains("--prometheus-allow-remote")
+        );
         assert!(bind_addr("0.0.0.0:9090", true).is_ok());
-        assert!(matches!(bind_addr("nonsense", false), Err(AddrError::Invalid(_))));
-        assert!(matches!(bind_addr("127.0.0.1", false), Err(AddrError::Invalid(_))));
+        assert!(matches!(
+            bind_addr("nonsense", false),
+            Err(AddrError::Invalid(_))
+        ));
+        assert!(matches!(
+            bind_addr("127.0.0.1", false),
+            Err(AddrError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -65,7 +65,11 @@ fn fmt_value(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else {
         format!("{v}")
     }
@@ -86,7 +90,11 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
         "gauge",
         "Runtime processes with a datastore, by state (live or stale).",
     );
-    w.sample("neuron_runtime_processes", &[("state", "live")], f(live.len() as u64));
+    w.sample(
+        "neuron_runtime_processes",
+        &[("state", "live")],
+        f(live.len() as u64),
+    );
     w.sample(
         "neuron_runtime_processes",
         &[("state", "stale")],
@@ -137,7 +145,11 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
         for (class, n) in p.execution_total.iter() {
             w.sample(
                 "execution_status_total",
-                &[("pid", &pid), ("runtime_tag", &p.command), ("status_type", class)],
+                &[
+                    ("pid", &pid),
+                    ("runtime_tag", &p.command),
+                    ("status_type", class),
+                ],
                 f(n),
             );
         }
@@ -153,7 +165,11 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
         for (class, n) in p.error_total.iter() {
             w.sample(
                 "execution_errors_total",
-                &[("pid", &pid), ("runtime_tag", &p.command), ("error_type", class)],
+                &[
+                    ("pid", &pid),
+                    ("runtime_tag", &p.command),
+                    ("error_type", class),
+                ],
                 f(n),
             );
         }
@@ -175,7 +191,11 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
                     let quantile = fmt_value(q / 100.0);
                     w.sample(
                         "execution_latency_seconds",
-                        &[("pid", &pid), ("latency_type", kind), ("quantile", &quantile)],
+                        &[
+                            ("pid", &pid),
+                            ("latency_type", kind),
+                            ("quantile", &quantile),
+                        ],
                         f(ns) / 1e9,
                     );
                 }
@@ -191,7 +211,10 @@ pub fn render(fig: &Figures, hw: &HwSample) -> String {
         w.family(
             &name,
             "gauge",
-            &format!("Device bytes of kind {} held on the logical core.", kind.name()),
+            &format!(
+                "Device bytes of kind {} held on the logical core.",
+                kind.name()
+            ),
         );
         for p in &live {
             let pid = p.pid.to_string();
@@ -289,7 +312,10 @@ pub enum AddrError {
 impl std::fmt::Display for AddrError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Invalid(s) => write!(f, "--prometheus {s}: expected HOST:PORT, e.g. 127.0.0.1:9090"),
+            Self::Invalid(s) => write!(
+                f,
+                "--prometheus {s}: expected HOST:PORT, e.g. 127.0.0.1:9090"
+            ),
             Self::Remote(a) => write!(
                 f,
                 "--prometheus {a}: not a loopback address; the metrics would be readable from other \
@@ -308,11 +334,11 @@ pub fn bind_addr(addr: &str, allow_remote: bool) -> Result<SocketAddr, AddrError
         .to_socket_addrs()
         .map_err(|_| AddrError::Invalid(addr.into()))?
         .collect();
-    let first = *addrs.first().ok_or_else(|| AddrError::Invalid(addr.into()))?;
-    if !allow_remote {
-        if let Some(remote) = addrs.iter().find(|a| !a.ip().is_loopback()) {
-            return Err(AddrError::Remote(*remote));
-        }
+    let first = *addrs
+        .first()
+        .ok_or_else(|| AddrError::Invalid(addr.into()))?;
+    if !allow_remote && let Some(remote) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+        return Err(AddrError::Remote(*remote));
     }
     Ok(first)
 }

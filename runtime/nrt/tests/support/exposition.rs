@@ -65,8 +65,11 @@ fn parse_value(s: &str) -> Option<f64> {
     }
 }
 
+/// Labels in order, as `(name, value)`.
+type Labels = Vec<(String, String)>;
+
 /// Parses `{k="v",...}` at the start of `s`; returns the labels and the rest.
-fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     let mut rest = s.strip_prefix('{').ok_or("expected '{'")?;
     loop {
@@ -78,7 +81,9 @@ fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
         if !is_label_name(name) {
             return Err(format!("bad label name {name:?}"));
         }
-        rest = rest[eq + 1..].strip_prefix('"').ok_or("label value not quoted")?;
+        rest = rest[eq + 1..]
+            .strip_prefix('"')
+            .ok_or("label value not quoted")?;
         let mut value = String::new();
         let mut chars = rest.char_indices();
         let end = loop {
@@ -113,10 +118,13 @@ fn family_of<'a>(name: &'a str, types: &BTreeMap<String, String>) -> Option<&'a 
         return Some(name);
     }
     for suffix in ["_sum", "_count", "_bucket"] {
-        if let Some(base) = name.strip_suffix(suffix) {
-            if matches!(types.get(base).map(String::as_str), Some("summary" | "histogram")) {
-                return Some(base);
-            }
+        if let Some(base) = name.strip_suffix(suffix)
+            && matches!(
+                types.get(base).map(String::as_str),
+                Some("summary" | "histogram")
+            )
+        {
+            return Some(base);
         }
     }
     None
@@ -154,7 +162,11 @@ pub fn validate(text: &str) -> Result<Exposition, String> {
                     if !["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind) {
                         return Err(at(format!("unknown type {kind:?}")));
                     }
-                    if exp.types.insert(name.to_string(), kind.to_string()).is_some() {
+                    if exp
+                        .types
+                        .insert(name.to_string(), kind.to_string())
+                        .is_some()
+                    {
                         return Err(at(format!("second TYPE for {name}")));
                     }
                 }
@@ -211,12 +223,24 @@ pub fn validate(text: &str) -> Result<Exposition, String> {
 pub fn self_test() {
     assert!(validate("# TYPE a counter\na 1\n").is_ok());
     assert!(validate("a 1\n").is_err(), "sample without TYPE");
-    assert!(validate("# TYPE a counter\na{b=\"x\"} one\n").is_err(), "bad value");
-    assert!(validate("# TYPE a counter\na{1b=\"x\"} 1\n").is_err(), "bad label name");
-    assert!(validate("# TYPE a counter\na{b=x} 1\n").is_err(), "unquoted");
+    assert!(
+        validate("# TYPE a counter\na{b=\"x\"} one\n").is_err(),
+        "bad value"
+    );
+    assert!(
+        validate("# TYPE a counter\na{1b=\"x\"} 1\n").is_err(),
+        "bad label name"
+    );
+    assert!(
+        validate("# TYPE a counter\na{b=x} 1\n").is_err(),
+        "unquoted"
+    );
     assert!(validate("# TYPE a-b counter\n").is_err(), "bad family name");
     assert!(validate("# TYPE a counter\n# TYPE b gauge\na 1\nb 1\na 2\n").is_err());
-    assert!(validate("# TYPE s summary\ns 1\n").is_err(), "summary without quantile");
+    assert!(
+        validate("# TYPE s summary\ns 1\n").is_err(),
+        "summary without quantile"
+    );
     let e = validate(
         "# HELP s x y\n# TYPE s summary\ns{quantile=\"0.5\",p=\"a\\\"b\"} 1e-3\ns_sum 2\ns_count 3\n",
     )
