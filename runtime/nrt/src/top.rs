@@ -216,8 +216,9 @@ fn run(args: &TopArgs, source: &mut dyn Source) -> std::io::Result<()> {
         hw: hw.read(),
         refresh: 0,
     };
-    let mut terminal = ratatui::try_init()?;
+    // Armed first: try_init may fail after raw mode is on.
     let _restore = Restore;
+    let mut terminal = ratatui::try_init()?;
     loop {
         terminal.draw(|f| draw(f, &view))?;
         let deadline = Instant::now() + args.period;
