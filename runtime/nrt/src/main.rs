@@ -11,6 +11,9 @@
 //!   queues, instruction records per engine and the device memory a load needs.
 //! - `nrt neff record FILE --out GOLDEN.safetensors [--executions N] [--seed S]`: run a NEFF
 //!   with seeded inputs and record its inputs and outputs in a golden file simdev can replay.
+//! - `nrt monitor [--period 1s] [--count N] [--prometheus ADDR]`: neuron-monitor's JSON stream
+//!   of the runtime processes' datastores and simdev's counters (and a Prometheus endpoint).
+//! - `nrt top [--period 1s]`: a live terminal view like neuron-top.
 //! - `nrt install --prefix DIR [--lib FILE]`: the C library (`libnrt.so.1`) and its headers laid
 //!   out like `/opt/aws/neuron`, with a simdev for the library to start.
 //! - `nrt simdev [simdev options]` (or this program run under the name `simdev`): run as the
@@ -29,9 +32,11 @@ mod bench;
 use bench::BenchOptions;
 mod install;
 mod ls;
+mod monitor;
 mod neff_info;
 mod neff_record;
 mod scenario;
+mod top;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -143,6 +148,13 @@ enum Command {
         #[arg(long)]
         lib: Option<std::path::PathBuf>,
     },
+    /// A neuron-monitor-style stream: one JSON document per period with every runtime
+    /// process's utilisation, executions, errors, latency and memory (from the runtime
+    /// datastores) and simdev's per-NC counters; `--prometheus ADDR` serves the same figures.
+    Monitor(monitor::MonitorArgs),
+    /// A live view like neuron-top: logical cores (utilisation, executions/s, latency, errors)
+    /// and processes (models, device memory). `q`, Esc or Ctrl-C quits.
+    Top(top::TopArgs),
     /// Run as the simdev device process (what `nrt` starts when no device is present).
     #[command(disable_help_flag = true)]
     Simdev {
@@ -318,6 +330,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Monitor(args) => monitor::main(&args, monitor::datastore_source()),
+        Command::Top(args) => top::main(&args, monitor::datastore_source()),
         Command::Simdev { args } => {
             simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
         }

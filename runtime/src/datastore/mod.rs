@@ -254,7 +254,7 @@ impl Datastore {
             model_slot_count: to_u32(MODEL_SLOTS),
             model_slot_size: to_u32(size_of::<ModelSlotRecord>()),
             model_offset: model_offset as u64,
-            runtime_version: padded(env!("CARGO_PKG_VERSION")),
+            runtime_version: padded(crate::RUNTIME_VERSION),
             command: padded(&proc_stat::command_line()),
         };
         chunk.write_obj(0, &header)?;

@@ -36,8 +36,9 @@ pub fn nrt_command(socket: &Path) -> Command {
     c
 }
 
-/// A child process killed (SIGKILL) and reaped on drop.
-pub struct Reaped(pub Child);
+/// A child process killed (SIGKILL) and reaped on drop, with the temporary directory its
+/// datastore went to (removed after it).
+pub struct Reaped(pub Child, Option<tempfile::TempDir>);
 
 impl Reaped {
     /// The child's pid.
@@ -54,9 +55,12 @@ impl Drop for Reaped {
 }
 
 /// A runtime process: `nrt bench --model identity` for `iterations` executions on `ncs`
-/// logical cores, with `env` added (e.g. the datastore directory).
+/// logical cores, with `env` added. Its datastore goes to a temporary directory of its own
+/// unless `env` names one (`NEURON_RT_DATASTORE_DIR`): tests never write `/dev/shm`.
 pub fn spawn_runtime(socket: &Path, ncs: u32, iterations: u64, env: &[(&str, &str)]) -> Reaped {
+    let own_dir = tempfile::tempdir().expect("a temporary datastore directory");
     let child = nrt_command(socket)
+        .env("NEURON_RT_DATASTORE_DIR", own_dir.path())
         .args(["bench", "--model", "identity", "--json"])
         .args([
             "--ncs",
@@ -70,7 +74,7 @@ pub fn spawn_runtime(socket: &Path, ncs: u32, iterations: u64, env: &[(&str, &st
         .stderr(Stdio::piped())
         .spawn()
         .expect("nrt bench starts");
-    Reaped(child)
+    Reaped(child, Some(own_dir))
 }
 
 /// Polls `f` every 10 ms until it returns `Some`, for at most `timeout`.
