@@ -429,11 +429,13 @@ impl Runtime {
             .collect();
         let mut claimed = reservation.claimed;
         let mut readers = Vec::new();
+        let mut nq_bytes: HashMap<u32, u64> = HashMap::new();
         let mut hw_queues = HashMap::new();
         let slots = config.max_inflight().saturating_add(1);
         let setup = (|| -> NrtResult<()> {
             for c in &mut claimed {
                 let nq = device.notification_queue_init(c.nc, NQ_ENTRIES)?;
+                nq_bytes.insert(c.nc, nq.allocation.size);
                 readers.push((c.nc, NqReader::new(nq, c.notification_fd.take())));
             }
             // One set of exec queues per logical core, behind its main TPB's compute_req_lock.
@@ -457,6 +459,21 @@ impl Runtime {
                 return Err(e);
             }
         };
+        // The runtime's own device memory per logical core: its NCs' notification queues, exec
+        // queues and request slots, held until close.
+        for (vnc, v) in vncs.iter().enumerate() {
+            let queues = v
+                .ncs
+                .first()
+                .and_then(|nc| hw_queues.get(nc))
+                .map_or(0, |q: &Arc<HwExecQueue>| q.runtime_device_bytes());
+            let nqs: u64 = v.ncs.iter().filter_map(|nc| nq_bytes.get(nc)).sum();
+            datastore.charge_memory(
+                u32::try_from(vnc).unwrap_or(u32::MAX),
+                MemKind::RuntimeMemory,
+                queues + nqs,
+            );
+        }
         let metrics = Arc::new(Metrics::with_datastore(
             datastore.clone(),
             nc_count as usize,

@@ -250,6 +250,11 @@ pub struct DmaQueue {
 }
 
 impl DmaQueue {
+    /// Device bytes of the queue's two rings.
+    pub fn device_bytes(&self) -> u64 {
+        self.allocations.iter().map(|a| a.size).sum()
+    }
+
     /// Allocates two rings of `desc_count` descriptors in `location`, maps them and binds them to
     /// `id` (DMA_QUEUE_INIT).
     ///

@@ -145,6 +145,20 @@ fn fail(what: impl std::fmt::Display) -> NrtError {
 }
 
 impl HwExecQueue {
+    /// Device bytes of the runtime's own structures behind this queue: each TPB's exec queue
+    /// rings and request slots (the datastore's `runtime_memory`; models' I/O and dynamic
+    /// queues are the models').
+    pub fn runtime_device_bytes(&self) -> u64 {
+        let req = self
+            .compute_req_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        req.tpbs
+            .iter()
+            .map(|t| t.exec_queue.device_bytes() + t.req_alloc.size)
+            .sum()
+    }
+
     /// Allocates and initialises the exec queue of each NC in `ncs` (the vNC's TPBs, main
     /// first) and a request buffer of `slots` slots per NC (one per execution that may be in
     /// flight).

@@ -95,3 +95,37 @@ fn a_failed_doorbell_is_nrt_failure_and_poisons_the_logical_core() {
     assert_eq!(rig.counters(0).executions, 1);
     rt.close();
 }
+
+#[test]
+fn the_runtimes_own_queues_are_its_runtime_memory_and_not_the_vnc_memory_stats() {
+    use crate::datastore::snapshot::MemKind;
+    let runtime_memory = |arch, ncs, lnc| {
+        let rig = Rig::with(arch, ncs);
+        let rt = rig.runtime(RuntimeConfig {
+            lnc,
+            ..RuntimeConfig::default()
+        });
+        let snap = rt.datastore().snapshot();
+        let bytes = snap.cores[0].memory.get(MemKind::RuntimeMemory);
+        let in_use = rig.device.stats().memory_in_use;
+        assert!(bytes > 0, "notification and exec queues are device memory");
+        assert!(
+            bytes <= in_use,
+            "{bytes} of {in_use} bytes the device holds"
+        );
+        assert_eq!(
+            rt.vnc_memory_stats(0).unwrap().bytes_used,
+            0,
+            "nrt_get_vnc_memory_stats counts tensors and models only"
+        );
+        rt.close();
+        bytes
+    };
+    let one = runtime_memory(shared::Arch::Trn2, 2, 1);
+    let two = runtime_memory(shared::Arch::Trn2, 2, 2);
+    assert_eq!(
+        two,
+        2 * one,
+        "a logical core of two NCs holds both NCs' queues"
+    );
+}
