@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use runtime::backend::sim::{PrivateSimdev, SimdevCommand};
 
@@ -77,16 +76,5 @@ pub fn spawn_runtime(socket: &Path, ncs: u32, iterations: u64, env: &[(&str, &st
     Reaped(child, Some(own_dir))
 }
 
-/// Polls `f` every 10 ms until it returns `Some`, for at most `timeout`.
-pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+/// Polls `f` until it returns `Some`, for at most a timeout (the workspace harness's).
+pub use tests::wait_for;
