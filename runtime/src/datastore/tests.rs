@@ -86,7 +86,11 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert_eq!(s.pid, std::process::id());
     assert_eq!(s.liveness, Liveness::Live);
     assert_eq!((s.lnc, s.cores.len()), (2, 2));
-    assert_eq!(s.runtime_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        s.runtime_version,
+        crate::RUNTIME_VERSION,
+        "the version `nrt ls` shows too"
+    );
     assert!(s.command.contains("runtime"), "{}", s.command);
     let c0 = &s.cores[0];
     assert_eq!((c0.vnc, c0.logical_id, c0.ncs.clone()), (0, 2, vec![4, 5]));
