@@ -88,8 +88,13 @@ fn a_child_runtimes_counts_are_read_and_a_sigkilled_writer_turns_stale() {
         core.tpbs[0].exec_stats[exec_stat_ordinal(NrtStatus::Success)],
         N
     );
-    // Memory by kind adds up to what nrt_get_vnc_memory_stats reports.
-    assert_eq!(core.memory.total(), bytes_used);
+    // Memory by kind adds up to what nrt_get_vnc_memory_stats reports, plus the runtime's
+    // own queues (runtime_memory), which that call does not count.
+    assert!(core.memory.get(MemKind::RuntimeMemory) > 0);
+    assert_eq!(
+        core.memory.total() - core.memory.get(MemKind::RuntimeMemory),
+        bytes_used
+    );
     assert!(
         core.memory.get(MemKind::Tensors) >= 128,
         "{:?}",
@@ -103,7 +108,9 @@ fn a_child_runtimes_counts_are_read_and_a_sigkilled_writer_turns_stale() {
     assert_eq!(m.executions.get(NrtStatus::Success), N);
     assert_eq!(
         m.memory_bytes,
-        core.memory.total() - core.memory.get(MemKind::Tensors)
+        core.memory.total()
+            - core.memory.get(MemKind::Tensors)
+            - core.memory.get(MemKind::RuntimeMemory)
     );
 
     // SIGKILL: the file stays, the reader still reads it, as stale, with its last counts.
@@ -179,8 +186,9 @@ fn in_process_counts_match_with_the_file_and_without_it() {
         assert_eq!(s.models[0].executions.total(), 7);
         let nc = rt.vnc_ncs(0).unwrap()[0] as usize;
         assert_eq!(rt.metrics().snapshot(nc).unwrap().executions(), 7);
+        let memory = &s.cores[0].memory;
         assert_eq!(
-            s.cores[0].memory.total(),
+            memory.total() - memory.get(MemKind::RuntimeMemory),
             rt.vnc_memory_stats(0).unwrap().bytes_used
         );
         if on {
@@ -193,7 +201,12 @@ fn in_process_counts_match_with_the_file_and_without_it() {
         let s = rt.datastore().snapshot();
         assert!(!s.models[0].loaded);
         assert_eq!(s.models[0].executions.total(), 7);
-        assert_eq!(s.cores[0].memory.total(), 0);
+        let memory = &s.cores[0].memory;
+        assert_eq!(
+            memory.total(),
+            memory.get(MemKind::RuntimeMemory),
+            "only the runtime's own queues are left: {memory:?}"
+        );
         assert_eq!(rt.vnc_memory_stats(0).unwrap().bytes_used, 0);
         rt.close();
         assert!(datastore_files(dir.path()).is_empty());
