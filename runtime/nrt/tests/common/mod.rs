@@ -77,4 +77,5 @@ pub fn spawn_runtime(socket: &Path, ncs: u32, iterations: u64, env: &[(&str, &st
 }
 
 /// Polls `f` until it returns `Some`, for at most a timeout (the workspace harness's).
+#[allow(unused_imports)] // not every test binary polls
 pub use tests::wait_for;
