@@ -149,6 +149,14 @@ nc_counters! {
         /// NEFF programs whose outputs a bound reference computed (simdev `--reference`),
         /// run to their end.
         pub neff_reference_executions: u64,
+        /// Executions run to their notification on the thread that delivered their doorbell
+        /// (the connection's thread): no thread hand-off between the doorbell's arrival and
+        /// the notification.
+        pub inline_executions: u64,
+        /// Executions handed to the NC's sequencer thread (one thread hand-off): those that
+        /// park waiting for the outside world, run under a latency model or a fault that
+        /// delays them, call a reference, or arrive while another execution of the NC runs.
+        pub sequencer_handoffs: u64,
     }
 }
 

@@ -44,6 +44,10 @@ pub struct Counters {
     pub neff_shape_only_executions: AtomicU64,
     /// NEFF programs whose outputs a bound reference computed ([`crate::reference`]).
     pub neff_reference_executions: AtomicU64,
+    /// Executions run on the thread that delivered their doorbell.
+    pub inline_executions: AtomicU64,
+    /// Executions handed to the NC's sequencer thread.
+    pub sequencer_handoffs: AtomicU64,
 }
 
 /// Adds `n` to a counter (relaxed: counters order nothing).
@@ -74,6 +78,8 @@ impl Counters {
             faults_fired: get(&self.faults_fired),
             neff_shape_only_executions: get(&self.neff_shape_only_executions),
             neff_reference_executions: get(&self.neff_reference_executions),
+            inline_executions: get(&self.inline_executions),
+            sequencer_handoffs: get(&self.sequencer_handoffs),
         }
     }
 }
@@ -107,7 +113,8 @@ mod tests {
             "dma_descriptors 1, dma_bytes 0, dma_aborts 0, register_writes 0, doorbells 0, \
              notifications 0, nq_overflows 0, posted_errors 0, resets 0, executions 0, \
              exec_errors 0, config_reloads 0, table_loads 0, cc_chains 0, faults_fired 15, \
-             neff_shape_only_executions 0, neff_reference_executions 0"
+             neff_shape_only_executions 0, neff_reference_executions 0, inline_executions 0, \
+             sequencer_handoffs 0"
         );
     }
 }

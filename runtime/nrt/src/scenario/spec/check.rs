@@ -103,11 +103,15 @@ pub struct CountersCheck {
     pub neff_shape_only_executions: Option<Bound>,
     /// NEFF programs whose outputs a bound reference computed.
     pub neff_reference_executions: Option<Bound>,
+    /// Executions run on the thread that delivered their doorbell (no thread hand-off).
+    pub inline_executions: Option<Bound>,
+    /// Executions handed to the NC's sequencer thread.
+    pub sequencer_handoffs: Option<Bound>,
 }
 
 impl CountersCheck {
     /// Every counter key with its bound, in report order.
-    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 16] {
+    pub fn bounds(&self) -> [(&'static str, Option<&Bound>); 18] {
         [
             ("dma_descriptors", self.dma_descriptors.as_ref()),
             ("dma_bytes", self.dma_bytes.as_ref()),
@@ -131,6 +135,8 @@ impl CountersCheck {
                 "neff_reference_executions",
                 self.neff_reference_executions.as_ref(),
             ),
+            ("inline_executions", self.inline_executions.as_ref()),
+            ("sequencer_handoffs", self.sequencer_handoffs.as_ref()),
         ]
     }
 }
