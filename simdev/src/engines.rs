@@ -171,12 +171,15 @@ pub trait Host {
     fn round(&mut self) -> Result<u64, Stop>;
 
     /// Every unfinished engine is blocked and at least one waits on an event: sleep until the
-    /// NC's semaphores or events changed since `token` was taken (no busy loop).
+    /// NC's semaphores or events changed since `token` was taken (no busy loop) and answer
+    /// [`Park::Woken`], or, when this thread must not sleep (it has other work: the doorbell's
+    /// thread), answer [`Park::Suspend`] at once: [`Run::resume`] then returns
+    /// [`Progress::Suspended`] and the run is resumed later, on a thread that may sleep.
     ///
     /// # Errors
     /// [`Stop::Abandoned`] when the NC was reset, released or reclaimed, or the device is
     /// going away, while parked.
-    fn park(&mut self, token: u64) -> Result<(), Stop>;
+    fn park(&mut self, token: u64) -> Result<Park, Stop>;
 
     /// Whether [`Host::retired`] wants the wall-clock time each step began (a trace on the
     /// wall clock); asked once per step.
@@ -204,6 +207,25 @@ pub struct Stats {
     /// Compute instructions that wrote a NaN or an infinity (the execution's notification
     /// carries [`error_flags::NUMERICAL`] when this is not 0).
     pub non_finite: u64,
+}
+
+/// What [`Host::park`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Park {
+    /// It slept until a semaphore or event changed: the scheduler runs another round.
+    Woken,
+    /// It did not sleep: the run stops here, to be resumed by [`Run::resume`].
+    Suspend,
+}
+
+/// How far [`Run::resume`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Every engine ended.
+    Done(Stats),
+    /// The run waits for the outside world and the host did not sleep ([`Park::Suspend`]):
+    /// resume it later.
+    Suspended,
 }
 
 /// What blocks an engine.
@@ -238,71 +260,111 @@ fn wait_holds(semaphore: u32, wait_value: u32) -> bool {
 }
 
 /// Runs the five programs starting at `addresses` (in [`Engine::ALL`] order) to the end of
-/// all of them.
+/// all of them, parking on `host` as often as they wait for the outside world.
 ///
 /// # Errors
 /// The [`Stop`] that ended the execution early (see the module doc for every cause), with
 /// [`error_flags::NUMERICAL`] added when a compute instruction wrote a NaN or an infinity
-/// before it.
+/// before it; GENERIC when the host suspends the run (use [`Run`] with such a host).
 pub fn run(addresses: [u64; 5], limits: &Limits, host: &mut impl Host) -> Result<Stats, Stop> {
-    let mut engines = Engine::ALL.map(|engine| EngineState {
-        engine,
-        pc: addresses[engine.index()],
-        executed: 0,
-        current: None,
-        done: false,
-        non_finite: 0,
-    });
-    let mut stats = Stats::default();
-    let result = schedule(&mut engines, &mut stats, limits, host);
-    let non_finite: u64 = engines.iter().map(|e| e.non_finite).sum();
-    stats.non_finite = non_finite;
-    match result {
-        Ok(()) => Ok(stats),
-        Err(Stop::Failed { flags, reason }) if non_finite > 0 => Err(Stop::Failed {
-            flags: flags | error_flags::NUMERICAL,
-            reason,
-        }),
-        Err(stop) => Err(stop),
+    match Run::new(addresses).resume(limits, host)? {
+        Progress::Done(stats) => Ok(stats),
+        Progress::Suspended => Err(Stop::generic(
+            "the host suspended a run that cannot be resumed (a simdev bug)",
+        )),
     }
 }
 
-/// The scheduling rounds of [`run`].
-fn schedule(
-    engines: &mut [EngineState; 5],
-    stats: &mut Stats,
-    limits: &Limits,
-    host: &mut impl Host,
-) -> Result<(), Stop> {
-    let mut spent = 0u64;
-    loop {
-        let token = host.round()?;
-        stats.rounds += 1;
-        let mut progressed = false;
-        let mut blocked = Vec::new();
-        for state in engines.iter_mut().filter(|e| !e.done) {
-            match step(state, limits, &mut spent, host)? {
-                Step::Progress => progressed = true,
-                Step::Blocked(block) => blocked.push((state.engine, block)),
+/// One execution's five programs in progress: the engines' program counters and what they
+/// did so far. Plain data, so a run suspended on one thread ([`Park::Suspend`]) resumes on
+/// another.
+#[derive(Debug)]
+pub struct Run {
+    engines: [EngineState; 5],
+    stats: Stats,
+    /// Element operations of compute instructions so far (bounded by
+    /// [`Limits::max_compute_ops`]).
+    spent: u64,
+}
+
+impl Run {
+    /// The programs at `addresses` (in [`Engine::ALL`] order), before their first instruction.
+    pub fn new(addresses: [u64; 5]) -> Self {
+        Self {
+            engines: Engine::ALL.map(|engine| EngineState {
+                engine,
+                pc: addresses[engine.index()],
+                executed: 0,
+                current: None,
+                done: false,
+                non_finite: 0,
+            }),
+            stats: Stats::default(),
+            spent: 0,
+        }
+    }
+
+    /// Runs scheduling rounds until every engine ended, or the host suspends the run at a park
+    /// ([`Progress::Suspended`]; call `resume` again, on any thread, to go on: the next round
+    /// looks at the semaphores and events afresh, so no change is missed).
+    ///
+    /// # Errors
+    /// As [`run`].
+    pub fn resume(&mut self, limits: &Limits, host: &mut impl Host) -> Result<Progress, Stop> {
+        let result = self.schedule(limits, host);
+        let non_finite: u64 = self.engines.iter().map(|e| e.non_finite).sum();
+        self.stats.non_finite = non_finite;
+        match result {
+            Ok(true) => Ok(Progress::Done(self.stats)),
+            Ok(false) => Ok(Progress::Suspended),
+            Err(Stop::Failed { flags, reason }) if non_finite > 0 => Err(Stop::Failed {
+                flags: flags | error_flags::NUMERICAL,
+                reason,
+            }),
+            Err(stop) => Err(stop),
+        }
+    }
+
+    /// The scheduling rounds of [`Run::resume`]: `true` when every engine ended, `false` when
+    /// the host suspended the run.
+    fn schedule(&mut self, limits: &Limits, host: &mut impl Host) -> Result<bool, Stop> {
+        loop {
+            let token = host.round()?;
+            self.stats.rounds += 1;
+            let mut progressed = false;
+            // At most one blocked engine per engine: no allocation per round.
+            let mut blocked: [Option<(Engine, Block)>; 5] = [None; 5];
+            for (slot, state) in blocked.iter_mut().zip(self.engines.iter_mut()) {
+                if state.done {
+                    continue;
+                }
+                match step(state, limits, &mut self.spent, host)? {
+                    Step::Progress => progressed = true,
+                    Step::Blocked(block) => *slot = Some((state.engine, block)),
+                }
             }
-        }
-        for state in engines.iter() {
-            stats.instructions[state.engine.index()] = state.executed;
-        }
-        if engines.iter().all(|e| e.done) {
-            return Ok(());
-        }
-        if progressed {
-            continue;
-        }
-        if blocked
-            .iter()
-            .any(|(_, block)| matches!(block, Block::Event { .. }))
-        {
-            stats.parks += 1;
-            host.park(token)?;
-        } else {
-            return Err(Stop::generic(deadlock(&blocked)));
+            for state in &self.engines {
+                self.stats.instructions[state.engine.index()] = state.executed;
+            }
+            if self.engines.iter().all(|e| e.done) {
+                return Ok(true);
+            }
+            if progressed {
+                continue;
+            }
+            if blocked
+                .iter()
+                .flatten()
+                .any(|(_, block)| matches!(block, Block::Event { .. }))
+            {
+                self.stats.parks += 1;
+                if host.park(token)? == Park::Suspend {
+                    return Ok(false);
+                }
+            } else {
+                let blocked: Vec<(Engine, Block)> = blocked.iter().flatten().copied().collect();
+                return Err(Stop::generic(deadlock(&blocked)));
+            }
         }
     }
 }
@@ -538,6 +600,8 @@ mod tests {
         /// Events set by the "outside world" at the n-th park.
         on_park: Vec<(u32, u32)>,
         parks: usize,
+        /// Parks answer [`Park::Suspend`] (the doorbell's thread).
+        suspend: bool,
         order: Vec<Engine>,
         compute: ComputeState,
         retired: Vec<(Engine, Opcode, u64)>,
@@ -586,13 +650,16 @@ mod tests {
         fn round(&mut self) -> Result<u64, Stop> {
             Ok(0)
         }
-        fn park(&mut self, _token: u64) -> Result<(), Stop> {
+        fn park(&mut self, _token: u64) -> Result<Park, Stop> {
+            if self.suspend {
+                return Ok(Park::Suspend);
+            }
             let Some(&(index, value)) = self.on_park.get(self.parks) else {
                 return Err(Stop::Abandoned);
             };
             self.parks += 1;
             self.events.insert(index, value);
-            Ok(())
+            Ok(Park::Woken)
         }
         fn timed(&self) -> bool {
             true
@@ -710,6 +777,67 @@ mod tests {
             Err(Stop::Abandoned),
             "an abandoned park ends the execution"
         );
+    }
+
+    #[test]
+    fn a_suspended_run_resumes_where_it_stopped() {
+        // PE counts to 2 on semaphore 3 before and after SP's event wait; SP signals only after
+        // the event.
+        let mut f = fake(&[
+            (
+                Engine::Pe,
+                vec![
+                    Instruction::new(Opcode::Nop, &[]).signal(3, 1),
+                    Instruction::new(Opcode::Nop, &[]).wait(4, 1),
+                    end(),
+                ],
+            ),
+            (
+                Engine::Sp,
+                vec![
+                    Instruction::new(Opcode::WaitEvent, &[7]).signal(4, 1),
+                    end(),
+                ],
+            ),
+        ]);
+        f.suspend = true;
+        let mut run = Run::new(BASES);
+        assert_eq!(
+            run.resume(&limits(), &mut f),
+            Ok(Progress::Suspended),
+            "the doorbell's thread does not sleep"
+        );
+        assert_eq!(
+            f.semaphores[&3], 1,
+            "PE's first step ran once, before the suspension"
+        );
+        assert_eq!(
+            run.resume(&limits(), &mut f),
+            Ok(Progress::Suspended),
+            "resumed with the event still clear, it suspends again"
+        );
+        assert_eq!(f.semaphores[&3], 1, "nothing ran twice");
+        // Another thread resumes it and may sleep: the outside world sets the event.
+        f.suspend = false;
+        f.on_park = vec![(7, 1)];
+        let Ok(Progress::Done(stats)) = run.resume(&limits(), &mut f) else {
+            panic!("the resumed run ends");
+        };
+        assert_eq!(stats.parks, 3, "two suspensions and one sleep");
+        assert_eq!(stats.instructions[Engine::Pe.index()], 3);
+        assert_eq!(stats.instructions[Engine::Sp.index()], 2);
+        assert_eq!(f.semaphores[&3], 1);
+        assert_eq!(f.semaphores[&4], 1);
+        let mut again = fake(&[(Engine::Sp, vec![Instruction::new(Opcode::WaitEvent, &[7])])]);
+        again.suspend = true;
+        assert!(
+            generic_reason(run_fn(&mut again)).contains("cannot be resumed"),
+            "run() refuses a host that suspends"
+        );
+    }
+
+    fn run_fn(f: &mut Fake) -> Result<Stats, Stop> {
+        run(BASES, &limits(), f)
     }
 
     #[test]

@@ -231,7 +231,11 @@ impl Core {
                 if self.tracer.enabled() {
                     self.trace_doorbell(n, index, value);
                 }
-                self.registers_changed(n, index == SEM_INFERENCE_START);
+                if index == SEM_INFERENCE_START {
+                    self.doorbell(n);
+                } else {
+                    self.registers_changed(n, false);
+                }
                 ok()
             }
             Request::SemaphoreDecrement { nc, index, value } => {

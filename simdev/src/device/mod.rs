@@ -11,9 +11,9 @@
 //! allocated them; DMA on a client's queues may touch only that client's chunks and the
 //! registers of its own NCs.
 //!
-//! Executions run on one sequencer thread per NC ([`sequencer`]); the device's state
-//! lives in an `Arc` shared with those threads, and dropping the [`Device`] stops and joins
-//! them.
+//! Executions run on the thread that delivered their doorbell, or on the NC's sequencer thread
+//! when they must wait for the outside world ([`sequencer`]); the device's state lives in an
+//! `Arc` shared with the sequencer threads, and dropping the [`Device`] stops and joins them.
 //!
 //! Scenario control: any client may arm faults ([`crate::faults`]), set the latency model
 //! ([`crate::timing`]) or read [`DeviceStats`]; faults apply to an NC whatever its owner.
@@ -329,8 +329,10 @@ impl Device {
     /// bug) is caught and answered as an error. Posted requests ([`Request::is_posted`]) are
     /// handled the same way, but the caller sends no reply: a failure is logged and counted in
     /// the NC's `posted_errors`. A doorbell (SemaphoreIncrement of
-    /// [`SEM_INFERENCE_START`](shared::sequencer::SEM_INFERENCE_START)) only wakes the NC's sequencer thread; it never waits for the
-    /// execution.
+    /// [`SEM_INFERENCE_START`](shared::sequencer::SEM_INFERENCE_START)) runs its execution on
+    /// the calling thread to its notification when it can (no thread hand-off), and never
+    /// waits for the outside world: an execution that would is suspended and resumed on the
+    /// NC's sequencer thread ([`sequencer`]).
     pub fn handle(&self, client: ClientId, request: Request) -> (Reply, Vec<OwnedFd>) {
         self.core.handle(client, request)
     }

@@ -26,13 +26,13 @@ use crate::device::sequencer::{self, BATCH_HEAD_PAIRS};
 use crate::device::trace_events::TraceAt;
 use crate::device::{Claim, Core, Nc, NcState, lock};
 use crate::dma::{Abort, Budget, DmaQueueId, PairEffect, PeekError, QueueStatus, error_chain};
-use crate::engines::{Limits, Stats, Stop};
+use crate::engines::{Limits, Progress, Stop};
 use crate::faults::{Delivery, Effects};
 use crate::timing::{self, Charge};
 use crate::trace::{Detail, Event};
 
 use super::host::ExecHost;
-use super::program::Program;
+use super::program::{Program, Running};
 use super::thread::Work;
 
 /// Nanoseconds of a duration, saturating.
@@ -136,18 +136,38 @@ struct Outcome {
 /// contract in [`shared::sequencer`], "What an execution leaves behind"). Only the program's
 /// own signals count: the host may change a semaphore meanwhile (the outside world a waiting
 /// engine waits for), and that is not the execution's doing.
-pub(super) struct ProgramSignals(Vec<u32>);
+pub(super) struct ProgramSignals {
+    /// Net change per program semaphore.
+    net: [u32; PROGRAM_SEMAPHORES],
+    /// Bit `i` set: semaphore `i` was signalled (only those are looked at when it ends).
+    touched: [u64; PROGRAM_SEMAPHORES.div_ceil(64)],
+    /// Program semaphores of the arch (at most [`PROGRAM_SEMAPHORES`]).
+    count: u32,
+}
+
+/// Semaphores below [`FIRST_RESERVED_SEMAPHORE`]: the most any arch gives programs.
+const PROGRAM_SEMAPHORES: usize = FIRST_RESERVED_SEMAPHORE as usize;
 
 impl ProgramSignals {
     fn new(arch: shared::address_map::Arch) -> Self {
-        let count = FIRST_RESERVED_SEMAPHORE.min(arch.semaphores_per_nc());
-        Self(vec![0; usize::try_from(count).unwrap_or(0)])
+        Self {
+            net: [0; PROGRAM_SEMAPHORES],
+            touched: [0; PROGRAM_SEMAPHORES.div_ceil(64)],
+            count: FIRST_RESERVED_SEMAPHORE.min(arch.semaphores_per_nc()),
+        }
     }
 
     /// The program added `value` (wrapping) to semaphore `index`.
     pub(super) fn add(&mut self, index: u32, value: u32) {
-        if let Some(net) = usize::try_from(index).ok().and_then(|i| self.0.get_mut(i)) {
+        if index >= self.count {
+            return;
+        }
+        let Ok(i) = usize::try_from(index) else {
+            return;
+        };
+        if let (Some(net), Some(word)) = (self.net.get_mut(i), self.touched.get_mut(i / 64)) {
             *net = net.wrapping_add(value);
+            *word |= 1 << (i % 64);
         }
     }
 
@@ -155,19 +175,28 @@ impl ProgramSignals {
     /// logged naming it; the lowest such index, if any.
     fn check_and_restore(&self, nc: u32, compute_idx: u32, claim: &Claim) -> Option<u16> {
         let mut first = None;
-        for (index, &net) in (0u32..).zip(&self.0) {
-            if net == 0 {
-                continue;
+        for (w, &word) in self.touched.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let net = self.net.get(i).copied().unwrap_or(0);
+                if net == 0 {
+                    continue;
+                }
+                let Ok(index) = u32::try_from(i) else {
+                    continue;
+                };
+                let delta = i32::from_ne_bytes(net.to_ne_bytes());
+                tracing::warn!(
+                    "NC {nc} execution {compute_idx} failed: its program left semaphore {index} \
+                     changed by {delta}; restored"
+                );
+                if let Err(e) = claim.registers.semaphore_sub(index, net) {
+                    tracing::error!("NC {nc}: restoring semaphore {index}: {e}");
+                }
+                first = first.or(u16::try_from(index).ok());
             }
-            let delta = i32::from_ne_bytes(net.to_ne_bytes());
-            tracing::warn!(
-                "NC {nc} execution {compute_idx} failed: its program left semaphore {index} \
-                 changed by {delta}; restored"
-            );
-            if let Err(e) = claim.registers.semaphore_sub(index, net) {
-                tracing::error!("NC {nc}: restoring semaphore {index}: {e}");
-            }
-            first = first.or(u16::try_from(index).ok());
         }
         first
     }
@@ -188,15 +217,60 @@ pub(super) fn dma_failure(aborts: &[Abort]) -> Option<Stop> {
     Some(Stop::failed(flags, format!("{}{more}", first.reason)))
 }
 
+/// One execution in flight, from its count taken to its notification: everything it needs to
+/// go on, so that an execution suspended at a park on the doorbell's thread resumes on the
+/// NC's sequencer thread ([`Core::resume`]).
+pub(in crate::device) struct Execution {
+    work: Work,
+    started: Instant,
+    /// Device time at the start (the trace's and the fault events' timestamp).
+    start_ns: u64,
+    effects: Effects,
+    acct: Account,
+    budget: Budget,
+    /// The program in progress, once the batch ran and the request was decoded.
+    running: Option<Running>,
+}
+
+impl std::fmt::Debug for Execution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("compute_idx", &self.acct.compute_idx)
+            .field("epoch", &self.work.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How far [`Core::execute`] or [`Core::resume`] took an execution.
+pub(in crate::device) enum Ran {
+    /// It ended: its notification is posted (or withheld, or it was abandoned).
+    Ended,
+    /// It waits for the outside world and this thread may not sleep: resume it on the
+    /// sequencer thread.
+    Suspended(Box<Execution>),
+}
+
+/// How an execution's run ended, before its notification.
+enum RunEnd {
+    /// It ran to its end (or failed) with these error flags.
+    Flags(u32),
+    /// It was abandoned: no notification.
+    Abandoned,
+    /// It was suspended at a park.
+    Suspended,
+}
+
 impl Core {
     /// Runs one execution and posts its notification (unless it is abandoned), applying the
-    /// faults that fire on it, the latency model, and tracing it.
-    pub(super) fn execute(&self, nc: &Nc, work: Work) {
+    /// faults that fire on it, the latency model, and tracing it. With `may_sleep` false (the
+    /// doorbell's thread) an execution that must wait for the outside world is suspended
+    /// instead and returned, for the sequencer thread to resume.
+    pub(super) fn execute(&self, nc: &Nc, work: Work, may_sleep: bool) -> Ran {
         let started = Instant::now();
         let compute_idx = {
             let mut state = lock(&nc.state);
             if self.abandoned(nc, work.epoch) {
-                return;
+                return Ran::Ended;
             }
             let idx = state.exec_batches;
             state.exec_batches = idx.wrapping_add(1);
@@ -205,7 +279,7 @@ impl Core {
         let effects = self.fire_faults(nc, compute_idx);
         if effects.device_lost {
             self.lose_device(nc, compute_idx);
-            return;
+            return Ran::Ended;
         }
         let model = self.latency_model();
         let sim_start = nc.clock.now();
@@ -236,34 +310,69 @@ impl Core {
                 Detail::Fault { kind, compute_idx },
             );
         }
-        let flags = self.run_and_flag(nc, &work, &mut acct);
-        if let Some(flags) = flags {
-            let leaked = acct
-                .signals
-                .check_and_restore(nc.index, compute_idx, &work.claim);
-            let flags = flags | effects.flags | leaked.map_or(0, |_| error_flags::GENERIC);
-            let timing = self.time_execution(nc, work.epoch, started, &acct);
-            acct.record(
+        let mut exec = Execution {
+            work,
+            started,
+            start_ns,
+            effects,
+            acct,
+            budget: self.budget(),
+            running: None,
+        };
+        match self.go_on(nc, &mut exec, may_sleep) {
+            true => Ran::Ended,
+            false => Ran::Suspended(Box::new(exec)),
+        }
+    }
+
+    /// Resumes an execution a doorbell's thread suspended; on the sequencer thread, which may
+    /// sleep, it runs to its end.
+    pub(super) fn resume(&self, nc: &Nc, mut exec: Box<Execution>) {
+        if !self.go_on(nc, &mut exec, true) {
+            tracing::error!(
+                "NC {}: execution {} suspended on the sequencer thread (a simdev bug); abandoned",
                 nc.index,
-                start_ns,
-                Some(timing.nc_ts_ns),
-                Detail::Execution {
+                exec.acct.compute_idx
+            );
+        }
+    }
+
+    /// Runs `exec` on; `false` when it was suspended at a park (only when `!may_sleep`).
+    fn go_on(&self, nc: &Nc, exec: &mut Execution, may_sleep: bool) -> bool {
+        let compute_idx = exec.acct.compute_idx;
+        match self.run_and_flag(nc, exec, may_sleep) {
+            RunEnd::Suspended => return false,
+            RunEnd::Abandoned => {}
+            RunEnd::Flags(flags) => {
+                let leaked =
+                    exec.acct
+                        .signals
+                        .check_and_restore(nc.index, compute_idx, &exec.work.claim);
+                let flags = flags | exec.effects.flags | leaked.map_or(0, |_| error_flags::GENERIC);
+                let timing = self.time_execution(nc, exec.work.epoch, exec.started, &exec.acct);
+                exec.acct.record(
+                    nc.index,
+                    exec.start_ns,
+                    Some(timing.nc_ts_ns),
+                    Detail::Execution {
+                        compute_idx,
+                        flags,
+                        instructions: exec.acct.charge.instructions,
+                    },
+                );
+                let source = leaked.map_or(0, |index| SEMAPHORE_LEAK_SOURCE | index);
+                let outcome = Outcome {
                     compute_idx,
                     flags,
-                    instructions: acct.charge.instructions,
-                },
-            );
-            let source = leaked.map_or(0, |index| SEMAPHORE_LEAK_SOURCE | index);
-            let outcome = Outcome {
-                compute_idx,
-                flags,
-                source,
-            };
-            self.finish_execution(nc, work.epoch, outcome, timing, &effects);
+                    source,
+                };
+                self.finish_execution(nc, exec.work.epoch, outcome, timing, &exec.effects);
+            }
         }
-        if let Some(events) = acct.events.take() {
-            self.tracer.record_all(events, acct.dropped);
+        if let Some(events) = exec.acct.events.take() {
+            self.tracer.record_all(events, exec.acct.dropped);
         }
+        true
     }
 
     /// The faults that fire on execution `compute_idx` of `nc`, counted and logged.
@@ -340,10 +449,10 @@ impl Core {
         }
     }
 
-    /// Runs the execution; its error flags, or `None` when it was abandoned.
-    fn run_and_flag(&self, nc: &Nc, work: &Work, acct: &mut Account) -> Option<u32> {
-        let compute_idx = acct.compute_idx;
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, work, acct)))
+    /// Runs the execution on: its error flags, or whether it was abandoned or suspended.
+    fn run_and_flag(&self, nc: &Nc, exec: &mut Execution, may_sleep: bool) -> RunEnd {
+        let compute_idx = exec.acct.compute_idx;
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, exec, may_sleep)))
             .unwrap_or_else(|payload| {
                 Err(Stop::generic(format!(
                     "simdev failed internally running the execution (a simdev bug): {}",
@@ -351,7 +460,8 @@ impl Core {
                 )))
             });
         let flags = match outcome {
-            Ok(stats) if stats.non_finite > 0 => {
+            Ok(Progress::Suspended) => return RunEnd::Suspended,
+            Ok(Progress::Done(stats)) if stats.non_finite > 0 => {
                 tracing::warn!(
                     "NC {} execution {compute_idx} done with a numerical error: {} compute \
                      instructions wrote a NaN or an infinity",
@@ -360,7 +470,7 @@ impl Core {
                 );
                 error_flags::NUMERICAL
             }
-            Ok(stats) => {
+            Ok(Progress::Done(stats)) => {
                 tracing::debug!(
                     "NC {} execution {compute_idx} done: {:?} instructions, {} rounds, {} parks",
                     nc.index,
@@ -383,10 +493,10 @@ impl Core {
                      or the device is going away)",
                     nc.index
                 );
-                return None;
+                return RunEnd::Abandoned;
             }
         };
-        Some(flags)
+        RunEnd::Flags(flags)
     }
 
     /// Applies the faults' effects on the notification (a DMA abort stops the exec queue
@@ -485,10 +595,53 @@ impl Core {
         }
     }
 
-    /// The batch, the request, the programs.
-    fn run_execution(&self, nc: &Nc, work: &Work, acct: &mut Account) -> Result<Stats, Stop> {
-        let mut budget = self.budget();
-        self.run_batch(nc, work, &mut budget, acct.trace_at())?;
+    /// The batch, the request, the programs (on a resumed execution: the program, on).
+    fn run_execution(
+        &self,
+        nc: &Nc,
+        exec: &mut Execution,
+        may_sleep: bool,
+    ) -> Result<Progress, Stop> {
+        if exec.running.is_none() {
+            exec.running = Some(self.start_program(nc, exec)?);
+        }
+        let Execution {
+            work,
+            acct,
+            budget,
+            running: Some(running),
+            ..
+        } = exec
+        else {
+            return Err(Stop::generic("the execution has no program (a simdev bug)"));
+        };
+        let mut host = ExecHost {
+            core: self,
+            nc,
+            claim: &work.claim,
+            epoch: work.epoch,
+            budget,
+            acct,
+            reference_used: false,
+            may_sleep,
+        };
+        let progress = running.resume(&Limits::for_arch(self.map.arch), &mut host)?;
+        if let Progress::Done(_) = progress {
+            if host.reference_used {
+                bump(&nc.counters.neff_reference_executions, 1);
+            } else if matches!(running, Running::Neff { .. }) {
+                bump(&nc.counters.neff_shape_only_executions, 1);
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Runs the batch, decodes the request, honours its reload flags and checks its model
+    /// switch: the program it names, before its first instruction.
+    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Running, Stop> {
+        let work = &exec.work;
+        let acct = &mut exec.acct;
+        self.run_batch(nc, work, &mut exec.budget, acct.trace_at())?;
         let request = DeviceExecRequest::decode(&lock(&nc.dmem))
             .ok_or_else(|| Stop::generic("the DMEM is smaller than a request"))?;
         let program = Program::of_request(&request)?;
@@ -511,22 +664,7 @@ impl Core {
             sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
             compute.set_program(addresses);
         }
-        let mut host = ExecHost {
-            core: self,
-            nc,
-            claim: &work.claim,
-            epoch: work.epoch,
-            budget: &mut budget,
-            acct,
-            reference_used: false,
-        };
-        let stats = program.run(&Limits::for_arch(self.map.arch), &mut host)?;
-        if host.reference_used {
-            bump(&nc.counters.neff_reference_executions, 1);
-        } else if program.is_shape_only() {
-            bump(&nc.counters.neff_shape_only_executions, 1);
-        }
-        Ok(stats)
+        Ok(program.start())
     }
 
     /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its

@@ -34,6 +34,11 @@ pub(super) struct ExecHost<'a> {
     pub(super) acct: &'a mut Account,
     /// A reference ([`crate::reference`]) computed (or was to compute) this NEFF's outputs.
     pub(super) reference_used: bool,
+    /// Whether a park may sleep on this thread (the NC's sequencer thread), or must suspend
+    /// the execution for the sequencer thread to resume (the doorbell's thread, which has its
+    /// connection to serve: the change the execution waits for may be that connection's next
+    /// message).
+    pub(super) may_sleep: bool,
 }
 
 impl ExecHost<'_> {
@@ -145,7 +150,14 @@ impl engines::Host for ExecHost<'_> {
         Ok(token)
     }
 
-    fn park(&mut self, token: u64) -> Result<(), Stop> {
+    fn park(&mut self, token: u64) -> Result<engines::Park, Stop> {
+        if !self.may_sleep {
+            tracing::debug!(
+                "NC {}: execution waits for an event; handed to the sequencer thread",
+                self.nc.index
+            );
+            return Ok(engines::Park::Suspend);
+        }
         tracing::debug!(
             "NC {}: execution parked, waiting for an event",
             self.nc.index
@@ -154,7 +166,7 @@ impl engines::Host for ExecHost<'_> {
         if self.abandoned() {
             return Err(Stop::Abandoned);
         }
-        Ok(())
+        Ok(engines::Park::Woken)
     }
 
     fn timed(&self) -> bool {

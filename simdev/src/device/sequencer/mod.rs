@@ -1,13 +1,18 @@
 //! The per-NC sequencer: what one INFERENCE_START count makes the device do (the contract is
 //! [`shared::sequencer`]; DESIGN §3 step 7, §5).
 //!
-//! Each NC has one sequencer thread, started the first time semaphore
-//! [`SEM_INFERENCE_START`](shared::sequencer::SEM_INFERENCE_START) of the NC is written, so
-//! the connection thread that delivered the posted doorbell never waits for an execution.
-//! The thread sleeps on a condition variable and wakes whenever a semaphore or event of its NC
-//! changes (a message or a DMA register write). While the semaphore is positive it takes one
+//! An NC's executions run one at a time, in order, on the thread holding the NC's *sequencer
+//! role* (`thread`): normally the connection thread that received the doorbell, which runs
+//! the execution to its notification before it reads its connection's next message — no
+//! thread hand-off. The NC's sequencer thread (started the first time semaphore
+//! [`SEM_INFERENCE_START`](shared::sequencer::SEM_INFERENCE_START) of the NC is written) takes
+//! over what may not hold a connection's thread: an execution that must wait for the outside
+//! world is suspended there and resumed on the sequencer thread (a doorbell's thread never
+//! sleeps on an execution: what it waits for may be that connection's next message), and
+//! executions under a latency model, with faults armed or references bound, or counted by
+//! anything but a doorbell message. While the semaphore is positive the role's holder takes one
 //! count (subtracting 1) and runs one execution, to its end, before looking again: executions
-//! of one NC are serial and in order; other NCs have their own threads.
+//! of one NC are serial and in order; other NCs have their own roles.
 //!
 //! One execution:
 //!
@@ -74,16 +79,18 @@
 //!   end the execution, whose notification carries them.
 //!
 //! # Parking and abandoning
-//! An execution whose engines all wait and at least one waits on an event parks: the
-//! sequencer thread sleeps on its condition variable until a semaphore or event of the NC
-//! changes, then runs the scheduler again. Later counts wait behind it. NC reset, release and
+//! An execution whose engines all wait and at least one waits on an event parks: on the
+//! sequencer thread it sleeps on its condition variable until a semaphore or event of the NC
+//! changes, then runs the scheduler again (on a doorbell's thread it is first suspended and
+//! handed to the sequencer thread). Later counts wait behind it. NC reset, release and
 //! reclaim abandon it (and any execution in progress) without a notification; simdev's
 //! shutdown ([`crate::Device::device_lost`]) posts DeviceLost to the NC and abandons it.
 //!
 //! # Where the code is
 //! The device side of executions is glue to the device's state and locks (see the locking
 //! rules in [`crate::device`]):
-//! - `thread`: each NC's sequencer thread, its wake-ups, and taking INFERENCE_START counts.
+//! - `thread`: the sequencer role (the doorbell's thread or the NC's sequencer thread), its
+//!   wake-ups, and taking INFERENCE_START counts.
 //! - `batch`: the shape of an exec-queue batch ([`check_batch`]).
 //! - `execution`: one execution: its faults, the batch fetch, the request, the programs, its
 //!   timing and its notification.

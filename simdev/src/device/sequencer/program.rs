@@ -18,7 +18,7 @@
 use shared::exec_request::{DeviceExecRequest, Engine};
 use shared::neff_program::ProgramEncoding;
 
-use crate::engines::{self, Limits, Stats, Stop};
+use crate::engines::{self, Limits, Progress, Stop};
 use crate::shape_only;
 
 /// One execution's program (see the module doc).
@@ -61,18 +61,47 @@ impl Program {
         matches!(self, Self::Neff { .. })
     }
 
-    /// Runs the program to its end on `host`, within `limits` (which bound ISA programs only).
+    /// The program before its first instruction.
+    pub fn start(&self) -> Running {
+        match *self {
+            Self::Isa { addresses } => Running::Isa(engines::Run::new(addresses)),
+            Self::Neff { addresses } => Running::Neff { addresses },
+        }
+    }
+}
+
+/// A [`Program`] in progress: what an execution suspended at a park keeps until it resumes
+/// (only ISA programs park; a NEFF runs shape-only to its end at once).
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "it lives in the execution on the running thread's stack; boxing the engines' \
+              state would allocate per execution"
+)]
+pub enum Running {
+    /// The engines' state ([`engines::Run`]).
+    Isa(engines::Run),
+    /// A NEFF subgraph, not started.
+    Neff {
+        /// The streams' device addresses, in [`Engine::ALL`] order.
+        addresses: [u64; 5],
+    },
+}
+
+impl Running {
+    /// Runs the program on `host`, within `limits` (which bound ISA programs only), to its end
+    /// or until `host` suspends it at a park ([`engines::Park::Suspend`]).
     ///
     /// # Errors
     /// The [`Stop`] that ended it: a failure with its error flags, or the execution abandoned.
-    pub fn run(
-        &self,
+    pub fn resume(
+        &mut self,
         limits: &Limits,
         host: &mut (impl engines::Host + shape_only::Host),
-    ) -> Result<Stats, Stop> {
+    ) -> Result<Progress, Stop> {
         match self {
-            Self::Isa { addresses } => engines::run(*addresses, limits, host),
-            Self::Neff { addresses } => shape_only::run(*addresses, host),
+            Self::Isa(run) => run.resume(limits, host),
+            Self::Neff { addresses } => shape_only::run(*addresses, host).map(Progress::Done),
         }
     }
 }

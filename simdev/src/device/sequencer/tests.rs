@@ -868,6 +868,7 @@ fn dma_writes_into_the_dmem_of_owned_ncs_only() {
 mod compute;
 mod neff;
 mod scenario;
+mod threads;
 
 #[test]
 fn a_trailer_that_disagrees_with_the_tail_increments_ends_with_generic_naming_it() {

@@ -1,12 +1,36 @@
-//! Each NC's sequencer thread: started by the first write of INFERENCE_START, stopped when the
-//! device is dropped; it takes one count at a time and runs one execution per count.
+//! Who runs an NC's executions: the thread that delivered the doorbell, or the NC's sequencer
+//! thread, and their wake-ups.
 //!
-//! Wake-ups: every change of an NC's semaphores or events (a message, or a DMA register write)
-//! bumps the NC's change counter under [`SeqSync`]'s lock and notifies its condition variable;
-//! so do reset, release, reclaim, [`Core::device_lost`] and the device's drop. The sequencer
-//! thread takes a token (the counter) before looking for work or running a scheduling round,
-//! and sleeps only while the counter still equals it, so no change is missed and nothing
-//! busy-waits.
+//! # The sequencer role
+//! At most one thread at a time takes an NC's INFERENCE_START counts and runs their executions,
+//! one after another, in order: the thread holding the NC's *sequencer role*
+//! ([`SeqState::running`]). Normally that is the connection thread that received the doorbell
+//! (a posted SemaphoreIncrement of INFERENCE_START): it takes the role, runs the execution to
+//! its notification and goes back to its connection — no thread hand-off between the
+//! doorbell's arrival and the notification ([`Core::doorbell`], counted in
+//! `inline_executions`). The NC's sequencer thread (started by the first write of
+//! INFERENCE_START, stopped when the device is dropped) runs the rest — one thread hand-off,
+//! counted in `sequencer_handoffs`:
+//! - an execution that must wait for the outside world (every engine blocked, one on an
+//!   event): the doorbell's thread may not sleep — the change it waits for may be its own
+//!   connection's next message — so the execution is *suspended* ([`Park::Suspend`]) and
+//!   handed, with the role, to the sequencer thread, which resumes it and may sleep;
+//! - executions while a latency model is set, while faults are armed, or with references
+//!   bound (they sleep or call out: [`Core::inline_allowed`]);
+//! - counts made by anything but a doorbell message (a SemaphoreWrite, a DMA register
+//!   write), and doorbells that arrive while another thread holds the role (the holder
+//!   sees the change and takes the count itself).
+//!
+//! # Wake-ups
+//! Every change of an NC's semaphores or events (a message, or a DMA register write) bumps
+//! the NC's change counter under [`SeqSync`]'s lock; so do reset, release, reclaim,
+//! [`Core::device_lost`] and the device's drop. The role holder, before releasing the role,
+//! looks at the counter: if it moved since it last took counts, it looks again, so no count
+//! is left behind. Sleepers are woken only when they exist: a parked execution or a sleep on
+//! `change_cv` (counted in `change_waiters`), the idle sequencer thread on `work_cv` when the
+//! role is free. Nothing busy-waits.
+//!
+//! [`Park::Suspend`]: crate::engines::Park::Suspend
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -15,13 +39,20 @@ use std::time::{Duration, Instant};
 
 use shared::sequencer::SEM_INFERENCE_START;
 
+use crate::counters::bump;
 use crate::device::{Claim, Core, Nc, lock};
 
-/// An NC's sequencer wake-up state: the change counter, the shutdown flag and the thread.
+use super::execution::{Execution, Ran};
+
+/// An NC's sequencer wake-up state: the change counter, the role, the shutdown flag and the
+/// thread.
 #[derive(Debug, Default)]
 pub(in crate::device) struct SeqSync {
     state: Mutex<SeqState>,
-    cv: Condvar,
+    /// The idle sequencer thread waits here for work.
+    work_cv: Condvar,
+    /// Parked executions and sleeps wait here for a change.
+    change_cv: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -30,18 +61,35 @@ struct SeqState {
     changes: u64,
     /// The device is being dropped: the thread exits.
     shutdown: bool,
+    /// A thread holds the NC's sequencer role (see the module doc).
+    running: bool,
+    /// The change counter when the sequencer thread last took the role.
+    seen: u64,
+    /// An execution a doorbell's thread suspended, handed with the role to the sequencer
+    /// thread.
+    suspended: Option<Box<Execution>>,
+    /// Threads waiting on `change_cv`.
+    change_waiters: u32,
+    /// The sequencer thread waits on `work_cv`.
+    idle: bool,
     /// The thread, once started.
     thread: Option<JoinHandle<()>>,
 }
 
 impl SeqSync {
     /// A semaphore or event of the NC changed, or the NC was reset, released or reclaimed, or
-    /// the device is going away: wakes the sequencer.
+    /// the device is going away: wakes whoever waits for it.
     pub(in crate::device) fn changed(&self) {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
+        let (change, work) = (state.change_waiters > 0, state.idle && !state.running);
         drop(state);
-        self.cv.notify_all();
+        if change {
+            self.change_cv.notify_all();
+        }
+        if work {
+            self.work_cv.notify_one();
+        }
     }
 
     /// The current change token; `None` once the device is shutting down.
@@ -57,9 +105,14 @@ impl SeqSync {
     /// Sleeps until the change counter moves past `token` or the device shuts down.
     pub(super) fn wait_change(&self, token: u64) {
         let mut state = lock(&self.state);
+        state.change_waiters += 1;
         while state.changes == token && !state.shutdown {
-            state = self.cv.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state = self
+                .change_cv
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
         }
+        state.change_waiters -= 1;
     }
 
     /// Sleeps for `duration`, or less when the device shuts down or `cut` (checked at every
@@ -67,15 +120,85 @@ impl SeqSync {
     pub(super) fn sleep(&self, duration: Duration, cut: impl Fn() -> bool) {
         let start = Instant::now();
         let mut state = lock(&self.state);
+        state.change_waiters += 1;
         loop {
             let left = duration.saturating_sub(start.elapsed());
             if state.shutdown || cut() || left.is_zero() {
-                return;
+                break;
             }
-            state = match self.cv.wait_timeout(state, left) {
+            state = match self.change_cv.wait_timeout(state, left) {
                 Ok((state, _)) => state,
                 Err(poisoned) => poisoned.into_inner().0,
             };
+        }
+        state.change_waiters -= 1;
+    }
+
+    /// Takes the role for a doorbell's thread: the change token, or `None` when another thread
+    /// holds it (or holds a suspended execution for it) or the device is shutting down —
+    /// then the change is announced as any other.
+    fn try_take_role(&self) -> Option<u64> {
+        let mut state = lock(&self.state);
+        state.changes = state.changes.wrapping_add(1);
+        if state.running || state.shutdown || state.suspended.is_some() {
+            let (change, work) = (state.change_waiters > 0, state.idle && !state.running);
+            drop(state);
+            if change {
+                self.change_cv.notify_all();
+            }
+            if work {
+                self.work_cv.notify_one();
+            }
+            return None;
+        }
+        state.running = true;
+        Some(state.changes)
+    }
+
+    /// Releases the role unless the change counter moved past `token` (then the new token:
+    /// look for counts again).
+    fn release_role(&self, token: u64) -> Option<u64> {
+        let mut state = lock(&self.state);
+        if state.changes != token && !state.shutdown {
+            return Some(state.changes);
+        }
+        state.running = false;
+        None
+    }
+
+    /// Hands `execution` with the role to the sequencer thread.
+    fn hand_over(&self, execution: Box<Execution>) {
+        let mut state = lock(&self.state);
+        state.suspended = Some(execution);
+        let work = state.idle;
+        drop(state);
+        if work {
+            self.work_cv.notify_one();
+        }
+    }
+
+    /// The sequencer thread's next work: a suspended execution (with the role) or the role with
+    /// the change token to take counts from; `None` at shutdown.
+    fn next_work(&self) -> Option<(Option<Box<Execution>>, u64)> {
+        let mut state = lock(&self.state);
+        loop {
+            if state.shutdown {
+                return None;
+            }
+            if let Some(execution) = state.suspended.take() {
+                return Some((Some(execution), state.changes));
+            }
+            if !state.running && state.changes != state.seen {
+                state.running = true;
+                state.seen = state.changes;
+                return Some((None, state.changes));
+            }
+            state.idle = true;
+            state = self
+                .work_cv
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.idle = false;
         }
     }
 }
@@ -118,11 +241,12 @@ impl Core {
     }
 
     /// Stops and joins every sequencer thread (the device is being dropped). An execution in
-    /// progress or parked is abandoned without a notification.
+    /// progress, parked or suspended is abandoned without a notification.
     pub(in crate::device) fn stop_sequencers(&self) {
         for nc in &self.ncs {
             lock(&nc.seq.state).shutdown = true;
-            nc.seq.cv.notify_all();
+            nc.seq.change_cv.notify_all();
+            nc.seq.work_cv.notify_all();
         }
         for nc in &self.ncs {
             let thread = lock(&nc.seq.state).thread.take();
@@ -145,20 +269,71 @@ impl Core {
         self.lost.load(Ordering::SeqCst) || nc.epoch.load(Ordering::Acquire) != epoch
     }
 
-    /// The sequencer thread of NC `index`: runs one execution per INFERENCE_START count, in
-    /// order, and sleeps in between.
+    /// The sequencer thread of NC `index`: resumes the executions doorbells' threads suspend
+    /// and takes the counts nobody else takes, and sleeps in between.
     fn sequencer_main(&self, index: u32) {
         let Some(nc) = self.nc_ref(index) else {
             return;
         };
         tracing::debug!("NC {index}: sequencer started");
-        while let Some(token) = nc.seq.token() {
-            match self.take_start(nc) {
-                Some(work) => self.execute(nc, work),
-                None => nc.seq.wait_change(token),
+        while let Some((suspended, token)) = nc.seq.next_work() {
+            if let Some(execution) = suspended {
+                bump(&nc.counters.sequencer_handoffs, 1);
+                self.resume(nc, execution);
             }
+            self.take_counts(nc, token, true);
         }
         tracing::debug!("NC {index}: sequencer stopped");
+    }
+
+    /// A doorbell (a posted SemaphoreIncrement of INFERENCE_START) reached `nc`: runs its
+    /// executions on this thread when it may take the role (see the module doc), else wakes
+    /// the sequencer thread.
+    pub(in crate::device) fn doorbell(&self, nc: &Nc) {
+        if !self.inline_allowed() {
+            self.registers_changed(nc, true);
+            return;
+        }
+        match nc.seq.try_take_role() {
+            Some(token) => self.take_counts(nc, token, false),
+            // The holder takes the count; the thread must exist for a suspended execution.
+            None => self.start_sequencer(nc),
+        }
+    }
+
+    /// Whether executions may run on a doorbell's thread: no latency model (pacing sleeps),
+    /// no armed fault (delays, late completions) and no reference bound (it calls out to
+    /// another process) — each would hold the connection's thread.
+    fn inline_allowed(&self) -> bool {
+        !self.simulated() && self.references.is_empty() && lock(&self.faults).is_empty()
+    }
+
+    /// Holding the role with change `token`: takes `nc`'s counts and runs their executions
+    /// until none is left and nothing changed, then releases the role. On a doorbell's thread
+    /// (`on_sequencer` false) an execution that must wait is handed, with the role, to the
+    /// sequencer thread instead.
+    fn take_counts(&self, nc: &Nc, mut token: u64, on_sequencer: bool) {
+        loop {
+            while let Some(work) = self.take_start(nc) {
+                if on_sequencer {
+                    bump(&nc.counters.sequencer_handoffs, 1);
+                    let _ = self.execute(nc, work, true);
+                    continue;
+                }
+                match self.execute(nc, work, false) {
+                    Ran::Ended => bump(&nc.counters.inline_executions, 1),
+                    Ran::Suspended(execution) => {
+                        self.start_sequencer(nc);
+                        nc.seq.hand_over(execution);
+                        return;
+                    }
+                }
+            }
+            match nc.seq.release_role(token) {
+                Some(moved) => token = moved,
+                None => return,
+            }
+        }
     }
 
     /// Takes one INFERENCE_START count of `nc`, if its semaphore is positive (read as an i32).
