@@ -328,7 +328,7 @@ impl Drop for Runtime {
     /// parent's threads wait on; models, queues and the device free memory and rings over the
     /// parent's connection), so dropping an inherited runtime changes nothing the parent sees.
     fn drop(&mut self) {
-        if std::process::id() == self.pid {
+        if crate::process::id() == self.pid {
             return;
         }
         std::mem::forget(self.workers.take());
@@ -577,7 +577,7 @@ impl Runtime {
                 .collect(),
             vncs,
             pool,
-            pid: std::process::id(),
+            pid: crate::process::id(),
             id: RuntimeId::next(),
             trace,
             model_charges: Mutex::new(HashMap::new()),
@@ -599,7 +599,7 @@ impl Runtime {
     /// # Errors
     /// NRT_UNINITIALIZED naming the initialising process and this one.
     pub fn check_process(&self) -> NrtResult<()> {
-        let current = std::process::id();
+        let current = crate::process::id();
         if current == self.pid {
             Ok(())
         } else {
@@ -1723,7 +1723,7 @@ pub mod nrt {
                 NrtStatus::Uninitialized,
                 "nrt_init has not been called",
             )),
-            State::Closed(pid) if *pid != std::process::id() => Err(NrtError::new(
+            State::Closed(pid) if *pid != crate::process::id() => Err(NrtError::new(
                 NrtStatus::Uninitialized,
                 format!(
                     "nrt_init has not been called in this process (nrt_close was called in process {pid}, which this one was forked from)"
@@ -1749,7 +1749,7 @@ pub mod nrt {
         let mut st = STATE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let me = std::process::id();
+        let me = crate::process::id();
         let inherited = match &*st {
             State::Initialized(rt) => rt.pid() != me,
             State::Closed(pid) => *pid != me,
@@ -1790,7 +1790,7 @@ pub mod nrt {
         {
             return;
         }
-        let prev = std::mem::replace(&mut *st, State::Closed(std::process::id()));
+        let prev = std::mem::replace(&mut *st, State::Closed(crate::process::id()));
         drop(st);
         if let State::Initialized(rt) = prev {
             match Arc::try_unwrap(rt) {

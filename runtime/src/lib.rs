@@ -32,6 +32,7 @@ pub mod doorbell;
 pub mod error;
 pub mod kmgr;
 pub mod metrics;
+pub mod process;
 pub mod reserve;
 pub mod stage;
 pub mod sys_trace;

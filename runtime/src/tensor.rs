@@ -325,7 +325,7 @@ impl Tensor {
                 allocation,
                 memory,
                 device,
-                owner: std::process::id(),
+                owner: crate::process::id(),
                 runtime,
             },
         })
@@ -529,7 +529,7 @@ impl Tensor {
 
     fn check(&self, offset: u64, len: usize) -> Result<(), NrtError> {
         if let Storage::Device { owner, .. } = &self.inner.storage {
-            let current = std::process::id();
+            let current = crate::process::id();
             if *owner != current {
                 return Err(NrtError::new(
                     NrtStatus::Uninitialized,

@@ -804,11 +804,13 @@ mod tests {
             faults_fired: 2,
             ..NcCounters::default()
         };
-        assert_eq!(NcCounters::NAMES.len(), 17);
+        assert_eq!(NcCounters::NAMES.len(), 19);
         assert_eq!(NcCounters::NAMES[0], "dma_descriptors");
         assert_eq!(NcCounters::NAMES[14], "faults_fired");
         assert_eq!(NcCounters::NAMES[15], "neff_shape_only_executions");
         assert_eq!(NcCounters::NAMES[16], "neff_reference_executions");
+        assert_eq!(NcCounters::NAMES[17], "inline_executions");
+        assert_eq!(NcCounters::NAMES[18], "sequencer_handoffs");
         assert_eq!(c.get("dma_bytes"), Some(7));
         assert_eq!(c.get("faults_fired"), Some(2));
         assert_eq!(c.get("cc_chain"), None, "a misspelt name is not a counter");

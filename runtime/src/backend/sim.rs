@@ -146,7 +146,7 @@ impl SimDevice {
             },
             info: placeholder_info(),
             socket: socket.to_owned(),
-            owner: std::process::id(),
+            owner: crate::process::id(),
             child: None,
         };
         dev.hello(PROTOCOL_VERSION)?;
@@ -172,12 +172,12 @@ impl SimDevice {
         handler: std::sync::Arc<dyn shared::protocol::Handler>,
         version: u32,
     ) -> Result<Self, DeviceError> {
-        let connection = handler.open(std::process::id());
+        let connection = handler.open(crate::process::id());
         let mut dev = SimDevice {
             link: Link::InProcess(Mutex::new(connection)),
             info: placeholder_info(),
             socket: PathBuf::from("in-process"),
-            owner: std::process::id(),
+            owner: crate::process::id(),
             child: None,
         };
         dev.hello(version)?;
@@ -274,7 +274,7 @@ impl SimDevice {
 
     /// Refuses use from a process forked after the connection was opened.
     fn check_owner(&self, op: &'static str) -> Result<(), DeviceError> {
-        let current = std::process::id();
+        let current = crate::process::id();
         if current == self.owner {
             Ok(())
         } else {
@@ -836,7 +836,7 @@ impl PrivateSimdev {
             child,
             socket,
             dir: Some(dir),
-            spawner: std::process::id(),
+            spawner: crate::process::id(),
         };
         match ready {
             Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
@@ -881,7 +881,7 @@ impl PrivateSimdev {
     /// forked from the one that started it, does nothing but leak the directory handle (the
     /// simdev and its socket belong to the parent).
     pub fn stop(&mut self) {
-        if std::process::id() != self.spawner {
+        if crate::process::id() != self.spawner {
             std::mem::forget(self.dir.take());
             return;
         }

@@ -163,7 +163,7 @@ impl Datastore {
         if let Err(e) = remove_stale(dir) {
             tracing::debug!(dir = %dir.display(), error = %e, "datastore: removing stale files");
         }
-        let pid = std::process::id();
+        let pid = crate::process::id();
         let io_err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CreateError::Io { path, source }
@@ -239,9 +239,9 @@ impl Datastore {
             magic: DATASTORE_MAGIC,
             version: DATASTORE_VERSION,
             header_size: to_u32(size_of::<DatastoreHeader>()),
-            pid: std::process::id(),
+            pid: crate::process::id(),
             lnc,
-            start_time: proc_stat::start_time(std::process::id()).unwrap_or(0),
+            start_time: proc_stat::start_time(crate::process::id()).unwrap_or(0),
             created_unix_ns: unix_ns(SystemTime::now()),
             state: 0,
             file_size: size as u64,
@@ -304,7 +304,7 @@ impl Datastore {
         Ok(Self {
             chunk,
             path,
-            owner: std::process::id(),
+            owner: crate::process::id(),
             core_offset: core_offset as u64,
             tpb_offset: tpb_offset as u64,
             model_offset: model_offset as u64,
@@ -574,7 +574,7 @@ impl Datastore {
     /// Marks the file closed and removes it (in the creating process only; a forked child
     /// leaves it to its parent).
     pub fn close(&self) {
-        if std::process::id() != self.owner {
+        if crate::process::id() != self.owner {
             return;
         }
         let _ = self.chunk.store_u64(

@@ -215,7 +215,7 @@ fn device_info(arch: Arch, path: &Path) -> DeviceInfo {
 fn process_uuid() -> [u8; 32] {
     static UUID: OnceLock<[u8; 32]> = OnceLock::new();
     *UUID.get_or_init(|| {
-        let pid = std::process::id();
+        let pid = crate::process::id();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -337,7 +337,7 @@ impl<P: IoctlPort> NeuronDevice<P> {
             info,
             uuid: process_uuid(),
             chunks: Mutex::new(HashMap::new()),
-            owner: std::process::id(),
+            owner: crate::process::id(),
         })
     }
 
@@ -348,7 +348,7 @@ impl<P: IoctlPort> NeuronDevice<P> {
 
     /// Refuses use from a process forked after the device was opened.
     fn check_owner(&self, op: &'static str) -> Result<(), DeviceError> {
-        let current = std::process::id();
+        let current = crate::process::id();
         if current == self.owner {
             Ok(())
         } else {

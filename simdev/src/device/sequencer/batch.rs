@@ -42,7 +42,8 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
     };
     let mut m = None;
     for (position, pair) in pairs.iter().enumerate() {
-        let what = describe(pair.len, &pair.effect);
+        // Built only on the error paths: a well-formed batch allocates nothing.
+        let what = || describe(pair.len, &pair.effect);
         match (position, &pair.effect) {
             (
                 0,
@@ -53,7 +54,8 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
             (0, _) => {
                 return Err(format!(
                     "pair 1 must copy the {request_len}-byte request into NC {nc}'s DMEM at \
-                     offset 0; it {what}"
+                     offset 0; it {}",
+                    what()
                 ));
             }
             (
@@ -66,13 +68,15 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
             (1, _) => {
                 return Err(format!(
                     "pair 2 must write 1 to event {EVENT_HW_EXEC_QUEUE_REQUEST_LOAD} of NC \
-                     {nc}; it {what}"
+                     {nc}; it {}",
+                    what()
                 ));
             }
             (2, PairEffect::Register { reg, value }) if *reg == exec_rx => m = Some(*value),
             (2, _) => {
                 return Err(format!(
-                    "pair 3 must first write the exec queue's RX tail increment; it {what}"
+                    "pair 3 must first write the exec queue's RX tail increment; it {}",
+                    what()
                 ));
             }
             (_, PairEffect::Register { reg, value }) if *reg == exec_tx => {
@@ -87,7 +91,8 @@ pub fn check_batch(nc: u32, pairs: &[PeekedPair]) -> Result<Option<u32>, String>
             }
             (_, _) => {
                 return Err(format!(
-                    "pair 3 must then write the exec queue's TX tail increment; it {what}"
+                    "pair 3 must then write the exec queue's TX tail increment; it {}",
+                    what()
                 ));
             }
         }

@@ -1,0 +1,86 @@
+//! This process's pid, cached.
+//!
+//! Every device call and every tensor access checks that it runs in the process that
+//! initialised the runtime (a forked child must call `nrt_init` itself), so reading the pid
+//! must cost a load, not a `getpid(2)` system call per check (five per execution). The cache
+//! is cleared in the child of every `fork(2)` by a `pthread_atfork` child handler registered
+//! before the first pid is cached, so a forked child always reads its own pid. (A child made
+//! by a raw `clone(2)` that skips the handlers and then calls the runtime is not detected;
+//! libc's `fork`, `posix_spawn` and `std::process::Command` all run them or exec at once.)
+
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// The cached pid; 0 = not cached (no process has pid 0).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// The child handler is registered: only then may a pid be cached.
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+static REGISTER: Once = Once::new();
+
+/// The `pthread_atfork` child handler: one atomic store, async-signal-safe.
+extern "C" fn forked_child() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+/// This process's pid (`getpid(2)`), from the cache when it holds it.
+pub fn id() -> u32 {
+    let pid = PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: `pthread_atfork` only records the handler pointers; `forked_child` is an
+        // `extern "C" fn` that lives as long as the program and is async-signal-safe (it
+        // stores one atomic), as a handler run in a forked child must be.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+        if rc == 0 {
+            REGISTERED.store(true, Ordering::Relaxed);
+        } else {
+            tracing::warn!("pthread_atfork failed ({rc}); the pid is read at every check");
+        }
+    });
+    let pid = std::process::id();
+    if REGISTERED.load(Ordering::Relaxed) {
+        PID.store(pid, Ordering::Relaxed);
+    }
+    pid
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cached_pid_is_this_process_and_a_forked_child_reads_its_own() {
+        assert_eq!(id(), std::process::id());
+        assert_eq!(id(), std::process::id(), "from the cache");
+        let (read, write) = nix::unistd::pipe().unwrap();
+        // SAFETY: the child only calls `id()` (an atomic load, then at most getpid and an
+        // atomic store: the Once already ran in the parent), writes 4 bytes to a pipe and
+        // exits with `_exit`; it touches no lock another thread of the test binary may hold.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let pid = id();
+                let _ = nix::unistd::write(&write, &pid.to_ne_bytes());
+                // SAFETY: `_exit` ends the child without running the parent's destructors.
+                unsafe { libc::_exit(0) };
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(write);
+                let mut buf = [0u8; 4];
+                let n = nix::unistd::read(&read, &mut buf).unwrap();
+                nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(n, 4);
+                let seen = u32::from_ne_bytes(buf);
+                assert_eq!(
+                    i32::try_from(seen).unwrap(),
+                    child.as_raw(),
+                    "the child read its own pid, not the parent's cached one"
+                );
+                assert_eq!(id(), std::process::id(), "the parent's cache is intact");
+            }
+        }
+    }
+}
