@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use shared::address_map::{AddressMap, CHUNK_GRANULE};
@@ -241,7 +242,30 @@ pub struct Unresolved {
     pub len: usize,
 }
 
+/// The generation of an [`AddressSpace`]: a counter that every allocation and every free
+/// moves (under the address space's write lock, before the change is visible), readable
+/// without the lock. A resolution made while the generation was `g` is still exactly what
+/// [`AddressSpace::resolve`] would answer as long as the generation is still `g`: this is
+/// how DMA caches the chunks its descriptors point into ([`crate::dma`]).
+#[derive(Debug, Default)]
+pub struct Generation(AtomicU64);
+
+impl Generation {
+    /// The current generation.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// All chunks of the device and the allocators of its regions.
+///
+/// # Invariants
+/// `by_pa` and `by_handle` hold the same chunks; every change of them bumps `generation`
+/// first (see [`Generation`]).
 #[derive(Debug)]
 pub struct AddressSpace {
     map: AddressMap,
@@ -250,6 +274,9 @@ pub struct AddressSpace {
     by_pa: BTreeMap<u64, Arc<Chunk>>,
     by_handle: HashMap<u64, Arc<Chunk>>,
     next_handle: u64,
+    generation: Arc<Generation>,
+    /// B-tree searches made by [`AddressSpace::resolve`] (the slow path of DMA resolution).
+    searches: AtomicU64,
 }
 
 impl AddressSpace {
@@ -269,7 +296,19 @@ impl AddressSpace {
             by_pa: BTreeMap::new(),
             by_handle: HashMap::new(),
             next_handle: 1,
+            generation: Arc::default(),
+            searches: AtomicU64::new(0),
         }
+    }
+
+    /// The address space's [`Generation`], to read without its lock.
+    pub fn generation(&self) -> Arc<Generation> {
+        Arc::clone(&self.generation)
+    }
+
+    /// How many B-tree searches [`AddressSpace::resolve`] made so far.
+    pub fn searches(&self) -> u64 {
+        self.searches.load(Ordering::Relaxed)
     }
 
     fn free_list(&mut self, region: Region) -> Result<&mut FreeList, AllocError> {
@@ -328,6 +367,7 @@ impl AddressSpace {
                     memfd,
                     memory,
                 });
+                self.generation.bump();
                 self.by_pa.insert(pa, Arc::clone(&chunk));
                 self.by_handle.insert(handle, Arc::clone(&chunk));
                 Ok(chunk)
@@ -373,6 +413,7 @@ impl AddressSpace {
     /// [`BadHandle`] for an unknown handle or another client's.
     pub fn free(&mut self, owner: ClientId, handle: u64) -> Result<Arc<Chunk>, BadHandle> {
         let chunk = self.get(owner, handle)?;
+        self.generation.bump();
         self.by_handle.remove(&handle);
         self.by_pa.remove(&chunk.pa());
         let (pa, size, region) = (chunk.pa(), chunk.size(), chunk.region);
@@ -402,6 +443,7 @@ impl AddressSpace {
     /// [`Unresolved`] when no chunk holds the range, the range straddles chunks, or the chunk
     /// is another client's.
     pub fn resolve(&self, owner: ClientId, pa: u64, len: usize) -> Result<Arc<Chunk>, Unresolved> {
+        self.searches.fetch_add(1, Ordering::Relaxed);
         match self.by_pa.range(..=pa).next_back() {
             Some((_, chunk)) if chunk.owner == owner && chunk.memory.contains(pa, len) => {
                 Ok(Arc::clone(chunk))
