@@ -35,7 +35,7 @@ use thiserror::Error;
 
 use crate::client::ClientId;
 use crate::counters::{Counters, bump};
-use crate::memory::Chunk;
+use crate::memory::{Chunk, ChunkCache};
 use crate::registers::RegisterWriteError;
 
 /// Default [`Budget`] per doorbell, in descriptor pairs.
@@ -716,7 +716,7 @@ pub struct DmaQueues {
     queues_per_engine: u32,
     slots: Vec<Option<DmaQueue>>,
     generation: u64,
-    /// The chunks recent descriptors resolved to (see [`ChunkCache`]).
+    /// The chunks recent descriptors of this NC's queues resolved to.
     cache: ChunkCache,
     /// The staging buffer of pairs that do not copy chunk to chunk (into DMEM, SBUF, or out
     /// of SBUF): grown to the longest such pair once, then reused.
@@ -1263,8 +1263,7 @@ fn check_pair_at(
         return Err(Fault::RegisterSource { pa: tx.src });
     } else {
         Source::Memory {
-            chunk: cache
-                .resolve(bus, tx.src, len_usize(len))
+            chunk: resolve(cache, bus, tx.src, len_usize(len))
                 .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
             pa: tx.src,
         }
@@ -1302,8 +1301,7 @@ fn check_pair_at(
         let value = u32::from_le_bytes(word);
         return Ok((Action::Register { reg, value }, len));
     }
-    let dst = cache
-        .resolve(bus, rx.dst, len_usize(len))
+    let dst = resolve(cache, bus, rx.dst, len_usize(len))
         .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
     Ok((
         Action::Copy {
@@ -1315,54 +1313,11 @@ fn check_pair_at(
     ))
 }
 
-/// Chunks a cache of one NC's DMA holds.
-const CACHE_SLOTS: usize = 8;
-
-/// The chunks the descriptors of one NC's queues recently resolved to, so that steady-state
-/// DMA resolves each side of a pair in O(1) instead of a B-tree search of the address space.
-///
-/// # Invariants
-/// Every cached chunk was live (resolvable) in the address space at generation `generation`.
-/// A lookup answers from the cache only while the address space is still at that generation
-/// (no allocation or free since, so the chunk is still live and nothing else was placed in its
-/// range), for the chunk's own client, and when the chunk holds the whole range: exactly what
-/// [`AddressSpace::resolve`](crate::memory::AddressSpace::resolve) would answer. Any other
-/// lookup goes to [`Bus::resolve`] (the slow path); a generation change empties the cache.
-#[derive(Debug, Default)]
-struct ChunkCache {
-    generation: u64,
-    chunks: [Option<Arc<Chunk>>; CACHE_SLOTS],
-    /// The slot the next miss fills (round robin).
-    next: usize,
-}
-
-impl ChunkCache {
-    /// The client's chunk holding `pa..pa+len` (see [`Bus::resolve`]).
-    fn resolve(&mut self, bus: &impl Bus, pa: u64, len: usize) -> Option<Arc<Chunk>> {
-        let generation = bus.memory_generation();
-        if generation == self.generation {
-            let client = bus.client();
-            let hit = self
-                .chunks
-                .iter()
-                .flatten()
-                .find(|chunk| chunk.owner() == client && chunk.memory().contains(pa, len));
-            if let Some(chunk) = hit {
-                return Some(Arc::clone(chunk));
-            }
-        } else {
-            self.chunks = Default::default();
-            self.generation = generation;
-        }
-        let chunk = bus.resolve(pa, len)?;
-        // The generation read before the search: a change during it empties the cache at the
-        // next lookup.
-        if let Some(slot) = self.chunks.get_mut(self.next) {
-            *slot = Some(Arc::clone(&chunk));
-        }
-        self.next = (self.next + 1) % CACHE_SLOTS;
-        Some(chunk)
-    }
+/// The client's chunk holding `pa..pa+len`, from `cache` or else [`Bus::resolve`].
+fn resolve(cache: &mut ChunkCache, bus: &impl Bus, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+    cache.resolve(bus.memory_generation(), bus.client(), pa, len, || {
+        bus.resolve(pa, len)
+    })
 }
 
 /// A descriptor length (at most 65536) as a `usize`.

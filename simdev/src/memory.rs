@@ -261,6 +261,75 @@ impl Generation {
     }
 }
 
+/// Chunks a [`ChunkCache`] holds.
+pub const CHUNK_CACHE_SLOTS: usize = 16;
+
+/// The chunks recent accesses of one user (an NC's DMA queues, an engine's instruction
+/// fetch) resolved to, so that steady-state resolution is O(1) instead of a B-tree search of
+/// the [`AddressSpace`].
+///
+/// # Invariants
+/// Every cached chunk was live (resolvable) in the address space when the generation was
+/// `generation` or later. A lookup answers from the cache only while the address space is
+/// still at `generation` (no allocation or free since: the chunk is still live and nothing
+/// else was placed in its range), for the chunk's own client, and when the chunk holds the
+/// whole range: exactly what [`AddressSpace::resolve`] would answer then. Any other lookup
+/// searches; a generation change empties the cache.
+#[derive(Debug, Default)]
+pub struct ChunkCache {
+    generation: u64,
+    chunks: [Option<Arc<Chunk>>; CHUNK_CACHE_SLOTS],
+    /// The slot of the last hit or fill, tried first.
+    last: usize,
+    /// The slot the next miss fills (round robin).
+    next: usize,
+}
+
+impl ChunkCache {
+    /// The chunk of `owner` that holds all of `pa..pa+len`: from the cache while the address
+    /// space is at `generation` (read from its [`Generation`] *before* `search` runs), else
+    /// what `search` (an [`AddressSpace::resolve`]) finds, which is then cached.
+    pub fn resolve(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<Arc<Chunk>> {
+        if generation == self.generation {
+            let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
+            if let Some(Some(chunk)) = self.chunks.get(self.last)
+                && holds(chunk)
+            {
+                return Some(Arc::clone(chunk));
+            }
+            let hit = self
+                .chunks
+                .iter()
+                .position(|slot| slot.as_ref().is_some_and(holds));
+            if let Some(at) = hit {
+                self.last = at;
+                return self.chunks.get(at).and_then(Clone::clone);
+            }
+        } else {
+            *self = Self {
+                generation,
+                ..Self::default()
+            };
+        }
+        let chunk = search()?;
+        // Labelled with the generation read before the search: a change during the search
+        // empties the cache at the next lookup.
+        if let Some(slot) = self.chunks.get_mut(self.next) {
+            *slot = Some(Arc::clone(&chunk));
+        }
+        self.last = self.next;
+        self.next = (self.next + 1) % CHUNK_CACHE_SLOTS;
+        Some(chunk)
+    }
+}
+
 /// All chunks of the device and the allocators of its regions.
 ///
 /// # Invariants
@@ -630,5 +699,46 @@ mod tests {
         );
         assert_eq!(mem.free_all(A), 1);
         assert_eq!(mem.chunk_count(), 0);
+    }
+
+    #[test]
+    fn the_chunk_cache_answers_only_what_resolve_would_at_the_same_generation() {
+        let mut mem = space();
+        let generation = mem.generation();
+        let a = mem.allocate(A, Region::Host, 8192, 0).unwrap();
+        let mut cache = ChunkCache::default();
+        let resolve = |cache: &mut ChunkCache, mem: &AddressSpace, owner, pa, len| {
+            cache.resolve(generation.get(), owner, pa, len, || {
+                mem.resolve(owner, pa, len).ok()
+            })
+        };
+        assert!(resolve(&mut cache, &mem, A, a.pa(), 16).is_some());
+        let searched = mem.searches();
+        for offset in [0, 100, 4096, 8000] {
+            let hit = resolve(&mut cache, &mem, A, a.pa() + offset, 16).unwrap();
+            assert!(Arc::ptr_eq(&hit, &a));
+        }
+        assert_eq!(mem.searches(), searched, "hits do not search");
+        assert!(
+            resolve(&mut cache, &mem, B, a.pa(), 16).is_none(),
+            "not B's"
+        );
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa() + 8190, 16).is_none(),
+            "past its end"
+        );
+        mem.free(A, a.handle()).unwrap();
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa(), 16).is_none(),
+            "freed: the cache was emptied"
+        );
+        let b = mem.allocate(B, Region::Host, 8192, 0).unwrap();
+        assert_eq!(b.pa(), a.pa());
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa(), 16).is_none(),
+            "B's now"
+        );
+        let hit = resolve(&mut cache, &mem, B, b.pa(), 16).unwrap();
+        assert!(Arc::ptr_eq(&hit, &b), "the new chunk, never the freed one");
     }
 }
