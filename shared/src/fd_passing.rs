@@ -92,7 +92,7 @@ pub fn control_buffer() -> Vec<u8> {
 pub fn recv_with_fds_into(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
-    control: &mut Vec<u8>,
+    control: &mut [u8],
     flags: MsgFlags,
 ) -> nix::Result<Received> {
     let mut iov = [IoSliceMut::new(buf)];
