@@ -76,12 +76,30 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     flags: MsgFlags,
 ) -> nix::Result<Received> {
-    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    recv_with_fds_into(socket, buf, &mut control_buffer(), flags)
+}
+
+/// A control-data buffer for [`recv_with_fds_into`], with room for [`SCM_MAX_FD`] fds.
+pub fn control_buffer() -> Vec<u8> {
+    nix::cmsg_space!([RawFd; SCM_MAX_FD])
+}
+
+/// [`recv_with_fds`] with the caller's control-data buffer (from [`control_buffer`]), so a
+/// receive loop allocates nothing for a message without fds.
+///
+/// # Errors
+/// `recvmsg(2)`'s error, `EINTR` included (the caller decides whether to retry).
+pub fn recv_with_fds_into(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    control: &mut [u8],
+    flags: MsgFlags,
+) -> nix::Result<Received> {
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<()>(
         socket.as_raw_fd(),
         &mut iov,
-        Some(&mut control),
+        Some(control),
         flags | MsgFlags::MSG_CMSG_CLOEXEC,
     )?;
     let mut fds = Vec::new();

@@ -33,8 +33,9 @@ use shared::memory::{MemError, copy};
 use shared::udma::{self, DescError, Direction, RingId, UDMA_DESC_SIZE, UdmaDesc, check_pair};
 use thiserror::Error;
 
+use crate::client::ClientId;
 use crate::counters::{Counters, bump};
-use crate::memory::Chunk;
+use crate::memory::{Chunk, ChunkCache};
 use crate::registers::RegisterWriteError;
 
 /// Default [`Budget`] per doorbell, in descriptor pairs.
@@ -337,6 +338,13 @@ pub trait Bus {
     /// holds the whole range (nothing there, straddling chunks, another client's chunk).
     fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>>;
 
+    /// The client whose DMA this is.
+    fn client(&self) -> ClientId;
+
+    /// The address space's current [`Generation`](crate::memory::Generation): a resolution
+    /// made at this generation stands while it is unchanged.
+    fn memory_generation(&self) -> u64;
+
     /// Writes `value` to `reg`, a register that is not a tail increment of this NC (those are
     /// applied by [`DmaQueues`] itself).
     ///
@@ -404,7 +412,7 @@ pub enum PairEffect {
         /// Byte offset in the DMEM.
         offset: u64,
         /// The source bytes (read when the pair was checked).
-        data: Vec<u8>,
+        data: DmemBytes,
     },
     /// A 4-byte register write.
     Register {
@@ -413,6 +421,76 @@ pub enum PairEffect {
         /// The value the source holds.
         value: u32,
     },
+}
+
+/// Bytes of a DMEM write read by [`DmaQueues::peek`]: held inline up to
+/// [`DmemBytes::INLINE`] bytes (the sequencer's 52-byte request), so peeking a batch allocates
+/// nothing; a longer write is held on the heap.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DmemBytes(DmemRepr);
+
+#[derive(Clone, PartialEq, Eq)]
+enum DmemRepr {
+    Inline {
+        len: usize,
+        bytes: [u8; DmemBytes::INLINE],
+    },
+    Heap(Vec<u8>),
+}
+
+impl DmemBytes {
+    /// Bytes held without a heap allocation.
+    pub const INLINE: usize = 64;
+
+    /// `len` zero bytes.
+    fn zeroed(len: usize) -> Self {
+        if len <= Self::INLINE {
+            Self(DmemRepr::Inline {
+                len,
+                bytes: [0; Self::INLINE],
+            })
+        } else {
+            Self(DmemRepr::Heap(vec![0; len]))
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            DmemRepr::Inline { len, bytes } => bytes.get_mut(..*len).unwrap_or_default(),
+            DmemRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for DmemBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            DmemRepr::Inline { len, bytes } => bytes.get(..*len).unwrap_or_default(),
+            DmemRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl From<&[u8]> for DmemBytes {
+    fn from(data: &[u8]) -> Self {
+        let mut out = Self::zeroed(data.len());
+        out.as_mut_slice().copy_from_slice(data);
+        out
+    }
+}
+
+impl From<Vec<u8>> for DmemBytes {
+    fn from(data: Vec<u8>) -> Self {
+        Self::from(data.as_slice())
+    }
+}
+
+impl std::fmt::Debug for DmemBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// A descriptor pair read and checked without being executed ([`DmaQueues::peek`]).
@@ -576,20 +654,32 @@ enum Source {
 }
 
 impl Source {
-    /// Reads the `len` source bytes.
-    fn read(&self, len: u32, bus: &impl Bus) -> Result<Vec<u8>, Fault> {
+    /// Reads the source bytes into `out` (the pair's length).
+    fn read_into(&self, out: &mut [u8], bus: &impl Bus) -> Result<(), Fault> {
         match self {
-            Self::Memory { chunk, pa } => read_source(chunk, *pa, len),
+            Self::Memory { chunk, pa } => chunk.memory().read(*pa, out).map_err(Fault::Copy),
             Self::Sbuf {
                 nc,
                 partition,
                 offset,
-            } => {
-                let mut data = vec![0u8; len_usize(len)];
-                bus.read_sbuf(*nc, *partition, *offset, &mut data)?;
-                Ok(data)
-            }
+            } => bus.read_sbuf(*nc, *partition, *offset, out),
         }
+    }
+
+    /// Reads the `len` source bytes into `scratch` (grown as needed) and returns them.
+    fn read<'s>(
+        &self,
+        len: u32,
+        bus: &impl Bus,
+        scratch: &'s mut Vec<u8>,
+    ) -> Result<&'s [u8], Fault> {
+        let len = len_usize(len);
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        let out = scratch.get_mut(..len).unwrap_or_default();
+        self.read_into(out, bus)?;
+        Ok(out)
     }
 }
 
@@ -626,6 +716,11 @@ pub struct DmaQueues {
     queues_per_engine: u32,
     slots: Vec<Option<DmaQueue>>,
     generation: u64,
+    /// The chunks recent descriptors of this NC's queues resolved to.
+    cache: ChunkCache,
+    /// The staging buffer of pairs that do not copy chunk to chunk (into DMEM, SBUF, or out
+    /// of SBUF): grown to the longest such pair once, then reused.
+    scratch: Vec<u8>,
 }
 
 impl DmaQueues {
@@ -641,6 +736,8 @@ impl DmaQueues {
             queues_per_engine,
             slots: std::iter::repeat_with(|| None).take(count).collect(),
             generation: 0,
+            cache: ChunkCache::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -723,6 +820,7 @@ impl DmaQueues {
     /// Forgets every queue (NC reset, release, reclaim).
     pub fn clear(&mut self) {
         self.slots.iter_mut().for_each(|slot| *slot = None);
+        self.cache = ChunkCache::default();
     }
 
     /// Queues initialised (stopped ones included, until released or reset).
@@ -838,7 +936,7 @@ impl DmaQueues {
             let generation = q.generation;
             let checked = match budget.spent() {
                 Some(fault) => Err(fault),
-                None => self.check_pair(q, bus),
+                None => check_pair_at(&self.map, &mut self.cache, q, 0, bus),
             };
             let (action, len) = match checked {
                 Ok(checked) => checked,
@@ -847,6 +945,7 @@ impl DmaQueues {
                 }
             };
             let register = matches!(action, Action::Register { .. });
+            let mut scratch = std::mem::take(&mut self.scratch);
             let done = match action {
                 Action::Copy {
                     src: Source::Memory { chunk, pa },
@@ -855,23 +954,24 @@ impl DmaQueues {
                 } => copy(chunk.memory(), pa, dst.memory(), dst_pa, len_usize(len))
                     .map_err(Fault::Copy),
                 Action::Copy { src, dst, dst_pa } => src
-                    .read(len, bus)
-                    .and_then(|data| dst.memory().write(dst_pa, &data).map_err(Fault::Copy)),
+                    .read(len, bus, &mut scratch)
+                    .and_then(|data| dst.memory().write(dst_pa, data).map_err(Fault::Copy)),
                 Action::Dmem { nc, offset, src } => src
-                    .read(len, bus)
-                    .and_then(|data| bus.write_dmem(nc, offset, &data)),
+                    .read(len, bus, &mut scratch)
+                    .and_then(|data| bus.write_dmem(nc, offset, data)),
                 Action::Sbuf {
                     nc,
                     partition,
                     offset,
                     src,
                 } => src
-                    .read(len, bus)
-                    .and_then(|data| bus.write_sbuf(nc, partition, offset, &data)),
+                    .read(len, bus, &mut scratch)
+                    .and_then(|data| bus.write_sbuf(nc, partition, offset, data)),
                 Action::Register { reg, value } => {
                     match self.write_register(engine, queue, reg, value, bus) {
                         Ok(RegisterWrite::Done) => Ok(()),
                         Ok(RegisterWrite::Deferred) => {
+                            self.scratch = scratch;
                             if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
                                 q.in_flight = true;
                             }
@@ -887,6 +987,7 @@ impl DmaQueues {
                     }
                 }
             };
+            self.scratch = scratch;
             if let Err(fault) = done {
                 return Outcome::Aborted(self.stop(index, engine, queue, &fault, counters));
             }
@@ -920,7 +1021,7 @@ impl DmaQueues {
     /// [`PeekError::Queue`] when the queue is not initialised or stopped, [`PeekError::Fault`]
     /// naming the broken rule.
     pub fn peek(
-        &self,
+        &mut self,
         engine: u32,
         queue: u32,
         ahead: u32,
@@ -940,7 +1041,7 @@ impl DmaQueues {
             }
             .into());
         }
-        let (action, len) = self.check_pair_at(q, ahead, bus)?;
+        let (action, len) = check_pair_at(&self.map, &mut self.cache, q, ahead, bus)?;
         let src_pa = match &action {
             Action::Copy { src, .. } | Action::Dmem { src, .. } | Action::Sbuf { src, .. } => {
                 match src {
@@ -962,11 +1063,11 @@ impl DmaQueues {
                 partition,
                 offset,
             },
-            Action::Dmem { nc, offset, src } => PairEffect::Dmem {
-                nc,
-                offset,
-                data: src.read(len, bus)?,
-            },
+            Action::Dmem { nc, offset, src } => {
+                let mut data = DmemBytes::zeroed(len_usize(len));
+                src.read_into(data.as_mut_slice(), bus)?;
+                PairEffect::Dmem { nc, offset, data }
+            }
             Action::Register { reg, value } => PairEffect::Register { reg, value },
         };
         Ok(PeekedPair {
@@ -1055,97 +1156,6 @@ impl DmaQueues {
         }
     }
 
-    /// Reads and checks the pair at the heads of `q`; resolves both sides.
-    fn check_pair(&self, q: &DmaQueue, bus: &impl Bus) -> Result<(Action, u32), Fault> {
-        self.check_pair_at(q, 0, bus)
-    }
-
-    /// Reads and checks the pair `ahead` slots past the heads of `q` (with the ring ids of the
-    /// pass those slots are on); resolves both sides.
-    fn check_pair_at(
-        &self,
-        q: &DmaQueue,
-        ahead: u32,
-        bus: &impl Bus,
-    ) -> Result<(Action, u32), Fault> {
-        let (tx_index, tx_ring_id) = q.tx.slot(ahead);
-        let (rx_index, rx_ring_id) = q.rx.slot(ahead);
-        let tx = q.tx.read(tx_index)?.decode_tx(tx_ring_id)?;
-        let rx = q.rx.read(rx_index)?.decode_rx(rx_ring_id)?;
-        check_pair(&tx, &rx)?;
-        let len = tx.len;
-        let src =
-            if let Some((nc, partition, offset)) = self.map.decode_sbuf(tx.src, u64::from(len)) {
-                if !bus.owns_nc(nc) {
-                    return Err(Fault::ForeignSbuf {
-                        pa: tx.src,
-                        len,
-                        nc,
-                    });
-                }
-                Source::Sbuf {
-                    nc,
-                    partition,
-                    offset,
-                }
-            } else if self.map.register_range().contains(&tx.src) {
-                return Err(Fault::RegisterSource { pa: tx.src });
-            } else {
-                Source::Memory {
-                    chunk: bus
-                        .resolve(tx.src, len_usize(len))
-                        .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
-                    pa: tx.src,
-                }
-            };
-        if let Some((nc, offset)) = self.map.decode_dmem(rx.dst, u64::from(len)) {
-            return Ok((Action::Dmem { nc, offset, src }, len));
-        }
-        if let Some((nc, partition, offset)) = self.map.decode_sbuf(rx.dst, u64::from(len)) {
-            if !bus.owns_nc(nc) {
-                return Err(Fault::ForeignSbuf {
-                    pa: rx.dst,
-                    len,
-                    nc,
-                });
-            }
-            return Ok((
-                Action::Sbuf {
-                    nc,
-                    partition,
-                    offset,
-                    src,
-                },
-                len,
-            ));
-        }
-        if self.map.register_range().contains(&rx.dst) {
-            let reg = self
-                .map
-                .decode_register(rx.dst)
-                .ok_or(Fault::UnknownRegister { pa: rx.dst })?;
-            if len != 4 {
-                return Err(Fault::RegisterLength { pa: rx.dst, len });
-            }
-            let data = src.read(len, bus)?;
-            let value = <[u8; 4]>::try_from(data.as_slice())
-                .map(u32::from_le_bytes)
-                .map_err(|_| Fault::RegisterLength { pa: rx.dst, len })?;
-            return Ok((Action::Register { reg, value }, len));
-        }
-        let dst = bus
-            .resolve(rx.dst, len_usize(len))
-            .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
-        Ok((
-            Action::Copy {
-                src,
-                dst,
-                dst_pa: rx.dst,
-            },
-            len,
-        ))
-    }
-
     /// Applies a register write of the pair at the head of (`engine`, `queue`).
     fn write_register(
         &mut self,
@@ -1221,11 +1231,93 @@ impl DmaQueues {
     }
 }
 
-/// Reads the `len` source bytes of a pair.
-fn read_source(src: &Chunk, src_pa: u64, len: u32) -> Result<Vec<u8>, Fault> {
-    let mut data = vec![0u8; len_usize(len)];
-    src.memory().read(src_pa, &mut data).map_err(Fault::Copy)?;
-    Ok(data)
+/// Reads and checks the pair `ahead` slots past the heads of `q` (with the ring ids of the
+/// pass those slots are on); resolves both sides, through `cache`.
+fn check_pair_at(
+    map: &AddressMap,
+    cache: &mut ChunkCache,
+    q: &DmaQueue,
+    ahead: u32,
+    bus: &impl Bus,
+) -> Result<(Action, u32), Fault> {
+    let (tx_index, tx_ring_id) = q.tx.slot(ahead);
+    let (rx_index, rx_ring_id) = q.rx.slot(ahead);
+    let tx = q.tx.read(tx_index)?.decode_tx(tx_ring_id)?;
+    let rx = q.rx.read(rx_index)?.decode_rx(rx_ring_id)?;
+    check_pair(&tx, &rx)?;
+    let len = tx.len;
+    let src = if let Some((nc, partition, offset)) = map.decode_sbuf(tx.src, u64::from(len)) {
+        if !bus.owns_nc(nc) {
+            return Err(Fault::ForeignSbuf {
+                pa: tx.src,
+                len,
+                nc,
+            });
+        }
+        Source::Sbuf {
+            nc,
+            partition,
+            offset,
+        }
+    } else if map.register_range().contains(&tx.src) {
+        return Err(Fault::RegisterSource { pa: tx.src });
+    } else {
+        Source::Memory {
+            chunk: resolve(cache, bus, tx.src, len_usize(len))
+                .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
+            pa: tx.src,
+        }
+    };
+    if let Some((nc, offset)) = map.decode_dmem(rx.dst, u64::from(len)) {
+        return Ok((Action::Dmem { nc, offset, src }, len));
+    }
+    if let Some((nc, partition, offset)) = map.decode_sbuf(rx.dst, u64::from(len)) {
+        if !bus.owns_nc(nc) {
+            return Err(Fault::ForeignSbuf {
+                pa: rx.dst,
+                len,
+                nc,
+            });
+        }
+        return Ok((
+            Action::Sbuf {
+                nc,
+                partition,
+                offset,
+                src,
+            },
+            len,
+        ));
+    }
+    if map.register_range().contains(&rx.dst) {
+        let reg = map
+            .decode_register(rx.dst)
+            .ok_or(Fault::UnknownRegister { pa: rx.dst })?;
+        if len != 4 {
+            return Err(Fault::RegisterLength { pa: rx.dst, len });
+        }
+        let mut word = [0u8; 4];
+        src.read_into(&mut word, bus)?;
+        let value = u32::from_le_bytes(word);
+        return Ok((Action::Register { reg, value }, len));
+    }
+    let dst = resolve(cache, bus, rx.dst, len_usize(len))
+        .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
+    Ok((
+        Action::Copy {
+            src,
+            dst,
+            dst_pa: rx.dst,
+        },
+        len,
+    ))
+}
+
+/// The client's chunk holding `pa..pa+len`, from `cache` or else [`Bus::resolve`].
+fn resolve(cache: &mut ChunkCache, bus: &impl Bus, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+    cache.resolve(bus.memory_generation(), bus.client(), pa, len, || {
+        bus.resolve(pa, len)
+    })
 }
 
 /// A descriptor length (at most 65536) as a `usize`.

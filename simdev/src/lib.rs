@@ -40,6 +40,8 @@
 //! [`Device::handle`] answers requests exactly as the socket would, which is how the unit
 //! tests drive DMA, memory, registers, notifications and executions.
 
+#[cfg(test)]
+mod alloc_count;
 pub mod cli;
 pub mod client;
 pub mod compute;

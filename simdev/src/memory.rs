@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use shared::address_map::{AddressMap, CHUNK_GRANULE};
@@ -241,7 +242,99 @@ pub struct Unresolved {
     pub len: usize,
 }
 
+/// The generation of an [`AddressSpace`]: a counter that every allocation and every free
+/// moves (under the address space's write lock, before the change is visible), readable
+/// without the lock. A resolution made while the generation was `g` is still exactly what
+/// [`AddressSpace::resolve`] would answer as long as the generation is still `g`: this is
+/// how DMA caches the chunks its descriptors point into ([`crate::dma`]).
+#[derive(Debug, Default)]
+pub struct Generation(AtomicU64);
+
+impl Generation {
+    /// The current generation.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Chunks a [`ChunkCache`] holds.
+pub const CHUNK_CACHE_SLOTS: usize = 16;
+
+/// The chunks recent accesses of one user (an NC's DMA queues, an engine's instruction
+/// fetch) resolved to, so that steady-state resolution is O(1) instead of a B-tree search of
+/// the [`AddressSpace`].
+///
+/// # Invariants
+/// Every cached chunk was live (resolvable) in the address space when the generation was
+/// `generation` or later. A lookup answers from the cache only while the address space is
+/// still at `generation` (no allocation or free since: the chunk is still live and nothing
+/// else was placed in its range), for the chunk's own client, and when the chunk holds the
+/// whole range: exactly what [`AddressSpace::resolve`] would answer then. Any other lookup
+/// searches; a generation change empties the cache.
+#[derive(Debug, Default)]
+pub struct ChunkCache {
+    generation: u64,
+    chunks: [Option<Arc<Chunk>>; CHUNK_CACHE_SLOTS],
+    /// The slot of the last hit or fill, tried first.
+    last: usize,
+    /// The slot the next miss fills (round robin).
+    next: usize,
+}
+
+impl ChunkCache {
+    /// The chunk of `owner` that holds all of `pa..pa+len`: from the cache while the address
+    /// space is at `generation` (read from its [`Generation`] *before* `search` runs), else
+    /// what `search` (an [`AddressSpace::resolve`]) finds, which is then cached.
+    pub fn resolve(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<Arc<Chunk>> {
+        if generation == self.generation {
+            let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
+            if let Some(Some(chunk)) = self.chunks.get(self.last)
+                && holds(chunk)
+            {
+                return Some(Arc::clone(chunk));
+            }
+            let hit = self
+                .chunks
+                .iter()
+                .position(|slot| slot.as_ref().is_some_and(holds));
+            if let Some(at) = hit {
+                self.last = at;
+                return self.chunks.get(at).and_then(Clone::clone);
+            }
+        } else {
+            *self = Self {
+                generation,
+                ..Self::default()
+            };
+        }
+        let chunk = search()?;
+        // Labelled with the generation read before the search: a change during the search
+        // empties the cache at the next lookup.
+        if let Some(slot) = self.chunks.get_mut(self.next) {
+            *slot = Some(Arc::clone(&chunk));
+        }
+        self.last = self.next;
+        self.next = (self.next + 1) % CHUNK_CACHE_SLOTS;
+        Some(chunk)
+    }
+}
+
 /// All chunks of the device and the allocators of its regions.
+///
+/// # Invariants
+/// `by_pa` and `by_handle` hold the same chunks; every change of them bumps `generation`
+/// first (see [`Generation`]).
 #[derive(Debug)]
 pub struct AddressSpace {
     map: AddressMap,
@@ -250,6 +343,9 @@ pub struct AddressSpace {
     by_pa: BTreeMap<u64, Arc<Chunk>>,
     by_handle: HashMap<u64, Arc<Chunk>>,
     next_handle: u64,
+    generation: Arc<Generation>,
+    /// B-tree searches made by [`AddressSpace::resolve`] (the slow path of DMA resolution).
+    searches: AtomicU64,
 }
 
 impl AddressSpace {
@@ -269,7 +365,19 @@ impl AddressSpace {
             by_pa: BTreeMap::new(),
             by_handle: HashMap::new(),
             next_handle: 1,
+            generation: Arc::default(),
+            searches: AtomicU64::new(0),
         }
+    }
+
+    /// The address space's [`Generation`], to read without its lock.
+    pub fn generation(&self) -> Arc<Generation> {
+        Arc::clone(&self.generation)
+    }
+
+    /// How many B-tree searches [`AddressSpace::resolve`] made so far.
+    pub fn searches(&self) -> u64 {
+        self.searches.load(Ordering::Relaxed)
     }
 
     fn free_list(&mut self, region: Region) -> Result<&mut FreeList, AllocError> {
@@ -328,6 +436,7 @@ impl AddressSpace {
                     memfd,
                     memory,
                 });
+                self.generation.bump();
                 self.by_pa.insert(pa, Arc::clone(&chunk));
                 self.by_handle.insert(handle, Arc::clone(&chunk));
                 Ok(chunk)
@@ -373,6 +482,7 @@ impl AddressSpace {
     /// [`BadHandle`] for an unknown handle or another client's.
     pub fn free(&mut self, owner: ClientId, handle: u64) -> Result<Arc<Chunk>, BadHandle> {
         let chunk = self.get(owner, handle)?;
+        self.generation.bump();
         self.by_handle.remove(&handle);
         self.by_pa.remove(&chunk.pa());
         let (pa, size, region) = (chunk.pa(), chunk.size(), chunk.region);
@@ -402,6 +512,7 @@ impl AddressSpace {
     /// [`Unresolved`] when no chunk holds the range, the range straddles chunks, or the chunk
     /// is another client's.
     pub fn resolve(&self, owner: ClientId, pa: u64, len: usize) -> Result<Arc<Chunk>, Unresolved> {
+        self.searches.fetch_add(1, Ordering::Relaxed);
         match self.by_pa.range(..=pa).next_back() {
             Some((_, chunk)) if chunk.owner == owner && chunk.memory.contains(pa, len) => {
                 Ok(Arc::clone(chunk))
@@ -588,5 +699,46 @@ mod tests {
         );
         assert_eq!(mem.free_all(A), 1);
         assert_eq!(mem.chunk_count(), 0);
+    }
+
+    #[test]
+    fn the_chunk_cache_answers_only_what_resolve_would_at_the_same_generation() {
+        let mut mem = space();
+        let generation = mem.generation();
+        let a = mem.allocate(A, Region::Host, 8192, 0).unwrap();
+        let mut cache = ChunkCache::default();
+        let resolve = |cache: &mut ChunkCache, mem: &AddressSpace, owner, pa, len| {
+            cache.resolve(generation.get(), owner, pa, len, || {
+                mem.resolve(owner, pa, len).ok()
+            })
+        };
+        assert!(resolve(&mut cache, &mem, A, a.pa(), 16).is_some());
+        let searched = mem.searches();
+        for offset in [0, 100, 4096, 8000] {
+            let hit = resolve(&mut cache, &mem, A, a.pa() + offset, 16).unwrap();
+            assert!(Arc::ptr_eq(&hit, &a));
+        }
+        assert_eq!(mem.searches(), searched, "hits do not search");
+        assert!(
+            resolve(&mut cache, &mem, B, a.pa(), 16).is_none(),
+            "not B's"
+        );
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa() + 8190, 16).is_none(),
+            "past its end"
+        );
+        mem.free(A, a.handle()).unwrap();
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa(), 16).is_none(),
+            "freed: the cache was emptied"
+        );
+        let b = mem.allocate(B, Region::Host, 8192, 0).unwrap();
+        assert_eq!(b.pa(), a.pa());
+        assert!(
+            resolve(&mut cache, &mem, A, a.pa(), 16).is_none(),
+            "B's now"
+        );
+        let hit = resolve(&mut cache, &mem, B, b.pa(), 16).unwrap();
+        assert!(Arc::ptr_eq(&hit, &b), "the new chunk, never the freed one");
     }
 }

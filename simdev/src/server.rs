@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -559,9 +560,9 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
         // says nothing within the timeout is just closed.
         let timeout = nix::sys::time::TimeVal::new(2, 0);
         let _ = nix::sys::socket::setsockopt(socket, sockopt::ReceiveTimeout, &timeout);
-        let mut buf = vec![0u8; MAX_MSG_SIZE];
-        let _ = receive(socket, &mut buf);
-        let _ = send(socket, &reply, &[]);
+        let mut buffers = Buffers::new();
+        let _ = receive(socket, &mut buffers);
+        let _ = send(socket, &reply, &[], &mut buffers.send);
         return;
     }
     let pid = u32::try_from(peer.pid()).unwrap_or(0);
@@ -574,34 +575,67 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
     };
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
     let mut session = Session::new(client);
-    let mut buf = vec![0u8; MAX_MSG_SIZE];
-    loop {
-        let received = match receive(socket, &mut buf) {
-            Ok(Some(received)) => received,
-            Ok(None) | Err(Errno::ECONNRESET) => break,
-            Err(Errno::EINTR) => continue,
-            Err(e) => {
-                tracing::warn!("client {}: receiving: {e}", client.0);
-                break;
-            }
-        };
-        let bytes = buf.get(..received.len).unwrap_or(&[]);
-        match session.respond(device, bytes, received.truncated) {
-            Response::Reply(reply, fds) => {
-                if let Err(e) = send(socket, &reply, &fds) {
-                    tracing::info!("client {}: sending a reply: {e}", client.0);
-                    break;
-                }
-            }
-            Response::Silent => {}
-            Response::Close(reply) => {
-                tracing::warn!("client {}: handshake refused: {reply:?}", client.0);
-                let _ = send(socket, &reply, &[]);
-                break;
+    let mut buffers = Buffers::new();
+    while serve_one(device, socket, &mut session, &mut buffers).is_continue() {}
+    device.disconnect(client);
+}
+
+/// Receives one message of `session`'s connection and answers it; `Break` when the connection
+/// ends (EOF, an error, a refused handshake). Allocates nothing of its own: the message and its
+/// reply go through `buffers`.
+fn serve_one(
+    device: &Device,
+    socket: &OwnedFd,
+    session: &mut Session,
+    buffers: &mut Buffers,
+) -> ControlFlow<()> {
+    let client = session.client();
+    let received = match receive(socket, buffers) {
+        Ok(Some(received)) => received,
+        Ok(None) | Err(Errno::ECONNRESET) => return ControlFlow::Break(()),
+        Err(Errno::EINTR) => return ControlFlow::Continue(()),
+        Err(e) => {
+            tracing::warn!("client {}: receiving: {e}", client.0);
+            return ControlFlow::Break(());
+        }
+    };
+    let bytes = buffers.receive.get(..received.len).unwrap_or(&[]);
+    match session.respond(device, bytes, received.truncated) {
+        Response::Reply(reply, fds) => {
+            if let Err(e) = send(socket, &reply, &fds, &mut buffers.send) {
+                tracing::info!("client {}: sending a reply: {e}", client.0);
+                return ControlFlow::Break(());
             }
         }
+        Response::Silent => {}
+        Response::Close(reply) => {
+            tracing::warn!("client {}: handshake refused: {reply:?}", client.0);
+            let _ = send(socket, &reply, &[], &mut buffers.send);
+            return ControlFlow::Break(());
+        }
     }
-    device.disconnect(client);
+    ControlFlow::Continue(())
+}
+
+/// A connection's message buffers, allocated once per connection and reused for every
+/// message: receiving and answering a request allocates nothing for them.
+struct Buffers {
+    /// The received message ([`MAX_MSG_SIZE`] bytes).
+    receive: Box<[u8; MAX_MSG_SIZE]>,
+    /// The received control data (room for [`fd_passing::SCM_MAX_FD`] fds).
+    control: Vec<u8>,
+    /// The encoded reply ([`MAX_MSG_SIZE`] bytes).
+    send: Box<[u8; MAX_MSG_SIZE]>,
+}
+
+impl Buffers {
+    fn new() -> Self {
+        Self {
+            receive: Box::new([0; MAX_MSG_SIZE]),
+            control: fd_passing::control_buffer(),
+            send: Box::new([0; MAX_MSG_SIZE]),
+        }
+    }
 }
 
 /// One received message.
@@ -611,9 +645,14 @@ struct Received {
     truncated: bool,
 }
 
-/// Receives one message into `buf`; closes any fds it carried. `None` at EOF.
-fn receive(socket: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<Received>> {
-    let msg = fd_passing::recv_with_fds(socket.as_fd(), buf, MsgFlags::empty())?;
+/// Receives one message into `buffers.receive`; closes any fds it carried. `None` at EOF.
+fn receive(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<Option<Received>> {
+    let msg = fd_passing::recv_with_fds_into(
+        socket.as_fd(),
+        &mut buffers.receive[..],
+        &mut buffers.control,
+        MsgFlags::empty(),
+    )?;
     if msg.control_truncated {
         tracing::warn!("a client's control data was truncated");
     }
@@ -644,10 +683,14 @@ fn encode_reply(reply: &Reply, buf: &mut [u8]) -> nix::Result<usize> {
     }
 }
 
-/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message.
-fn send(socket: &OwnedFd, reply: &Reply, fds: &[OwnedFd]) -> nix::Result<()> {
-    let mut buf = vec![0u8; MAX_MSG_SIZE];
-    let len = encode_reply(reply, &mut buf)?;
+/// Sends `reply` with `fds` as `SCM_RIGHTS` in one message, encoded in `buf`.
+fn send(
+    socket: &OwnedFd,
+    reply: &Reply,
+    fds: &[OwnedFd],
+    buf: &mut [u8; MAX_MSG_SIZE],
+) -> nix::Result<()> {
+    let len = encode_reply(reply, &mut buf[..])?;
     let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let data = buf.get(..len).unwrap_or(&[]);
     fd_passing::send_with_fds(socket.as_fd(), data, &fds).map(|_| ())
@@ -828,6 +871,93 @@ mod tests {
 
     fn device() -> Arc<Device> {
         Arc::new(Device::new(&Config::default()).unwrap())
+    }
+
+    /// A request sent on one end of a socketpair, received and answered by [`super::serve_one`]
+    /// on the other, allocates nothing on the serving thread once the connection runs: the
+    /// receive buffer, its control data and the reply's encoding are the connection's.
+    #[test]
+    fn serving_a_doorbell_or_a_register_request_allocates_nothing() {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        use std::os::fd::AsFd;
+
+        let dev = device();
+        let (client_end, server_end) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let id = dev.connect(7);
+        let mut session = super::Session::new(id);
+        let mut buffers = super::Buffers::new();
+        let mut answer = vec![0u8; MAX_MSG_SIZE];
+        let mut exchange = |request: &Request, counted: bool| {
+            let bytes = encoded(request);
+            shared::fd_passing::send_with_fds(client_end.as_fd(), &bytes, &[]).unwrap();
+            let mut serve = || super::serve_one(&dev, &server_end, &mut session, &mut buffers);
+            let (flow, allocations) = if counted {
+                crate::alloc_count::counting(serve)
+            } else {
+                (serve(), 0)
+            };
+            assert!(flow.is_continue());
+            let received = shared::fd_passing::recv_with_fds(
+                client_end.as_fd(),
+                &mut answer,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            );
+            let reply = received
+                .ok()
+                .map(|r| protocol::decode::<Reply>(&answer[..r.len]).unwrap());
+            (reply, allocations)
+        };
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+        };
+        assert!(matches!(
+            exchange(&hello, false).0,
+            Some(Reply::Hello { .. })
+        ));
+        let claim = Request::ClaimNc { nc: 0 };
+        assert_eq!(exchange(&claim, false).0, Some(Reply::NcClaimed { nc: 0 }));
+        let requests = [
+            Request::SemaphoreWrite {
+                nc: 0,
+                index: 3,
+                value: 1,
+            },
+            Request::SemaphoreIncrement {
+                nc: 0,
+                index: 3,
+                value: 1,
+            },
+            Request::EventSet {
+                nc: 0,
+                index: 2,
+                value: 1,
+            },
+        ];
+        for request in &requests {
+            exchange(request, false);
+        }
+        let mut total = 0;
+        for _ in 0..50 {
+            for request in &requests {
+                let (reply, allocations) = exchange(request, true);
+                if !request.is_posted() {
+                    assert_eq!(reply, Some(Reply::Ok), "{request:?}");
+                }
+                total += allocations;
+            }
+        }
+        assert_eq!(
+            exchange(&Request::SemaphoreRead { nc: 0, index: 3 }, false).0,
+            Some(Reply::Value(2)),
+            "the requests took effect"
+        );
+        assert_eq!(total, 0, "150 requests served");
     }
 
     #[test]

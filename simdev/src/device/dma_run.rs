@@ -44,7 +44,23 @@ impl Core {
         aborts: &mut Aborts<'_>,
         at: TraceAt,
     ) {
-        let mut worklist = VecDeque::from([first]);
+        // The worklist of this thread, reused from run to run (taken, so that a nested run
+        // finds none and starts its own).
+        let mut worklist = WORKLIST.take();
+        worklist.clear();
+        worklist.push_back(first);
+        self.run_worklist(client, &mut worklist, budget, aborts, at);
+        WORKLIST.set(worklist);
+    }
+
+    fn run_worklist(
+        &self,
+        client: ClientId,
+        worklist: &mut VecDeque<DmaQueueId>,
+        budget: &mut Budget,
+        aborts: &mut Aborts<'_>,
+        at: TraceAt,
+    ) {
         while let Some(id) = worklist.pop_front() {
             let Some(nc) = self.nc_ref(id.nc) else {
                 continue;
@@ -58,7 +74,7 @@ impl Core {
                 let mut bus = ClientBus {
                     device: self,
                     client,
-                    worklist: &mut worklist,
+                    worklist,
                 };
                 let outcome =
                     state
@@ -72,7 +88,7 @@ impl Core {
                     }
                     Outcome::Deferred(deferred) => {
                         drop(state);
-                        let result = self.remote_tail_increment(client, &deferred, &mut worklist);
+                        let result = self.remote_tail_increment(client, &deferred, worklist);
                         state = lock(&nc.state);
                         let abort = state
                             .queues
@@ -176,6 +192,12 @@ impl Core {
     }
 }
 
+thread_local! {
+    /// The queues a DMA run on this thread still has to process (kept between runs, so a run
+    /// allocates nothing once the thread's first runs have grown it).
+    static WORKLIST: std::cell::Cell<VecDeque<DmaQueueId>> = const { std::cell::Cell::new(VecDeque::new()) };
+}
+
 /// Where the aborts of a DMA run go.
 pub(super) enum Aborts<'a> {
     /// A DmaQueueError notification each (a doorbell's DMA).
@@ -206,6 +228,14 @@ pub(super) struct ClientBus<'a> {
 impl Bus for ClientBus<'_> {
     fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>> {
         read(&self.device.memory).resolve(self.client, pa, len).ok()
+    }
+
+    fn client(&self) -> ClientId {
+        self.client
+    }
+
+    fn memory_generation(&self) -> u64 {
+        self.device.memory_generation.get()
     }
 
     fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault> {
@@ -317,5 +347,7 @@ impl ClientBus<'_> {
     }
 }
 
+#[cfg(test)]
+mod cache_tests;
 #[cfg(test)]
 mod tests;

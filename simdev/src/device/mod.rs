@@ -66,7 +66,7 @@ use crate::config::{Config, ConfigError};
 use crate::counters::Counters;
 use crate::dma::{self, Budget, DmaQueues};
 use crate::faults::FaultTable;
-use crate::memory::AddressSpace;
+use crate::memory::{AddressSpace, Generation};
 use crate::notify::NotificationQueue;
 use crate::reference::References;
 use crate::registers::Registers;
@@ -111,6 +111,10 @@ struct Nc {
     /// or its disconnect) finds another owner, or none, and does nothing.
     ownership: Mutex<()>,
     claim: Mutex<Option<Arc<Claim>>>,
+    /// The id of the client in `claim` (0 when unclaimed), stored under the `claim` lock with
+    /// every change of it, so that the ownership check of each DMA access is one atomic load
+    /// ([`Core::owned_by`]). Client ids are never reused.
+    owner_id: AtomicU64,
     state: Mutex<NcState>,
     /// The sequencer DMEM ([`SEQ_DMEM_SIZE`] bytes), written by DMA.
     dmem: Mutex<Vec<u8>>,
@@ -163,6 +167,8 @@ struct Core {
     info: DeviceInfo,
     ncs: Vec<Nc>,
     memory: RwLock<AddressSpace>,
+    /// `memory`'s generation, read without its lock (DMA's chunk caches, [`crate::dma`]).
+    memory_generation: Arc<Generation>,
     clients: Mutex<HashMap<ClientId, ClientInfo>>,
     /// Held for a whole reclaim and for a whole claim: a claim sees a gone client either with
     /// everything it held or with nothing (its NCs released *and* its memory freed), as on
@@ -374,6 +380,7 @@ impl Core {
                 counters: Counters::default(),
                 ownership: Mutex::new(()),
                 claim: Mutex::new(None),
+                owner_id: AtomicU64::new(0),
                 state: Mutex::new(NcState {
                     queues: DmaQueues::new(map, index),
                     nq: None,
@@ -386,12 +393,14 @@ impl Core {
                 seq: sequencer::SeqSync::default(),
             })
             .collect();
+        let memory = AddressSpace::new(map);
         Self {
             me,
             map,
             info,
             ncs,
-            memory: RwLock::new(AddressSpace::new(map)),
+            memory_generation: memory.generation(),
+            memory: RwLock::new(memory),
             clients: Mutex::new(HashMap::new()),
             reclaim_lock: Mutex::new(()),
             next_client: AtomicU64::new(1),

@@ -88,8 +88,11 @@ impl Core {
         lock(&nc.claim).clone()
     }
 
+    /// Whether `client` owns `nc`: one atomic load of [`Nc::owner_id`], which changes with the
+    /// claim under its lock (the answer is the claim's at one instant, as reading the claim
+    /// itself would be).
     pub(super) fn owned_by(&self, nc: &Nc, client: ClientId) -> bool {
-        self.owner(nc).is_some_and(|c| c.client == client)
+        client.0 != 0 && nc.owner_id.load(Ordering::Acquire) == client.0
     }
 
     /// NC `nc` and its claim, if `client` owns it.
@@ -163,6 +166,7 @@ impl Core {
             pid,
             registers,
         }));
+        nc_owner_store(n, client.0);
         tracing::info!("NC {nc} claimed by client {} (pid {pid})", client.0);
         Ok((Reply::NcClaimed { nc }, fds))
     }
@@ -208,6 +212,7 @@ impl Core {
         if release {
             self.tracer.forget_nc(nc.index);
             *slot = None;
+            nc_owner_store(nc, 0);
             tracing::info!("NC {} released", nc.index);
         }
         drop(slot);
@@ -229,6 +234,12 @@ impl Core {
             std::thread::sleep(std::time::Duration::from_nanos(model.per_nc_reset_ns));
         }
     }
+}
+
+/// Records `client` (0: none) as `nc`'s owner for [`Core::owned_by`]; called with the `claim`
+/// lock held, right after the claim itself changed.
+fn nc_owner_store(nc: &Nc, client: u64) {
+    nc.owner_id.store(client, Ordering::Release);
 }
 
 #[cfg(test)]

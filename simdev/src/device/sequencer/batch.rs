@@ -203,7 +203,7 @@ mod tests {
                 PairEffect::Dmem {
                     nc,
                     offset: 0,
-                    data: vec![0; 52],
+                    data: vec![0; 52].into(),
                 },
             ),
             reg(
