@@ -25,7 +25,8 @@
 //! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
 //! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
 //! state. `memory` guards the address space and `clients` the processes of connected clients. The
-//! order is `state` → `claim` and `state` → `memory`; `claim`, `memory`, `clients`, `dmem`,
+//! order is `state` → `claim`, `state` → `memory` and `reads` (an NC's read cache) →
+//! `memory`, and `reads` may be taken under `state`; `claim`, `memory`, `clients`, `dmem`,
 //! `compute`, the sequencer lock, `faults`, `latency`, the lost hook and the trace buffer are
 //! leaves, held only for a lookup, an update or one
 //! compute instruction (the sequencer thread sleeps on its lock's condition variable holding
@@ -66,7 +67,7 @@ use crate::config::{Config, ConfigError};
 use crate::counters::Counters;
 use crate::dma::{self, Budget, DmaQueues};
 use crate::faults::FaultTable;
-use crate::memory::{AddressSpace, Generation};
+use crate::memory::{AddressSpace, Chunk, ChunkCache, Generation};
 use crate::notify::NotificationQueue;
 use crate::reference::References;
 use crate::registers::Registers;
@@ -98,6 +99,9 @@ struct NcState {
     /// Batches the exec queue ran since its DMA_QUEUE_INIT, or the NC's reset, release or
     /// reclaim: the next execution's `compute_idx`.
     exec_batches: u32,
+    /// The head pairs of the batch being fetched, reused by every execution (its capacity
+    /// stays: no allocation per execution).
+    batch_pairs: Vec<crate::dma::PeekedPair>,
 }
 
 /// One NC.
@@ -128,6 +132,10 @@ struct Nc {
     seq: sequencer::SeqSync,
     /// The simulated clock (used while a latency model is set).
     clock: SimClock,
+    /// The chunks the NC's executions read outside DMA resolved to (instruction fetches, the
+    /// request slot's trailer, NEFF streams): O(1) steady-state resolution
+    /// ([`Core::resolve_cached`]).
+    reads: Mutex<ChunkCache>,
 }
 
 /// What the device knows of a connected client: its process, to tell whether it still lives
@@ -385,12 +393,14 @@ impl Core {
                     queues: DmaQueues::new(map, index),
                     nq: None,
                     exec_batches: 0,
+                    batch_pairs: Vec::with_capacity(4),
                 }),
                 dmem: Mutex::new(vec![0; dmem_bytes]),
                 compute: Mutex::new(ComputeState::new()),
                 epoch: AtomicU64::new(0),
                 clock: SimClock::default(),
                 seq: sequencer::SeqSync::default(),
+                reads: Mutex::new(ChunkCache::default()),
             })
             .collect();
         let memory = AddressSpace::new(map);
@@ -418,6 +428,16 @@ impl Core {
                 Tracer::to_file(path, map.nc_count, DEFAULT_MAX_EVENTS)
             }),
         }
+    }
+
+    /// The chunk of `client` holding all of `pa..pa+len`, through `nc`'s read cache: what
+    /// [`AddressSpace::resolve`] answers, in O(1) while no memory was allocated or freed
+    /// ([`ChunkCache`]'s invariants). Takes `nc.reads`, then (on a miss) `memory`.
+    fn resolve_cached(&self, nc: &Nc, client: ClientId, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+        let generation = self.memory_generation.get();
+        lock(&nc.reads).resolve(generation, client, pa, len, || {
+            read(&self.memory).resolve(client, pa, len).ok()
+        })
     }
 
     /// A fresh budget for one doorbell or one execution.

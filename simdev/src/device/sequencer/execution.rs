@@ -764,7 +764,10 @@ impl Core {
                 ));
             }
         }
-        let mut pairs = Vec::new();
+        // The NC's reused buffer: taken out so `state` stays free to borrow, put back on every
+        // path that does not stop the queue (a malformed batch may allocate a new one).
+        let mut pairs = std::mem::take(&mut state.batch_pairs);
+        pairs.clear();
         let trailer;
         {
             let mut worklist = VecDeque::new();
@@ -801,7 +804,7 @@ impl Core {
                     }
                 }
             }
-            trailer = read_cc_dma_increment(&bus, &pairs);
+            trailer = self.read_cc_dma_increment(nc, work.claim.client, &pairs);
         }
         let m = match sequencer::check_batch(nc.index, &pairs) {
             Ok(Some(m)) => m,
@@ -859,6 +862,7 @@ impl Core {
             let count = u64::try_from(pairs.len()).unwrap_or(u64::MAX);
             self.trace_dma(nc, id, count, bytes, true, at, wall_ns);
         }
+        state.batch_pairs = pairs;
         if m > 0 {
             state
                 .queues
@@ -867,6 +871,25 @@ impl Core {
                 .map_err(|e| malformed(state, e.to_string()))?;
         }
         Ok(m)
+    }
+}
+
+impl Core {
+    /// The request slot's `cc_dma_increment` trailer: the 4-byte word
+    /// [`CC_DMA_INCREMENT_OFFSET`](shared::exec_request::CC_DMA_INCREMENT_OFFSET) past pair 1's
+    /// source, if pair 1 reads `client`'s memory and the word is in it.
+    fn read_cc_dma_increment(
+        &self,
+        nc: &Nc,
+        client: crate::client::ClientId,
+        pairs: &[crate::dma::PeekedPair],
+    ) -> Option<u32> {
+        let offset = u64::try_from(shared::exec_request::CC_DMA_INCREMENT_OFFSET).ok()?;
+        let pa = pairs.first()?.src_pa?.checked_add(offset)?;
+        let chunk = self.resolve_cached(nc, client, pa, 4)?;
+        let mut word = [0u8; 4];
+        chunk.memory().read(pa, &mut word).ok()?;
+        Some(u32::from_le_bytes(word))
     }
 }
 
@@ -886,19 +909,4 @@ fn abort_exec_queue(nc: &Nc, state: &mut NcState, compute_idx: u32) {
     tracing::warn!("{reason}");
     state.queues.stop_with(engine, queue, reason);
     bump(&nc.counters.dma_aborts, 1);
-}
-
-/// The request slot's `cc_dma_increment` trailer: the 4-byte word
-/// [`CC_DMA_INCREMENT_OFFSET`](shared::exec_request::CC_DMA_INCREMENT_OFFSET) past pair 1's
-/// source, if pair 1 reads client memory and the word is in it.
-fn read_cc_dma_increment(
-    bus: &impl crate::dma::Bus,
-    pairs: &[crate::dma::PeekedPair],
-) -> Option<u32> {
-    let offset = u64::try_from(shared::exec_request::CC_DMA_INCREMENT_OFFSET).ok()?;
-    let pa = pairs.first()?.src_pa?.checked_add(offset)?;
-    let chunk = bus.resolve(pa, 4)?;
-    let mut word = [0u8; 4];
-    chunk.memory().read(pa, &mut word).ok()?;
-    Some(u32::from_le_bytes(word))
 }

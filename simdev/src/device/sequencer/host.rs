@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::compute::ComputeState;
 use crate::counters::bump;
 use crate::device::dma_run::Aborts;
-use crate::device::{Claim, Core, Nc, lock, read};
+use crate::device::{Claim, Core, Nc, lock};
 use crate::dma::{Budget, DmaQueueId, QueueError, QueueStatus, error_chain};
 use crate::engines::{self, Stop};
 use crate::memory::Chunk;
@@ -59,9 +59,10 @@ impl engines::Host for ExecHost<'_> {
                 ),
             )
         };
-        let chunk = read(&self.core.memory)
-            .resolve(self.claim.client, pa, INSTRUCTION_SIZE)
-            .map_err(|_| oob())?;
+        let chunk = self
+            .core
+            .resolve_cached(self.nc, self.claim.client, pa, INSTRUCTION_SIZE)
+            .ok_or_else(oob)?;
         chunk
             .memory()
             .read_obj::<Instruction>(pa)
@@ -203,9 +204,8 @@ impl engines::Host for ExecHost<'_> {
 impl shape_only::Host for ExecHost<'_> {
     fn resolve(&mut self, pa: u64, len: u64) -> Option<Arc<Chunk>> {
         let len = usize::try_from(len).ok()?;
-        read(&self.core.memory)
-            .resolve(self.claim.client, pa, len)
-            .ok()
+        self.core
+            .resolve_cached(self.nc, self.claim.client, pa, len)
     }
 
     fn compute_idx(&self) -> u32 {

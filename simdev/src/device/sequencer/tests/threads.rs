@@ -118,3 +118,32 @@ fn armed_faults_latency_models_and_semaphore_writes_use_the_sequencer_thread() {
     assert_eq!(rig.posted().len(), 4, "back to inline");
     assert_eq!(threads(&a, 0), (1, 3));
 }
+
+#[test]
+fn a_program_chunk_freed_or_reallocated_since_the_last_fetch_is_oob() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let b = Client::new(&dev, 11);
+    let mut rig = Rig::new(&a, 0);
+    let extra = a.alloc(MemLocation::Host, 4 * KIB);
+    extra.write(0, &end_program());
+    rig.stage(rig.ends_but_sp(Some(extra.pa)), 0, 0, &[]);
+    assert_eq!(summary(&rig.run()), execution(0, 0), "fetched, and cached");
+    a.ok(Request::MemFree {
+        handle: extra.handle,
+    });
+    let oob = error_flags::OOB | error_flags::GENERIC;
+    rig.stage(rig.ends_but_sp(Some(extra.pa)), 0, 0, &[]);
+    assert_eq!(rig.run().error_flags, oob, "a freed program chunk");
+    // Another client's chunk at the same address is not the first client's either.
+    b.claim(1);
+    let theirs = b.alloc(MemLocation::Host, 4 * KIB);
+    theirs.write(0, &end_program());
+    rig.stage(rig.ends_but_sp(Some(theirs.pa)), 0, 0, &[]);
+    assert_eq!(
+        rig.run().error_flags,
+        oob,
+        "another client's chunk at {:#x}",
+        theirs.pa
+    );
+}
