@@ -32,6 +32,7 @@ fn counted_simdev() -> CountedSimdev {
 #[test]
 fn the_allocation_count_is_simdevs_and_queries_cost_nothing() {
     let mut sim = counted_simdev();
+    sim.wait_quiescent().unwrap();
     // Starting simdev allocated (so the count is simdev's, not a constant).
     let first = sim.allocations().unwrap();
     assert!(first > 0, "simdev started without one allocation?");
@@ -41,6 +42,7 @@ fn the_allocation_count_is_simdevs_and_queries_cost_nothing() {
     // A client's handshake and claim make simdev allocate (the count sees simdev's threads).
     let dev = sim.connect().unwrap();
     runtime::Device::claim_nc(&dev, 0).unwrap();
+    sim.wait_quiescent().unwrap();
     assert!(
         sim.allocations().unwrap() > first,
         "simdev's work is counted"
