@@ -7,6 +7,8 @@
 //! (SIGTERM, then SIGKILL) when its guard drops.
 
 pub mod bench;
+pub mod counted_simdev;
+pub mod ipc_floor;
 pub mod matmul_neff;
 pub mod timeline;
 

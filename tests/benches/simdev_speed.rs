@@ -1,0 +1,564 @@
+//! Issue 17's targets, each measured beside its floor or peer in the same run, in interleaved
+//! chunks (so drift of the machine affects both sides alike), printing p50, p99 and the ratio
+//! with the target next to it:
+//!
+//! 1. Identity 64 B sync execute vs the composite IPC floor (`tests::ipc_floor`: a message of
+//!    a doorbell's encoded size to a peer process, the reply through a memfd and a
+//!    non-private futex, an eventfd wake of the submitter). Target p50 <= 1.5x; p99 reported.
+//! 2. Digits MLP batch 1 vs the identity model of the same I/O bytes. Digits moves 64 f32 in
+//!    (256 B) and 10 f32 out (40 B), one DMA descriptor each way; the identity model of 256 B
+//!    moves 256 B in and 256 B out (one descriptor each way): at least as many bytes in each
+//!    direction. Target p50 <= 2x.
+//! 3. Digits MLP batch 360 vs a straight `matrixmultiply::sgemm` forward pass of the same
+//!    network (fc1 + bias + ReLU, fc2 + bias + ReLU, fc3 + bias) on the same 360 inputs in this
+//!    process, whose logits are checked against simdev's. Target p50 <= 1.5x.
+//! 4. Async identity 64 B throughput with 16 in flight (the explicit async API, as
+//!    `nrt bench --async 16`) vs pipelined posted doorbells to the same simdev over the same
+//!    connection: N `SemaphoreIncrement`s of semaphore 7 of NC 1 (claimed by the same client;
+//!    no program is loaded there, so nothing starts), then one `SemaphoreRead` as a barrier.
+//!    Target executions/s >= 0.5 x doorbells/s.
+//! 5. simdev's own heap allocations per execution (counted inside the simdev process:
+//!    `tests::counted_simdev`) and its thread hand-offs (its per-NC counters
+//!    `inline_executions` and `sequencer_handoffs`), for identity sync, digits batch 1 and
+//!    async 16. Target: 0 allocations, every execution inline (at most one hand-off).
+//!
+//! Everything — this process, its threads, the floor's peer and simdev (the `counted-simdev`
+//! binary) — runs on CPU 0 (`tests::bench::pin_to_one_cpu`; children inherit the mask).
+//!
+//! Run: `cargo bench -p tests --bench simdev_speed` (under a minute). Figures are printed, not
+//! asserted.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runtime::backend::sim::SimDevice;
+use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
+use runtime::config::RuntimeConfig;
+use runtime::{Device, ModelHandle, Placement, Runtime, Tensor, TensorSet};
+use shared::NrtStatus;
+use shared::model::Target;
+use shared::protocol::{self, MAX_MSG_SIZE, Request};
+use tests::bench::{IdentityIo, percentile, us};
+use tests::counted_simdev::{CountedSimdev, SimdevCost};
+use tests::ipc_floor::CompositeFloor;
+
+/// The NC the runtime uses.
+const NC: u32 = 0;
+/// The NC the doorbell peer of section 4 rings.
+const DOORBELL_NC: u32 = 1;
+/// Its semaphore (no program waits on it).
+const DOORBELL_SEMAPHORE: u32 = 7;
+
+/// `ratio 1.43x (target <= 1.5x, met)`.
+fn verdict(ratio: f64, target: &str, met: bool) -> String {
+    format!(
+        "ratio {ratio:.2}x (target {target}, {})",
+        if met { "met" } else { "NOT met" }
+    )
+}
+
+/// Sorted samples.
+fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+    v.sort();
+    v
+}
+
+fn line(name: &str, s: &[Duration]) {
+    println!(
+        "  {name:<52} p50 {:>8.1} us   p99 {:>8.1} us   (n = {})",
+        us(percentile(s, 500)),
+        us(percentile(s, 990)),
+        s.len()
+    );
+}
+
+/// Runs `a` and `b` in `chunks` interleaved chunks of `per_chunk` samples each.
+fn interleaved(
+    chunks: usize,
+    per_chunk: usize,
+    mut a: impl FnMut() -> Duration,
+    mut b: impl FnMut() -> Duration,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut va, mut vb) = (
+        Vec::with_capacity(chunks * per_chunk),
+        Vec::with_capacity(chunks * per_chunk),
+    );
+    for _ in 0..chunks {
+        va.extend((0..per_chunk).map(|_| a()));
+        vb.extend((0..per_chunk).map(|_| b()));
+    }
+    (sorted(va), sorted(vb))
+}
+
+fn timed(f: impl FnOnce()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
+}
+
+/// The encoded size of a sync execute's doorbell.
+fn doorbell_len() -> usize {
+    let mut buf = [0u8; MAX_MSG_SIZE];
+    protocol::encode(
+        &Request::SemaphoreIncrement {
+            nc: NC,
+            index: shared::sequencer::SEM_INFERENCE_START,
+            value: 1,
+        },
+        &mut buf,
+    )
+    .expect("a doorbell encodes")
+}
+
+/// Section 1.
+fn identity_vs_floor(rt: &Runtime, id: &IdentityIo) {
+    let len = doorbell_len();
+    let floor = CompositeFloor::start(&std::env::current_exe().unwrap(), len).unwrap();
+    let exec = || timed(|| rt.execute(id.model, &id.inputs, &id.outputs).unwrap());
+    for _ in 0..2_000 {
+        exec();
+        floor.round_trip();
+    }
+    let (e, f) = interleaved(20, 1_000, exec, || floor.round_trip());
+    let mut out = [0u8; 64];
+    id.output.read(&mut out, 0).unwrap();
+    assert_eq!(out, [0x5A; 64], "the identity model copied its input");
+    println!("1. sync execute, identity 64 B, vs the composite IPC floor");
+    println!(
+        "   (floor: {len} B SOCK_SEQPACKET message to a peer process, reply through a memfd + \
+         non-private futex, eventfd wake of the submitter)"
+    );
+    line("identity 64 B sync execute", &e);
+    line("composite IPC floor", &f);
+    let ratio = |p| percentile(&e, p).as_secs_f64() / percentile(&f, p).as_secs_f64();
+    println!(
+        "  p50 {}",
+        verdict(ratio(500), "<= 1.5x", ratio(500) <= 1.5)
+    );
+    println!("  p99 ratio {:.2}x (reported)", ratio(990));
+}
+
+/// A model loaded on core 0 with one input and one output tensor.
+struct Loaded {
+    model: ModelHandle,
+    input: Tensor,
+    output: Tensor,
+    ins: TensorSet,
+    outs: TensorSet,
+}
+
+impl Loaded {
+    fn new(rt: &Runtime, model: &shared::model::Model, in_bytes: u64, out_bytes: u64) -> Self {
+        let model = rt
+            .load(&model.to_container(Target::Simdev).unwrap(), 0)
+            .unwrap();
+        let on = Placement::Device { vnc: 0 };
+        let input = rt.tensor_allocate(on, in_bytes, "input").unwrap();
+        let output = rt.tensor_allocate(on, out_bytes, "output").unwrap();
+        let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+        ins.add("input", &input);
+        outs.add("output", &output);
+        Self {
+            model,
+            input,
+            output,
+            ins,
+            outs,
+        }
+    }
+
+    fn execute(&self, rt: &Runtime) -> Duration {
+        timed(|| rt.execute(self.model, &self.ins, &self.outs).unwrap())
+    }
+
+    fn logits(&self, rows: usize) -> Vec<f32> {
+        let mut out = vec![0u8; rows * CLASSES * 4];
+        self.output.read(&mut out, 0).unwrap();
+        out.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    fn unload(self, rt: &Runtime) {
+        let Self {
+            model,
+            input,
+            output,
+            ins,
+            outs,
+        } = self;
+        drop((input, output, ins, outs));
+        rt.unload(model).unwrap();
+    }
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// The digits MLP at `batch` with its first `batch` test images written.
+fn digits_model(rt: &Runtime, data: &Digits, batch: usize) -> Loaded {
+    let model = data.mlp().build(u32::try_from(batch).unwrap()).unwrap();
+    let d = Loaded::new(
+        rt,
+        &model,
+        (batch * FEATURES * 4) as u64,
+        (batch * CLASSES * 4) as u64,
+    );
+    d.input
+        .write(&to_bytes(&data.inputs[..batch * FEATURES]), 0)
+        .unwrap();
+    d
+}
+
+/// Section 2.
+fn digits_batch_1_vs_identity(rt: &Runtime, data: &Digits) {
+    /// Digits' input row: 64 f32.
+    const IDENTITY_BYTES: u32 = 256;
+    const _: () = assert!(IDENTITY_BYTES as usize == FEATURES * 4);
+    let digits = digits_model(rt, data, 1);
+    let identity = Loaded::new(
+        rt,
+        &runtime::builder::identity(IDENTITY_BYTES),
+        IDENTITY_BYTES.into(),
+        IDENTITY_BYTES.into(),
+    );
+    identity.input.write(&[0x5A; FEATURES * 4], 0).unwrap();
+    for _ in 0..300 {
+        digits.execute(rt);
+        identity.execute(rt);
+    }
+    let diff = max_abs_diff(&digits.logits(1), &data.logits[..CLASSES]);
+    let (d, i) = interleaved(20, 250, || digits.execute(rt), || identity.execute(rt));
+    println!("2. digits MLP batch 1 vs identity of the same I/O bytes");
+    println!(
+        "   (digits moves 256 B in + 40 B out; identity {IDENTITY_BYTES} B moves {IDENTITY_BYTES} B \
+         in + {IDENTITY_BYTES} B out: at least as many each way; logits within {diff:.1e} of the \
+         reference)"
+    );
+    line("digits batch 1 sync execute", &d);
+    line(&format!("identity {IDENTITY_BYTES} B sync execute"), &i);
+    let ratio = |p| percentile(&d, p).as_secs_f64() / percentile(&i, p).as_secs_f64();
+    println!("  p50 {}", verdict(ratio(500), "<= 2x", ratio(500) <= 2.0));
+    println!("  p99 ratio {:.2}x (reported)", ratio(990));
+    digits.unload(rt);
+    identity.unload(rt);
+}
+
+/// The digits MLP's forward pass on the host with `matrixmultiply::sgemm`: per layer, the
+/// output rows start as the bias, `sgemm` adds `x · W` (beta = 1), then ReLU (not after fc3).
+/// Buffers are made once; `forward` allocates nothing.
+struct GemmForward<'a> {
+    layers: &'a [(Vec<f32>, Vec<f32>)],
+    rows: usize,
+    hidden: Vec<Vec<f32>>,
+}
+
+impl<'a> GemmForward<'a> {
+    fn new(data: &'a Digits, rows: usize) -> Self {
+        let hidden = data
+            .layers
+            .iter()
+            .map(|(_, b)| vec![0f32; rows * b.len()])
+            .collect();
+        Self {
+            layers: &data.layers,
+            rows,
+            hidden,
+        }
+    }
+
+    /// Logits `[rows, CLASSES]` of `input` `[rows, FEATURES]`.
+    fn forward(&mut self, input: &[f32]) -> &[f32] {
+        let last = self.layers.len() - 1;
+        for (l, (w, b)) in self.layers.iter().enumerate() {
+            let (k, n) = (w.len() / b.len(), b.len());
+            let (before, rest) = self.hidden.split_at_mut(l);
+            let x: &[f32] = if l == 0 { input } else { &before[l - 1] };
+            let y = &mut rest[0];
+            assert_eq!((x.len(), y.len()), (self.rows * k, self.rows * n));
+            for row in y.chunks_exact_mut(n) {
+                row.copy_from_slice(b);
+            }
+            // SAFETY: x is [rows x k] row-major (strides k, 1), w is [k x n] row-major
+            // (strides n, 1), y is [rows x n] row-major (strides n, 1); the lengths were checked
+            // above and y does not alias x or w.
+            unsafe {
+                matrixmultiply::sgemm(
+                    self.rows,
+                    k,
+                    n,
+                    1.0,
+                    x.as_ptr(),
+                    k as isize,
+                    1,
+                    w.as_ptr(),
+                    n as isize,
+                    1,
+                    1.0,
+                    y.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+            if l != last {
+                for v in y.iter_mut() {
+                    *v = v.max(0.0);
+                }
+            }
+        }
+        &self.hidden[last]
+    }
+}
+
+/// Section 3.
+fn digits_batch_360_vs_gemm(rt: &Runtime, data: &Digits) {
+    let rows = data.count();
+    let digits = digits_model(rt, data, rows);
+    let input = &data.inputs[..rows * FEATURES];
+    let mut host = GemmForward::new(data, rows);
+    digits.execute(rt);
+    let sim_logits = digits.logits(rows);
+    assert!(
+        sim_logits.iter().any(|v| v.abs() > 1.0),
+        "simdev's logits are not the network's"
+    );
+    let host_diff = max_abs_diff(host.forward(input), &sim_logits);
+    let ref_diff = max_abs_diff(host.forward(input), &data.logits);
+    assert!(
+        host_diff <= 1e-3,
+        "the host forward pass is not simdev's network: logits differ by {host_diff}"
+    );
+    for _ in 0..20 {
+        digits.execute(rt);
+        std::hint::black_box(host.forward(std::hint::black_box(input)));
+    }
+    let (d, g) = interleaved(
+        20,
+        50,
+        || digits.execute(rt),
+        || {
+            timed(|| {
+                std::hint::black_box(host.forward(std::hint::black_box(input)));
+            })
+        },
+    );
+    println!("3. digits MLP batch {rows} vs a matrixmultiply::sgemm forward pass in this process");
+    println!(
+        "   (the same network: fc1+bias+ReLU, fc2+bias+ReLU, fc3+bias; host logits within \
+         {host_diff:.1e} of simdev's, {ref_diff:.1e} of the reference)"
+    );
+    line(&format!("digits batch {rows} sync execute"), &d);
+    line("sgemm forward pass", &g);
+    let ratio = |p| percentile(&d, p).as_secs_f64() / percentile(&g, p).as_secs_f64();
+    println!(
+        "  p50 {}",
+        verdict(ratio(500), "<= 1.5x", ratio(500) <= 1.5)
+    );
+    println!("  p99 ratio {:.2}x (reported)", ratio(990));
+    digits.unload(rt);
+}
+
+/// Runs `executions` of `m` keeping `slots.len()` in flight through the explicit async API.
+fn run_async(rt: &Runtime, slots: &[Loaded], executions: u32) -> Duration {
+    let mut pending = VecDeque::with_capacity(slots.len());
+    let t = Instant::now();
+    for e in 0..executions {
+        if pending.len() == slots.len() {
+            let r = pending.pop_front().unwrap();
+            assert_eq!(rt.wait(&r).unwrap(), NrtStatus::Success);
+        }
+        let s = &slots[e as usize % slots.len()];
+        pending.push_back(rt.execute_schedule(s.model, &s.ins, &s.outs).unwrap());
+    }
+    for r in pending {
+        assert_eq!(rt.wait(&r).unwrap(), NrtStatus::Success);
+    }
+    t.elapsed()
+}
+
+/// `n` posted doorbells, then a round-trip request as the barrier that they were all handled.
+fn run_doorbells(dev: &SimDevice, n: u32) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        dev.semaphore_increment(DOORBELL_NC, DOORBELL_SEMAPHORE, 1)
+            .unwrap();
+    }
+    dev.semaphore_read(DOORBELL_NC, DOORBELL_SEMAPHORE).unwrap();
+    t.elapsed()
+}
+
+/// Identity 64 B tensor sets for `n` executions in flight, sharing one loaded model.
+fn async_slots(rt: &Runtime, n: usize) -> Vec<Loaded> {
+    let first = Loaded::new(rt, &runtime::builder::identity(64), 64, 64);
+    let model = first.model;
+    let mut slots = vec![first];
+    for _ in 1..n {
+        let on = Placement::Device { vnc: 0 };
+        let input = rt.tensor_allocate(on, 64, "input").unwrap();
+        let output = rt.tensor_allocate(on, 64, "output").unwrap();
+        let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+        ins.add("input", &input);
+        outs.add("output", &output);
+        slots.push(Loaded {
+            model,
+            input,
+            output,
+            ins,
+            outs,
+        });
+    }
+    slots
+}
+
+/// Section 4.
+fn async_vs_doorbells(rt: &Runtime, dev: &SimDevice, slots: &[Loaded]) {
+    const ROUNDS: u32 = 10;
+    const EXECUTIONS: u32 = 5_000;
+    const DOORBELLS: u32 = 20_000;
+    run_async(rt, slots, 1_000);
+    run_doorbells(dev, 2_000);
+    let (mut exec_time, mut bell_time) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..ROUNDS {
+        exec_time += run_async(rt, slots, EXECUTIONS);
+        bell_time += run_doorbells(dev, DOORBELLS);
+    }
+    let eps = f64::from(ROUNDS * EXECUTIONS) / exec_time.as_secs_f64();
+    let dps = f64::from(ROUNDS * DOORBELLS) / bell_time.as_secs_f64();
+    println!(
+        "4. async identity 64 B, {} in flight, vs pipelined posted doorbells",
+        slots.len()
+    );
+    println!(
+        "   (doorbells: SemaphoreIncrement of semaphore {DOORBELL_SEMAPHORE} of NC {DOORBELL_NC}, \
+         on which nothing waits, on the runtime's own connection; one SemaphoreRead barrier per \
+         {DOORBELLS}; {ROUNDS} interleaved rounds)"
+    );
+    println!("  {:<52} {eps:>10.0} executions/s", "async identity");
+    println!("  {:<52} {dps:>10.0} doorbells/s", "posted doorbells");
+    println!(
+        "  executions/s / doorbells/s {}",
+        verdict(eps / dps, ">= 0.5x", eps / dps >= 0.5)
+    );
+}
+
+/// Section 5: simdev's allocations and hand-offs per execution.
+fn simdev_costs(
+    rt: &Runtime,
+    sim: &mut CountedSimdev,
+    dev: &SimDevice,
+    id: &IdentityIo,
+    data: &Digits,
+    slots: &[Loaded],
+) {
+    const N: u64 = 2_000;
+    let digits = digits_model(rt, data, 1);
+    let identity_sync = || {
+        for _ in 0..N {
+            rt.execute(id.model, &id.inputs, &id.outputs).unwrap();
+        }
+    };
+    let digits_sync = || {
+        for _ in 0..N {
+            digits.execute(rt);
+        }
+    };
+    let identity_async = || {
+        run_async(rt, slots, u32::try_from(N).unwrap());
+    };
+    // Warm-up, then the counted run.
+    identity_sync();
+    digits_sync();
+    identity_async();
+    let costs = [
+        (
+            "identity 64 B sync",
+            SimdevCost::measure(sim, dev, NC, N, identity_sync).unwrap(),
+        ),
+        (
+            "digits batch 1 sync",
+            SimdevCost::measure(sim, dev, NC, N, digits_sync).unwrap(),
+        ),
+        (
+            "identity 64 B async, 16 in flight",
+            SimdevCost::measure(sim, dev, NC, N, identity_async).unwrap(),
+        ),
+    ];
+    println!(
+        "5. simdev's own cost per execution, steady state ({N} executions each after warm-up; \
+         counted in the simdev process)"
+    );
+    println!(
+        "  {:<36} {:>12} {:>12} {:>18} {:>12}",
+        "", "allocations", "executions", "inline_executions", "handoffs"
+    );
+    for (name, c) in &costs {
+        println!(
+            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2}",
+            c.per_call(c.allocations),
+            c.per_call(c.executions),
+            c.per_call(c.inline_executions),
+            c.per_call(c.sequencer_handoffs),
+        );
+    }
+    let all_zero = costs.iter().all(|(_, c)| c.allocations == 0);
+    let all_inline = costs
+        .iter()
+        .take(2)
+        .all(|(_, c)| c.sequencer_handoffs == 0 && c.inline_executions == c.executions);
+    println!(
+        "  allocations per execution: target 0, {}; sync executions all inline, no sequencer \
+         hand-off: {}",
+        if all_zero { "met" } else { "NOT met" },
+        if all_inline { "met" } else { "NOT met" }
+    );
+    digits.unload(rt);
+}
+
+fn main() {
+    tests::ipc_floor::run_as_floor_peer_if_asked();
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    tests::bench::pin_to_one_cpu();
+    let mut sim = CountedSimdev::spawn(
+        Path::new(env!("CARGO_BIN_EXE_counted-simdev")),
+        &["--hbm", "256M"],
+    )
+    .unwrap();
+    let dev = Arc::new(sim.connect().unwrap());
+    dev.claim_nc(DOORBELL_NC).unwrap();
+    let rt = Runtime::init(
+        dev.clone(),
+        RuntimeConfig {
+            num_cores: 1,
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    println!(
+        "simdev speed (issue 17): this process, its threads, the floor's peer and simdev (pid {}, \
+         counting allocator) all pinned to CPU 0; release build",
+        sim.pid()
+    );
+    let id = IdentityIo::load(&rt, 64);
+    id.input.write(&[0x5A; 64], 0).unwrap();
+    let data = Digits::load(&digits::default_path()).unwrap();
+    identity_vs_floor(&rt, &id);
+    digits_batch_1_vs_identity(&rt, &data);
+    digits_batch_360_vs_gemm(&rt, &data);
+    let slots = async_slots(&rt, 16);
+    async_vs_doorbells(&rt, &dev, &slots);
+    simdev_costs(&rt, &mut sim, &dev, &id, &data, &slots);
+    drop((slots, id));
+    rt.close();
+}
