@@ -218,19 +218,22 @@ impl ComputeState {
     /// Reads `tile` as f32, partition by partition (`partitions × elems`, row-major), into
     /// `out` (cleared first; it allocates only to grow).
     fn gather_into(&mut self, tile: &Tile, out: &mut Vec<f32>) -> Result<(), ExecError> {
-        out.clear();
-        out.reserve(idx(tile.partitions).saturating_mul(idx(tile.elems)));
-        for p in Self::partitions(tile) {
+        let elems = idx(tile.elems);
+        // Every element is written below: no need to zero what is already there.
+        out.resize(idx(tile.partitions).saturating_mul(elems), 0.0);
+        for (p, values) in Self::partitions(tile).zip(out.chunks_mut(elems.max(1))) {
             let row = self.row(tile, p)?;
             match tile.dtype {
-                Dt::F32 => out.extend(
-                    row.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                ),
-                Dt::Bf16 => out.extend(
-                    row.chunks_exact(2)
-                        .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))),
-                ),
+                Dt::F32 => {
+                    for (v, c) in values.iter_mut().zip(row.as_chunks::<4>().0) {
+                        *v = f32::from_le_bytes(*c);
+                    }
+                }
+                Dt::Bf16 => {
+                    for (v, c) in values.iter_mut().zip(row.as_chunks::<2>().0) {
+                        *v = bf16_to_f32(u16::from_le_bytes(*c));
+                    }
+                }
             }
         }
         Ok(())
@@ -259,16 +262,18 @@ impl ComputeState {
             let row = self.row(tile, p)?;
             match tile.dtype {
                 Dt::F32 => {
-                    for (slot, v) in row.chunks_exact_mut(4).zip(chunk) {
+                    let (slots, _) = row.as_chunks_mut::<4>();
+                    for (slot, v) in slots.iter_mut().zip(chunk) {
                         non_finite |= !v.is_finite();
-                        slot.copy_from_slice(&v.to_le_bytes());
+                        *slot = v.to_le_bytes();
                     }
                 }
                 Dt::Bf16 => {
-                    for (slot, v) in row.chunks_exact_mut(2).zip(chunk) {
+                    let (slots, _) = row.as_chunks_mut::<2>();
+                    for (slot, v) in slots.iter_mut().zip(chunk) {
                         let b = f32_to_bf16(*v);
                         non_finite |= !bf16_to_f32(b).is_finite();
-                        slot.copy_from_slice(&b.to_le_bytes());
+                        *slot = b.to_le_bytes();
                     }
                 }
             }
@@ -819,7 +824,7 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
             if accumulate {
                 state.gather_into(&dst, &mut s.c)?;
             } else {
-                s.c.clear();
+                // Not accumulating, the kernel writes every element without reading it.
                 s.c.resize(m.saturating_mul(n), 0.0);
             }
             sgemm(&s.a, &s.b, k, m, n, &mut s.c, accumulate)
@@ -874,13 +879,15 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
         Kind::Transpose { dst, src } => {
             state.gather_into(&src, &mut s.a)?;
             let (p, f) = (idx(src.partitions), idx(src.elems));
-            let x = &s.a;
-            s.c.clear();
-            s.c.extend(
-                (0..f)
-                    .flat_map(|j| (0..p).map(move |i| (i, j)))
-                    .map(|(i, j)| x.get(i * f + j).copied().unwrap_or(0.0)),
-            );
+            s.c.resize(p.saturating_mul(f), 0.0);
+            // Every element is written: dst[j][i] = src[i][j], the source row by row.
+            for (i, row) in s.a.chunks(f.max(1)).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    if let Some(slot) = s.c.get_mut(j * p + i) {
+                        *slot = v;
+                    }
+                }
+            }
             state.scatter(&dst, &s.c)
         }
         Kind::Iota {

@@ -10,9 +10,10 @@
 //! `-0` chain stores `+0`). The blocking only decides which elements are computed together,
 //! never the order of one element's sum, so every shape gives the same bits.
 
-/// Output rows computed together.
-const MB: usize = 4;
-/// Output columns computed together (two 8-lane vectors).
+/// Output rows computed together (12 vector accumulators; the last rows of `m` by 4, 2 and
+/// 1).
+const MB: usize = 6;
+/// Output columns computed together: two 8-lane vectors, then one, then one at a time.
 const NB: usize = 16;
 
 /// `acc + a · b`, fused or not.
@@ -27,70 +28,96 @@ fn finish(acc: f32, old: f32, accumulate: bool) -> f32 {
     if accumulate { old + acc } else { acc + 0.0 }
 }
 
+/// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`; the
+/// caller keeps them inside the shape (nothing outside `out` is touched either way).
+#[inline(always)]
+fn block<const FUSED: bool, const R: usize, const C: usize>(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    (m0, n0): (usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let mut acc = [[0.0f32; C]; R];
+    for kk in 0..k {
+        let (Some(a), Some(b)) = (
+            stat.get(kk * m + m0..kk * m + m0 + R),
+            mov.get(kk * n + n0..kk * n + n0 + C),
+        ) else {
+            return;
+        };
+        let (Ok(a), Ok(b)) = (<&[f32; R]>::try_from(a), <&[f32; C]>::try_from(b)) else {
+            return;
+        };
+        for (row, &a) in acc.iter_mut().zip(a) {
+            for (c, &b) in row.iter_mut().zip(b) {
+                *c = madd::<FUSED>(a, b, *c);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let at = (m0 + i) * n + n0;
+        if let Some(dst) = out.get_mut(at..at + C) {
+            for (d, &c) in dst.iter_mut().zip(row) {
+                *d = finish(c, *d, accumulate);
+            }
+        }
+    }
+}
+
+/// The columns of `R` rows from `m0`: blocks of [`NB`], then 8, then single columns.
+#[inline(always)]
+fn rows<const FUSED: bool, const R: usize>(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    m0: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let n = shape.2;
+    let mut n0 = 0;
+    while n0 + NB <= n {
+        block::<FUSED, R, NB>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += NB;
+    }
+    if n0 + 8 <= n {
+        block::<FUSED, R, 8>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += 8;
+    }
+    while n0 < n {
+        block::<FUSED, R, 1>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += 1;
+    }
+}
+
 /// The kernel body; the caller checked `stat.len() == k·m`, `mov.len() == k·n`, `out.len() ==
 /// m·n`.
 #[inline(always)]
 fn body<const FUSED: bool>(
     stat: &[f32],
     mov: &[f32],
-    (k, m, n): (usize, usize, usize),
+    shape: (usize, usize, usize),
     out: &mut [f32],
     accumulate: bool,
 ) {
-    let full_m = m - m % MB;
-    let full_n = n - n % NB;
-    for m0 in (0..full_m).step_by(MB) {
-        for n0 in (0..full_n).step_by(NB) {
-            let mut acc = [[0.0f32; NB]; MB];
-            for kk in 0..k {
-                let (Some(a), Some(b)) = (
-                    stat.get(kk * m + m0..kk * m + m0 + MB),
-                    mov.get(kk * n + n0..kk * n + n0 + NB),
-                ) else {
-                    return;
-                };
-                let (Ok(a), Ok(b)) = (<&[f32; MB]>::try_from(a), <&[f32; NB]>::try_from(b))
-                else {
-                    return;
-                };
-                for (row, &a) in acc.iter_mut().zip(a) {
-                    for (c, &b) in row.iter_mut().zip(b) {
-                        *c = madd::<FUSED>(a, b, *c);
-                    }
-                }
-            }
-            for (i, row) in acc.iter().enumerate() {
-                let at = (m0 + i) * n + n0;
-                if let Some(dst) = out.get_mut(at..at + NB) {
-                    for (d, &c) in dst.iter_mut().zip(row) {
-                        *d = finish(c, *d, accumulate);
-                    }
-                }
-            }
-        }
+    let m = shape.1;
+    let mut m0 = 0;
+    while m0 + MB <= m {
+        rows::<FUSED, MB>(stat, mov, shape, m0, out, accumulate);
+        m0 += MB;
     }
-    // The edges: rows below full_m with columns past full_n, and every column of the last
-    // rows, one element at a time in the same order.
-    let edge = |mi: usize, ni: usize, out: &mut [f32]| {
-        let mut acc = 0.0f32;
-        for kk in 0..k {
-            if let (Some(&a), Some(&b)) = (stat.get(kk * m + mi), mov.get(kk * n + ni)) {
-                acc = madd::<FUSED>(a, b, acc);
-            }
-        }
-        if let Some(d) = out.get_mut(mi * n + ni) {
-            *d = finish(acc, *d, accumulate);
-        }
-    };
-    for mi in 0..full_m {
-        for ni in full_n..n {
-            edge(mi, ni, out);
-        }
+    if m0 + 4 <= m {
+        rows::<FUSED, 4>(stat, mov, shape, m0, out, accumulate);
+        m0 += 4;
     }
-    for mi in full_m..m {
-        for ni in 0..n {
-            edge(mi, ni, out);
-        }
+    if m0 + 2 <= m {
+        rows::<FUSED, 2>(stat, mov, shape, m0, out, accumulate);
+        m0 += 2;
+    }
+    if m0 < m {
+        rows::<FUSED, 1>(stat, mov, shape, m0, out, accumulate);
     }
 }
 
