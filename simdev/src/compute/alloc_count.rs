@@ -79,7 +79,11 @@ fn program() -> Vec<(Engine, Op)> {
             Engine::Pe,
             Instruction::with_tiles(
                 Opcode::Matmul,
-                &[psum, Tile::sbuf(0, k, w, m), Tile::sbuf(0, k, moving, batch)],
+                &[
+                    psum,
+                    Tile::sbuf(0, k, w, m),
+                    Tile::sbuf(0, k, moving, batch),
+                ],
                 &[],
             ),
         ));
@@ -112,11 +116,7 @@ fn program() -> Vec<(Engine, Op)> {
         Instruction::with_tiles(
             Opcode::TensorScalar,
             &[o, o],
-            &[
-                AluOp::Subtract as u32,
-                ScalarMode::PerPartition as u32,
-                tmp,
-            ],
+            &[AluOp::Subtract as u32, ScalarMode::PerPartition as u32, tmp],
         ),
     ));
     insts.push((
@@ -179,7 +179,8 @@ fn a_steady_state_execution_of_compute_instructions_allocates_nothing() {
     }
     let per_execution = (allocations() - before) as f64 / 5.0;
     assert_eq!(
-        per_execution, 0.0,
+        per_execution,
+        0.0,
         "{per_execution} allocations per execution of {} compute instructions",
         program.len()
     );

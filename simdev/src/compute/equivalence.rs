@@ -173,7 +173,12 @@ fn same(a: f32, b: f32) -> bool {
 fn assert_same(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(same(g, w), "{what}[{i}]: got {g:e} ({:#x}), want {w:e} ({:#x})", g.to_bits(), w.to_bits());
+        assert!(
+            same(g, w),
+            "{what}[{i}]: got {g:e} ({:#x}), want {w:e} ({:#x})",
+            g.to_bits(),
+            w.to_bits()
+        );
     }
 }
 

@@ -19,7 +19,11 @@ const NB: usize = 16;
 /// `acc + a · b`, fused or not.
 #[inline(always)]
 fn madd<const FUSED: bool>(a: f32, b: f32, acc: f32) -> f32 {
-    if FUSED { a.mul_add(b, acc) } else { acc + a * b }
+    if FUSED {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
 }
 
 /// The result stored for chain `acc` over old value `old`.
