@@ -170,7 +170,7 @@ fn main() {
     one.input
         .write(&to_bytes(&data.inputs[..FEATURES]), 0)
         .unwrap();
-    let id = IdentityIo::load(&rt, (FEATURES * 4) as u32);
+    let id = IdentityIo::load(&rt, u32::try_from(FEATURES * 4).unwrap());
     let (mut sim, mut ident) = (Vec::new(), Vec::new());
     for i in 0..n + 100 {
         let t = Instant::now();
