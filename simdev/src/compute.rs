@@ -30,7 +30,7 @@
 //! Every operand (and a per-partition scalar vector) is read completely before anything is
 //! written, so a destination may overlap its sources. Reads widen bf16 to f32; the result is
 //! computed in f32; writes to bf16 round to nearest even ([`f32_to_bf16`]). Matmul goes
-//! through [`matmul_f32`] (`matrixmultiply::sgemm`); `Activation` computes
+//! through [`matmul_f32`] (simdev's kernel, rounding as `matrixmultiply::sgemm` does); `Activation` computes
 //! `f(x · scale + bias)` as two f32 roundings (no fused multiply-add); Max, Min, Relu and a max
 //! reduction propagate NaN (an input NaN is never hidden); a sum reduction adds left to right
 //! from 0; `Iota` takes `p` relative to the destination's first partition, computes
@@ -78,6 +78,21 @@ pub struct ComputeState {
     psum: Vec<u8>,
     tables_loaded: bool,
     program: Option<[u64; 5]>,
+    scratch: Scratch,
+}
+
+/// Reusable f32 buffers of [`execute`]: operands are read into them and results computed in
+/// them, so an op allocates nothing once they have grown to the largest tiles an NC's programs
+/// use (each holds at most 128 × 32768 values). They carry no state between ops: every op
+/// writes what it reads from them first.
+#[derive(Default)]
+struct Scratch {
+    /// The first operand (a matmul's stationary operand, the only source of a one-source op).
+    a: Vec<f32>,
+    /// The second operand (a matmul's moving operand, TensorTensor's `b`).
+    b: Vec<f32>,
+    /// Results, and per-partition scalars.
+    c: Vec<f32>,
 }
 
 impl fmt::Debug for ComputeState {
@@ -103,6 +118,7 @@ impl ComputeState {
         self.psum = Vec::new();
         self.tables_loaded = false;
         self.program = None;
+        self.scratch = Scratch::default();
     }
 
     /// The engine addresses of the last request the sequencer ran (`None` after a clear).
@@ -199,22 +215,35 @@ impl ComputeState {
         tile.partition_start..tile.partition_start.saturating_add(tile.partitions)
     }
 
-    /// Reads `tile` as f32, partition by partition (`partitions × elems`, row-major).
-    fn gather(&mut self, tile: &Tile) -> Result<Vec<f32>, ExecError> {
-        let mut out = Vec::with_capacity(idx(tile.partitions).saturating_mul(idx(tile.elems)));
-        for p in Self::partitions(tile) {
+    /// Reads `tile` as f32, partition by partition (`partitions × elems`, row-major), into
+    /// `out` (cleared first; it allocates only to grow).
+    fn gather_into(&mut self, tile: &Tile, out: &mut Vec<f32>) -> Result<(), ExecError> {
+        let elems = idx(tile.elems);
+        // Every element is written below: no need to zero what is already there.
+        out.resize(idx(tile.partitions).saturating_mul(elems), 0.0);
+        for (p, values) in Self::partitions(tile).zip(out.chunks_mut(elems.max(1))) {
             let row = self.row(tile, p)?;
             match tile.dtype {
-                Dt::F32 => out.extend(
-                    row.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                ),
-                Dt::Bf16 => out.extend(
-                    row.chunks_exact(2)
-                        .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))),
-                ),
+                Dt::F32 => {
+                    for (v, c) in values.iter_mut().zip(row.as_chunks::<4>().0) {
+                        *v = f32::from_le_bytes(*c);
+                    }
+                }
+                Dt::Bf16 => {
+                    for (v, c) in values.iter_mut().zip(row.as_chunks::<2>().0) {
+                        *v = bf16_to_f32(u16::from_le_bytes(*c));
+                    }
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Reads `tile` as f32 into a new vector (tests).
+    #[cfg(test)]
+    fn gather(&mut self, tile: &Tile) -> Result<Vec<f32>, ExecError> {
+        let mut out = Vec::new();
+        self.gather_into(tile, &mut out)?;
         Ok(out)
     }
 
@@ -233,16 +262,18 @@ impl ComputeState {
             let row = self.row(tile, p)?;
             match tile.dtype {
                 Dt::F32 => {
-                    for (slot, v) in row.chunks_exact_mut(4).zip(chunk) {
+                    let (slots, _) = row.as_chunks_mut::<4>();
+                    for (slot, v) in slots.iter_mut().zip(chunk) {
                         non_finite |= !v.is_finite();
-                        slot.copy_from_slice(&v.to_le_bytes());
+                        *slot = v.to_le_bytes();
                     }
                 }
                 Dt::Bf16 => {
-                    for (slot, v) in row.chunks_exact_mut(2).zip(chunk) {
+                    let (slots, _) = row.as_chunks_mut::<2>();
+                    for (slot, v) in slots.iter_mut().zip(chunk) {
                         let b = f32_to_bf16(*v);
                         non_finite |= !bf16_to_f32(b).is_finite();
-                        slot.copy_from_slice(&b.to_le_bytes());
+                        *slot = b.to_le_bytes();
                     }
                 }
             }
@@ -250,23 +281,29 @@ impl ComputeState {
         Ok(non_finite)
     }
 
-    /// The scalar of every partition of `dst`.
-    fn scalars(&mut self, scalar: Scalar, dst: &Tile) -> Result<Vec<f32>, ExecError> {
+    /// The scalar of every partition of `dst`, into `out` (cleared first).
+    fn scalars_into(
+        &mut self,
+        scalar: Scalar,
+        dst: &Tile,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        out.clear();
         match scalar {
-            Scalar::Immediate(v) => Ok(vec![v; idx(dst.partitions)]),
-            Scalar::PerPartition(offset) => Self::partitions(dst)
-                .map(|p| {
+            Scalar::Immediate(v) => out.resize(idx(dst.partitions), v),
+            Scalar::PerPartition(offset) => {
+                for p in Self::partitions(dst) {
                     let mut word = [0u8; 4];
-                    if self.read_sbuf(p, u64::from(offset), &mut word) {
-                        Ok(f32::from_le_bytes(word))
-                    } else {
-                        Err(ExecError::Internal(format!(
+                    if !self.read_sbuf(p, u64::from(offset), &mut word) {
+                        return Err(ExecError::Internal(format!(
                             "per-partition scalar at {offset} of partition {p}"
-                        )))
+                        )));
                     }
-                })
-                .collect(),
+                    out.push(f32::from_le_bytes(word));
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -706,32 +743,93 @@ fn i32_to_bf16_value(v: i32) -> f32 {
 
 /// Runs a decoded op on `state` (see the module doc for the semantics).
 ///
+/// Operands are read into the state's reusable scratch buffers and results computed there,
+/// so an op allocates nothing in the steady state (the buffers only grow, to the largest tiles
+/// the NC's programs use).
+///
 /// # Errors
 /// [`ExecError::TablesNotLoaded`] for an `Activation` before the tables were loaded; nothing
 /// was written then.
 pub fn execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
-    let non_finite = match op.0 {
+    let mut scratch = std::mem::take(&mut state.scratch);
+    let result = run_op(state, &mut scratch, op);
+    state.scratch = scratch;
+    result.map(|non_finite| Effect { non_finite })
+}
+
+/// `x[p][i] = f(x[p][i], s[p])` for every row `p` of `elems` values.
+fn map_rows(x: &mut [f32], elems: usize, s: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (row, &s) in x.chunks_mut(elems.max(1)).zip(s) {
+        for v in row {
+            *v = f(*v, s);
+        }
+    }
+}
+
+/// `x[i] = f(x[i], y[i])`.
+fn zip_with(x: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (v, &w) in x.iter_mut().zip(y) {
+        *v = f(*v, w);
+    }
+}
+
+/// `x[p][i] = func(x[p][i] · scale + bias[p])`, each function in its own loop.
+fn activate_rows(x: &mut [f32], elems: usize, bias: &[f32], func: ActFunc, scale: f32) {
+    match func {
+        ActFunc::Identity => map_rows(x, elems, bias, |v, b| v * scale + b),
+        ActFunc::Relu => map_rows(x, elems, bias, |v, b| max_nan(v * scale + b, 0.0)),
+        f => map_rows(x, elems, bias, |v, b| activate(f, v * scale + b)),
+    }
+}
+
+/// `x[p][i] = x[p][i] op y` with `y` either one value per row or (`per_element`) one per
+/// element, each ALU op in its own loop.
+fn alu_rows(x: &mut [f32], elems: usize, y: &[f32], op: AluOp, per_element: bool) {
+    macro_rules! apply {
+        ($f:expr) => {
+            if per_element {
+                zip_with(x, y, $f)
+            } else {
+                map_rows(x, elems, y, $f)
+            }
+        };
+    }
+    match op {
+        AluOp::Add => apply!(|a, b| a + b),
+        AluOp::Subtract => apply!(|a, b| a - b),
+        AluOp::Multiply => apply!(|a, b| a * b),
+        AluOp::Max => apply!(max_nan),
+        AluOp::Min => apply!(min_nan),
+        AluOp::Divide => apply!(|a, b| a / b),
+    }
+}
+
+/// [`execute`] with the scratch buffers taken out of `state`: whether a value written was not
+/// finite.
+fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, ExecError> {
+    match op.0 {
         Kind::Matmul {
             dst,
             stationary,
             moving,
             accumulate,
         } => {
-            let stat = state.gather(&stationary)?;
-            let mov = state.gather(&moving)?;
+            state.gather_into(&stationary, &mut s.a)?;
+            state.gather_into(&moving, &mut s.b)?;
             let (k, m, n) = (
                 idx(stationary.partitions),
                 idx(stationary.elems),
                 idx(moving.elems),
             );
-            let mut out = if accumulate {
-                state.gather(&dst)?
+            if accumulate {
+                state.gather_into(&dst, &mut s.c)?;
             } else {
-                vec![0.0; m.saturating_mul(n)]
-            };
-            sgemm(&stat, &mov, k, m, n, &mut out, accumulate)
+                // Not accumulating, the kernel writes every element without reading it.
+                s.c.resize(m.saturating_mul(n), 0.0);
+            }
+            sgemm(&s.a, &s.b, k, m, n, &mut s.c, accumulate)
                 .map_err(|e| ExecError::Internal(e.to_string()))?;
-            state.scatter(&dst, &out)?
+            state.scatter(&dst, &s.c)
         }
         Kind::Activation {
             dst,
@@ -743,24 +841,16 @@ pub fn execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
             if !state.tables_loaded {
                 return Err(ExecError::TablesNotLoaded);
             }
-            let x = state.gather(&src)?;
-            let bias = state.scalars(bias, &dst)?;
-            let out: Vec<f32> = x
-                .chunks(idx(src.elems).max(1))
-                .zip(bias)
-                .flat_map(|(row, b)| row.iter().map(move |&v| activate(func, v * scale + b)))
-                .collect();
-            state.scatter(&dst, &out)?
+            state.gather_into(&src, &mut s.a)?;
+            state.scalars_into(bias, &dst, &mut s.c)?;
+            activate_rows(&mut s.a, idx(src.elems), &s.c, func, scale);
+            state.scatter(&dst, &s.a)
         }
         Kind::TensorTensor { dst, a, b, op } => {
-            let a = state.gather(&a)?;
-            let b = state.gather(&b)?;
-            let out: Vec<f32> = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| alu_apply(op, x, y))
-                .collect();
-            state.scatter(&dst, &out)?
+            state.gather_into(&a, &mut s.a)?;
+            state.gather_into(&b, &mut s.b)?;
+            alu_rows(&mut s.a, idx(a.elems), &s.b, op, true);
+            state.scatter(&dst, &s.a)
         }
         Kind::TensorScalar {
             dst,
@@ -768,38 +858,37 @@ pub fn execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
             op,
             scalar,
         } => {
-            let x = state.gather(&src)?;
-            let s = state.scalars(scalar, &dst)?;
-            let out: Vec<f32> = x
-                .chunks(idx(src.elems).max(1))
-                .zip(s)
-                .flat_map(|(row, s)| row.iter().map(move |&v| alu_apply(op, v, s)))
-                .collect();
-            state.scatter(&dst, &out)?
+            state.gather_into(&src, &mut s.a)?;
+            state.scalars_into(scalar, &dst, &mut s.c)?;
+            alu_rows(&mut s.a, idx(src.elems), &s.c, op, false);
+            state.scatter(&dst, &s.a)
         }
         Kind::Reduce { dst, src, op } => {
-            let x = state.gather(&src)?;
-            let out: Vec<f32> = x
-                .chunks(idx(src.elems).max(1))
-                .map(|row| match op {
-                    ReduceOp::Sum => row.iter().fold(0.0, |acc, &v| acc + v),
-                    ReduceOp::Max => row.iter().copied().fold(f32::NEG_INFINITY, max_nan),
-                })
-                .collect();
-            state.scatter(&dst, &out)?
+            state.gather_into(&src, &mut s.a)?;
+            s.c.clear();
+            s.c.extend(s.a.chunks(idx(src.elems).max(1)).map(|row| match op {
+                ReduceOp::Sum => row.iter().fold(0.0, |acc, &v| acc + v),
+                ReduceOp::Max => row.iter().copied().fold(f32::NEG_INFINITY, max_nan),
+            }));
+            state.scatter(&dst, &s.c)
         }
         Kind::Copy { dst, src } => {
-            let x = state.gather(&src)?;
-            state.scatter(&dst, &x)?
+            state.gather_into(&src, &mut s.a)?;
+            state.scatter(&dst, &s.a)
         }
         Kind::Transpose { dst, src } => {
-            let x = state.gather(&src)?;
+            state.gather_into(&src, &mut s.a)?;
             let (p, f) = (idx(src.partitions), idx(src.elems));
-            let out: Vec<f32> = (0..f)
-                .flat_map(|j| (0..p).map(move |i| (i, j)))
-                .map(|(i, j)| x.get(i * f + j).copied().unwrap_or(0.0))
-                .collect();
-            state.scatter(&dst, &out)?
+            s.c.resize(p.saturating_mul(f), 0.0);
+            // Every element is written: dst[j][i] = src[i][j], the source row by row.
+            for (i, row) in s.a.chunks(f.max(1)).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    if let Some(slot) = s.c.get_mut(j * p + i) {
+                        *slot = v;
+                    }
+                }
+            }
+            state.scatter(&dst, &s.c)
         }
         Kind::Iota {
             dst,
@@ -807,12 +896,12 @@ pub fn execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
             pstep,
             step,
         } => {
-            let mut out = Vec::with_capacity(idx(dst.partitions).saturating_mul(idx(dst.elems)));
+            s.c.clear();
             let mut row = base;
             for _ in 0..dst.partitions {
                 let mut v = row;
                 for _ in 0..dst.elems {
-                    out.push(match dst.dtype {
+                    s.c.push(match dst.dtype {
                         // Rounds to nearest even, once.
                         Dt::F32 => v as f32,
                         Dt::Bf16 => i32_to_bf16_value(v),
@@ -821,10 +910,9 @@ pub fn execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
                 }
                 row = row.wrapping_add(pstep);
             }
-            state.scatter(&dst, &out)?
+            state.scatter(&dst, &s.c)
         }
-    };
-    Ok(Effect { non_finite })
+    }
 }
 
 /// The slices given to [`matmul_f32`] do not have the sizes its shape needs.
@@ -850,9 +938,10 @@ pub struct MatmulShapeError {
 
 /// The matmul of the `Matmul` instruction on f32 buffers: `out[m][n] = Σ_k stat[k][m] ·
 /// mov[k][n]` with `stat` K × M, `mov` K × N and `out` M × N, all row-major (the partition
-/// dimension first, as gathered from tiles). Computed by `matrixmultiply::sgemm` reading
-/// `stat` through transposed strides (no copy). Public so benchmarks can time simdev's matmul
-/// path beside the raw GEMM crate.
+/// dimension first, as gathered from tiles). Computed by simdev's own register-blocked
+/// kernel, which allocates nothing and rounds as `matrixmultiply::sgemm` does (one fused
+/// multiply-add chain over `k` per element on a CPU with FMA). Public so benchmarks can time
+/// simdev's matmul path beside the raw GEMM crate.
 ///
 /// # Errors
 /// [`MatmulShapeError`] when a slice's length is not its shape's.
@@ -906,39 +995,16 @@ fn sgemm(
     {
         return Err(shape_error);
     }
-    let (Ok(rs_stat), Ok(rs_mov)) = (isize::try_from(m), isize::try_from(n)) else {
-        return Err(shape_error);
-    };
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    let beta = if accumulate { 1.0 } else { 0.0 };
-    // SAFETY: A = statᵀ is M × K read at stat[k·M + m] (row stride 1, column stride M), B = mov
-    // is K × N at mov[k·N + n] (row stride N, column stride 1), C = out is M × N at out[m·N + n]
-    // (row stride N, column stride 1). The lengths were checked above to be exactly K·M, K·N
-    // and M·N, so every element sgemm touches is inside its slice; `out` is borrowed mutably
-    // and so aliases neither input, and its strides address distinct elements.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            stat.as_ptr(),
-            1,
-            rs_stat,
-            mov.as_ptr(),
-            rs_mov,
-            1,
-            beta,
-            out.as_mut_ptr(),
-            rs_mov,
-            1,
-        );
-    }
+    gemm::gemm(stat, mov, (k, m, n), out, accumulate);
     Ok(())
 }
 
+mod gemm;
+
+#[cfg(test)]
+mod alloc_count;
+#[cfg(test)]
+mod equivalence;
 #[cfg(test)]
 pub(crate) mod fuzz;
 #[cfg(test)]

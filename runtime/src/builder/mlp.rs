@@ -268,8 +268,17 @@ impl MlpBuilder {
         let mut a = Alloc(0);
         let xin = a.take(tiles * in0 * 4);
         let xt = a.take(batch * 4);
-        let w: Vec<u32> = stages.iter().map(|s| a.take(s.outputs * 4)).collect();
-        let b: Vec<u32> = stages.iter().map(|_| a.take(4)).collect();
+        // The constants: per stage, a partition's weights row then its bias, all stages side
+        // by side, so one descriptor per partition loads every stage's constants.
+        let consts_at = a.0;
+        let (w, b): (Vec<u32>, Vec<u32>) = stages
+            .iter()
+            .map(|s| {
+                let w = a.take(s.outputs * 4);
+                (w, a.take(4))
+            })
+            .unzip();
+        let consts_width = a.0 - consts_at;
         let h: Vec<u32> = stages.iter().map(|_| a.take(batch * 4)).collect();
         let out = a.take(tiles * out_last * 4);
         let (tmax, tsum) = (a.take(tiles * 4), a.take(tiles * 4));
@@ -296,45 +305,49 @@ impl MlpBuilder {
         };
         let last = stages.len() - 1;
 
-        // Constants: one buffer per stage (weights then bias), loaded row by row into SBUF.
-        let mut buffers = Vec::new();
-        let mut consts = Vec::new();
-        for (l, s) in stages.iter().enumerate() {
-            let mut bytes: Vec<u8> = s.weights.iter().flat_map(|v| v.to_le_bytes()).collect();
-            bytes.extend(s.bias.iter().flat_map(|v| v.to_le_bytes()));
-            let index = u32::try_from(buffers.len()).unwrap_or(u32::MAX);
-            buffers.push(BufferSpec {
-                name: format!("dense{l}"),
-                size: bytes.len() as u64,
-                init: bytes,
-            });
-            for k in 0..s.inputs {
-                consts.push(IoDesc {
-                    src: Operand::Buffer {
-                        index,
-                        offset: u64::from(k * s.outputs * 4),
-                    },
-                    dst: Operand::Sbuf {
-                        partition: k,
-                        offset: u64::from(w[l]),
-                    },
-                    len: s.outputs * 4,
-                });
-            }
-            for j in 0..s.outputs {
-                consts.push(IoDesc {
-                    src: Operand::Buffer {
-                        index,
-                        offset: u64::from((s.inputs * s.outputs + j) * 4),
-                    },
-                    dst: Operand::Sbuf {
-                        partition: j,
-                        offset: u64::from(b[l]),
-                    },
-                    len: 4,
-                });
+        // Constants: one buffer of a row per partition (stage by stage: the partition's weights
+        // row, zeros past the stage's inputs, then its bias, 0 past its outputs), loaded with one
+        // descriptor per partition.
+        let const_partitions = stages
+            .iter()
+            .map(|s| s.inputs.max(s.outputs))
+            .max()
+            .unwrap_or(0);
+        let mut bytes = Vec::new();
+        for p in 0..const_partitions {
+            for s in stages {
+                let (k, n) = (p as usize, s.outputs as usize);
+                if p < s.inputs {
+                    bytes.extend(
+                        s.weights[k * n..(k + 1) * n]
+                            .iter()
+                            .flat_map(|v| v.to_le_bytes()),
+                    );
+                } else {
+                    bytes.extend(std::iter::repeat_n(0u8, n * 4));
+                }
+                let bias = if p < s.outputs { s.bias[k] } else { 0.0 };
+                bytes.extend(bias.to_le_bytes());
             }
         }
+        let buffers = vec![BufferSpec {
+            name: "dense".into(),
+            size: bytes.len() as u64,
+            init: bytes,
+        }];
+        let consts: Vec<IoDesc> = (0..const_partitions)
+            .map(|p| IoDesc {
+                src: Operand::Buffer {
+                    index: 0,
+                    offset: u64::from(p * consts_width),
+                },
+                dst: Operand::Sbuf {
+                    partition: p,
+                    offset: u64::from(consts_at),
+                },
+                len: consts_width,
+            })
+            .collect();
         let row_in = |r: u32| IoDesc {
             src: Operand::Tensor {
                 name: "input".into(),
@@ -592,7 +605,11 @@ mod tests {
         let rings = &m.tpbs[0].io_rings;
         assert_eq!(rings[1].descs.len(), 300, "one descriptor per input row");
         assert_eq!(rings[2].descs.len(), 300);
-        assert_eq!(rings[0].descs.len(), 3 + 2, "weight rows and bias elements");
+        assert_eq!(
+            rings[0].descs.len(),
+            3,
+            "one descriptor per partition for every stage's weights row and bias"
+        );
         assert_eq!(m.outputs[0].shape, vec![300, 2]);
     }
 

@@ -1,0 +1,288 @@
+//! The allocation-free interpreter against the one it replaced: the previous `execute` (every
+//! operand gathered into a new vector, results collected into another, the matmul through
+//! `matrixmultiply::sgemm`) is kept here as the oracle, and both run the same random
+//! instructions on the same random SBUF and PSUM; simdev's GEMM kernel against
+//! `matrixmultiply::sgemm` over random shapes.
+
+use shared::isa::Instruction;
+
+use super::fuzz::{Rng, random_instruction, wild_instruction_on};
+use super::*;
+
+/// The previous interpreter, verbatim but for its matmul, which calls the GEMM crate.
+fn naive_execute(state: &mut ComputeState, op: &Op) -> Result<Effect, ExecError> {
+    let scalars = |state: &mut ComputeState, scalar: Scalar, dst: &Tile| -> Vec<f32> {
+        let mut out = Vec::new();
+        state.scalars_into(scalar, dst, &mut out).unwrap();
+        out
+    };
+    let non_finite = match op.0 {
+        Kind::Matmul {
+            dst,
+            stationary,
+            moving,
+            accumulate,
+        } => {
+            let stat = state.gather(&stationary)?;
+            let mov = state.gather(&moving)?;
+            let (k, m, n) = (
+                idx(stationary.partitions),
+                idx(stationary.elems),
+                idx(moving.elems),
+            );
+            let mut out = if accumulate {
+                state.gather(&dst)?
+            } else {
+                vec![0.0; m * n]
+            };
+            crate_sgemm(&stat, &mov, (k, m, n), &mut out, accumulate);
+            state.scatter(&dst, &out)?
+        }
+        Kind::Activation {
+            dst,
+            src,
+            func,
+            scale,
+            bias,
+        } => {
+            if !state.tables_loaded {
+                return Err(ExecError::TablesNotLoaded);
+            }
+            let x = state.gather(&src)?;
+            let bias = scalars(state, bias, &dst);
+            let out: Vec<f32> = x
+                .chunks(idx(src.elems).max(1))
+                .zip(bias)
+                .flat_map(|(row, b)| row.iter().map(move |&v| activate(func, v * scale + b)))
+                .collect();
+            state.scatter(&dst, &out)?
+        }
+        Kind::TensorTensor { dst, a, b, op } => {
+            let a = state.gather(&a)?;
+            let b = state.gather(&b)?;
+            let out: Vec<f32> = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| alu_apply(op, x, y))
+                .collect();
+            state.scatter(&dst, &out)?
+        }
+        Kind::TensorScalar {
+            dst,
+            src,
+            op,
+            scalar,
+        } => {
+            let x = state.gather(&src)?;
+            let s = scalars(state, scalar, &dst);
+            let out: Vec<f32> = x
+                .chunks(idx(src.elems).max(1))
+                .zip(s)
+                .flat_map(|(row, s)| row.iter().map(move |&v| alu_apply(op, v, s)))
+                .collect();
+            state.scatter(&dst, &out)?
+        }
+        Kind::Reduce { dst, src, op } => {
+            let x = state.gather(&src)?;
+            let out: Vec<f32> = x
+                .chunks(idx(src.elems).max(1))
+                .map(|row| match op {
+                    ReduceOp::Sum => row.iter().fold(0.0, |acc, &v| acc + v),
+                    ReduceOp::Max => row.iter().copied().fold(f32::NEG_INFINITY, max_nan),
+                })
+                .collect();
+            state.scatter(&dst, &out)?
+        }
+        Kind::Copy { dst, src } => {
+            let x = state.gather(&src)?;
+            state.scatter(&dst, &x)?
+        }
+        Kind::Transpose { dst, src } => {
+            let x = state.gather(&src)?;
+            let (p, f) = (idx(src.partitions), idx(src.elems));
+            let out: Vec<f32> = (0..f)
+                .flat_map(|j| (0..p).map(move |i| (i, j)))
+                .map(|(i, j)| x.get(i * f + j).copied().unwrap_or(0.0))
+                .collect();
+            state.scatter(&dst, &out)?
+        }
+        Kind::Iota {
+            dst,
+            base,
+            pstep,
+            step,
+        } => {
+            let mut out = Vec::new();
+            let mut row = base;
+            for _ in 0..dst.partitions {
+                let mut v = row;
+                for _ in 0..dst.elems {
+                    out.push(match dst.dtype {
+                        Dt::F32 => v as f32,
+                        Dt::Bf16 => i32_to_bf16_value(v),
+                    });
+                    v = v.wrapping_add(step);
+                }
+                row = row.wrapping_add(pstep);
+            }
+            state.scatter(&dst, &out)?
+        }
+    };
+    Ok(Effect { non_finite })
+}
+
+/// The previous matmul: `matrixmultiply::sgemm` reading `stat` through transposed strides.
+fn crate_sgemm(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    assert_eq!((stat.len(), mov.len(), out.len()), (k * m, k * n, m * n));
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: A = statᵀ is M × K at stat[k·M + m], B = mov is K × N at mov[k·N + n], C = out
+    // is M × N at out[m·N + n]; the lengths were just asserted, and `out` aliases neither.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            stat.as_ptr(),
+            1,
+            isize::try_from(m).unwrap(),
+            mov.as_ptr(),
+            isize::try_from(n).unwrap(),
+            1,
+            beta,
+            out.as_mut_ptr(),
+            isize::try_from(n).unwrap(),
+            1,
+        );
+    }
+}
+
+/// The same value: equal bits, both NaN (payloads may differ), or both zeros (the GEMM crate
+/// itself stores `+0` or `-0` for a `-0` product depending on where the element falls in its
+/// blocking).
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a == 0.0 && b == 0.0)
+}
+
+fn assert_same(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            same(g, w),
+            "{what}[{i}]: got {g:e} ({:#x}), want {w:e} ({:#x})",
+            g.to_bits(),
+            w.to_bits()
+        );
+    }
+}
+
+/// A value with a random sign, exponent near 0 and mantissa (so products round), sometimes
+/// zero, NaN or infinite.
+fn value(rng: &mut Rng) -> f32 {
+    match rng.below(64) {
+        0 => 0.0,
+        1 => -0.0,
+        2 => f32::NAN,
+        3 => f32::INFINITY,
+        _ => {
+            let sign = u32::try_from(rng.below(2)).unwrap() << 31;
+            let exponent = (120 + u32::try_from(rng.below(14)).unwrap()) << 23;
+            let mantissa = rng.word() & 0x007F_FFFF;
+            f32::from_bits(sign | exponent | mantissa)
+        }
+    }
+}
+
+#[test]
+fn gemm_rounds_as_the_gemm_crate_over_random_shapes() {
+    let mut rng = Rng(17);
+    for case in 0..300 {
+        let k = 1 + usize::try_from(rng.below(128)).unwrap();
+        let m = 1 + usize::try_from(rng.below(128)).unwrap();
+        let n = 1 + usize::try_from(rng.below(if case % 4 == 0 { 1200 } else { 70 })).unwrap();
+        let finite = |rng: &mut Rng| loop {
+            let v = value(rng);
+            if v.is_finite() || case % 8 == 0 {
+                return v;
+            }
+        };
+        let stat: Vec<f32> = (0..k * m).map(|_| finite(&mut rng)).collect();
+        let mov: Vec<f32> = (0..k * n).map(|_| finite(&mut rng)).collect();
+        let old: Vec<f32> = (0..m * n).map(|_| finite(&mut rng)).collect();
+        for accumulate in [false, true] {
+            let mut want = old.clone();
+            crate_sgemm(&stat, &mov, (k, m, n), &mut want, accumulate);
+            let mut got = old.clone();
+            sgemm(&stat, &mov, k, m, n, &mut got, accumulate).unwrap();
+            assert_same(
+                &got,
+                &want,
+                &format!("K {k} M {m} N {n} accumulate {accumulate}"),
+            );
+        }
+    }
+}
+
+/// Both states' SBUF and PSUM, compared value by value (4-byte words).
+fn assert_same_state(got: &mut ComputeState, want: &mut ComputeState, what: &str) {
+    for space in [Space::Sbuf, Space::Psum] {
+        let words = |s: &mut ComputeState| -> Vec<f32> {
+            s.buffer(space)
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let (g, w) = (words(got), words(want));
+        assert_same(&g, &w, &format!("{what}: {}", space_name(space)));
+    }
+}
+
+#[test]
+fn execute_matches_the_previous_interpreter_on_random_instructions() {
+    let mut rng = Rng(23);
+    let mut new = ComputeState::new();
+    let mut old = ComputeState::new();
+    // Random values in the first 8 KiB of every SBUF and PSUM partition (where most random
+    // tiles fall), the same in both.
+    for space in [Space::Sbuf, Space::Psum] {
+        let tile = Tile::sbuf(0, 128, 0, 2048);
+        let tile = Tile { space, ..tile };
+        let values: Vec<f32> = (0..128 * 2048).map(|_| value(&mut rng)).collect();
+        new.scatter(&tile, &values).unwrap();
+        old.scatter(&tile, &values).unwrap();
+    }
+    let mut executed = 0;
+    for i in 0..6000 {
+        let tables = i % 5 != 0;
+        new.set_tables_loaded(tables);
+        old.set_tables_loaded(tables);
+        let inst: Instruction = if i % 2 == 0 {
+            random_instruction(&mut rng)
+        } else {
+            let engine = rng.pick(&Engine::ALL);
+            wild_instruction_on(&mut rng, engine)
+        };
+        let Some(opcode) = inst.op() else { continue };
+        let Some(&engine) = engines_of(opcode).and_then(|e| e.first()) else {
+            continue;
+        };
+        let Ok(Some(op)) = decode(engine, opcode, &inst) else {
+            continue;
+        };
+        let got = execute(&mut new, &op);
+        let want = naive_execute(&mut old, &op);
+        assert_eq!(got, want, "instruction {i}: {op:?}");
+        executed += usize::from(got.is_ok());
+        if i % 500 == 0 {
+            assert_same_state(&mut new, &mut old, &format!("after instruction {i}"));
+        }
+    }
+    assert_same_state(&mut new, &mut old, "at the end");
+    assert!(executed > 300, "{executed} executed");
+}

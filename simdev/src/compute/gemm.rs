@@ -1,0 +1,169 @@
+//! The matmul kernel of the `Matmul` instruction: `out[m][n] (+)= Σ_k stat[k][m] · mov[k][n]`
+//! over contiguous row-major f32 buffers, register-blocked and allocation-free (the GEMM crate
+//! allocates its packing buffers on every call, which an execution's steady state may not).
+//!
+//! # Rounding (the same as `matrixmultiply::sgemm`)
+//! Every output element is one chain over `k` in order, starting from +0: `acc = fma(stat,
+//! mov, acc)` — a fused multiply-add, one rounding — on a CPU with FMA (x86-64 with AVX2 and
+//! FMA, detected at run time, and aarch64), otherwise `acc = acc + stat · mov` (two roundings).
+//! The chain is then added to the old output when accumulating, and to +0 otherwise (so a
+//! `-0` chain stores `+0`). The blocking only decides which elements are computed together,
+//! never the order of one element's sum, so every shape gives the same bits.
+
+/// Output rows computed together (12 vector accumulators; the last rows of `m` by 4, 2 and
+/// 1).
+const MB: usize = 6;
+/// Output columns computed together: two 8-lane vectors, then one, then one at a time.
+const NB: usize = 16;
+
+/// `acc + a · b`, fused or not.
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f32, b: f32, acc: f32) -> f32 {
+    if FUSED {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
+}
+
+/// The result stored for chain `acc` over old value `old`.
+#[inline(always)]
+fn finish(acc: f32, old: f32, accumulate: bool) -> f32 {
+    if accumulate { old + acc } else { acc + 0.0 }
+}
+
+/// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`; the
+/// caller keeps them inside the shape (nothing outside `out` is touched either way).
+#[inline(always)]
+fn block<const FUSED: bool, const R: usize, const C: usize>(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    (m0, n0): (usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let mut acc = [[0.0f32; C]; R];
+    for kk in 0..k {
+        let (Some(a), Some(b)) = (
+            stat.get(kk * m + m0..kk * m + m0 + R),
+            mov.get(kk * n + n0..kk * n + n0 + C),
+        ) else {
+            return;
+        };
+        let (Ok(a), Ok(b)) = (<&[f32; R]>::try_from(a), <&[f32; C]>::try_from(b)) else {
+            return;
+        };
+        for (row, &a) in acc.iter_mut().zip(a) {
+            for (c, &b) in row.iter_mut().zip(b) {
+                *c = madd::<FUSED>(a, b, *c);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let at = (m0 + i) * n + n0;
+        if let Some(dst) = out.get_mut(at..at + C) {
+            for (d, &c) in dst.iter_mut().zip(row) {
+                *d = finish(c, *d, accumulate);
+            }
+        }
+    }
+}
+
+/// The columns of `R` rows from `m0`: blocks of [`NB`], then 8, then single columns.
+#[inline(always)]
+fn rows<const FUSED: bool, const R: usize>(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    m0: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let n = shape.2;
+    let mut n0 = 0;
+    while n0 + NB <= n {
+        block::<FUSED, R, NB>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += NB;
+    }
+    if n0 + 8 <= n {
+        block::<FUSED, R, 8>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += 8;
+    }
+    while n0 < n {
+        block::<FUSED, R, 1>(stat, mov, shape, (m0, n0), out, accumulate);
+        n0 += 1;
+    }
+}
+
+/// The kernel body; the caller checked `stat.len() == k·m`, `mov.len() == k·n`, `out.len() ==
+/// m·n`.
+#[inline(always)]
+fn body<const FUSED: bool>(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let m = shape.1;
+    let mut m0 = 0;
+    while m0 + MB <= m {
+        rows::<FUSED, MB>(stat, mov, shape, m0, out, accumulate);
+        m0 += MB;
+    }
+    if m0 + 4 <= m {
+        rows::<FUSED, 4>(stat, mov, shape, m0, out, accumulate);
+        m0 += 4;
+    }
+    if m0 + 2 <= m {
+        rows::<FUSED, 2>(stat, mov, shape, m0, out, accumulate);
+        m0 += 2;
+    }
+    if m0 < m {
+        rows::<FUSED, 1>(stat, mov, shape, m0, out, accumulate);
+    }
+}
+
+/// [`body`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn body_fma(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    body::<true>(stat, mov, shape, out, accumulate);
+}
+
+/// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, row-major, with
+/// the rounding of the module doc. The caller checked the lengths (elements past them are
+/// not touched either way).
+pub(super) fn gemm(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: AVX2 and FMA were just detected on this CPU; `body_fma` has no other
+            // requirement (it is safe code compiled with those features).
+            unsafe { body_fma(stat, mov, shape, out, accumulate) };
+            return;
+        }
+        body::<false>(stat, mov, shape, out, accumulate);
+    }
+    #[cfg(target_arch = "aarch64")]
+    body::<true>(stat, mov, shape, out, accumulate);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    body::<false>(stat, mov, shape, out, accumulate);
+}
