@@ -1,47 +1,11 @@
-//! The compute path allocates nothing in the steady state: a counting global allocator (for
-//! this unit-test binary) counts the allocations of the current thread only, so tests running
-//! beside it on other threads do not disturb the count.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+//! The compute path allocates nothing in the steady state, counted by the crate's per-thread
+//! counting allocator ([`crate::alloc_count`]), so tests running beside it on other threads do
+//! not disturb the count.
 
 use shared::isa::{ActFunc, AluOp, Instruction, ReduceOp, ScalarMode};
 
 use super::*;
-
-thread_local! {
-    /// Allocations and reallocations made by this thread.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Counts each thread's allocations, delegating to the system allocator.
-struct PerThreadCount;
-
-// SAFETY: every call is delegated unchanged to the system allocator; only a thread-local
-// counter (a const-initialised `Cell`, which never allocates) is added.
-unsafe impl GlobalAlloc for PerThreadCount {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above, for `dealloc`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as above, for `realloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: PerThreadCount = PerThreadCount;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+use crate::alloc_count::counting;
 
 /// The instructions of a digits-like execution at batch 360 (three 128-row tiles): input
 /// transposes, three matmul + bias/ReLU layers, output transposes and a softmax's
@@ -158,9 +122,8 @@ fn program() -> Vec<(Engine, Op)> {
 #[test]
 fn a_steady_state_execution_of_compute_instructions_allocates_nothing() {
     // The counter counts (so the bound below cannot hold vacuously).
-    let before = allocations();
-    drop(std::hint::black_box(vec![0u8; 64]));
-    assert_eq!(allocations(), before + 1);
+    let ((), n) = counting(|| drop(std::hint::black_box(vec![0u8; 64])));
+    assert_eq!(n, 1);
 
     let program = program();
     let mut state = ComputeState::new();
@@ -171,13 +134,14 @@ fn a_steady_state_execution_of_compute_instructions_allocates_nothing() {
             execute(&mut state, op).unwrap();
         }
     }
-    let before = allocations();
-    for _ in 0..5 {
-        for (_, op) in &program {
-            execute(&mut state, op).unwrap();
+    let ((), n) = counting(|| {
+        for _ in 0..5 {
+            for (_, op) in &program {
+                execute(&mut state, op).unwrap();
+            }
         }
-    }
-    let per_execution = (allocations() - before) as f64 / 5.0;
+    });
+    let per_execution = n as f64 / 5.0;
     assert_eq!(
         per_execution,
         0.0,
