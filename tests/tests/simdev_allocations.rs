@@ -50,7 +50,6 @@ fn the_allocation_count_is_simdevs_and_queries_cost_nothing() {
 }
 
 #[test]
-#[ignore = "issue 17: enabled once simdev's execution path is allocation-free"]
 fn steady_state_executions_cost_simdev_no_allocation_and_no_hand_off() {
     let mut sim = counted_simdev();
     let dev = Arc::new(sim.connect().unwrap());
