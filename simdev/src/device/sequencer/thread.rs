@@ -33,7 +33,7 @@
 //! [`Park::Suspend`]: crate::engines::Park::Suspend
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,12 @@ impl SeqSync {
     pub(in crate::device) fn changed(&self) {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
+        self.announce(state);
+    }
+
+    /// After a change: wakes the parked or sleeping executions, if any, and the idle sequencer
+    /// thread when the role is free.
+    fn announce(&self, state: MutexGuard<'_, SeqState>) {
         let (change, work) = (state.change_waiters > 0, state.idle && !state.running);
         drop(state);
         if change {
@@ -141,14 +147,7 @@ impl SeqSync {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
         if state.running || state.shutdown || state.suspended.is_some() {
-            let (change, work) = (state.change_waiters > 0, state.idle && !state.running);
-            drop(state);
-            if change {
-                self.change_cv.notify_all();
-            }
-            if work {
-                self.work_cv.notify_one();
-            }
+            self.announce(state);
             return None;
         }
         state.running = true;
