@@ -25,8 +25,8 @@
 //! Everything — this process, its threads, the floor's peer and simdev (the `counted-simdev`
 //! binary) — runs on CPU 0 (`tests::bench::pin_to_one_cpu`; children inherit the mask).
 //!
-//! Run: `cargo bench -p tests --bench simdev_speed` (under a minute). Figures are printed, not
-//! asserted.
+//! Run: `cargo bench -p tests --bench simdev_speed` (under a minute); add `-- --unpinned` to
+//! let the scheduler place everything on every CPU. Figures are printed, not asserted.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -529,7 +529,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    tests::bench::pin_to_one_cpu();
+    // `--unpinned`: the scheduler places everything on both CPUs (the throughput a user sees
+    // with spare cores; the sync ratios then also depend on where each wake-up lands).
+    let pinned = !std::env::args().any(|a| a == "--unpinned");
+    if pinned {
+        tests::bench::pin_to_one_cpu();
+    }
     let mut sim = CountedSimdev::spawn(
         Path::new(env!("CARGO_BIN_EXE_counted-simdev")),
         &["--hbm", "256M"],
@@ -547,8 +552,13 @@ fn main() {
     .unwrap();
     println!(
         "simdev speed (issue 17): this process, its threads, the floor's peer and simdev (pid {}, \
-         counting allocator) all pinned to CPU 0; release build",
-        sim.pid()
+         counting allocator) {}; release build",
+        sim.pid(),
+        if pinned {
+            "all pinned to CPU 0"
+        } else {
+            "unpinned (--unpinned: placed by the scheduler)"
+        }
     );
     let id = IdentityIo::load(&rt, 64);
     id.input.write(&[0x5A; 64], 0).unwrap();
