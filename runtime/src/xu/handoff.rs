@@ -129,6 +129,12 @@ impl MarkCompLock {
         lock(&self.efds)
     }
 
+    /// Whether nobody holds the lock right now (tests).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn is_free(&self) -> bool {
+        self.efds.try_lock().is_ok()
+    }
+
     /// Whether the lock must be held across the cursor check/bump (false only in the race demo).
     pub(crate) fn spans_check_and_act(&self) -> bool {
         self.spans_check_and_act

@@ -567,10 +567,15 @@ impl<T> Consumer<T> {
 
     /// `xuq_worker_pop_current_exec`: under `mark_comp_lock`, takes the slot's completion
     /// eventfd and its registered seq-id eventfds and empties the slot, advances `exec_head`
-    /// (release), writes the registered eventfds (then closes them), then calls `signal` with
-    /// the seq_id and the eventfd (the seed writes `mark_comp_efd` inside the locked pop) and
-    /// drops the eventfd — closing a fresh one, keeping a pooled one — whether or not `signal`
-    /// failed.
+    /// (release), writes the registered eventfds (then closes them); then, with the lock
+    /// released, calls `signal` with the seq_id and the eventfd and drops the eventfd — closing
+    /// a fresh one, keeping a pooled one — whether or not `signal` failed.
+    ///
+    /// The seed writes `mark_comp_efd` inside the locked pop. Here `signal` runs after the
+    /// unlock: the eventfd was captured under the lock (so an install either saw the request
+    /// complete or handed its eventfd to this pop), and the woken waiter, which on a shared CPU
+    /// preempts the worker at the write, never has to wait for a preempted worker to release
+    /// `mark_comp_lock` before its next install.
     ///
     /// # Errors
     /// `NRT_QUEUE_EMPTY` when nothing triggered is outstanding (nothing changed);
@@ -604,9 +609,14 @@ impl<T> Consumer<T> {
         if !registered.is_empty() {
             SlotEfds::signal_registered(registered);
         }
+        // The waiter's eventfd is written after the unlock (the seed writes it inside): it was
+        // taken under the lock, so the install/pop race stays closed, and a waiter woken onto
+        // this CPU — which preempts the worker at the write — never finds the lock held by the
+        // preempted worker when its next submit installs an eventfd (two context switches and
+        // a futex wait per sync execution otherwise).
+        drop(guard);
         let signalled = signal(seq, &efd);
         drop(efd);
-        drop(guard);
         match signalled {
             Ok(()) => Ok(seq),
             Err(e) => {
@@ -817,6 +827,39 @@ mod tests {
         assert!(matches!(late, Install::AlreadyComplete(CompEfd::Pool(_))));
     }
 
+    /// The waiter's eventfd is written with `mark_comp_lock` released: a waiter woken onto the
+    /// worker's CPU preempts the worker at the write, and its next install must not find the
+    /// lock held by the preempted worker. The request is already complete when it is written,
+    /// and an install from the signal (the woken waiter's next request) neither blocks nor
+    /// misses it.
+    #[test]
+    fn the_waiter_is_signalled_after_mark_comp_lock_is_released() {
+        let (mut p, mut c) = ring(4);
+        let q = p.queue().clone();
+        let seq = submit_trigger(&mut p, 1);
+        let next = submit_trigger(&mut p, 2);
+        let efd = nonblocking_efd();
+        assert!(
+            q.install_comp_efd(seq, CompEfd::Pool(efd.clone()))
+                .is_installed()
+        );
+        let popped = c.worker_pop_current_exec(|s, e| {
+            assert_eq!(s, seq);
+            assert!(
+                q.mark_comp_lock.0.is_free(),
+                "mark_comp_lock is still held when the waiter is woken"
+            );
+            assert!(q.is_completed(seq), "woken before its request completed");
+            // The woken waiter's next install goes through at once.
+            assert!(
+                q.install_comp_efd(next, CompEfd::Pool(nonblocking_efd()))
+                    .is_installed()
+            );
+            e.signal()
+        });
+        assert_eq!(popped, Ok(seq));
+        assert_eq!(efd.read(), Ok(1));
+    }
     #[test]
     fn a_completion_with_no_waiter_writes_no_fd_even_in_a_reused_slot() {
         // Capacity 1: every request reuses slot 0. Request 1 had a waiter; request 2 has none,

@@ -788,8 +788,9 @@ impl<E: CompletionEngine> Xu<E> {
         if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
-        // Inside the pop (under mark_comp_lock, exec_head already moved): the XU completion
-        // eventfd first, then the waiter's, so a woken waiter finds every event written.
+        // At the end of the pop (exec_head already moved, mark_comp_lock released): the XU
+        // completion eventfd first, then the waiter's, so a woken waiter finds every event
+        // written.
         let signal = |_seq: SeqId, efd: &CompEfd| {
             #[cfg(all(test, not(loom)))]
             self.run_pop_hook(_seq, status_cell.as_deref());
