@@ -563,9 +563,27 @@ impl CompletionEngine for NqEngine {
             within: Some(within),
         })
     }
+
+    /// The notification eventfd of the completed execution's first NC (the vNC's next
+    /// execution reports there too), for [`NqEngine::IDLE_WATCH`].
+    fn idle_wake(&self, _vnc: u32, info: &ExecInfo<ExecRequest>) -> Option<Wake<'_>> {
+        let req = &info.request;
+        if req.num_tpbs == 0 {
+            return None;
+        }
+        let fd = self.nc_reader(req.ncs[0])?.notify_fd.as_ref()?;
+        Some(Wake {
+            fd: fd.as_fd(),
+            within: Some(Self::IDLE_WATCH),
+        })
+    }
 }
 
 impl NqEngine {
+    /// How long the worker watches the notification eventfd of a vNC whose last request just
+    /// completed ([`CompletionEngine::idle_wake`]).
+    pub const IDLE_WATCH: Duration = POLL_SLICE;
+
     /// `exec_request_progress_one_step`: harvests each TPB's notification queue once; done
     /// when every TPB reported, an error on a fatal status or past the deadline.
     fn progress(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {

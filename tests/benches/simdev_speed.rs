@@ -20,7 +20,9 @@
 //! 5. simdev's own heap allocations per execution (counted inside the simdev process:
 //!    `tests::counted_simdev`) and its thread hand-offs (its per-NC counters
 //!    `inline_executions` and `sequencer_handoffs`), for identity sync, digits batch 1 and
-//!    async 16. Target: 0 allocations, every execution inline (at most one hand-off).
+//!    async 16. Target: 0 allocations, every execution inline (at most one hand-off). Beside
+//!    them, the runtime's XU worker steps per execution (`tpb_xu_step` calls: 1 when each
+//!    request is first stepped at its notification).
 //!
 //! Everything — this process, its threads, the floor's peer and simdev (the `counted-simdev`
 //! binary) — runs on CPU 0 (`tests::bench::pin_to_one_cpu`; children inherit the mask).
@@ -479,18 +481,21 @@ fn simdev_costs(
     identity_sync();
     digits_sync();
     identity_async();
+    // The runtime's side of the same runs: tpb_xu_step calls of the XU worker per execution
+    // (1 when the worker is first stepped at the notification; more when a has_work_efd wake
+    // steps a request still in flight).
+    let xu = rt.xu(NC).expect("the vNC's compute XU");
+    let mut measure = |run: &dyn Fn()| {
+        let steps = xu.steps();
+        let cost = SimdevCost::measure(sim, dev, NC, N, run).unwrap();
+        (cost, (xu.steps() - steps) as f64 / N as f64)
+    };
     let costs = [
-        (
-            "identity 64 B sync",
-            SimdevCost::measure(sim, dev, NC, N, identity_sync).unwrap(),
-        ),
-        (
-            "digits batch 1 sync",
-            SimdevCost::measure(sim, dev, NC, N, digits_sync).unwrap(),
-        ),
+        ("identity 64 B sync", measure(&identity_sync)),
+        ("digits batch 1 sync", measure(&digits_sync)),
         (
             "identity 64 B async, 16 in flight",
-            SimdevCost::measure(sim, dev, NC, N, identity_async).unwrap(),
+            measure(&identity_async),
         ),
     ];
     println!(
@@ -498,23 +503,23 @@ fn simdev_costs(
          counted in the simdev process)"
     );
     println!(
-        "  {:<36} {:>12} {:>12} {:>18} {:>12}",
-        "", "allocations", "executions", "inline_executions", "handoffs"
+        "  {:<36} {:>12} {:>12} {:>18} {:>12} {:>14}",
+        "", "allocations", "executions", "inline_executions", "handoffs", "worker steps"
     );
-    for (name, c) in &costs {
+    for (name, (c, steps)) in &costs {
         println!(
-            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2}",
+            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2} {steps:>14.2}",
             c.per_call(c.allocations),
             c.per_call(c.executions),
             c.per_call(c.inline_executions),
             c.per_call(c.sequencer_handoffs),
         );
     }
-    let all_zero = costs.iter().all(|(_, c)| c.allocations == 0);
+    let all_zero = costs.iter().all(|(_, (c, _))| c.allocations == 0);
     let all_inline = costs
         .iter()
         .take(2)
-        .all(|(_, c)| c.sequencer_handoffs == 0 && c.inline_executions == c.executions);
+        .all(|(_, (c, _))| c.sequencer_handoffs == 0 && c.inline_executions == c.executions);
     println!(
         "  allocations per execution: target 0, {}; sync executions all inline, no sequencer \
          hand-off: {}",

@@ -63,6 +63,14 @@ pub enum StepOutcome<'a> {
     /// The request at the head is in flight: the worker stops watching `has_work_efd` and steps
     /// the XU again when the wake fd is readable or `within` elapsed.
     Wait(Wake<'a>),
+    /// The step completed the last released request and the engine named where the next one's
+    /// progress will show ([`CompletionEngine::idle_wake`](super::CompletionEngine::idle_wake)):
+    /// the worker watches that fd instead of `has_work_efd` until it is readable or `within`
+    /// elapsed (the *idle watch*), then watches `has_work_efd` again and steps the XU if a
+    /// request is released. A request submitted meanwhile keeps its `has_work_efd` count; it is
+    /// stepped first when its completion can be harvested, not before (io_uring's SQPOLL idle
+    /// period, applied to the completion side).
+    Idle(Wake<'a>),
 }
 
 /// An XU of any type (`tpb_execution_unit_t` through its base): the read-only view, waiting,
@@ -131,6 +139,10 @@ pub trait ExecutionUnit: sealed::Sealed + Send + Sync + std::fmt::Debug {
 
     /// The counted wake-up eventfd the worker epolls (the worker only).
     fn has_work_fd(&self, key: WorkerKey) -> BorrowedFd<'_>;
+
+    /// Whether a request is released to the device and not yet completed (`exec_head !=
+    /// scheduled_head`): what ends an idle watch with a step (the worker only).
+    fn has_released_work(&self, key: WorkerKey) -> bool;
 
     /// Shutdown, phase 1: later executions get NRT_CLOSED.
     fn begin_shutdown(&self, key: WorkerKey);

@@ -1028,6 +1028,104 @@ fn a_stalled_xu_does_not_stall_the_other_xus_of_its_vnc() {
     workers.destroy();
 }
 
+/// [`Stalled`], naming its eventfd as the idle wake too (as the notification-queue engine
+/// names the NC's notification eventfd), watched for `within`.
+#[derive(Debug)]
+struct Watching {
+    inner: Arc<Stalled>,
+    within: Option<Duration>,
+}
+
+impl CompletionEngine for Watching {
+    type Request = u64;
+
+    fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
+        self.inner.progress_one_step(vnc, info)
+    }
+
+    fn wake_on(&self, vnc: u32, info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        self.inner.wake_on(vnc, info)
+    }
+
+    fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        Some(super::Wake {
+            fd: self.inner.efd.as_fd(),
+            within: self.within,
+        })
+    }
+}
+
+/// The idle watch: once a request completed and nothing else is released, the worker watches
+/// the engine's idle wake fd instead of `has_work_efd`, so the next request is stepped first
+/// when its completion can be harvested — one step, not one at its `has_work_efd` write and
+/// another at its notification. The `has_work_efd` count still pairs one write per submit
+/// with one read per completion.
+#[test]
+fn after_an_idle_watch_begins_the_next_request_is_stepped_first_at_its_notification() {
+    let inner = Stalled::new();
+    let engine = Arc::new(Watching {
+        inner: inner.clone(),
+        within: None,
+    });
+    let xu = typed(engine, XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let (first, _) = submit(&*xu, 1).unwrap();
+    inner.efd.write(1).unwrap();
+    wait_until("the first request", || xu.is_completed(first));
+    let calls = inner.progress_calls.load(Ordering::Relaxed);
+    let (next, status) = submit(&*xu, 1).unwrap();
+    // A worker that watched has_work_efd would step `next` now (and find it in flight). The
+    // idle watch has no deadline here, so the correct worker cannot step it before the write.
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        inner.progress_calls.load(Ordering::Relaxed),
+        calls,
+        "the next request was stepped before its notification"
+    );
+    assert_eq!(
+        xu.has_work_count_for_test(),
+        1,
+        "its has_work_efd count is kept"
+    );
+    inner.efd.write(1).unwrap();
+    wait_until("the next request", || xu.is_completed(next));
+    assert_eq!(status.get(), Some(NrtStatus::Success));
+    assert_eq!(
+        inner.progress_calls.load(Ordering::Relaxed),
+        calls + 1,
+        "one step for the next request"
+    );
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
+/// A request that makes no progress on the idle wake fd — a STOP, here — is stepped when the
+/// idle watch's `within` ends (a worker that kept watching the idle fd past `within` would
+/// leave the STOP pending forever).
+#[test]
+fn a_request_that_never_shows_on_the_idle_wake_fd_is_stepped_when_the_watch_ends() {
+    let inner = Stalled::new();
+    let engine = Arc::new(Watching {
+        inner: inner.clone(),
+        within: Some(Duration::from_millis(5)),
+    });
+    let xu = typed(engine, XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let (first, _) = submit(&*xu, 1).unwrap();
+    inner.efd.write(1).unwrap();
+    wait_until("the first request", || xu.is_completed(first));
+    let stop = xu.schedule_stop(0).unwrap();
+    wait_until("the STOP request", || xu.is_completed(stop));
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    // And after the watch the worker is woken by has_work_efd again: a request whose engine
+    // completes it at its first step completes without any write to the wake fd.
+    std::thread::sleep(Duration::from_millis(20));
+    inner.efd.write(1).unwrap(); // its "notification" is already there when it is stepped
+    let (last, _) = submit(&*xu, 1).unwrap();
+    wait_until("the last request", || xu.is_completed(last));
+    workers.destroy();
+}
+
 /// An engine that names a wake fd nobody writes but a `within`: the worker steps it again when
 /// `within` elapses.
 #[derive(Debug)]

@@ -112,6 +112,17 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// After EXECUTE request `info` completed and left no released request behind: where the
+    /// progress of the next request of this vNC will show (the notification eventfd the request
+    /// completed through, on simdev), with `within` bounding how long the worker watches it
+    /// instead of `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a
+    /// request that makes no progress there (a STOP, a step past on a degraded XU, a request
+    /// whose notification never comes) is first stepped. `None` (the default): the worker
+    /// watches `has_work_efd` at once.
+    fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<Self::Request>) -> Option<Wake<'_>> {
+        None
+    }
+
     /// The funnel's first gate for an EXECUTE item: an engine that cannot run this kind of work
     /// refuses it here, before anything is staged or a sequence is consumed.
     ///
@@ -745,9 +756,20 @@ impl<E: CompletionEngine> Xu<E> {
         for model in deferred.into_iter().flatten() {
             self.engine.unstage_model(model);
         }
+        let idle = (info.kind == ExecKind::Execute)
+            .then(|| self.engine.idle_wake(self.vnc, &info))
+            .flatten();
         drop(info); // free the work item before reporting, as the seed does
         self.report_complete(&mut consumer, status_cell, exec_status);
-        StepOutcome::Ready
+        match idle {
+            Some(wake) if consumer.worker_peek_current_exec().is_none() => StepOutcome::Idle(wake),
+            _ => StepOutcome::Ready,
+        }
+    }
+
+    /// Whether a request is released to the device and not yet completed.
+    pub(crate) fn has_released_work(&self) -> bool {
+        self.work_queue.exec_head() != self.work_queue.scheduled_head()
     }
 
     /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
@@ -1023,6 +1045,10 @@ impl<E: CompletionEngine> ExecutionUnit for Xu<E> {
 
     fn has_work_fd(&self, _key: WorkerKey) -> BorrowedFd<'_> {
         Xu::has_work_fd(self)
+    }
+
+    fn has_released_work(&self, _key: WorkerKey) -> bool {
+        Xu::has_released_work(self)
     }
 
     fn begin_shutdown(&self, _key: WorkerKey) {

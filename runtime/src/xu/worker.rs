@@ -16,6 +16,17 @@
 //! served as they come. An engine that names no wake fd is stepped again as soon as the worker
 //! has looked at its other XUs (the level-triggered `has_work_efd` stays readable).
 //!
+//! # The idle watch
+//! When a step completes an XU's last released request and the engine names where the next
+//! request's progress will show ([`StepOutcome::Idle`]), the worker keeps watching that fd, not
+//! `has_work_efd`, for the engine's `within`. A request submitted meanwhile is stepped first
+//! when its notification arrives instead of once at its `has_work_efd` write and again at its
+//! notification: on a shared CPU the early step is a context switch into the worker and back
+//! before the device has even seen the doorbell. The `has_work_efd` count is untouched (one
+//! write per submit, one read per completion, seed 004); a request that makes no progress on the
+//! fd (a STOP, a step past on a degraded XU, a lost notification) is stepped when the watch
+//! ends, at most `within` later.
+//!
 //! [`XuWorkers::destroy`] writes every stop fd first, then joins each thread and closes its fd.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -88,11 +99,13 @@ pub struct XuWorkers {
     name_prefix: String,
 }
 
-/// An owned XU's waiting state: which wake fd it waits on and until when.
+/// An owned XU's waiting state: which wake fd it waits on, until when, and whether it is an
+/// idle watch (no request was in flight when it began).
 #[derive(Clone, Copy, Debug)]
 struct Waiting {
     reg: usize,
     until: Option<Instant>,
+    idle: bool,
 }
 
 /// A wake fd registered in the worker's epoll: the worker's own duplicate of an engine's fd
@@ -113,6 +126,8 @@ struct Loop {
     epoll: Epoll,
     owned: Vec<Arc<dyn ExecutionUnit>>,
     waiting: Vec<Option<Waiting>>,
+    /// Whether each owned XU's `has_work_efd` is watched (armed in the epoll set).
+    has_work_watched: Vec<bool>,
     regs: Vec<WakeReg>,
 }
 
@@ -190,59 +205,78 @@ impl Loop {
         }
     }
 
+    /// Steps owned XU `i`, then watches what its outcome names: `has_work_efd` when it is
+    /// ready for more, the wake fd when it waits.
     fn step(&mut self, i: usize) {
         let xu = self.owned[i].clone();
-        if let StepOutcome::Wait(wake) = xu.step(WorkerKey::new()) {
-            self.wait(i, &*xu, wake);
+        let waiting = match xu.step(WorkerKey::new()) {
+            StepOutcome::Ready => false,
+            StepOutcome::Wait(wake) => self.wait(i, &*xu, wake, false),
+            StepOutcome::Idle(wake) => self.wait(i, &*xu, wake, true),
+        };
+        self.watch_has_work(i, !waiting);
+    }
+
+    /// Whether the worker's epoll watches owned XU `i`'s `has_work_efd`: changed with one
+    /// `epoll_ctl` only when it changes, so back-to-back executions that each go from a wait
+    /// on the wake fd to an idle watch on it cost none.
+    fn watch_has_work(&mut self, i: usize, on: bool) {
+        if self.has_work_watched[i] == on {
+            return;
+        }
+        let xu = &self.owned[i];
+        match self.epoll.modify(
+            xu.has_work_fd(WorkerKey::new()),
+            &mut ev(on, Token::Step(i)),
+        ) {
+            Ok(()) => self.has_work_watched[i] = on,
+            Err(e) if on => tracing::error!(errno = %e, "re-arming has_work_efd"),
+            Err(e) => tracing::warn!(errno = %e, "pausing has_work_efd"),
         }
     }
 
-    /// Owned XU `i` waits on `wake`: watch the wake fd, stop watching its `has_work_efd`.
-    fn wait(&mut self, i: usize, xu: &dyn ExecutionUnit, wake: Wake<'_>) {
+    /// Owned XU `i` waits on `wake` (for its in-flight request, or in an idle watch): watch the
+    /// wake fd; returns whether it waits (the caller stops watching its `has_work_efd`).
+    fn wait(&mut self, i: usize, xu: &dyn ExecutionUnit, wake: Wake<'_>, idle: bool) -> bool {
         let reg = match self.reg_of(wake) {
             Ok(r) => r,
             Err(e) => {
                 // Without a registered wake fd the XU is stepped again at once, as an engine
                 // without one is.
                 tracing::warn!(xu = xu.xu_id().raw(), errno = %e, "registering an XU wake fd");
-                return;
+                return false;
             }
         };
         let r = &mut self.regs[reg];
         if !r.armed {
             if let Err(e) = self.epoll.modify(&r.fd, &mut ev(true, Token::Wake(reg))) {
                 tracing::warn!(errno = %e, "arming an XU wake fd");
-                return;
+                return false;
             }
             r.armed = true;
         }
         r.waiters |= 1 << i;
-        if let Err(e) = self.epoll.modify(
-            xu.has_work_fd(WorkerKey::new()),
-            &mut ev(false, Token::Step(i)),
-        ) {
-            tracing::warn!(errno = %e, "pausing has_work_efd");
-        }
         self.waiting[i] = Some(Waiting {
             reg,
             until: wake.within.map(|d| Instant::now() + d),
+            idle,
         });
+        true
     }
 
-    /// Owned XU `i` stops waiting: watch its `has_work_efd` again, then step it.
+    /// Owned XU `i` stops waiting: step it — after an idle watch only if a request was released
+    /// meanwhile; else there is nothing to step, and the worker watches its `has_work_efd`
+    /// again, which wakes it for the next one.
     fn resume(&mut self, i: usize) {
         let Some(w) = self.waiting[i].take() else {
             return;
         };
         self.regs[w.reg].waiters &= !(1 << i);
-        let xu = self.owned[i].clone();
-        if let Err(e) = self.epoll.modify(
-            xu.has_work_fd(WorkerKey::new()),
-            &mut ev(true, Token::Step(i)),
-        ) {
-            tracing::error!(errno = %e, "re-arming has_work_efd");
+        if !w.idle || self.owned[i].has_released_work(WorkerKey::new()) {
+            self.step(i);
+        } else {
+            self.watch_has_work(i, true);
         }
-        self.step(i);
     }
 
     /// Stops watching wake fd `r` (it fired with nobody waiting: level-triggered, it would
@@ -330,6 +364,7 @@ impl XuWorkers {
         let state = Loop {
             epoll,
             waiting: vec![None; owned.len()],
+            has_work_watched: vec![true; owned.len()],
             regs: Vec::with_capacity(owned.len()),
             owned,
         };
