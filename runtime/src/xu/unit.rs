@@ -832,6 +832,11 @@ impl<E: CompletionEngine> Xu<E> {
         if seq_id.xu_id() != self.xu_id() || seq_id.seq_num() >= self.work_queue.scheduled_tail() {
             return Err(NrtStatus::Invalid);
         }
+        // Already completed (the common case with many in flight): no eventfd, no lock — taking
+        // `mark_comp_lock` here would contend with the worker's pops for nothing.
+        if self.work_queue.is_completed(seq_id) {
+            return Ok(());
+        }
         let mut poll = true;
         if let Some(efd) = self.efd_pool.take() {
             match self
