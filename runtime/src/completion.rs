@@ -565,13 +565,17 @@ impl CompletionEngine for NqEngine {
     }
 
     /// The notification eventfd of the completed execution's first NC (the vNC's next
-    /// execution reports there too), for [`NqEngine::IDLE_WATCH`].
+    /// execution reports there too), drained, for [`NqEngine::IDLE_WATCH`]. A step that found
+    /// its notification posted left the eventfd unread: drained here, the watch waits for the
+    /// next notification instead of ending at once on this one. (Draining cannot lose a
+    /// notification of a request released meanwhile: its steps read the NQ first.)
     fn idle_wake(&self, _vnc: u32, info: &ExecInfo<ExecRequest>) -> Option<Wake<'_>> {
         let req = &info.request;
         if req.num_tpbs == 0 {
             return None;
         }
         let fd = self.nc_reader(req.ncs[0])?.notify_fd.as_ref()?;
+        drain(fd);
         Some(Wake {
             fd: fd.as_fd(),
             within: Some(Self::IDLE_WATCH),
@@ -584,22 +588,35 @@ impl NqEngine {
     /// completed ([`CompletionEngine::idle_wake`]).
     pub const IDLE_WATCH: Duration = POLL_SLICE;
 
+    /// Harvests each of the first `n` TPBs of `info` once; a fatal status if an NQ says so.
+    fn harvest_all(&self, info: &mut ExecInfo<ExecRequest>, n: usize) -> Option<NrtStatus> {
+        (0..n).find_map(|i| self.harvest(&mut info.request, &mut info.resp[i], i))
+    }
+
     /// `exec_request_progress_one_step`: harvests each TPB's notification queue once; done
     /// when every TPB reported, an error on a fatal status or past the deadline.
     fn progress(&self, vnc: u32, info: &mut ExecInfo<ExecRequest>) -> Progress {
         let n = info.request.num_tpbs.min(MAX_TPBS_PER_VNC);
-        // Drain before harvesting: a notification posted after the harvest re-arms the fd.
-        for i in (0..n).filter(|&i| !info.request.done[i]) {
-            if let Some(fd) = self
-                .nc_reader(info.request.ncs[i])
-                .and_then(|r| r.notify_fd.as_ref())
-            {
-                drain(fd);
-            }
+        // First without a system call: with executions queued back to back, the notification
+        // is usually posted already. Only a step about to report InFlight (whose waker then
+        // sleeps on the notification eventfds) drains them, and harvests again after the
+        // drain: a notification posted after that harvest writes the fd again, so no wake-up
+        // is lost. (The NQ is the truth; the eventfd only says "look again".)
+        if let Some(fatal) = self.harvest_all(info, n) {
+            return Progress::Error(fatal);
         }
-        for i in 0..n {
-            let req = &mut info.request;
-            if let Some(fatal) = self.harvest(req, &mut info.resp[i], i) {
+        if !info.request.done[..n].iter().all(|d| *d) {
+            let mut drained = false;
+            for i in (0..n).filter(|&i| !info.request.done[i]) {
+                if let Some(fd) = self
+                    .nc_reader(info.request.ncs[i])
+                    .and_then(|r| r.notify_fd.as_ref())
+                {
+                    drain(fd);
+                    drained = true;
+                }
+            }
+            if drained && let Some(fatal) = self.harvest_all(info, n) {
                 return Progress::Error(fatal);
             }
         }
@@ -835,6 +852,51 @@ mod tests {
         assert!(
             engine.wake_on(0, &exec).is_none(),
             "nothing left to wait for"
+        );
+    }
+
+    /// A step that finds its notification already in the NQ (executions queued back to back)
+    /// completes without a system call: it leaves the eventfd alone. A step that finds nothing
+    /// drains it (and harvests again) before going in flight.
+    #[test]
+    fn a_step_whose_notification_is_posted_reads_no_eventfd_and_one_that_drains_harvests_again() {
+        let (mut reader, w) = nq(8);
+        let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
+            0,
+            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+        )
+        .unwrap();
+        let mine = efd.as_fd().try_clone_to_owned().unwrap();
+        reader.notify_fd = Some(efd.into());
+        let engine = NqEngine::new(vec![(3, reader)]);
+        post(&w, 8, 0, 0, 0);
+        post(&w, 8, 1, 1, 0);
+        nix::unistd::write(&mine, &2u64.to_ne_bytes()).unwrap();
+        for idx in 0..2 {
+            let mut exec = info(idx);
+            assert_eq!(
+                engine.progress_one_step(0, &mut exec),
+                Progress::Done(NrtStatus::Success)
+            );
+        }
+        let mut fds = [PollFd::new(mine.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(
+            poll(&mut fds, PollTimeout::ZERO).unwrap(),
+            1,
+            "both completions were harvested without reading the eventfd"
+        );
+        // Nothing posted for execution 2: the step drains (its waker sleeps on the fd next).
+        let mut exec = info(2);
+        assert_eq!(engine.progress_one_step(0, &mut exec), Progress::InFlight);
+        assert_eq!(
+            poll(&mut fds, PollTimeout::ZERO).unwrap(),
+            0,
+            "the step that goes in flight drained the eventfd"
+        );
+        post(&w, 8, 2, 2, 0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut exec),
+            Progress::Done(NrtStatus::Success)
         );
     }
 

@@ -58,8 +58,10 @@ pub struct LoadedModel {
     vnc: u32,
     model: Model,
     tpbs: Vec<LoadedTpb>,
-    inflight: Mutex<u32>,
+    inflight: Mutex<Inflight>,
     idle: Condvar,
+    /// `idle` notifications so far (an execution ending while an unload waits).
+    idle_wakes: AtomicU64,
     trackers: Mutex<Vec<(TdrvComputeResources, Vec<Tensor>)>>,
     map: AddressMap,
     cc_chain: std::sync::OnceLock<Result<CcChain, NrtError>>,
@@ -198,10 +200,10 @@ impl LoadedModel {
 
     /// Counts one execution in flight until the guard drops.
     pub fn begin_execution(self: &Arc<Self>) -> InflightGuard {
-        *self
-            .inflight
+        self.inflight
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .executions += 1;
         InflightGuard {
             model: self.clone(),
         }
@@ -212,12 +214,20 @@ impl LoadedModel {
             .inflight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *n > 0 {
+        n.waiters += 1;
+        while n.executions > 0 {
             n = self
                 .idle
                 .wait(n)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+        n.waiters -= 1;
+    }
+
+    /// Times an ending execution woke the threads waiting for the model to be idle (only
+    /// when one waits: an execution ending with nobody unloading costs no wake-up call).
+    pub fn idle_wakes(&self) -> u64 {
+        self.idle_wakes.load(Ordering::Relaxed)
     }
 
     /// Device bytes the model holds (instruction blocks and internal buffers of every TPB).
@@ -294,11 +304,21 @@ impl Drop for InflightGuard {
             .inflight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *n -= 1;
-        if *n == 0 {
+        n.executions -= 1;
+        // `notify_all` is a futex system call even with nobody waiting: on the sync path it
+        // would cost one per execution. Waiters register under the same lock, so none is missed.
+        if n.executions == 0 && n.waiters > 0 {
+            self.model.idle_wakes.fetch_add(1, Ordering::Relaxed);
             self.model.idle.notify_all();
         }
     }
+}
+
+/// A model's executions in flight and the threads waiting for them to end (under one lock).
+#[derive(Debug, Default)]
+struct Inflight {
+    executions: u32,
+    waiters: u32,
 }
 
 /// What loading needs of the runtime.
@@ -585,8 +605,9 @@ impl ModelDb {
             vnc,
             model,
             tpbs,
-            inflight: Mutex::new(0),
+            inflight: Mutex::new(Inflight::default()),
             idle: Condvar::new(),
+            idle_wakes: AtomicU64::new(0),
             trackers: Mutex::new(Vec::new()),
             map: AddressMap {
                 arch: device.info().arch,

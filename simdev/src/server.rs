@@ -1,11 +1,12 @@
 //! The control socket: listener, accept loop, one thread per connection, the peer-uid check,
 //! the handshake, message framing and fd passing (DESIGN §4–§5, `shared::protocol`).
 //!
-//! A connection is one client. Its thread receives each request with `recvmsg` into a
-//! [`MAX_MSG_SIZE`] buffer (a longer message is truncated and refused as
-//! [`ErrorKind::BadMessage`]; fds a client sends are closed), answers it through
+//! A connection is one client. Its thread receives the waiting requests with one `recvmmsg`
+//! (at most 16, each into a [`MAX_MSG_SIZE`] buffer: a longer message is truncated and refused
+//! as [`ErrorKind::BadMessage`]; fds a client sends are closed), answers each in order through
 //! [`Device::handle`] with one `sendmsg` carrying the reply's fds as `SCM_RIGHTS`, and sends
-//! nothing for posted requests. When the connection ends for any reason (EOF, reset, the
+//! nothing for posted requests. The notification eventfd is written once per NC per batch
+//! (before any reply, and before the thread sleeps again), not once per execution. When the connection ends for any reason (EOF, reset, the
 //! process killed) the device reclaims everything the client owned.
 //!
 //! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a
@@ -16,7 +17,7 @@
 //! [`SimdevError::DeviceLost`], which the `simdev` command turns into exit status 3.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io::{self, IoSliceMut, Write};
 use std::ops::ControlFlow;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -29,8 +30,8 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{
-    AddressFamily, Backlog, MsgFlags, Shutdown, SockFlag, SockType, UnixAddr, accept4, bind,
-    connect, getsockopt, listen, shutdown, socket, sockopt,
+    AddressFamily, Backlog, MsgFlags, MultiHeaders, Shutdown, SockFlag, SockType, UnixAddr,
+    accept4, bind, connect, getsockopt, listen, recvmmsg, shutdown, socket, sockopt,
 };
 use nix::sys::stat::{Mode, fchmod};
 use shared::fd_passing;
@@ -42,7 +43,7 @@ use thiserror::Error;
 use crate::client::{ClientId, Peer};
 use crate::config::{Config, ConfigError, format_bytes};
 use crate::counters::CountersLine;
-use crate::device::Device;
+use crate::device::{DeferredSignals, Device};
 use crate::dma::error_chain;
 
 /// Pending connections the listener queues.
@@ -561,7 +562,7 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
         let timeout = nix::sys::time::TimeVal::new(2, 0);
         let _ = nix::sys::socket::setsockopt(socket, sockopt::ReceiveTimeout, &timeout);
         let mut buffers = Buffers::new();
-        let _ = receive(socket, &mut buffers);
+        let _ = receive_batch(socket, &mut buffers);
         let _ = send(socket, &reply, &[], &mut buffers.send);
         return;
     }
@@ -576,54 +577,80 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
     let mut session = Session::new(client);
     let mut buffers = Buffers::new();
-    while serve_one(device, socket, &mut session, &mut buffers).is_continue() {}
+    while serve_batch(device, socket, &mut session, &mut buffers).is_continue() {}
     device.disconnect(client);
 }
 
-/// Receives one message of `session`'s connection and answers it; `Break` when the connection
-/// ends (EOF, an error, a refused handshake). Allocates nothing of its own: the message and its
-/// reply go through `buffers`.
-fn serve_one(
+/// Receives the messages of `session`'s connection that are waiting (at least one, at most
+/// [`BATCH`], one `recvmmsg`) and answers each in order; `Break` when the connection ends (EOF,
+/// an error, a refused handshake). The notification eventfd writes of the executions the batch
+/// runs inline are deferred ([`DeferredSignals`]): written once per NC before any reply is
+/// sent and when the batch ends, so a client with many executions queued is woken once per
+/// batch rather than once per execution. Allocates nothing of its own: the messages and their
+/// replies go through `buffers`.
+fn serve_batch(
     device: &Device,
     socket: &OwnedFd,
     session: &mut Session,
     buffers: &mut Buffers,
 ) -> ControlFlow<()> {
     let client = session.client();
-    let received = match receive(socket, buffers) {
-        Ok(Some(received)) => received,
-        Ok(None) | Err(Errno::ECONNRESET) => return ControlFlow::Break(()),
+    let count = match receive_batch(socket, buffers) {
+        Ok(count) => count,
+        Err(Errno::ECONNRESET) => return ControlFlow::Break(()),
         Err(Errno::EINTR) => return ControlFlow::Continue(()),
         Err(e) => {
             tracing::warn!("client {}: receiving: {e}", client.0);
             return ControlFlow::Break(());
         }
     };
-    let bytes = buffers.receive.get(..received.len).unwrap_or(&[]);
-    match session.respond(device, bytes, received.truncated) {
-        Response::Reply(reply, fds) => {
-            if let Err(e) = send(socket, &reply, &fds, &mut buffers.send) {
-                tracing::info!("client {}: sending a reply: {e}", client.0);
+    let signals = DeferredSignals::begin();
+    for (received, message) in buffers
+        .received
+        .iter()
+        .zip(buffers.batch.iter())
+        .take(count)
+    {
+        if received.is_eof() {
+            return ControlFlow::Break(());
+        }
+        if received.fds_dropped {
+            tracing::info!("closed fds a client sent (simdev takes none)");
+        }
+        let bytes = message.get(..received.len).unwrap_or(&[]);
+        match session.respond(device, bytes, received.truncated) {
+            Response::Reply(reply, fds) => {
+                signals.flush();
+                if let Err(e) = send(socket, &reply, &fds, &mut buffers.send) {
+                    tracing::info!("client {}: sending a reply: {e}", client.0);
+                    return ControlFlow::Break(());
+                }
+            }
+            Response::Silent => {}
+            Response::Close(reply) => {
+                tracing::warn!("client {}: handshake refused: {reply:?}", client.0);
+                signals.flush();
+                let _ = send(socket, &reply, &[], &mut buffers.send);
                 return ControlFlow::Break(());
             }
-        }
-        Response::Silent => {}
-        Response::Close(reply) => {
-            tracing::warn!("client {}: handshake refused: {reply:?}", client.0);
-            let _ = send(socket, &reply, &[], &mut buffers.send);
-            return ControlFlow::Break(());
         }
     }
     ControlFlow::Continue(())
 }
 
+/// Messages one `recvmmsg` takes at most.
+const BATCH: usize = 16;
+
 /// A connection's message buffers, allocated once per connection and reused for every
-/// message: receiving and answering a request allocates nothing for them.
+/// message: receiving and answering requests allocates nothing for them.
 struct Buffers {
-    /// The received message ([`MAX_MSG_SIZE`] bytes).
-    receive: Box<[u8; MAX_MSG_SIZE]>,
-    /// The received control data (room for [`fd_passing::SCM_MAX_FD`] fds).
-    control: Vec<u8>,
+    /// The received messages ([`MAX_MSG_SIZE`] bytes each).
+    batch: Box<[[u8; MAX_MSG_SIZE]; BATCH]>,
+    /// `recvmmsg`'s headers. They carry no control buffer: simdev takes no fds, and the kernel
+    /// closes the fds of a message received without room for them (flagging `MSG_CTRUNC`).
+    headers: MultiHeaders<()>,
+    /// What each of the batch's messages was.
+    received: [Received; BATCH],
     /// The encoded reply ([`MAX_MSG_SIZE`] bytes).
     send: Box<[u8; MAX_MSG_SIZE]>,
 }
@@ -631,43 +658,50 @@ struct Buffers {
 impl Buffers {
     fn new() -> Self {
         Self {
-            receive: Box::new([0; MAX_MSG_SIZE]),
-            control: fd_passing::control_buffer(),
+            batch: Box::new([[0; MAX_MSG_SIZE]; BATCH]),
+            headers: MultiHeaders::preallocate(BATCH, None),
+            received: [Received::default(); BATCH],
             send: Box::new([0; MAX_MSG_SIZE]),
         }
     }
 }
 
 /// One received message.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Received {
     len: usize,
     truncated: bool,
+    /// The message carried fds, which the kernel closed.
+    fds_dropped: bool,
 }
 
-/// Receives one message into `buffers.receive`; closes any fds it carried. `None` at EOF.
-fn receive(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<Option<Received>> {
-    let msg = fd_passing::recv_with_fds_into(
-        socket.as_fd(),
-        &mut buffers.receive[..],
-        &mut buffers.control,
-        MsgFlags::empty(),
+impl Received {
+    /// The peer closed the connection: an empty message without fds.
+    const fn is_eof(&self) -> bool {
+        self.len == 0 && !self.truncated && !self.fds_dropped
+    }
+}
+
+/// Receives the waiting messages into `buffers.batch` (blocking for the first): how many.
+fn receive_batch(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<usize> {
+    let mut slices = buffers.batch.each_mut().map(|b| [IoSliceMut::new(b)]);
+    let results = recvmmsg(
+        socket.as_raw_fd(),
+        &mut buffers.headers,
+        slices.iter_mut(),
+        MsgFlags::MSG_WAITFORONE | MsgFlags::MSG_CMSG_CLOEXEC,
+        None,
     )?;
-    if msg.control_truncated {
-        tracing::warn!("a client's control data was truncated");
+    let mut count = 0;
+    for (slot, msg) in buffers.received.iter_mut().zip(results) {
+        *slot = Received {
+            len: msg.bytes,
+            truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+            fds_dropped: msg.flags.contains(MsgFlags::MSG_CTRUNC),
+        };
+        count += 1;
     }
-    let had_fds = !msg.fds.is_empty();
-    if had_fds {
-        drop(msg.fds);
-        tracing::info!("closed fds a client sent (simdev takes none)");
-    }
-    if msg.len == 0 && !msg.truncated && !had_fds {
-        return Ok(None);
-    }
-    Ok(Some(Received {
-        len: msg.len,
-        truncated: msg.truncated,
-    }))
+    Ok(count)
 }
 
 /// Encodes `reply` into `buf`; a reply that does not encode is replaced by an
@@ -873,7 +907,7 @@ mod tests {
         Arc::new(Device::new(&Config::default()).unwrap())
     }
 
-    /// A request sent on one end of a socketpair, received and answered by [`super::serve_one`]
+    /// A request sent on one end of a socketpair, received and answered by [`super::serve_batch`]
     /// on the other, allocates nothing on the serving thread once the connection runs: the
     /// receive buffer, its control data and the reply's encoding are the connection's.
     #[test]
@@ -896,7 +930,7 @@ mod tests {
         let mut exchange = |request: &Request, counted: bool| {
             let bytes = encoded(request);
             shared::fd_passing::send_with_fds(client_end.as_fd(), &bytes, &[]).unwrap();
-            let mut serve = || super::serve_one(&dev, &server_end, &mut session, &mut buffers);
+            let mut serve = || super::serve_batch(&dev, &server_end, &mut session, &mut buffers);
             let (flow, allocations) = if counted {
                 crate::alloc_count::counting(serve)
             } else {
@@ -958,6 +992,61 @@ mod tests {
             "the requests took effect"
         );
         assert_eq!(total, 0, "150 requests served");
+    }
+
+    /// The requests waiting on a connection are received with one `recvmmsg` and answered in
+    /// order by one `serve_batch` call: three posted increments, then a read that sees them.
+    #[test]
+    fn the_waiting_requests_are_served_as_one_batch_in_order() {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        use std::os::fd::AsFd;
+
+        let dev = device();
+        let (client_end, server_end) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let id = dev.connect(7);
+        let mut session = super::Session::new(id);
+        let mut buffers = super::Buffers::new();
+        let mut answer = vec![0u8; MAX_MSG_SIZE];
+        let mut replies = |expected: usize| {
+            let mut got = Vec::new();
+            while let Ok(r) = shared::fd_passing::recv_with_fds(
+                client_end.as_fd(),
+                &mut answer,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            ) {
+                got.push(protocol::decode::<Reply>(&answer[..r.len]).unwrap());
+            }
+            assert_eq!(got.len(), expected, "{got:?}");
+            got
+        };
+        let send = |request: &Request| {
+            shared::fd_passing::send_with_fds(client_end.as_fd(), &encoded(request), &[]).unwrap();
+        };
+        send(&Request::Hello {
+            version: PROTOCOL_VERSION,
+        });
+        send(&Request::ClaimNc { nc: 0 });
+        for _ in 0..3 {
+            send(&Request::SemaphoreIncrement {
+                nc: 0,
+                index: 3,
+                value: 1,
+            });
+        }
+        send(&Request::SemaphoreRead { nc: 0, index: 3 });
+        assert!(super::serve_batch(&dev, &server_end, &mut session, &mut buffers).is_continue());
+        let got = replies(3);
+        assert!(matches!(got[0], Reply::Hello { .. }), "{got:?}");
+        assert_eq!(got[1..], [Reply::NcClaimed { nc: 0 }, Reply::Value(3)]);
+        // The peer's close ends the connection.
+        drop(client_end);
+        assert!(super::serve_batch(&dev, &server_end, &mut session, &mut buffers).is_break());
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub const SIMDEV_START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The receive side of the connection: the buffer lives with the lock that serialises
 /// request/reply pairs.
+/// Room for an encoded posted request (a `SemaphoreIncrement`: three u32s, at most 16 bytes).
+const POSTED_MSG_SIZE: usize = 64;
+
 #[derive(Debug)]
 struct Exchange {
     buf: Box<[u8; MAX_MSG_SIZE]>,
@@ -290,8 +293,17 @@ impl SimDevice {
     /// [`SimDevice::request`]).
     fn send(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
         self.check_owner(op)?;
-        let mut buf = [0u8; MAX_MSG_SIZE];
-        let n = protocol::encode(req, &mut buf).map_err(|e| DeviceError::Protocol {
+        // A doorbell (the only posted request) is a few bytes: zeroing a whole MAX_MSG_SIZE
+        // buffer for it cost more than encoding it.
+        let mut small = [0u8; POSTED_MSG_SIZE];
+        let mut large;
+        let buf: &mut [u8] = if req.is_posted() {
+            &mut small
+        } else {
+            large = [0u8; MAX_MSG_SIZE];
+            &mut large
+        };
+        let n = protocol::encode(req, buf).map_err(|e| DeviceError::Protocol {
             op,
             detail: e.to_string(),
         })?;

@@ -50,6 +50,7 @@ fn unload_waits_for_the_execution_in_flight_then_frees() {
     i.write(&pattern(64, 5), 0).unwrap();
     let s = rt.execute_schedule(m, &ins, &outs).unwrap();
     let loaded = rig.device.stats().chunks;
+    let model = rt.model(m).unwrap();
     std::thread::scope(|scope| {
         let unload = scope.spawn(|| rt.unload(m));
         std::thread::sleep(Duration::from_millis(50));
@@ -69,6 +70,11 @@ fn unload_waits_for_the_execution_in_flight_then_frees() {
             "the execution finished first"
         );
     });
+    assert_eq!(
+        model.idle_wakes(),
+        1,
+        "the ending execution woke the unload"
+    );
     assert_eq!(rt.wait(&s).unwrap(), NrtStatus::Success);
     let mut out = vec![0u8; 64];
     o.read(&mut out, 0).unwrap();
@@ -77,5 +83,26 @@ fn unload_waits_for_the_execution_in_flight_then_frees() {
         rig.device.stats().chunks < loaded,
         "the model's chunks were freed"
     );
+    rt.close();
+}
+
+#[test]
+fn executions_ending_while_nobody_unloads_wake_nobody() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let m = load(&rt, &identity(64), 0);
+    let (i, _o, ins, outs) = io(&rt, 64);
+    i.write(&pattern(64, 3), 0).unwrap();
+    let model = rt.model(m).unwrap();
+    for _ in 0..5 {
+        rt.execute(m, &ins, &outs).unwrap();
+        let s = rt.execute_schedule(m, &ins, &outs).unwrap();
+        assert_eq!(rt.wait(&s).unwrap(), NrtStatus::Success);
+    }
+    // Each sync execution takes the in-flight count from 1 to 0: notifying the idle condvar
+    // there (a futex system call on the worker) would count 10 here.
+    assert_eq!(model.idle_wakes(), 0);
+    drop(model);
+    rt.unload(m).unwrap();
     rt.close();
 }

@@ -112,10 +112,11 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// After EXECUTE request `info` completed and left no released request behind: where the
-    /// progress of the next request of this vNC will show (the notification eventfd the request
-    /// completed through, on simdev), with `within` bounding how long the worker watches it
-    /// instead of `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a
+    /// After EXECUTE request `info` completed and left no released request behind (called
+    /// before its pop; the worker enters the watch only if none was released meanwhile):
+    /// where the progress of the next request of this vNC will show (the notification
+    /// eventfd the request completed through, on simdev), with `within` bounding how long the
+    /// worker watches it instead of `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a
     /// request that makes no progress there (a STOP, a step past on a degraded XU, a request
     /// whose notification never comes) is first stepped. `None` (the default): the worker
     /// watches `has_work_efd` at once.
@@ -756,7 +757,10 @@ impl<E: CompletionEngine> Xu<E> {
         for model in deferred.into_iter().flatten() {
             self.engine.unstage_model(model);
         }
-        let idle = (info.kind == ExecKind::Execute)
+        // The idle watch is for a request that leaves nothing released behind it (with more
+        // released, the worker steps them on their has_work_efd counts).
+        let last_released = self.work_queue.scheduled_head() - self.work_queue.exec_head() == 1;
+        let idle = (info.kind == ExecKind::Execute && last_released)
             .then(|| self.engine.idle_wake(self.vnc, &info))
             .flatten();
         drop(info); // free the work item before reporting, as the seed does
@@ -854,6 +858,11 @@ impl<E: CompletionEngine> Xu<E> {
     ) -> Result<(), NrtStatus> {
         if seq_id.xu_id() != self.xu_id() || seq_id.seq_num() >= self.work_queue.scheduled_tail() {
             return Err(NrtStatus::Invalid);
+        }
+        // Already completed (the common case with many in flight): no eventfd, no lock — taking
+        // `mark_comp_lock` here would contend with the worker's pops for nothing.
+        if self.work_queue.is_completed(seq_id) {
+            return Ok(());
         }
         let mut poll = true;
         if let Some(efd) = self.efd_pool.take() {

@@ -77,6 +77,7 @@ use crate::trace::{self, DEFAULT_MAX_EVENTS, Tracer};
 mod dispatch;
 mod dma_run;
 mod notifications;
+pub use notifications::DeferredSignals;
 mod ownership;
 pub mod sequencer;
 #[cfg(test)]

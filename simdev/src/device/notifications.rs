@@ -1,6 +1,17 @@
 //! Notifications: building an entry, posting it to an NC's notification queue and signalling
 //! the NC's eventfd (a full or absent queue counts a drop), and DeviceLost to every claimed NC.
+//!
+//! # Signals deferred over a batch of messages
+//! A connection thread that received several messages in one system call serves them inside a
+//! [`DeferredSignals`] scope: the notification eventfd writes of the executions it runs inline
+//! are collected, one per NC claim, and written when the scope ends or before the thread sends
+//! a reply ([`DeferredSignals::flush`]). The NQ entries themselves are written at once; only
+//! the "look again" write waits, and it is written before the thread answers anything or sleeps
+//! for its next message. With 16 executions queued back to back the client is woken once per
+//! batch instead of once per execution. Other threads (the sequencer thread) signal at once.
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use shared::notification::{NotificationEntry, NotificationKind, error_flags};
@@ -10,7 +21,92 @@ use crate::dma::error_chain;
 use crate::notify::PostError;
 use crate::trace::{Detail, Event};
 
-use super::{Core, Nc, NcState, lock};
+use super::{Claim, Core, Nc, NcState, lock};
+
+/// Distinct NC claims one batch defers signals for; a further one is signalled at once.
+const DEFERRED_CLAIMS: usize = 8;
+
+/// This thread's deferred signals: `None` outside a [`DeferredSignals`] scope.
+struct Pending {
+    claims: [Option<Arc<Claim>>; DEFERRED_CLAIMS],
+}
+
+thread_local! {
+    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+}
+
+/// A scope in which this thread's notification eventfd writes are deferred (one per NC claim)
+/// until [`DeferredSignals::flush`] or the scope's end. Allocates nothing.
+#[derive(Debug)]
+pub struct DeferredSignals {
+    /// Not `Send`: the deferral is this thread's.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl DeferredSignals {
+    /// Starts deferring this thread's signals (nested scopes: the outermost one flushes).
+    pub fn begin() -> Self {
+        PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.is_none() {
+                *p = Some(Pending {
+                    claims: [const { None }; DEFERRED_CLAIMS],
+                });
+            }
+        });
+        Self {
+            _thread: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes every signal deferred so far (the scope goes on deferring).
+    pub fn flush(&self) {
+        flush_pending();
+    }
+}
+
+impl Drop for DeferredSignals {
+    fn drop(&mut self) {
+        flush_pending();
+        PENDING.with(|p| *p.borrow_mut() = None);
+    }
+}
+
+fn flush_pending() {
+    let mut taken: [Option<Arc<Claim>>; DEFERRED_CLAIMS] = [const { None }; DEFERRED_CLAIMS];
+    PENDING.with(|p| {
+        if let Some(p) = p.borrow_mut().as_mut() {
+            std::mem::swap(&mut taken, &mut p.claims);
+        }
+    });
+    for claim in taken.into_iter().flatten() {
+        claim.registers.signal();
+    }
+}
+
+/// Signals `claim`'s notification eventfd now, or once at the end of this thread's
+/// [`DeferredSignals`] scope.
+fn signal(claim: Arc<Claim>) {
+    let claim = PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        let Some(p) = p.as_mut() else {
+            return Some(claim);
+        };
+        if p.claims.iter().flatten().any(|c| Arc::ptr_eq(c, &claim)) {
+            return None;
+        }
+        match p.claims.iter_mut().find(|c| c.is_none()) {
+            Some(free) => {
+                *free = Some(claim);
+                None
+            }
+            None => Some(claim),
+        }
+    });
+    if let Some(claim) = claim {
+        claim.registers.signal();
+    }
+}
 
 impl Core {
     pub(super) fn device_lost(&self) {
@@ -89,7 +185,7 @@ impl Core {
             Ok(()) => {
                 bump(&nc.counters.notifications, 1);
                 if let Some(claim) = self.owner(nc) {
-                    claim.registers.signal();
+                    signal(claim);
                 }
                 true
             }

@@ -83,3 +83,17 @@ fn two_in_process_clients_are_separate_connections() {
     drop(a);
     b.claim_nc(0).unwrap();
 }
+
+/// Posted requests are encoded into a `POSTED_MSG_SIZE` buffer: the largest doorbell fits.
+#[test]
+fn the_largest_posted_request_fits_the_posted_message_buffer() {
+    let doorbell = shared::protocol::Request::SemaphoreIncrement {
+        nc: u32::MAX,
+        index: u32::MAX,
+        value: u32::MAX,
+    };
+    assert!(doorbell.is_posted());
+    let mut buf = [0u8; super::POSTED_MSG_SIZE];
+    let n = shared::protocol::encode(&doorbell, &mut buf).unwrap();
+    assert!(n <= super::POSTED_MSG_SIZE);
+}

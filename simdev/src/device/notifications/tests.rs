@@ -99,3 +99,58 @@ fn device_lost_is_posted_to_every_claimed_nc() {
     nix::unistd::read(&fds[1], &mut count).unwrap();
     assert_eq!(u64::from_ne_bytes(count), 1);
 }
+
+/// Inside a [`DeferredSignals`](crate::device::DeferredSignals) scope (a connection thread
+/// serving a batch of messages) the notification eventfd is written once per NC, at a flush or
+/// the scope's end, however many notifications were posted; the entries themselves are in the
+/// NQ at once. Outside a scope every notification writes it.
+#[test]
+fn deferred_signals_write_each_ncs_eventfd_once_per_batch() {
+    use std::os::fd::AsFd;
+
+    let count = |fd: &std::os::fd::OwnedFd| -> u64 {
+        let mut buf = [0u8; 8];
+        match nix::unistd::read(fd.as_fd(), &mut buf) {
+            Ok(_) => u64::from_ne_bytes(buf),
+            Err(nix::errno::Errno::EAGAIN) => 0,
+            Err(e) => panic!("reading the notification eventfd: {e}"),
+        }
+    };
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let fds = [a.claim(0), a.claim(1)];
+    let nqs = [a.nq(0, 16), a.nq(1, 16)];
+    let abort_one = |nc: u32, queue: u32| {
+        let mut q = Queue::new(&a, nc, 0, queue, 32);
+        q.push(0x1000, 0x2000, 4);
+        q.start(&a, 1);
+    };
+    let efd = |nc: usize| &fds[nc][1];
+    {
+        let scope = crate::device::DeferredSignals::begin();
+        for queue in 0..3 {
+            abort_one(0, queue);
+        }
+        abort_one(1, 0);
+        abort_one(1, 1);
+        assert_eq!(
+            entries(&nqs[0], 16).len(),
+            3,
+            "the entries are posted at once"
+        );
+        assert_eq!(entries(&nqs[1], 16).len(), 2);
+        assert_eq!((count(efd(0)), count(efd(1))), (0, 0), "no write yet");
+        scope.flush();
+        assert_eq!((count(efd(0)), count(efd(1))), (1, 1), "one write per NC");
+        abort_one(0, 3);
+        assert_eq!(count(efd(0)), 0);
+    }
+    assert_eq!(count(efd(0)), 1, "the scope's end wrote the last one");
+    abort_one(0, 4);
+    abort_one(0, 5);
+    assert_eq!(
+        count(efd(0)),
+        2,
+        "outside a scope every notification writes"
+    );
+}
