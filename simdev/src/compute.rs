@@ -814,10 +814,10 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
             moving,
             accumulate,
         } => {
-            if let Some(non_finite) =
-                in_place::matmul(state, &dst, &stationary, &moving, accumulate)
+            if let Some(result) =
+                in_place::matmul(state, s, &dst, (&stationary, &moving), accumulate)
             {
-                return Ok(non_finite);
+                return result;
             }
             state.gather_into(&stationary, &mut s.a)?;
             state.gather_into(&moving, &mut s.b)?;
@@ -885,9 +885,6 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
             state.scatter(&dst, &s.a)
         }
         Kind::Transpose { dst, src } => {
-            if let Some(non_finite) = in_place::transpose(state, &dst, &src) {
-                return Ok(non_finite);
-            }
             state.gather_into(&src, &mut s.a)?;
             let (p, f) = (idx(src.partitions), idx(src.elems));
             s.c.resize(p.saturating_mul(f), 0.0);

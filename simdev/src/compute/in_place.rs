@@ -1,7 +1,8 @@
-//! fp32 ops computed where their tiles lie in SBUF and PSUM, without gathering the operands into
-//! the scratch buffers and scattering the result back: a `Matmul` of SBUF operands into PSUM,
-//! an `Activation` from one space into the other, and a `Transpose` between ranges of one space
-//! that do not overlap (the shapes of the layer builder's programs).
+//! fp32 results computed where their tiles lie in SBUF and PSUM, without a result buffer and a
+//! scatter: a `Matmul` writes its PSUM tile directly, and an `Activation` from one space into
+//! the other reads and writes the tiles themselves, row by row (the shapes of the layer
+//! builder's programs). A matmul still gathers its operands: its K-loop would otherwise touch
+//! one page per partition at every step.
 //!
 //! Each computes exactly what the gather path computes: the same kernel with the same chains
 //! for the matmul ([`gemm::Layout`] places it on the tiles' rows), the same f32 operations in
@@ -77,31 +78,43 @@ impl ComputeState {
     }
 }
 
-/// `Matmul` of SBUF operands into its PSUM `dst`, on the tiles themselves; whether a value
-/// stored is not finite. `None`: not covered (see the module doc).
+/// `Matmul` of gathered operands (`s.a` the stationary, `s.b` the moving, contiguous: the
+/// kernel's K-loop then walks a few pages, not one per partition) straight into its fp32 PSUM
+/// `dst`, without a result buffer or a scatter; whether a value stored is not finite. `None`:
+/// not covered (see the module doc).
 pub(super) fn matmul(
     state: &mut ComputeState,
+    s: &mut Scratch,
     dst: &Tile,
-    stationary: &Tile,
-    moving: &Tile,
+    (stationary, moving): (&Tile, &Tile),
     accumulate: bool,
-) -> Option<bool> {
-    if (stationary.space, moving.space, dst.space) != (Space::Sbuf, Space::Sbuf, Space::Psum) {
+) -> Option<Result<bool, ExecError>> {
+    if dst.space != Space::Psum || place(dst, usize::MAX).is_none() {
         return None;
     }
-    let (sbuf, psum) = state.split(Space::Sbuf, Space::Psum)?;
-    let layout = gemm::Layout {
-        stat: place(stationary, sbuf.len())?,
-        mov: place(moving, sbuf.len())?,
-        out: place(dst, psum.len())?,
-    };
+    let gathered = state
+        .gather_into(stationary, &mut s.a)
+        .and_then(|()| state.gather_into(moving, &mut s.b));
+    if let Err(e) = gathered {
+        return Some(Err(e));
+    }
     let (k, m, n) = (
         idx(stationary.partitions),
         idx(stationary.elems),
         idx(moving.elems),
     );
-    gemm::gemm(sbuf, sbuf, (k, m, n), layout, psum, accumulate);
-    Some((0..m).any(|p| any_non_finite(row(psum, layout.out, p, n))))
+    state.buffer(Space::Psum);
+    let psum = floats_mut(&mut state.psum)?;
+    let out = place(dst, psum.len())?;
+    if s.a.len() != k * m || s.b.len() != k * n {
+        return None;
+    }
+    let layout = gemm::Layout {
+        out,
+        ..gemm::Layout::contiguous(m, n)
+    };
+    gemm::gemm(&s.a, &s.b, (k, m, n), layout, psum, accumulate);
+    Some(Ok((0..m).any(|p| any_non_finite(row(psum, out, p, n)))))
 }
 
 /// `dst[p][i] = func(src[p][i] · scale + bias[p])` from one row to another, each function in
@@ -153,44 +166,4 @@ pub(super) fn activation(
         non_finite |= any_non_finite(y);
     }
     Some(Ok(non_finite))
-}
-
-/// Whether the byte ranges of `a` and `b` (in one space) may share a byte.
-fn overlap(a: &Tile, b: &Tile) -> bool {
-    let span = |t: &Tile| {
-        let bytes = u64::from(t.elems) * u64::from(t.dtype.size());
-        (
-            u64::from(t.partition_start)..u64::from(t.partition_start) + u64::from(t.partitions),
-            u64::from(t.offset)..u64::from(t.offset) + bytes,
-        )
-    };
-    let ((pa, ba), (pb, bb)) = (span(a), span(b));
-    pa.start < pb.end && pb.start < pa.end && ba.start < bb.end && bb.start < ba.end
-}
-
-/// `Transpose` between tiles of one space that do not overlap, on the tiles themselves;
-/// whether a value stored is not finite. `None`: not covered (see the module doc).
-pub(super) fn transpose(state: &mut ComputeState, dst: &Tile, src: &Tile) -> Option<bool> {
-    if src.space != dst.space || overlap(src, dst) {
-        return None;
-    }
-    let buf = floats_mut(state.buffer(src.space))?;
-    let (at_src, at_dst) = (place(src, buf.len())?, place(dst, buf.len())?);
-    let (rows, elems) = (idx(src.partitions), idx(src.elems));
-    // A source row (at most 128 values, decode's rule) read whole, then written as a column.
-    let mut line = [0f32; 128];
-    let line = line.get_mut(..elems)?;
-    let mut non_finite = false;
-    for i in 0..rows {
-        for (l, &v) in line.iter_mut().zip(row(buf, at_src, i, elems)) {
-            *l = v;
-        }
-        non_finite |= any_non_finite(line);
-        for (j, &v) in line.iter().enumerate() {
-            if let Some(slot) = buf.get_mut(at_dst.0 + j * at_dst.1 + i) {
-                *slot = v;
-            }
-        }
-    }
-    Some(non_finite)
 }
