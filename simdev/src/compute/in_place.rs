@@ -5,7 +5,8 @@
 //! one page per partition at every step.
 //!
 //! Each computes exactly what the gather path computes: the same kernel with the same chains
-//! for the matmul ([`gemm::Layout`] places it on the tiles' rows), the same f32 operations in
+//! for the matmul ([`gemm::Layout`] places its output on the PSUM tile's rows), the same f32
+//! operations in
 //! the same order for the others, and the same [`Effect::non_finite`](super::Effect) test of the
 //! values stored. An op it does not cover (bf16, an offset that is not a multiple of 4, operands
 //! that may overlap, a big-endian host, a buffer that does not hold an f32 view) answers `None`
