@@ -31,7 +31,7 @@ use shared::model::Operand;
 
 use shared::neff_program::DgeEntry;
 
-use crate::dma::{PrebuiltPair, build_copy};
+use crate::dma::{PrebuiltPair, build_copy, rebuild_copy};
 use crate::error::NrtError;
 use crate::kmgr::LoadedModel;
 use crate::tensor::{Placement, Tensor, TensorSet};
@@ -57,11 +57,34 @@ impl ExecMode {
 /// One I/O ring's descriptors for one execution, encoded by bind with every PA resolved
 /// (`ioq_switch_tx_descs`, `ioq_switch_rx_descs`, `ioq_switch_num_descs` of one queue). Its
 /// fields are private to bind: the stage can read and append them, not build them.
+///
+/// A pooled `RingIo` keeps its descriptors between executions of its model, with its patch
+/// plan: the copies that name a tensor, the only ones whose PAs change from one execution to
+/// the next. The others (buffers and SBUF, whose PAs were fixed at load) stay as encoded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RingIo {
     engine: u32,
     queue: u32,
     descs: Vec<PrebuiltPair>,
+    patches: Vec<Patch>,
+}
+
+/// One end of a planned copy: a PA fixed at load, or an offset into a bound tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PlannedPa {
+    /// A buffer or SBUF PA.
+    Fixed(u64),
+    /// Byte `offset` of the model tensor at `spec` (inputs first, then outputs).
+    Tensor { spec: usize, offset: u64 },
+}
+
+/// A copy of a ring that names a tensor: re-encoded each execution into `descs[first..]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Patch {
+    first: usize,
+    src: PlannedPa,
+    dst: PlannedPa,
+    len: u64,
 }
 
 impl RingIo {
@@ -89,6 +112,7 @@ impl RingIo {
             engine,
             queue,
             descs,
+            patches: Vec::new(),
         }
     }
 }
@@ -98,6 +122,10 @@ pub type TpbIo = Vec<RingIo>;
 
 /// `tdrv_compute_resources_t` (0x20 in libnrt): the per-TPB I/O-queue resources of one
 /// execution (`tdrv_compute_ioqs_resource_t` per TPB).
+///
+/// A tracker is pooled by its model ([`LoadedModel::take_tracker`]): the first execution that
+/// takes it encodes every descriptor and records the patch plan ([`RingIo`]); later ones only
+/// re-encode the copies that name a tensor, with this execution's tensor PAs.
 #[derive(Debug, Default)]
 pub struct TdrvComputeResources {
     /// Per TPB, the encoded I/O descriptors, ready to append.
@@ -106,6 +134,11 @@ pub struct TdrvComputeResources {
     /// order, ready for the stage to write into the copy of its `compute_idx` (empty for a
     /// container).
     pub dge: Vec<Vec<DgeEntry>>,
+    /// `ioqs` holds every descriptor of the model's rings and their patch plans.
+    planned: bool,
+    /// This execution's device PA of each model tensor (inputs, then outputs); `None` for one
+    /// without a device address.
+    tensor_pas: Vec<Option<u64>>,
 }
 
 /// `kmgr_exec_resources_t` (0x38 in libnrt): what bind hands to the stage.
@@ -242,6 +275,114 @@ pub fn check_valid_io_sets(
     check_set(model, outputs, &model.model().outputs, "output")
 }
 
+/// Where operand `op` of TPB `tpb` lands: a buffer or SBUF PA (fixed at load), or a model
+/// tensor (by its index, inputs first) plus an offset.
+fn planned_pa(model: &LoadedModel, op: &Operand, tpb: usize) -> Result<PlannedPa, NrtError> {
+    match op {
+        Operand::Tensor { name, offset } => {
+            let specs = model.model();
+            let spec = (specs.inputs.iter().chain(&specs.outputs))
+                .position(|s| s.name == *name)
+                .ok_or_else(|| {
+                    NrtError::new(NrtStatus::Invalid, format!("tensor {name:?} is not bound"))
+                })?;
+            Ok(PlannedPa::Tensor {
+                spec,
+                offset: *offset,
+            })
+        }
+        Operand::Buffer { index, offset } => model
+            .buffer_pa(tpb, *index)
+            .map(|pa| PlannedPa::Fixed(pa + offset))
+            .ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::Invalid,
+                    format!("model {:?}: buffer {index} of TPB {tpb}", model.name()),
+                )
+            }),
+        Operand::Sbuf { partition, offset } => model
+            .sbuf_pa(tpb, *partition, *offset)
+            .map(PlannedPa::Fixed)
+            .ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::Invalid,
+                    format!("model {:?}: SBUF operand of TPB {tpb}", model.name()),
+                )
+            }),
+    }
+}
+
+/// The PA of `at` in this execution (`tensor_pas` as [`TdrvComputeResources`] holds them).
+fn pa_now(model: &LoadedModel, tensor_pas: &[Option<u64>], at: PlannedPa) -> Result<u64, NrtError> {
+    match at {
+        PlannedPa::Fixed(pa) => Ok(pa),
+        PlannedPa::Tensor { spec, offset } => {
+            let specs = model.model();
+            let name = (specs.inputs.iter().chain(&specs.outputs))
+                .nth(spec)
+                .map_or("?", |s| s.name.as_str());
+            let base = tensor_pas.get(spec).copied().flatten().ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::ExecBadInput,
+                    format!("tensor {name:?} has no device address"),
+                )
+            })?;
+            Ok(base + offset)
+        }
+    }
+}
+
+/// Encodes every I/O descriptor of the model into `tdrv` (the descriptors of copies that name a
+/// tensor with this execution's PAs, `tdrv.tensor_pas`) and records which copies name a tensor:
+/// the first execution of a pooled tracker.
+fn plan(model: &LoadedModel, tdrv: &mut TdrvComputeResources) -> Result<(), NrtError> {
+    let tpbs = &model.model().tpbs;
+    tdrv.ioqs.truncate(tpbs.len());
+    tdrv.ioqs.resize_with(tpbs.len(), Vec::new);
+    for (i, (tpb, rings)) in tpbs.iter().zip(tdrv.ioqs.iter_mut()).enumerate() {
+        rings.truncate(tpb.io_rings.len());
+        rings.resize_with(tpb.io_rings.len(), RingIo::default);
+        for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
+            out.engine = ring.engine;
+            out.queue = ring.queue;
+            out.descs.clear();
+            out.patches.clear();
+            for d in &ring.descs {
+                let (src, dst) = (planned_pa(model, &d.src, i)?, planned_pa(model, &d.dst, i)?);
+                let first = out.descs.len();
+                build_copy(
+                    pa_now(model, &tdrv.tensor_pas, src)?,
+                    pa_now(model, &tdrv.tensor_pas, dst)?,
+                    u64::from(d.len),
+                    &mut out.descs,
+                )
+                .map_err(|e| {
+                    NrtError::new(
+                        NrtStatus::Invalid,
+                        format!(
+                            "model {:?}: TPB {i} I/O ring ({}, {}): {e}",
+                            model.name(),
+                            ring.engine,
+                            ring.queue
+                        ),
+                    )
+                })?;
+                if matches!(src, PlannedPa::Tensor { .. })
+                    || matches!(dst, PlannedPa::Tensor { .. })
+                {
+                    out.patches.push(Patch {
+                        first,
+                        src,
+                        dst,
+                        len: u64::from(d.len),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `kmgr_exec_pre`: validates, then builds the resource tracker: every I/O ring descriptor's
 /// tensor operands resolved to device PAs (buffer operands were resolved at load) and encoded
 /// as TX/RX UDMA descriptors, ready for the stage to append.
@@ -255,62 +396,32 @@ pub fn build_compute_resources(
     exec_mode: ExecMode,
 ) -> Result<ExecResources, NrtError> {
     check_valid_io_sets(model, inputs, outputs)?;
-    let pa_of = |op: &Operand, tpb: usize| -> Result<u64, NrtError> {
-        match op {
-            Operand::Tensor { name, offset } => {
-                let t = inputs
-                    .find(name)
-                    .or_else(|| outputs.find(name))
-                    .ok_or_else(|| {
-                        NrtError::new(NrtStatus::Invalid, format!("tensor {name:?} is not bound"))
-                    })?;
-                let base = t.device_pa().ok_or_else(|| {
-                    NrtError::new(
-                        NrtStatus::ExecBadInput,
-                        format!("tensor {name:?} has no device address"),
-                    )
-                })?;
-                Ok(base + offset)
-            }
-            Operand::Buffer { index, offset } => model
-                .buffer_pa(tpb, *index)
-                .map(|pa| pa + offset)
-                .ok_or_else(|| {
-                    NrtError::new(
-                        NrtStatus::Invalid,
-                        format!("model {:?}: buffer {index} of TPB {tpb}", model.name()),
-                    )
-                }),
-            Operand::Sbuf { partition, offset } => {
-                model.sbuf_pa(tpb, *partition, *offset).ok_or_else(|| {
-                    NrtError::new(
-                        NrtStatus::Invalid,
-                        format!("model {:?}: SBUF operand of TPB {tpb}", model.name()),
-                    )
-                })
-            }
-        }
-    };
     // A pooled tracker of this model: same shape every time, so refilling it allocates nothing.
     let (mut tdrv, mut bound) = model.take_tracker();
-    let tpbs = &model.model().tpbs;
-    tdrv.ioqs.truncate(tpbs.len());
-    tdrv.ioqs.resize_with(tpbs.len(), Vec::new);
-    for (i, (tpb, rings)) in tpbs.iter().zip(tdrv.ioqs.iter_mut()).enumerate() {
-        rings.truncate(tpb.io_rings.len());
-        rings.resize_with(tpb.io_rings.len(), RingIo::default);
+    // Each tensor's PA once (one lookup per tensor, not one per descriptor).
+    let specs = model.model();
+    tdrv.tensor_pas.clear();
+    tdrv.tensor_pas.extend(
+        (specs.inputs.iter().map(|s| inputs.find(&s.name)))
+            .chain(specs.outputs.iter().map(|s| outputs.find(&s.name)))
+            .map(|t| t.and_then(Tensor::device_pa)),
+    );
+    if !tdrv.planned {
+        plan(model, &mut tdrv)?;
+        tdrv.planned = true;
+    }
+    let TdrvComputeResources {
+        ioqs, tensor_pas, ..
+    } = &mut tdrv;
+    for (i, (tpb, rings)) in specs.tpbs.iter().zip(ioqs.iter_mut()).enumerate() {
         for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
-            out.engine = ring.engine;
-            out.queue = ring.queue;
-            out.descs.clear();
-            for d in &ring.descs {
-                build_copy(
-                    pa_of(&d.src, i)?,
-                    pa_of(&d.dst, i)?,
-                    u64::from(d.len),
-                    &mut out.descs,
-                )
-                .map_err(|e| {
+            let RingIo { descs, patches, .. } = out;
+            for patch in patches.iter() {
+                let pa = |at: PlannedPa| pa_now(model, tensor_pas, at);
+                let pieces = u64::from(shared::udma::MAX_DESC_LEN);
+                let end = patch.first + usize::try_from(patch.len.div_ceil(pieces)).unwrap_or(0);
+                let pairs = descs.get_mut(patch.first..end).unwrap_or_default();
+                rebuild_copy(pa(patch.src)?, pa(patch.dst)?, patch.len, pairs).map_err(|e| {
                     NrtError::new(
                         NrtStatus::Invalid,
                         format!(
@@ -377,6 +488,73 @@ pub fn build_compute_resources(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::builder::MlpBuilder;
+    use crate::dma::{pairs_built_on_this_thread, pairs_rebuilt_on_this_thread};
+    use crate::test_support::{Rig, load};
+    use crate::{Placement, Runtime};
+
+    fn tensors(rt: &Runtime, rows: u64) -> (TensorSet, TensorSet) {
+        let on = Placement::Device { vnc: 0 };
+        let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+        ins.add("input", &rt.tensor_allocate(on, rows * 3 * 4, "i").unwrap());
+        outs.add(
+            "output",
+            &rt.tensor_allocate(on, rows * 2 * 4, "o").unwrap(),
+        );
+        (ins, outs)
+    }
+
+    fn descs(r: &ExecResources) -> Vec<Vec<PrebuiltPair>> {
+        r.tdrv.ioqs[0]
+            .iter()
+            .map(|ring| ring.descs().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_pooled_tracker_re_encodes_only_the_copies_that_name_a_tensor() {
+        let rig = Rig::new();
+        let rt = rig.sync_runtime();
+        // 300 rows: 3 constants descriptors (buffer → SBUF, fixed at load) and 100 row blocks
+        // in and 100 out (tensors).
+        let mlp = MlpBuilder::new("t", 3).dense(vec![1.0; 6], vec![0.5, -0.5]);
+        let m = rt.model(load(&rt, &mlp.build(300).unwrap(), 0)).unwrap();
+        let (ins, outs) = tensors(&rt, 300);
+        let first = build_compute_resources(&m, &ins, &outs, ExecMode::Sync).unwrap();
+        drop(first);
+        // Other tensors, through the pooled tracker.
+        let (ins2, outs2) = tensors(&rt, 300);
+        let (built, rebuilt) = (pairs_built_on_this_thread(), pairs_rebuilt_on_this_thread());
+        let pooled = build_compute_resources(&m, &ins2, &outs2, ExecMode::Sync).unwrap();
+        assert_eq!(
+            (
+                pairs_built_on_this_thread() - built,
+                pairs_rebuilt_on_this_thread() - rebuilt
+            ),
+            (0, 200),
+            "the pooled tracker re-encodes the 200 tensor copies and nothing else"
+        );
+        // The pool is empty now: a new tracker encodes everything from scratch.
+        let fresh = build_compute_resources(&m, &ins2, &outs2, ExecMode::Sync).unwrap();
+        assert_eq!(pairs_built_on_this_thread() - built, 203);
+        assert_eq!(
+            descs(&pooled),
+            descs(&fresh),
+            "the same descriptors either way"
+        );
+        let pa = |set: &TensorSet, name| set.find(name).unwrap().device_pa().unwrap();
+        assert_eq!(descs(&pooled)[1][0].tx().buf_ptr(), pa(&ins2, "input"));
+        assert_eq!(
+            descs(&pooled)[2][99].rx().buf_ptr(),
+            pa(&outs2, "output") + 99 * 3 * 2 * 4
+        );
+        // Validation still runs on every bind: a wrongly sized tensor is NRT_INVALID.
+        drop((pooled, fresh));
+        let (ins3, _) = tensors(&rt, 299);
+        let err = build_compute_resources(&m, &ins3, &outs2, ExecMode::Sync).unwrap_err();
+        assert_eq!(err.status, NrtStatus::Invalid);
+    }
 
     #[test]
     fn exec_mode_is_inverted_sync_one_async_zero() {

@@ -199,6 +199,18 @@ thread_local! {
     static PAIRS_BUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Pairs [`rebuild_copy`] re-encoded on this thread.
+    static PAIRS_REBUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Pairs [`rebuild_copy`] has re-encoded on the calling thread (test builds only).
+#[cfg(test)]
+pub(crate) fn pairs_rebuilt_on_this_thread() -> u64 {
+    PAIRS_REBUILT.with(std::cell::Cell::get)
+}
+
 /// Pairs [`build_copy`] has encoded on the calling thread (test builds only).
 #[cfg(test)]
 pub(crate) fn pairs_built_on_this_thread() -> u64 {
@@ -236,6 +248,34 @@ pub fn build_copy(
     #[cfg(test)]
     PAIRS_BUILT.with(|c| c.set(c.get() + pairs as u64));
     Ok(u32::try_from(pairs).unwrap_or(u32::MAX))
+}
+
+/// Re-encodes, in place, the pairs [`build_copy`] made for a copy of the same `len` into
+/// `pairs`, for new `src` and `dst` PAs: the pieces of a copy depend on its length only, so the
+/// pairs keep their number and order, and each is exactly what [`build_copy`] would encode for
+/// the new PAs.
+///
+/// # Errors
+/// [`DmaError::Build`] for a zero length or when `pairs` is not as long as the copy's pieces
+/// (nothing is written then; past those checks every piece is 1..=64 KiB and encodes).
+pub fn rebuild_copy(
+    src: u64,
+    dst: u64,
+    len: u64,
+    pairs: &mut [PrebuiltPair],
+) -> Result<(), DmaError> {
+    let pieces = len.div_ceil(u64::from(MAX_DESC_LEN));
+    if len == 0 || u64::try_from(pairs.len()).ok() != Some(pieces) {
+        return Err(DmaError::Build(DescError::BadLength(len)));
+    }
+    for (slot, (s, d, n, barrier)) in pairs.iter_mut().zip(copy_pieces(src, dst, len)) {
+        let (tx, rx) = udma::m2m_copy_descriptors(s, d, n, RingId::INITIAL, barrier)
+            .map_err(DmaError::Build)?;
+        *slot = PrebuiltPair { tx, rx };
+    }
+    #[cfg(test)]
+    PAIRS_REBUILT.with(|c| c.set(c.get() + pieces));
+    Ok(())
 }
 
 /// A TX/RX ring pair bound to one DMA queue, with the chunks it allocated.

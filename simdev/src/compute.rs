@@ -45,6 +45,7 @@
 use std::fmt;
 use std::ops::Range;
 
+use gemm::Layout;
 use shared::exec_request::Engine;
 use shared::isa::{
     ActFunc, AluOp, Dt, FLAG_ACCUMULATE, Instruction, Opcode, PSUM_PARTITION_BYTES, ReduceOp,
@@ -218,22 +219,21 @@ impl ComputeState {
     /// Reads `tile` as f32, partition by partition (`partitions × elems`, row-major), into
     /// `out` (cleared first; it allocates only to grow).
     fn gather_into(&mut self, tile: &Tile, out: &mut Vec<f32>) -> Result<(), ExecError> {
-        let elems = idx(tile.elems);
-        // Every element is written below: no need to zero what is already there.
-        out.resize(idx(tile.partitions).saturating_mul(elems), 0.0);
-        for (p, values) in Self::partitions(tile).zip(out.chunks_mut(elems.max(1))) {
+        // Appended row by row: nothing is zeroed first (the scratch buffers are shared by ops
+        // of every size, so growing them with zeros would clear most of each tile again).
+        out.clear();
+        for p in Self::partitions(tile) {
             let row = self.row(tile, p)?;
             match tile.dtype {
-                Dt::F32 => {
-                    for (v, c) in values.iter_mut().zip(row.as_chunks::<4>().0) {
-                        *v = f32::from_le_bytes(*c);
-                    }
-                }
-                Dt::Bf16 => {
-                    for (v, c) in values.iter_mut().zip(row.as_chunks::<2>().0) {
-                        *v = bf16_to_f32(u16::from_le_bytes(*c));
-                    }
-                }
+                Dt::F32 => out.extend(
+                    row.as_chunks::<4>()
+                        .0
+                        .iter()
+                        .map(|c| f32::from_le_bytes(*c)),
+                ),
+                Dt::Bf16 => out.extend(
+                    (row.as_chunks::<2>().0.iter()).map(|c| bf16_to_f32(u16::from_le_bytes(*c))),
+                ),
             }
         }
         Ok(())
@@ -814,6 +814,11 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
             moving,
             accumulate,
         } => {
+            if let Some(result) =
+                in_place::matmul(state, s, &dst, (&stationary, &moving), accumulate)
+            {
+                return result;
+            }
             state.gather_into(&stationary, &mut s.a)?;
             state.gather_into(&moving, &mut s.b)?;
             let (k, m, n) = (
@@ -840,6 +845,9 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
         } => {
             if !state.tables_loaded {
                 return Err(ExecError::TablesNotLoaded);
+            }
+            if let Some(result) = in_place::activation(state, s, (&dst, &src), func, scale, bias) {
+                return result;
             }
             state.gather_into(&src, &mut s.a)?;
             state.scalars_into(bias, &dst, &mut s.c)?;
@@ -995,11 +1003,19 @@ fn sgemm(
     {
         return Err(shape_error);
     }
-    gemm::gemm(stat, mov, (k, m, n), out, accumulate);
+    gemm::gemm(
+        stat,
+        mov,
+        (k, m, n),
+        Layout::contiguous(m, n),
+        out,
+        accumulate,
+    );
     Ok(())
 }
 
 mod gemm;
+mod in_place;
 
 #[cfg(test)]
 mod alloc_count;

@@ -5,9 +5,15 @@
 //! on the free axis, so a dense layer is one `Matmul` with the weights `[in, out]` as the
 //! stationary operand (`K = in` partitions, `M = out`) and the activations `[in × batch]` moving,
 //! giving `[out × batch]` in PSUM, and the bias is a per-partition vector the `Activation`
-//! adds. Inputs arrive and outputs leave in the user's row-major `[batch, features]` layout: one
-//! DMA descriptor per row into (out of) SBUF partition `row % 128`, and DVE transposes between
-//! the two layouts, 128 rows at a time.
+//! adds. Inputs arrive and outputs leave in the user's row-major `[batch, features]` layout, in
+//! blocks of `k = ⌈batch / 128⌉` consecutive rows: partition `p` holds rows `p·k .. p·k + k`
+//! side by side, which are contiguous in the tensor, so one DMA descriptor per partition loads
+//! (stores) them. DVE transposes between the two layouts one tile at a time: tile `t` is row
+//! `t` of every partition's block (rows `p·k + t`), so the batch's columns in the transposed
+//! layout are in tile order rather than row order. Every column is computed on its own (a
+//! matmul output element is one chain over its column; activations and softmax are per
+//! element or per row), so the order changes no bit, and the output transposes put each row
+//! back into its partition's block.
 //!
 //! Engines and semaphores: SP loads the constants and the input rows (signal IN); DVE
 //! transposes the input (XT); PE runs each layer's matmul (MM_l) once the previous layer's
@@ -24,8 +30,9 @@ use shared::model::{BufferSpec, DType, IoDesc, IoRing, Model, Operand, TensorSpe
 
 /// Most features a layer may have (the partition count).
 pub const MAX_FEATURES: u32 = 128;
-/// Largest batch the builder compiles (one DMA descriptor per row must fit the I/O rings).
+/// Largest batch the builder compiles.
 pub const MAX_BATCH: u32 = 900;
+/// Partitions a tile of rows spans at most.
 const ROWS_PER_TILE: u32 = 128;
 const DECREMENT: u32 = u32::MAX; // a signal of -1: the consumer resets what it waited for
 
@@ -261,8 +268,14 @@ impl MlpBuilder {
     ) -> Result<TpbProgram, BuildError> {
         let in0 = self.input_features;
         let out_last = stages.last().map_or(in0, |s| s.outputs);
+        // Rows per partition (`k`, also the number of tiles), partitions used, the rows of
+        // partition `p`, the partitions of tile `t` (those whose block has a row `t`) and the
+        // first transposed column of tile `t`.
         let tiles = batch.div_ceil(ROWS_PER_TILE);
-        let rows = |t: u32| (batch - t * ROWS_PER_TILE).min(ROWS_PER_TILE);
+        let parts = batch.div_ceil(tiles);
+        let block_rows = |p: u32| (batch - p * tiles).min(tiles);
+        let rows = |t: u32| (batch - t).div_ceil(tiles);
+        let col = |t: u32| (0..t).map(rows).sum::<u32>();
 
         // SBUF layout, bytes per partition.
         let mut a = Alloc(0);
@@ -348,27 +361,28 @@ impl MlpBuilder {
                 len: consts_width,
             })
             .collect();
-        let row_in = |r: u32| IoDesc {
+        // Partition `p`'s block of rows, in and out: one descriptor each.
+        let block_in = |p: u32| IoDesc {
             src: Operand::Tensor {
                 name: "input".into(),
-                offset: u64::from((row0 + r) * in0 * 4),
+                offset: u64::from((row0 + p * tiles) * in0 * 4),
             },
             dst: Operand::Sbuf {
-                partition: r % ROWS_PER_TILE,
-                offset: u64::from(xin + (r / ROWS_PER_TILE) * in0 * 4),
+                partition: p,
+                offset: u64::from(xin),
             },
-            len: in0 * 4,
+            len: block_rows(p) * in0 * 4,
         };
-        let row_out = |r: u32| IoDesc {
+        let block_out = |p: u32| IoDesc {
             src: Operand::Sbuf {
-                partition: r % ROWS_PER_TILE,
-                offset: u64::from(out + (r / ROWS_PER_TILE) * out_last * 4),
+                partition: p,
+                offset: u64::from(out),
             },
             dst: Operand::Tensor {
                 name: "output".into(),
-                offset: u64::from((row0 + r) * out_last * 4),
+                offset: u64::from((row0 + p * tiles) * out_last * 4),
             },
-            len: out_last * 4,
+            len: block_rows(p) * out_last * 4,
         };
         let ring = |engine, queue, descs: Vec<IoDesc>| {
             let n = u32::try_from(descs.len()).unwrap_or(u32::MAX);
@@ -382,18 +396,18 @@ impl MlpBuilder {
         let n_consts = u32::try_from(consts.len()).unwrap_or(u32::MAX);
         let io_rings = vec![
             ring(2, 0, consts),
-            ring(1, 0, (0..batch).map(row_in).collect()),
-            ring(1, 1, (0..batch).map(row_out).collect()),
+            ring(1, 0, (0..parts).map(block_in).collect()),
+            ring(1, 1, (0..parts).map(block_out).collect()),
         ];
 
         // SP: load, then store.
         let sp = vec![
             Instruction::new(Opcode::DmaStart, &[2, 0, n_consts]),
-            Instruction::new(Opcode::DmaStart, &[1, 0, batch]),
+            Instruction::new(Opcode::DmaStart, &[1, 0, parts]),
             Instruction::new(Opcode::DmaWait, &[2, 0]),
             Instruction::new(Opcode::DmaWait, &[1, 0]).signal(S_IN, 1),
             consume(S_OUT),
-            Instruction::new(Opcode::DmaStart, &[1, 1, batch]),
+            Instruction::new(Opcode::DmaStart, &[1, 1, parts]),
             Instruction::new(Opcode::DmaWait, &[1, 1]),
             Instruction::new(Opcode::End, &[]),
         ];
@@ -401,14 +415,14 @@ impl MlpBuilder {
         let mut dve = vec![consume(S_IN)];
         for t in 0..tiles {
             let src = Tile::sbuf(0, rows(t), xin + t * in0 * 4, in0);
-            let dst = Tile::sbuf(0, in0, xt + t * ROWS_PER_TILE * 4, rows(t));
+            let dst = Tile::sbuf(0, in0, xt + col(t) * 4, rows(t));
             dve.push(Instruction::with_tiles(Opcode::Transpose, &[dst, src], &[]));
         }
         dve.push(Instruction::new(Opcode::Nop, &[]).signal(S_XT, 1));
         dve.push(consume(s_act(last)));
         let out_tile = |t: u32| Tile::sbuf(0, rows(t), out + t * out_last * 4, out_last);
         for t in 0..tiles {
-            let src = Tile::sbuf(0, out_last, h[last] + t * ROWS_PER_TILE * 4, rows(t));
+            let src = Tile::sbuf(0, out_last, h[last] + col(t) * 4, rows(t));
             dve.push(Instruction::with_tiles(
                 Opcode::Transpose,
                 &[out_tile(t), src],
@@ -599,12 +613,51 @@ mod tests {
     }
 
     #[test]
-    fn builds_a_valid_container_with_rows_as_descriptors() {
+    fn builds_a_valid_container_with_a_descriptor_per_partition_block_of_rows() {
         let m = tiny().build(300).unwrap();
         m.validate().unwrap();
         let rings = &m.tpbs[0].io_rings;
-        assert_eq!(rings[1].descs.len(), 300, "one descriptor per input row");
-        assert_eq!(rings[2].descs.len(), 300);
+        // 300 rows: blocks of ⌈300 / 128⌉ = 3 rows, on 100 partitions.
+        assert_eq!(
+            rings[1].descs.len(),
+            100,
+            "one descriptor per partition's rows"
+        );
+        assert_eq!(rings[2].descs.len(), 100);
+        for (p, (d_in, d_out)) in rings[1].descs.iter().zip(&rings[2].descs).enumerate() {
+            let p = u32::try_from(p).unwrap();
+            let row = u64::from(p * 3);
+            assert_eq!(
+                (d_in.src.clone(), d_in.len),
+                (
+                    Operand::Tensor {
+                        name: "input".into(),
+                        offset: row * 3 * 4
+                    },
+                    3 * 3 * 4
+                ),
+                "partition {p} loads its 3 consecutive input rows"
+            );
+            assert!(matches!(d_in.dst, Operand::Sbuf { partition, .. } if partition == p));
+            assert_eq!(
+                (d_out.dst.clone(), d_out.len),
+                (
+                    Operand::Tensor {
+                        name: "output".into(),
+                        offset: row * 2 * 4
+                    },
+                    3 * 2 * 4
+                )
+            );
+            assert!(matches!(d_out.src, Operand::Sbuf { partition, .. } if partition == p));
+        }
+        // 900 rows: blocks of 8 on 113 partitions, the last one holding the 4 rows left.
+        let m900 = tiny().build(900).unwrap();
+        m900.validate().unwrap();
+        let rings900 = &m900.tpbs[0].io_rings;
+        assert_eq!(rings900[1].descs.len(), 113);
+        assert_eq!(rings900[1].descs[112].len, 4 * 3 * 4);
+        assert_eq!(rings900[2].descs[112].len, 4 * 2 * 4);
         assert_eq!(
             rings[0].descs.len(),
             3,

@@ -286,3 +286,98 @@ fn execute_matches_the_previous_interpreter_on_random_instructions() {
     assert_same_state(&mut new, &mut old, "at the end");
     assert!(executed > 300, "{executed} executed");
 }
+
+#[test]
+fn the_layer_builders_matmul_and_activation_write_their_tiles_directly_and_match_the_previous_interpreter()
+ {
+    use shared::isa::{ActFunc, Opcode, ScalarMode};
+    let mut rng = Rng(29);
+    let mut new = ComputeState::new();
+    let mut old = ComputeState::new();
+    // A batch of 200 columns of 64 features at 0, weights 64 × 32 at 4096, a bias per partition
+    // at 4224, the layer's output at 8192; one infinity among the inputs.
+    let (x, w, b, h, out) = (0, 4096, 4224, 8192, 16384);
+    let fill = |state: &mut ComputeState, tile: Tile, values: &[f32]| {
+        state.scatter(&tile, values).unwrap();
+    };
+    let mut xs: Vec<f32> = (0..64 * 200).map(|_| value(&mut rng)).collect();
+    xs[777] = f32::INFINITY;
+    let ws: Vec<f32> = (0..64 * 32).map(|_| value(&mut rng)).collect();
+    let bs: Vec<f32> = (0..32).map(|_| value(&mut rng)).collect();
+    for state in [&mut new, &mut old] {
+        state.set_tables_loaded(true);
+        fill(state, Tile::sbuf(0, 64, x, 200), &xs);
+        fill(state, Tile::sbuf(0, 64, w, 32), &ws);
+        fill(state, Tile::sbuf(0, 32, b, 1), &bs);
+    }
+    let program = [
+        (
+            Engine::Pe,
+            Instruction::with_tiles(
+                Opcode::Matmul,
+                &[
+                    Tile::psum(0, 32, 0, 200),
+                    Tile::sbuf(0, 64, w, 32),
+                    Tile::sbuf(0, 64, x, 200),
+                ],
+                &[],
+            ),
+        ),
+        (
+            Engine::Act,
+            Instruction::with_tiles(
+                Opcode::Activation,
+                &[Tile::sbuf(0, 32, h, 200), Tile::psum(0, 32, 0, 200)],
+                &[
+                    ActFunc::Relu as u32,
+                    1.0f32.to_bits(),
+                    ScalarMode::PerPartition as u32,
+                    b,
+                ],
+            ),
+        ),
+        (
+            Engine::Dve,
+            Instruction::with_tiles(
+                Opcode::Transpose,
+                &[
+                    Tile::sbuf(0, 120, out, 32),
+                    Tile::sbuf(0, 32, h + 80 * 4, 120),
+                ],
+                &[],
+            ),
+        ),
+    ];
+    for (i, (engine, inst)) in program.iter().enumerate() {
+        let opcode = inst.op().unwrap();
+        let op = decode(*engine, opcode, inst).unwrap().unwrap();
+        new.scratch = Scratch::default();
+        let got = execute(&mut new, &op).unwrap();
+        let want = naive_execute(&mut old, &op).unwrap();
+        assert_eq!(got, want, "op {i}: {op:?}");
+        assert_same_state(&mut new, &mut old, &format!("after op {i}"));
+        let s = &new.scratch;
+        match opcode {
+            // The result goes straight to PSUM: no result buffer.
+            Opcode::Matmul => assert_eq!(s.c.capacity(), 0, "the matmul's result was buffered"),
+            // Rows straight from PSUM to SBUF: nothing gathered.
+            Opcode::Activation => assert_eq!(
+                (s.a.capacity(), s.b.capacity()),
+                (0, 0),
+                "the activation gathered its source"
+            ),
+            _ => {}
+        }
+    }
+    assert!(
+        execute(
+            &mut new,
+            &decode(Engine::Pe, Opcode::Matmul, &program[0].1)
+                .unwrap()
+                .unwrap()
+        )
+        .unwrap()
+        .non_finite,
+        "the infinity reached the matmul's output"
+    );
+}

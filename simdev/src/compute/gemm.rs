@@ -1,5 +1,6 @@
 //! The matmul kernel of the `Matmul` instruction: `out[m][n] (+)= Σ_k stat[k][m] · mov[k][n]`
-//! over contiguous row-major f32 buffers, register-blocked and allocation-free (the GEMM crate
+//! over row-major f32 matrices with any row stride ([`Layout`]: gathered buffers, or the tiles
+//! in SBUF and PSUM themselves), register-blocked and allocation-free (the GEMM crate
 //! allocates its packing buffers on every call, which an execution's steady state may not).
 //!
 //! # Rounding (the same as `matrixmultiply::sgemm`)
@@ -32,23 +33,47 @@ fn finish(acc: f32, old: f32, accumulate: bool) -> f32 {
     if accumulate { old + acc } else { acc + 0.0 }
 }
 
+/// Where each matrix starts in its slice and how far apart its rows are, in f32 elements:
+/// row `r`, column `c` of `stat` is `stat[stat.0 + r · stat.1 + c]` (likewise `mov` and
+/// `out`). Contiguous row-major buffers are [`Layout::contiguous`]; SBUF and PSUM tiles have
+/// one row per partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// `(start, row stride)` of the K × M stationary matrix.
+    pub stat: (usize, usize),
+    /// `(start, row stride)` of the K × N moving matrix.
+    pub mov: (usize, usize),
+    /// `(start, row stride)` of the M × N output.
+    pub out: (usize, usize),
+}
+
+impl Layout {
+    /// Row-major matrices from the start of their slices, rows `m`, `n` and `n` apart.
+    pub(crate) const fn contiguous(m: usize, n: usize) -> Self {
+        Self {
+            stat: (0, m),
+            mov: (0, n),
+            out: (0, n),
+        }
+    }
+}
+
 /// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`; the
 /// caller keeps them inside the shape (nothing outside `out` is touched either way).
 #[inline(always)]
 fn block<const FUSED: bool, const R: usize, const C: usize>(
     stat: &[f32],
     mov: &[f32],
-    (k, m, n): (usize, usize, usize),
+    (k, _, _): (usize, usize, usize),
+    l: Layout,
     (m0, n0): (usize, usize),
     out: &mut [f32],
     accumulate: bool,
 ) {
     let mut acc = [[0.0f32; C]; R];
     for kk in 0..k {
-        let (Some(a), Some(b)) = (
-            stat.get(kk * m + m0..kk * m + m0 + R),
-            mov.get(kk * n + n0..kk * n + n0 + C),
-        ) else {
+        let (sa, sb) = (l.stat.0 + kk * l.stat.1 + m0, l.mov.0 + kk * l.mov.1 + n0);
+        let (Some(a), Some(b)) = (stat.get(sa..sa + R), mov.get(sb..sb + C)) else {
             return;
         };
         let (Ok(a), Ok(b)) = (<&[f32; R]>::try_from(a), <&[f32; C]>::try_from(b)) else {
@@ -61,7 +86,7 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
         }
     }
     for (i, row) in acc.iter().enumerate() {
-        let at = (m0 + i) * n + n0;
+        let at = l.out.0 + (m0 + i) * l.out.1 + n0;
         if let Some(dst) = out.get_mut(at..at + C) {
             for (d, &c) in dst.iter_mut().zip(row) {
                 *d = finish(c, *d, accumulate);
@@ -76,6 +101,7 @@ fn rows<const FUSED: bool, const R: usize>(
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
+    l: Layout,
     m0: usize,
     out: &mut [f32],
     accumulate: bool,
@@ -83,45 +109,46 @@ fn rows<const FUSED: bool, const R: usize>(
     let n = shape.2;
     let mut n0 = 0;
     while n0 + NB <= n {
-        block::<FUSED, R, NB>(stat, mov, shape, (m0, n0), out, accumulate);
+        block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate);
         n0 += NB;
     }
     if n0 + 8 <= n {
-        block::<FUSED, R, 8>(stat, mov, shape, (m0, n0), out, accumulate);
+        block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate);
         n0 += 8;
     }
     while n0 < n {
-        block::<FUSED, R, 1>(stat, mov, shape, (m0, n0), out, accumulate);
+        block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate);
         n0 += 1;
     }
 }
 
-/// The kernel body; the caller checked `stat.len() == k·m`, `mov.len() == k·n`, `out.len() ==
-/// m·n`.
+/// The kernel body; the caller checked that every row of the three matrices of `l` lies in
+/// its slice.
 #[inline(always)]
 fn body<const FUSED: bool>(
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
+    l: Layout,
     out: &mut [f32],
     accumulate: bool,
 ) {
     let m = shape.1;
     let mut m0 = 0;
     while m0 + MB <= m {
-        rows::<FUSED, MB>(stat, mov, shape, m0, out, accumulate);
+        rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate);
         m0 += MB;
     }
     if m0 + 4 <= m {
-        rows::<FUSED, 4>(stat, mov, shape, m0, out, accumulate);
+        rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate);
         m0 += 4;
     }
     if m0 + 2 <= m {
-        rows::<FUSED, 2>(stat, mov, shape, m0, out, accumulate);
+        rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate);
         m0 += 2;
     }
     if m0 < m {
-        rows::<FUSED, 1>(stat, mov, shape, m0, out, accumulate);
+        rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate);
     }
 }
 
@@ -135,19 +162,21 @@ unsafe fn body_fma(
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
+    l: Layout,
     out: &mut [f32],
     accumulate: bool,
 ) {
-    body::<true>(stat, mov, shape, out, accumulate);
+    body::<true>(stat, mov, shape, l, out, accumulate);
 }
 
-/// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, row-major, with
-/// the rounding of the module doc. The caller checked the lengths (elements past them are
-/// not touched either way).
+/// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, placed in their
+/// slices as `l` says, with the rounding of the module doc. The caller checked that every row
+/// lies in its slice (an element outside is never touched either way).
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
+    l: Layout,
     out: &mut [f32],
     accumulate: bool,
 ) {
@@ -157,13 +186,13 @@ pub(super) fn gemm(
         {
             // SAFETY: AVX2 and FMA were just detected on this CPU; `body_fma` has no other
             // requirement (it is safe code compiled with those features).
-            unsafe { body_fma(stat, mov, shape, out, accumulate) };
+            unsafe { body_fma(stat, mov, shape, l, out, accumulate) };
             return;
         }
-        body::<false>(stat, mov, shape, out, accumulate);
+        body::<false>(stat, mov, shape, l, out, accumulate);
     }
     #[cfg(target_arch = "aarch64")]
-    body::<true>(stat, mov, shape, out, accumulate);
+    body::<true>(stat, mov, shape, l, out, accumulate);
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    body::<false>(stat, mov, shape, out, accumulate);
+    body::<false>(stat, mov, shape, l, out, accumulate);
 }

@@ -1,0 +1,170 @@
+//! fp32 results computed where their tiles lie in SBUF and PSUM, without a result buffer and a
+//! scatter: a `Matmul` writes its PSUM tile directly, and an `Activation` from one space into
+//! the other reads and writes the tiles themselves, row by row (the shapes of the layer
+//! builder's programs). A matmul still gathers its operands: its K-loop would otherwise touch
+//! one page per partition at every step.
+//!
+//! Each computes exactly what the gather path computes: the same kernel with the same chains
+//! for the matmul ([`gemm::Layout`] places its output on the PSUM tile's rows), the same f32
+//! operations in
+//! the same order for the others, and the same [`Effect::non_finite`](super::Effect) test of the
+//! values stored. An op it does not cover (bf16, an offset that is not a multiple of 4, operands
+//! that may overlap, a big-endian host, a buffer that does not hold an f32 view) answers `None`
+//! and takes the gather path. Every range is checked again here before it is used: a tile that
+//! does not lie in its buffer answers `None` too, never a panic.
+
+use shared::isa::{ActFunc, Dt, Space, Tile};
+use zerocopy::FromBytes;
+
+use super::{
+    ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_bytes,
+};
+
+/// `bytes` as f32 (native order: only used on little-endian hosts), when aligned.
+fn floats(bytes: &[u8]) -> Option<&[f32]> {
+    <[f32]>::ref_from_bytes(bytes).ok()
+}
+
+/// `bytes` as mutable f32 (native order: only used on little-endian hosts), when aligned.
+fn floats_mut(bytes: &mut [u8]) -> Option<&mut [f32]> {
+    <[f32]>::mut_from_bytes(bytes).ok()
+}
+
+/// `(start, row stride)` in f32 of an fp32 `tile` at a 4-aligned offset, when its rows lie in
+/// a buffer of `len` f32.
+fn place(tile: &Tile, len: usize) -> Option<(usize, usize)> {
+    if !cfg!(target_endian = "little") || tile.dtype != Dt::F32 || !tile.offset.is_multiple_of(4) {
+        return None;
+    }
+    let stride = idx(partition_bytes(tile.space)) / 4;
+    let start = idx(tile.partition_start)
+        .checked_mul(stride)?
+        .checked_add(idx(tile.offset) / 4)?;
+    let last = idx(tile.partitions)
+        .checked_sub(1)?
+        .checked_mul(stride)?
+        .checked_add(start)?
+        .checked_add(idx(tile.elems))?;
+    (last <= len).then_some((start, stride))
+}
+
+/// Row `p` (`elems` values) of a matrix at `(start, stride)` of `buf`.
+fn row(buf: &[f32], (start, stride): (usize, usize), p: usize, elems: usize) -> &[f32] {
+    let at = start + p * stride;
+    buf.get(at..at + elems).unwrap_or_default()
+}
+
+/// Row `p` (`elems` values) of a matrix at `(start, stride)` of `buf`, mutable.
+fn row_mut(buf: &mut [f32], (start, stride): (usize, usize), p: usize, elems: usize) -> &mut [f32] {
+    let at = start + p * stride;
+    buf.get_mut(at..at + elems).unwrap_or_default()
+}
+
+/// Whether any of `values` is a NaN or an infinity.
+fn any_non_finite(values: &[f32]) -> bool {
+    values.iter().fold(false, |acc, v| acc | !v.is_finite())
+}
+
+impl ComputeState {
+    /// SBUF and PSUM, allocated (zeroed) on first use: the f32 views of `(from, to)` spaces,
+    /// which must differ.
+    fn split(&mut self, from: Space, to: Space) -> Option<(&[f32], &mut [f32])> {
+        self.buffer(Space::Sbuf);
+        self.buffer(Space::Psum);
+        match (from, to) {
+            (Space::Sbuf, Space::Psum) => Some((floats(&self.sbuf)?, floats_mut(&mut self.psum)?)),
+            (Space::Psum, Space::Sbuf) => Some((floats(&self.psum)?, floats_mut(&mut self.sbuf)?)),
+            _ => None,
+        }
+    }
+}
+
+/// `Matmul` of gathered operands (`s.a` the stationary, `s.b` the moving, contiguous: the
+/// kernel's K-loop then walks a few pages, not one per partition) straight into its fp32 PSUM
+/// `dst`, without a result buffer or a scatter; whether a value stored is not finite. `None`:
+/// not covered (see the module doc).
+pub(super) fn matmul(
+    state: &mut ComputeState,
+    s: &mut Scratch,
+    dst: &Tile,
+    (stationary, moving): (&Tile, &Tile),
+    accumulate: bool,
+) -> Option<Result<bool, ExecError>> {
+    if dst.space != Space::Psum || place(dst, usize::MAX).is_none() {
+        return None;
+    }
+    let gathered = state
+        .gather_into(stationary, &mut s.a)
+        .and_then(|()| state.gather_into(moving, &mut s.b));
+    if let Err(e) = gathered {
+        return Some(Err(e));
+    }
+    let (k, m, n) = (
+        idx(stationary.partitions),
+        idx(stationary.elems),
+        idx(moving.elems),
+    );
+    state.buffer(Space::Psum);
+    let psum = floats_mut(&mut state.psum)?;
+    let out = place(dst, psum.len())?;
+    if s.a.len() != k * m || s.b.len() != k * n {
+        return None;
+    }
+    let layout = gemm::Layout {
+        out,
+        ..gemm::Layout::contiguous(m, n)
+    };
+    gemm::gemm(&s.a, &s.b, (k, m, n), layout, psum, accumulate);
+    Some(Ok((0..m).any(|p| any_non_finite(row(psum, out, p, n)))))
+}
+
+/// `dst[p][i] = func(src[p][i] · scale + bias[p])` from one row to another, each function in
+/// its own loop (the gather path's `activate_rows`).
+fn activate_row(src: &[f32], dst: &mut [f32], bias: f32, func: ActFunc, scale: f32) {
+    match func {
+        ActFunc::Identity => {
+            for (y, &x) in dst.iter_mut().zip(src) {
+                *y = x * scale + bias;
+            }
+        }
+        ActFunc::Relu => {
+            for (y, &x) in dst.iter_mut().zip(src) {
+                *y = max_nan(x * scale + bias, 0.0);
+            }
+        }
+        f => {
+            for (y, &x) in dst.iter_mut().zip(src) {
+                *y = activate(f, x * scale + bias);
+            }
+        }
+    }
+}
+
+/// `Activation` from a tile of one space into a tile of the other, on the tiles themselves;
+/// whether a value stored is not finite. `None`: not covered (see the module doc). The caller
+/// checked the activation tables.
+pub(super) fn activation(
+    state: &mut ComputeState,
+    s: &mut Scratch,
+    (dst, src): (&Tile, &Tile),
+    func: ActFunc,
+    scale: f32,
+    bias: Scalar,
+) -> Option<Result<bool, ExecError>> {
+    if src.space == dst.space || place(src, usize::MAX).is_none() {
+        return None;
+    }
+    if let Err(e) = state.scalars_into(bias, dst, &mut s.c) {
+        return Some(Err(e));
+    }
+    let (from, to) = state.split(src.space, dst.space)?;
+    let (at_src, at_dst) = (place(src, from.len())?, place(dst, to.len())?);
+    let elems = idx(src.elems);
+    let mut non_finite = false;
+    for (p, &b) in s.c.iter().enumerate().take(idx(dst.partitions)) {
+        let y = row_mut(to, at_dst, p, elems);
+        activate_row(row(from, at_src, p, elems), y, b, func, scale);
+        non_finite |= any_non_finite(y);
+    }
+    Some(Ok(non_finite))
+}
