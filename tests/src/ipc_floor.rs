@@ -259,7 +259,8 @@ impl CompositeFloor {
 }
 
 /// The waiter thread: sleeps on the futex word until the peer publishes a new sequence, reads
-/// the reply body, wakes the submitter; stops after the round trip that follows `stop`.
+/// the reply body, wakes the submitter; stops after waking the round trip that follows
+/// `stop`.
 fn waiter(chunk: &SharedChunk, wake: &EventFd, stop: &AtomicBool) {
     let mut seen = chunk.load_u32(SEQ_PA, Ordering::Acquire).unwrap_or(0);
     let mut body = NotificationEntry::default();
@@ -272,10 +273,11 @@ fn waiter(chunk: &SharedChunk, wake: &EventFd, stop: &AtomicBool) {
             continue;
         }
         seen = now;
-        if chunk.read(BODY_PA, body.as_mut_bytes()).is_err() || wake.write(1).is_err() {
-            return;
-        }
-        if stop.load(Ordering::SeqCst) {
+        // The stop is read before the wake: the submitter sets it only after this round trip's
+        // wake, right before the last one, so a stop read after the wake could belong to the
+        // last round trip — which would then never be woken.
+        let last = stop.load(Ordering::SeqCst);
+        if chunk.read(BODY_PA, body.as_mut_bytes()).is_err() || wake.write(1).is_err() || last {
             return;
         }
     }

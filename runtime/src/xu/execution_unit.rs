@@ -140,9 +140,11 @@ pub trait ExecutionUnit: sealed::Sealed + Send + Sync + std::fmt::Debug {
     /// The counted wake-up eventfd the worker epolls (the worker only).
     fn has_work_fd(&self, key: WorkerKey) -> BorrowedFd<'_>;
 
-    /// Whether a request is released to the device and not yet completed (`exec_head !=
-    /// scheduled_head`): what ends an idle watch with a step (the worker only).
-    fn has_released_work(&self, key: WorkerKey) -> bool;
+    /// Whether `has_work_efd` is readable: what ends an idle watch with a step (the worker
+    /// only). Not "a request is released": the submitter bumps `scheduled_head` before it
+    /// writes `has_work_efd`, and a request stepped to completion in between would find no
+    /// count to consume.
+    fn has_work(&self, key: WorkerKey) -> bool;
 
     /// Shutdown, phase 1: later executions get NRT_CLOSED.
     fn begin_shutdown(&self, key: WorkerKey);

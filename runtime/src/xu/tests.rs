@@ -1099,6 +1099,40 @@ fn after_an_idle_watch_begins_the_next_request_is_stepped_first_at_its_notificat
     workers.destroy();
 }
 
+/// The idle watch ends on the wake fd while a request is released but its submitter has not
+/// yet written `has_work_efd` (preempted between the trigger and the write): the worker must
+/// not step it then — stepped to completion, its `report_complete` would find no count to
+/// consume (the seed's runtime-bug abort; the worker thread would die and its waiter hang).
+/// It is stepped once the count is there.
+#[test]
+fn an_idle_watch_never_steps_a_released_request_before_its_has_work_efd_write() {
+    let inner = Stalled::new();
+    let engine = Arc::new(Watching {
+        inner: inner.clone(),
+        within: None,
+    });
+    let xu = typed(engine, XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let (first, _) = submit(&*xu, 1).unwrap();
+    inner.efd.write(1).unwrap();
+    wait_until("the first request", || xu.is_completed(first));
+    let calls = inner.progress_calls.load(Ordering::Relaxed);
+    // Released, its "notification" posted, its has_work_efd write not yet made.
+    let next = xu.submit_before_wake_for_test(Box::new(ExecInfo::execute(1, 0)));
+    inner.efd.write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        inner.progress_calls.load(Ordering::Relaxed),
+        calls,
+        "stepped before its has_work_efd write"
+    );
+    assert!(!xu.is_completed(next));
+    xu.wake_for_test();
+    wait_until("the next request", || xu.is_completed(next));
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
 /// A request that makes no progress on the idle wake fd — a STOP, here — is stepped when the
 /// idle watch's `within` ends (a worker that kept watching the idle fd past `within` would
 /// leave the STOP pending forever).

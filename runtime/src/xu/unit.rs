@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
@@ -574,6 +575,23 @@ impl<E: CompletionEngine> Xu<E> {
         st.producer.client_submit(info, None).unwrap();
     }
 
+    /// Submits and triggers `info` as the funnel does, but stops before `write(has_work_efd,
+    /// 1)`: the moment a preempted submitter leaves behind (tests only). [`Xu::wake_for_test`]
+    /// writes it.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn submit_before_wake_for_test(&self, info: Box<ExecInfo<E::Request>>) -> SeqId {
+        let mut st = lock(&self.submit_work_lock);
+        let seq = st.producer.client_submit(info, None).unwrap();
+        st.producer.client_trigger_next().unwrap();
+        seq
+    }
+
+    /// The funnel's `write(has_work_efd, 1)` (tests only).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn wake_for_test(&self) {
+        self.has_work_efd.write(1).unwrap();
+    }
+
     /// Poisons the XU (FATAL_SHUTDOWN): every later submit gets 101.
     pub(crate) fn poison(&self) {
         self.set_health(XuHealth::FatalShutdown);
@@ -771,9 +789,15 @@ impl<E: CompletionEngine> Xu<E> {
         }
     }
 
-    /// Whether a request is released to the device and not yet completed.
-    pub(crate) fn has_released_work(&self) -> bool {
-        self.work_queue.exec_head() != self.work_queue.scheduled_head()
+    /// Whether `has_work_efd` is readable (its count is not zero): then the request at the head
+    /// has had its `write(has_work_efd, 1)`, and stepping it to completion finds the count its
+    /// `report_complete` reads. Submits write the eventfd in order, after their trigger, and
+    /// completions read it in order, so a count above zero always covers the head. A request
+    /// merely *released* (`exec_head != scheduled_head`) may not have had its write yet: the
+    /// submitter bumps `scheduled_head` first.
+    pub(crate) fn has_work(&self) -> bool {
+        let mut fds = [PollFd::new(self.has_work_efd.as_fd(), PollFlags::POLLIN)];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
     }
 
     /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
@@ -1056,8 +1080,8 @@ impl<E: CompletionEngine> ExecutionUnit for Xu<E> {
         Xu::has_work_fd(self)
     }
 
-    fn has_released_work(&self, _key: WorkerKey) -> bool {
-        Xu::has_released_work(self)
+    fn has_work(&self, _key: WorkerKey) -> bool {
+        Xu::has_work(self)
     }
 
     fn begin_shutdown(&self, _key: WorkerKey) {

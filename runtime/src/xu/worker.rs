@@ -264,15 +264,16 @@ impl Loop {
         true
     }
 
-    /// Owned XU `i` stops waiting: step it — after an idle watch only if a request was released
-    /// meanwhile; else there is nothing to step, and the worker watches its `has_work_efd`
-    /// again, which wakes it for the next one.
+    /// Owned XU `i` stops waiting: step it — after an idle watch only if its `has_work_efd` is
+    /// readable (a request released but not yet counted must not be stepped: its completion
+    /// would find no count to consume); else the worker watches its `has_work_efd` again, which
+    /// wakes it when the count comes.
     fn resume(&mut self, i: usize) {
         let Some(w) = self.waiting[i].take() else {
             return;
         };
         self.regs[w.reg].waiters &= !(1 << i);
-        if !w.idle || self.owned[i].has_released_work(WorkerKey::new()) {
+        if !w.idle || self.owned[i].has_work(WorkerKey::new()) {
             self.step(i);
         } else {
             self.watch_has_work(i, true);
