@@ -1055,6 +1055,22 @@ impl CompletionEngine for Watching {
     }
 }
 
+/// A worker over one XU of a [`Watching`] engine whose idle watch lasts `within`, after one
+/// request completed: the worker is in its idle watch.
+fn idle_watching(within: Option<Duration>) -> (Arc<Stalled>, Arc<Xu<Watching>>, XuWorkers) {
+    let inner = Stalled::new();
+    let engine = Arc::new(Watching {
+        inner: inner.clone(),
+        within,
+    });
+    let xu = typed(engine, XuType::Compute, 0, 0, 4);
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let (first, _) = submit(&*xu, 1).unwrap();
+    inner.efd.write(1).unwrap();
+    wait_until("the first request", || xu.is_completed(first));
+    (inner, xu, workers)
+}
+
 /// The idle watch: once a request completed and nothing else is released, the worker watches
 /// the engine's idle wake fd instead of `has_work_efd`, so the next request is stepped first
 /// when its completion can be harvested — one step, not one at its `has_work_efd` write and
@@ -1062,16 +1078,7 @@ impl CompletionEngine for Watching {
 /// with one read per completion.
 #[test]
 fn after_an_idle_watch_begins_the_next_request_is_stepped_first_at_its_notification() {
-    let inner = Stalled::new();
-    let engine = Arc::new(Watching {
-        inner: inner.clone(),
-        within: None,
-    });
-    let xu = typed(engine, XuType::Compute, 0, 0, 4);
-    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
-    let (first, _) = submit(&*xu, 1).unwrap();
-    inner.efd.write(1).unwrap();
-    wait_until("the first request", || xu.is_completed(first));
+    let (inner, xu, workers) = idle_watching(None);
     let calls = inner.progress_calls.load(Ordering::Relaxed);
     let (next, status) = submit(&*xu, 1).unwrap();
     // A worker that watched has_work_efd would step `next` now (and find it in flight). The
@@ -1106,16 +1113,7 @@ fn after_an_idle_watch_begins_the_next_request_is_stepped_first_at_its_notificat
 /// It is stepped once the count is there.
 #[test]
 fn an_idle_watch_never_steps_a_released_request_before_its_has_work_efd_write() {
-    let inner = Stalled::new();
-    let engine = Arc::new(Watching {
-        inner: inner.clone(),
-        within: None,
-    });
-    let xu = typed(engine, XuType::Compute, 0, 0, 4);
-    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
-    let (first, _) = submit(&*xu, 1).unwrap();
-    inner.efd.write(1).unwrap();
-    wait_until("the first request", || xu.is_completed(first));
+    let (inner, xu, workers) = idle_watching(None);
     let calls = inner.progress_calls.load(Ordering::Relaxed);
     // Released, its "notification" posted, its has_work_efd write not yet made.
     let next = xu.submit_before_wake_for_test(Box::new(ExecInfo::execute(1, 0)));
@@ -1138,16 +1136,7 @@ fn an_idle_watch_never_steps_a_released_request_before_its_has_work_efd_write() 
 /// leave the STOP pending forever).
 #[test]
 fn a_request_that_never_shows_on_the_idle_wake_fd_is_stepped_when_the_watch_ends() {
-    let inner = Stalled::new();
-    let engine = Arc::new(Watching {
-        inner: inner.clone(),
-        within: Some(Duration::from_millis(5)),
-    });
-    let xu = typed(engine, XuType::Compute, 0, 0, 4);
-    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
-    let (first, _) = submit(&*xu, 1).unwrap();
-    inner.efd.write(1).unwrap();
-    wait_until("the first request", || xu.is_completed(first));
+    let (inner, xu, workers) = idle_watching(Some(Duration::from_millis(5)));
     let stop = xu.schedule_stop(0).unwrap();
     wait_until("the STOP request", || xu.is_completed(stop));
     assert_eq!(xu.has_work_count_for_test(), 0);
