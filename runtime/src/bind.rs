@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use shared::NrtStatus;
-use shared::model::Operand;
+use shared::model::{IoRing, Operand};
 
 use shared::neff_program::DgeEntry;
 
@@ -313,6 +313,24 @@ fn planned_pa(model: &LoadedModel, op: &Operand, tpb: usize) -> Result<PlannedPa
 }
 
 /// The PA of `at` in this execution (`tensor_pas` as [`TdrvComputeResources`] holds them).
+/// NRT_INVALID naming the model, the TPB and the I/O ring whose descriptors could not be built.
+fn ring_error(
+    model: &LoadedModel,
+    tpb: usize,
+    ring: &IoRing,
+    e: impl std::fmt::Display,
+) -> NrtError {
+    NrtError::new(
+        NrtStatus::Invalid,
+        format!(
+            "model {:?}: TPB {tpb} I/O ring ({}, {}): {e}",
+            model.name(),
+            ring.engine,
+            ring.queue
+        ),
+    )
+}
+
 fn pa_now(model: &LoadedModel, tensor_pas: &[Option<u64>], at: PlannedPa) -> Result<u64, NrtError> {
     match at {
         PlannedPa::Fixed(pa) => Ok(pa),
@@ -356,17 +374,7 @@ fn plan(model: &LoadedModel, tdrv: &mut TdrvComputeResources) -> Result<(), NrtE
                     u64::from(d.len),
                     &mut out.descs,
                 )
-                .map_err(|e| {
-                    NrtError::new(
-                        NrtStatus::Invalid,
-                        format!(
-                            "model {:?}: TPB {i} I/O ring ({}, {}): {e}",
-                            model.name(),
-                            ring.engine,
-                            ring.queue
-                        ),
-                    )
-                })?;
+                .map_err(|e| ring_error(model, i, ring, e))?;
                 if matches!(src, PlannedPa::Tensor { .. })
                     || matches!(dst, PlannedPa::Tensor { .. })
                 {
@@ -421,17 +429,8 @@ pub fn build_compute_resources(
                 let pieces = u64::from(shared::udma::MAX_DESC_LEN);
                 let end = patch.first + usize::try_from(patch.len.div_ceil(pieces)).unwrap_or(0);
                 let pairs = descs.get_mut(patch.first..end).unwrap_or_default();
-                rebuild_copy(pa(patch.src)?, pa(patch.dst)?, patch.len, pairs).map_err(|e| {
-                    NrtError::new(
-                        NrtStatus::Invalid,
-                        format!(
-                            "model {:?}: TPB {i} I/O ring ({}, {}): {e}",
-                            model.name(),
-                            ring.engine,
-                            ring.queue
-                        ),
-                    )
-                })?;
+                rebuild_copy(pa(patch.src)?, pa(patch.dst)?, patch.len, pairs)
+                    .map_err(|e| ring_error(model, i, ring, e))?;
             }
         }
     }

@@ -667,6 +667,20 @@ mod tests {
     const PA: u64 = 0x1000_0000_0000;
 
     /// An in-memory NQ of `entries` entries and a writer that posts as simdev does.
+    /// An engine over NC 3's 8-entry NQ with a non-blocking notification eventfd: the engine,
+    /// the NQ's writer side, and a duplicate of the eventfd.
+    fn engine_with_notify_fd() -> (NqEngine, SharedChunk, OwnedFd) {
+        let (mut reader, w) = nq(8);
+        let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
+            0,
+            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+        )
+        .unwrap();
+        let mine = efd.as_fd().try_clone_to_owned().unwrap();
+        reader.notify_fd = Some(efd.into());
+        (NqEngine::new(vec![(3, reader)]), w, mine)
+    }
+
     fn nq(entries: u32) -> (NqReader, SharedChunk) {
         let len = shared::notification::nq_bytes(entries).next_multiple_of(4096);
         let file = tempfile::tempfile().unwrap();
@@ -816,15 +830,7 @@ mod tests {
     #[test]
     fn an_in_flight_step_drains_the_notification_fd_and_names_it_as_the_wake_fd() {
         use std::os::fd::AsRawFd;
-        let (mut reader, w) = nq(8);
-        let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
-            0,
-            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
-        )
-        .unwrap();
-        let mine = efd.as_fd().try_clone_to_owned().unwrap();
-        reader.notify_fd = Some(efd.into());
-        let engine = NqEngine::new(vec![(3, reader)]);
+        let (engine, w, mine) = engine_with_notify_fd();
         let mut exec = info(0);
         // A stale wake-up (count 5) and nothing posted: in flight, the fd drained.
         nix::unistd::write(&mine, &5u64.to_ne_bytes()).unwrap();
@@ -860,15 +866,7 @@ mod tests {
     /// drains it (and harvests again) before going in flight.
     #[test]
     fn a_step_whose_notification_is_posted_reads_no_eventfd_and_one_that_drains_harvests_again() {
-        let (mut reader, w) = nq(8);
-        let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
-            0,
-            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
-        )
-        .unwrap();
-        let mine = efd.as_fd().try_clone_to_owned().unwrap();
-        reader.notify_fd = Some(efd.into());
-        let engine = NqEngine::new(vec![(3, reader)]);
+        let (engine, w, mine) = engine_with_notify_fd();
         post(&w, 8, 0, 0, 0);
         post(&w, 8, 1, 1, 0);
         nix::unistd::write(&mine, &2u64.to_ne_bytes()).unwrap();

@@ -907,14 +907,16 @@ mod tests {
         Arc::new(Device::new(&Config::default()).unwrap())
     }
 
-    /// A request sent on one end of a socketpair, received and answered by [`super::serve_batch`]
-    /// on the other, allocates nothing on the serving thread once the connection runs: the
-    /// receive buffer, its control data and the reply's encoding are the connection's.
-    #[test]
-    fn serving_a_doorbell_or_a_register_request_allocates_nothing() {
+    /// A device, a connected socketpair (client end, server end) and the server end's session
+    /// and buffers, as a connection thread holds them.
+    fn connection() -> (
+        Arc<Device>,
+        std::os::fd::OwnedFd,
+        std::os::fd::OwnedFd,
+        super::Session,
+        super::Buffers,
+    ) {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        use std::os::fd::AsFd;
-
         let dev = device();
         let (client_end, server_end) = socketpair(
             AddressFamily::Unix,
@@ -923,9 +925,18 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        let id = dev.connect(7);
-        let mut session = super::Session::new(id);
-        let mut buffers = super::Buffers::new();
+        let session = super::Session::new(dev.connect(7));
+        (dev, client_end, server_end, session, super::Buffers::new())
+    }
+
+    /// A request sent on one end of a socketpair, received and answered by [`super::serve_batch`]
+    /// on the other, allocates nothing on the serving thread once the connection runs: the
+    /// receive buffer, its control data and the reply's encoding are the connection's.
+    #[test]
+    fn serving_a_doorbell_or_a_register_request_allocates_nothing() {
+        use std::os::fd::AsFd;
+
+        let (dev, client_end, server_end, mut session, mut buffers) = connection();
         let mut answer = vec![0u8; MAX_MSG_SIZE];
         let mut exchange = |request: &Request, counted: bool| {
             let bytes = encoded(request);
@@ -998,20 +1009,9 @@ mod tests {
     /// order by one `serve_batch` call: three posted increments, then a read that sees them.
     #[test]
     fn the_waiting_requests_are_served_as_one_batch_in_order() {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         use std::os::fd::AsFd;
 
-        let dev = device();
-        let (client_end, server_end) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
-        let id = dev.connect(7);
-        let mut session = super::Session::new(id);
-        let mut buffers = super::Buffers::new();
+        let (dev, client_end, server_end, mut session, mut buffers) = connection();
         let mut answer = vec![0u8; MAX_MSG_SIZE];
         let mut replies = |expected: usize| {
             let mut got = Vec::new();
