@@ -1,6 +1,6 @@
 //! The `simdev` command line: `simdev [--socket PATH] [--arch trn1|inf2|trn2] [--ncs N]
 //! [--hbm SIZE] [--allow-uid UID]... [--trace FILE] [--reference FILE.neff=MODULE.py:FUNCTION]...
-//! [--reference-timeout DURATION]`, plus the bindings of the environment variable
+//! [--reference-timeout DURATION] [--sched batch|normal]`, plus the bindings of the environment variable
 //! `NEURON_SIMDEV_REFERENCE` ([`crate::reference`]).
 //!
 //! [`main_with_args`] is the whole program, callable from any binary: the `nrt` tool
@@ -19,6 +19,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{Config, DEFAULT_REFERENCE_TIMEOUT, MAX_NCS, default_socket_path};
 use crate::dma::error_chain;
 use crate::reference::{BindingSpec, ENV_REFERENCE};
+use crate::sched::ThreadPolicy;
 use crate::server::{SimdevError, run};
 
 /// The exit status after an injected DeviceLost fault.
@@ -86,6 +87,11 @@ pub struct Args {
     /// worker is killed and the execution fails [default: 30s].
     #[arg(long = "reference-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub reference_timeout: Option<Duration>,
+    /// Scheduling policy of simdev's threads: `batch` (SCHED_BATCH: a device thread woken by a
+    /// doorbell never preempts the host thread that rang it; it runs on an idle CPU, when that
+    /// thread blocks, or at the next tick) or `normal` (SCHED_OTHER).
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = ThreadPolicy::Batch)]
+    pub sched: ThreadPolicy,
 }
 
 /// Checks a `--reference` binding's syntax (the files are read when the device is built).
@@ -130,6 +136,7 @@ impl Args {
             trace: self.trace.clone(),
             references: self.reference.clone(),
             reference_timeout: self.reference_timeout.unwrap_or(DEFAULT_REFERENCE_TIMEOUT),
+            thread_policy: self.sched,
         }
     }
 
@@ -264,6 +271,14 @@ mod tests {
         assert!(parse(&["simdev", "--ncs", "9"]).is_err());
         assert!(parse(&["simdev", "--arch", "inf1"]).is_err());
         assert!(parse(&["simdev", "--hbm", "5000"]).is_err());
+        assert_eq!(
+            trn1.thread_policy,
+            ThreadPolicy::Batch,
+            "device threads never preempt"
+        );
+        let normal = parse(&["simdev", "--sched", "normal"]).unwrap();
+        assert_eq!(normal.thread_policy, ThreadPolicy::Normal);
+        assert!(parse(&["simdev", "--sched", "fifo"]).is_err());
     }
 
     #[test]

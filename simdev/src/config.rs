@@ -6,6 +6,8 @@ use std::time::Duration;
 use shared::address_map::{AddressMap, Arch, CHUNK_GRANULE};
 use thiserror::Error;
 
+use crate::sched::ThreadPolicy;
+
 /// Most NCs one simdev emulates, whatever the arch (trn2's count).
 pub const MAX_NCS: u32 = 8;
 /// Most HBM per NC, in bytes (1 TiB). Larger values would push the HBM ranges of eight NCs
@@ -35,6 +37,9 @@ pub struct Config {
     pub references: Vec<String>,
     /// How long one execution of a Python reference may take before its worker is killed.
     pub reference_timeout: Duration,
+    /// The scheduling policy of simdev's threads when it runs as a process ([`crate::run`]);
+    /// an in-process [`crate::Device`] leaves its caller's threads alone.
+    pub thread_policy: ThreadPolicy,
 }
 
 /// [`Config::reference_timeout`] by default.
@@ -42,7 +47,7 @@ pub const DEFAULT_REFERENCE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for Config {
     /// trn1 with its two NCs, 16 GiB of HBM per NC (the silicon's), [`default_socket_path`],
-    /// no extra uids, no trace.
+    /// no extra uids, no trace, `SCHED_BATCH` threads.
     fn default() -> Self {
         Self {
             socket: default_socket_path(),
@@ -53,6 +58,7 @@ impl Default for Config {
             trace: None,
             references: Vec::new(),
             reference_timeout: DEFAULT_REFERENCE_TIMEOUT,
+            thread_policy: ThreadPolicy::default(),
         }
     }
 }

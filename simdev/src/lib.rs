@@ -32,6 +32,8 @@
 //! - [`registers`]: an NC's semaphore/event window and notification eventfd.
 //! - [`notify`]: the notification queue writer.
 //! - [`counters`]: per-NC counters.
+//! - [`sched`]: the scheduling policy of simdev's threads (by default they never preempt the
+//!   host thread that rang a doorbell).
 //! - [`faults`]: fault injection: armed faults, their triggers and effects.
 //! - [`timing`]: the latency model and the NCs' simulated clocks.
 //! - [`trace`]: the Chrome trace-event JSON trace.
@@ -55,6 +57,7 @@ pub mod memory;
 pub mod notify;
 pub mod reference;
 pub mod registers;
+pub mod sched;
 pub mod server;
 pub mod shape_only;
 pub mod timing;

@@ -835,11 +835,20 @@ fn replace_stale(path: &Path) -> Result<(), SimdevError> {
 /// <hbm> HBM per NC)` to stdout, serves, then shuts down (see [`Server::serve`]) and prints
 /// each NC's counters (with the faults that fired on it) and the trace's summary to stderr.
 ///
-/// Installs a process-wide signal handler, so call it at most once per process.
+/// Installs a process-wide signal handler, so call it at most once per process. First gives the
+/// calling thread `config.thread_policy`, which every thread simdev then starts inherits
+/// ([`crate::sched`]; a failure is logged and the default policy kept).
 ///
 /// # Errors
 /// [`SimdevError`] naming the failing step.
 pub fn run(config: Config) -> Result<(), SimdevError> {
+    // Before any thread exists, so that every device thread inherits the policy.
+    if let Err(e) = config.thread_policy.apply_to_current_thread() {
+        tracing::warn!(
+            "setting simdev's scheduling policy to {:?}: {e}; keeping the default",
+            config.thread_policy
+        );
+    }
     let stop = StopHandle::new()?;
     let on_signal = stop.clone();
     ctrlc::set_handler(move || on_signal.stop()).map_err(SimdevError::SignalHandler)?;

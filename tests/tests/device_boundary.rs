@@ -669,3 +669,49 @@ fn a_client_of_another_uid_is_refused() {
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim(), "ready");
 }
+
+/// `(thread name, Linux scheduling policy)` of every thread of process `pid`, from
+/// `/proc/<pid>/task/<tid>/stat` (the policy is field 41; the name, in parentheses, may hold
+/// spaces, so fields are counted after its closing parenthesis).
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(task.unwrap().path().join("stat")) else {
+            continue; // the thread exited meanwhile
+        };
+        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+        let name = stat[open + 1..close].to_owned();
+        // After ")": field 3 (state) is the first, so field 41 is the 39th.
+        let policy = stat[close + 1..].split_whitespace().nth(38).unwrap();
+        out.push((name, policy.parse().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn simdev_threads_never_preempt_the_host_by_default_and_keep_the_default_policy_on_request() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    for (args, policy) in [
+        (&[][..], SCHED_BATCH),
+        (&["--sched", "normal"][..], SCHED_OTHER),
+    ] {
+        let sim = start_simdev(&[&["--hbm", HBM][..], args].concat());
+        let dev = connect(&sim);
+        // Round trips on the connection: its thread serves them.
+        dev.claim_nc(0).unwrap();
+        dev.semaphore_increment(0, 0, 1).unwrap();
+        assert_eq!(dev.semaphore_read(0, 0).unwrap(), 1);
+        let threads = thread_policies(sim.pid());
+        assert!(
+            threads
+                .iter()
+                .any(|(name, _)| name.starts_with("simdev-conn")),
+            "{threads:?}"
+        );
+        assert!(
+            threads.iter().all(|&(_, p)| p == policy),
+            "{args:?}: every simdev thread has policy {policy}: {threads:?}"
+        );
+    }
+}
