@@ -428,3 +428,43 @@ fn the_layer_builders_matmul_and_activation_write_their_tiles_directly_and_match
         "the infinity reached the matmul's output"
     );
 }
+
+/// The layer builder's transposes (a tile of input rows into columns, the last layer's columns
+/// back into rows), one whose destination overlaps its source and one of a bf16 source, run
+/// in place (no result buffer) and leave the same SBUF and effects as the previous
+/// interpreter.
+#[test]
+fn transposes_write_their_destination_rows_in_place_and_match_the_previous_interpreter() {
+    use shared::isa::Dt;
+    let mut rng = Rng(37);
+    let mut new = ComputeState::new();
+    let mut old = ComputeState::new();
+    let mut xs: Vec<f32> = (0..128 * 2048).map(|_| value(&mut rng)).collect();
+    xs[5] = f32::INFINITY;
+    for state in [&mut new, &mut old] {
+        state.scatter(&Tile::sbuf(0, 128, 0, 2048), &xs).unwrap();
+    }
+    let bf16 = Tile {
+        dtype: Dt::Bf16,
+        ..Tile::sbuf(0, 40, 4096, 24)
+    };
+    let cases = [
+        (Tile::sbuf(0, 64, 2048, 120), Tile::sbuf(0, 120, 0, 64)),
+        (Tile::sbuf(0, 120, 6000, 10), Tile::sbuf(0, 10, 512, 120)),
+        (Tile::sbuf(3, 30, 100, 20), Tile::sbuf(0, 20, 96, 30)),
+        (Tile::sbuf(0, 24, 7000, 40), bf16),
+        (Tile::psum(0, 16, 64, 9), Tile::sbuf(0, 9, 0, 16)),
+    ];
+    for (i, (dst, src)) in cases.into_iter().enumerate() {
+        let inst = Instruction::with_tiles(Opcode::Transpose, &[dst, src], &[]);
+        let op = decode(Engine::Dve, Opcode::Transpose, &inst)
+            .unwrap()
+            .unwrap();
+        new.scratch = Scratch::default();
+        let got = execute(&mut new, &op).unwrap();
+        let want = naive_execute(&mut old, &op).unwrap();
+        assert_eq!(got, want, "transpose {i}: {op:?}");
+        assert_same_state(&mut new, &mut old, &format!("after transpose {i}"));
+        assert_eq!(new.scratch.c.capacity(), 0, "transpose {i} was buffered");
+    }
+}
