@@ -131,11 +131,10 @@ fn packed_columns<const FUSED: bool, const C: usize>(
     mov: &[f32],
     (k, m, _): (usize, usize, usize),
     l: Layout,
-    n0: usize,
+    (n0, panel): (usize, &mut [[f32; C]; KC]),
     out: &mut [f32],
     accumulate: bool,
 ) {
-    let mut panel = [[0.0f32; C]; KC];
     let Some(panel) = panel.get_mut(..k) else {
         return;
     };
@@ -187,16 +186,20 @@ fn body<const FUSED: bool>(
     }
     let n = shape.2;
     let mut n0 = 0;
+    // The panels, zeroed once per call (every row a group uses is packed before it is read).
+    let mut panel = [[0.0f32; NB]; KC];
     while n0 + NB <= n {
-        packed_columns::<FUSED, NB>(stat, mov, shape, l, n0, out, accumulate);
+        packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
         n0 += NB;
     }
     if n0 + 8 <= n {
-        packed_columns::<FUSED, 8>(stat, mov, shape, l, n0, out, accumulate);
+        let mut panel = [[0.0f32; 8]; KC];
+        packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
         n0 += 8;
     }
+    let mut panel = [[0.0f32; 1]; KC];
     while n0 < n {
-        packed_columns::<FUSED, 1>(stat, mov, shape, l, n0, out, accumulate);
+        packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
         n0 += 1;
     }
 }

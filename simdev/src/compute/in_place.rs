@@ -154,9 +154,31 @@ pub(super) fn transpose(
     }
     let to = floats_mut(state.buffer(dst.space))?;
     let at_dst = place(dst, to.len())?;
-    for j in 0..f {
-        let y = row_mut(to, at_dst, j, p);
-        for (y, &x) in y.iter_mut().zip(s.a.iter().skip(j).step_by(f)) {
+    // Destination rows by blocks of `TB`: for each source row, `TB` consecutive values go to
+    // the next slot of `TB` destination rows (written in step, front to back); the last
+    // destination rows one at a time, from a column of the source.
+    const TB: usize = 8;
+    let mut dst_rows = to.get_mut(at_dst.0..)?.chunks_mut(at_dst.1.max(1));
+    let mut j = 0;
+    while j + TB <= f {
+        let mut ys: [_; TB] = std::array::from_fn(|_| {
+            let row = dst_rows.next().unwrap_or_default();
+            let len = row.len().min(p);
+            row[..len].iter_mut()
+        });
+        for x in s.a.chunks_exact(f) {
+            if let Some(x) = x.get(j..).and_then(|x| x.first_chunk::<TB>()) {
+                for (y, &x) in ys.iter_mut().zip(x) {
+                    if let Some(y) = y.next() {
+                        *y = x;
+                    }
+                }
+            }
+        }
+        j += TB;
+    }
+    for (j, y) in (j..f).zip(dst_rows) {
+        for (y, &x) in y.iter_mut().take(p).zip(s.a.iter().skip(j).step_by(f)) {
             *y = x;
         }
     }
