@@ -142,9 +142,7 @@ pub(super) fn transpose(
     s: &mut Scratch,
     (dst, src): (&Tile, &Tile),
 ) -> Option<Result<bool, ExecError>> {
-    if place(dst, usize::MAX).is_none() {
-        return None;
-    }
+    place(dst, usize::MAX)?;
     if let Err(e) = state.gather_into(src, &mut s.a) {
         return Some(Err(e));
     }
