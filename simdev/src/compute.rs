@@ -885,6 +885,9 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
             state.scatter(&dst, &s.a)
         }
         Kind::Transpose { dst, src } => {
+            if let Some(result) = in_place::transpose(state, s, (&dst, &src)) {
+                return result;
+            }
             state.gather_into(&src, &mut s.a)?;
             let (p, f) = (idx(src.partitions), idx(src.elems));
             s.c.resize(p.saturating_mul(f), 0.0);

@@ -229,6 +229,53 @@ fn gemm_rounds_as_the_gemm_crate_over_random_shapes() {
     }
 }
 
+/// `rows` × `cols` of `v` placed at `start` with rows `stride` apart in a slice of `filler`s.
+fn placed(v: &[f32], (rows, cols): (usize, usize), (start, stride): (usize, usize)) -> Vec<f32> {
+    let mut out = vec![-7.5f32; start + rows * stride];
+    for (r, row) in v.chunks(cols).enumerate() {
+        out[start + r * stride..][..cols].copy_from_slice(row);
+    }
+    out
+}
+
+/// The kernel on the layouts of SBUF and PSUM tiles (rows apart by more than their length, at
+/// an offset), and with `k` past a partition count (the kernel that reads the moving matrix in
+/// place), against the crate on contiguous copies; nothing between the output's rows is
+/// touched.
+#[test]
+fn gemm_on_strided_layouts_and_long_k_rounds_as_the_gemm_crate() {
+    let mut rng = Rng(31);
+    for case in 0..120 {
+        let k = 1 + usize::try_from(rng.below(if case % 3 == 0 { 300 } else { 128 })).unwrap();
+        let m = 1 + usize::try_from(rng.below(40)).unwrap();
+        let n = 1 + usize::try_from(rng.below(90)).unwrap();
+        let gap = |rng: &mut Rng| usize::try_from(rng.below(9)).unwrap();
+        let l = gemm::Layout {
+            stat: (gap(&mut rng), m + gap(&mut rng)),
+            mov: (gap(&mut rng), n + gap(&mut rng)),
+            out: (gap(&mut rng), n + gap(&mut rng)),
+        };
+        let stat: Vec<f32> = (0..k * m).map(|_| value(&mut rng)).collect();
+        let mov: Vec<f32> = (0..k * n).map(|_| value(&mut rng)).collect();
+        let old: Vec<f32> = (0..m * n).map(|_| value(&mut rng)).collect();
+        for accumulate in [false, true] {
+            let mut want = old.clone();
+            crate_sgemm(&stat, &mov, (k, m, n), &mut want, accumulate);
+            let mut got = placed(&old, (m, n), l.out);
+            gemm::gemm(
+                &placed(&stat, (k, m), l.stat),
+                &placed(&mov, (k, n), l.mov),
+                (k, m, n),
+                l,
+                &mut got,
+                accumulate,
+            );
+            let what = format!("K {k} M {m} N {n} {l:?} accumulate {accumulate}");
+            assert_same(&got, &placed(&want, (m, n), l.out), &what);
+        }
+    }
+}
+
 /// Both states' SBUF and PSUM, compared value by value (4-byte words).
 fn assert_same_state(got: &mut ComputeState, want: &mut ComputeState, what: &str) {
     for space in [Space::Sbuf, Space::Psum] {
@@ -380,4 +427,44 @@ fn the_layer_builders_matmul_and_activation_write_their_tiles_directly_and_match
         .non_finite,
         "the infinity reached the matmul's output"
     );
+}
+
+/// The layer builder's transposes (a tile of input rows into columns, the last layer's columns
+/// back into rows), one whose destination overlaps its source and one of a bf16 source, run
+/// in place (no result buffer) and leave the same SBUF and effects as the previous
+/// interpreter.
+#[test]
+fn transposes_write_their_destination_rows_in_place_and_match_the_previous_interpreter() {
+    use shared::isa::Dt;
+    let mut rng = Rng(37);
+    let mut new = ComputeState::new();
+    let mut old = ComputeState::new();
+    let mut xs: Vec<f32> = (0..128 * 2048).map(|_| value(&mut rng)).collect();
+    xs[5] = f32::INFINITY;
+    for state in [&mut new, &mut old] {
+        state.scatter(&Tile::sbuf(0, 128, 0, 2048), &xs).unwrap();
+    }
+    let bf16 = Tile {
+        dtype: Dt::Bf16,
+        ..Tile::sbuf(0, 40, 4096, 24)
+    };
+    let cases = [
+        (Tile::sbuf(0, 64, 2048, 120), Tile::sbuf(0, 120, 0, 64)),
+        (Tile::sbuf(0, 120, 6000, 10), Tile::sbuf(0, 10, 512, 120)),
+        (Tile::sbuf(3, 30, 100, 20), Tile::sbuf(0, 20, 96, 30)),
+        (Tile::sbuf(0, 24, 7000, 40), bf16),
+        (Tile::psum(0, 16, 64, 9), Tile::sbuf(0, 9, 0, 16)),
+    ];
+    for (i, (dst, src)) in cases.into_iter().enumerate() {
+        let inst = Instruction::with_tiles(Opcode::Transpose, &[dst, src], &[]);
+        let op = decode(Engine::Dve, Opcode::Transpose, &inst)
+            .unwrap()
+            .unwrap();
+        new.scratch = Scratch::default();
+        let got = execute(&mut new, &op).unwrap();
+        let want = naive_execute(&mut old, &op).unwrap();
+        assert_eq!(got, want, "transpose {i}: {op:?}");
+        assert_same_state(&mut new, &mut old, &format!("after transpose {i}"));
+        assert_eq!(new.scratch.c.capacity(), 0, "transpose {i} was buffered");
+    }
 }

@@ -16,6 +16,10 @@
 const MB: usize = 6;
 /// Output columns computed together: two 8-lane vectors, then one, then one at a time.
 const NB: usize = 16;
+/// Rows of `k` a packed panel of the moving matrix holds: every `Matmul` of the ISA (`K` is a
+/// partition count, at most 128). A longer `k` (only [`super::matmul_f32`] can ask for one)
+/// takes [`body_unpacked`].
+const KC: usize = 128;
 
 /// `acc + a · b`, fused or not.
 #[inline(always)]
@@ -58,8 +62,151 @@ impl Layout {
     }
 }
 
-/// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`; the
-/// caller keeps them inside the shape (nothing outside `out` is touched either way).
+/// `start + row · stride + col`, `None` on overflow.
+fn at((start, stride): (usize, usize), row: usize, col: usize) -> Option<usize> {
+    row.checked_mul(stride)?
+        .checked_add(start)?
+        .checked_add(col)
+}
+
+/// Whether all `rows` rows of `cols` elements at `place` lie in a slice of `len` elements.
+fn fits(len: usize, place: (usize, usize), rows: usize, cols: usize) -> bool {
+    rows == 0 || at(place, rows - 1, cols).is_some_and(|end| end <= len)
+}
+
+/// Stores the `R` × `C` chains `acc` at rows `m0..`, columns `n0..` of `out`.
+#[inline(always)]
+fn store<const R: usize, const C: usize>(
+    acc: &[[f32; C]; R],
+    l: Layout,
+    (m0, n0): (usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    for (i, row) in acc.iter().enumerate() {
+        let Some(at) = at(l.out, m0 + i, n0) else {
+            return;
+        };
+        if let Some(dst) = out.get_mut(at..).and_then(|d| d.first_chunk_mut::<C>()) {
+            for (d, &c) in dst.iter_mut().zip(row) {
+                *d = finish(c, *d, accumulate);
+            }
+        }
+    }
+}
+
+/// The `R` × `C` chains at rows `m0..` of `stat` over the packed columns `panel` (row `kk` of
+/// the panel is row `kk` of the moving matrix's `C` columns): each its own chain over `k` in
+/// order, from +0.
+#[inline(always)]
+fn packed_block<const FUSED: bool, const R: usize, const C: usize>(
+    stat: &[f32],
+    (start, stride): (usize, usize),
+    m0: usize,
+    panel: &[[f32; C]],
+) -> [[f32; C]; R] {
+    let mut acc = [[0.0f32; C]; R];
+    let mut at = start.saturating_add(m0);
+    for b in panel {
+        // Every row was checked by `gemm`: the `else` is never taken.
+        let Some(a) = stat.get(at..).and_then(|a| a.first_chunk::<R>()) else {
+            break;
+        };
+        for (row, &a) in acc.iter_mut().zip(a) {
+            for (c, &b) in row.iter_mut().zip(b) {
+                *c = madd::<FUSED>(a, b, *c);
+            }
+        }
+        at = at.saturating_add(stride);
+    }
+    acc
+}
+
+/// The `C` columns from `n0` of every output row: the moving matrix's columns are packed
+/// into a panel on the stack (read once, then reused from L1 by every block of rows), then
+/// the rows by [`MB`], 4, 2 and 1.
+#[inline(always)]
+fn packed_columns<const FUSED: bool, const C: usize>(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, _): (usize, usize, usize),
+    l: Layout,
+    (n0, panel): (usize, &mut [[f32; C]; KC]),
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let Some(panel) = panel.get_mut(..k) else {
+        return;
+    };
+    for (kk, dst) in panel.iter_mut().enumerate() {
+        let src = at(l.mov, kk, n0).and_then(|at| mov.get(at..)?.first_chunk::<C>());
+        match src {
+            Some(src) => *dst = *src,
+            None => return,
+        }
+    }
+    let panel = &*panel;
+    let mut m0 = 0;
+    while m0 + MB <= m {
+        let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
+        store(&acc, l, (m0, n0), out, accumulate);
+        m0 += MB;
+    }
+    if m0 + 4 <= m {
+        let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
+        store(&acc, l, (m0, n0), out, accumulate);
+        m0 += 4;
+    }
+    if m0 + 2 <= m {
+        let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
+        store(&acc, l, (m0, n0), out, accumulate);
+        m0 += 2;
+    }
+    if m0 < m {
+        let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
+        store(&acc, l, (m0, n0), out, accumulate);
+    }
+}
+
+/// The kernel for `k` ≤ [`KC`]: the columns by [`NB`], then 8, then one at a time, each
+/// group packed once and swept by every block of rows. The caller checked that every row of
+/// the three matrices of `l` lies in its slice.
+#[inline(always)]
+fn body<const FUSED: bool>(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    l: Layout,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    if shape.0 > KC {
+        body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
+        return;
+    }
+    let n = shape.2;
+    let mut n0 = 0;
+    // The panels, zeroed once per call (every row a group uses is packed before it is read).
+    let mut panel = [[0.0f32; NB]; KC];
+    while n0 + NB <= n {
+        packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
+        n0 += NB;
+    }
+    if n0 + 8 <= n {
+        let mut panel = [[0.0f32; 8]; KC];
+        packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
+        n0 += 8;
+    }
+    let mut panel = [[0.0f32; 1]; KC];
+    while n0 < n {
+        packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
+        n0 += 1;
+    }
+}
+
+/// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`, reading
+/// the moving matrix in place ([`body_unpacked`]); the caller keeps them inside the shape
+/// (nothing outside `out` is touched either way).
 #[inline(always)]
 fn block<const FUSED: bool, const R: usize, const C: usize>(
     stat: &[f32],
@@ -72,11 +219,13 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
 ) {
     let mut acc = [[0.0f32; C]; R];
     for kk in 0..k {
-        let (sa, sb) = (l.stat.0 + kk * l.stat.1 + m0, l.mov.0 + kk * l.mov.1 + n0);
-        let (Some(a), Some(b)) = (stat.get(sa..sa + R), mov.get(sb..sb + C)) else {
+        let (Some(sa), Some(sb)) = (at(l.stat, kk, m0), at(l.mov, kk, n0)) else {
             return;
         };
-        let (Ok(a), Ok(b)) = (<&[f32; R]>::try_from(a), <&[f32; C]>::try_from(b)) else {
+        let (Some(a), Some(b)) = (
+            stat.get(sa..).and_then(|a| a.first_chunk::<R>()),
+            mov.get(sb..).and_then(|b| b.first_chunk::<C>()),
+        ) else {
             return;
         };
         for (row, &a) in acc.iter_mut().zip(a) {
@@ -85,14 +234,7 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
             }
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        let at = l.out.0 + (m0 + i) * l.out.1 + n0;
-        if let Some(dst) = out.get_mut(at..at + C) {
-            for (d, &c) in dst.iter_mut().zip(row) {
-                *d = finish(c, *d, accumulate);
-            }
-        }
-    }
+    store(&acc, l, (m0, n0), out, accumulate);
 }
 
 /// The columns of `R` rows from `m0`: blocks of [`NB`], then 8, then single columns.
@@ -122,10 +264,10 @@ fn rows<const FUSED: bool, const R: usize>(
     }
 }
 
-/// The kernel body; the caller checked that every row of the three matrices of `l` lies in
-/// its slice.
+/// The kernel for `k` > [`KC`] (longer than any `Matmul`: only [`super::matmul_f32`] can ask
+/// for it), reading the moving matrix where it lies, a block of rows at a time.
 #[inline(always)]
-fn body<const FUSED: bool>(
+fn body_unpacked<const FUSED: bool>(
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
@@ -171,7 +313,8 @@ unsafe fn body_fma(
 
 /// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, placed in their
 /// slices as `l` says, with the rounding of the module doc. The caller checked that every row
-/// lies in its slice (an element outside is never touched either way).
+/// lies in its slice (nothing is computed when a row of `stat` or `mov` does not, and an
+/// element outside `out` is never touched).
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -180,6 +323,10 @@ pub(super) fn gemm(
     out: &mut [f32],
     accumulate: bool,
 ) {
+    let (k, m, n) = shape;
+    if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

@@ -1,8 +1,9 @@
 //! fp32 results computed where their tiles lie in SBUF and PSUM, without a result buffer and a
-//! scatter: a `Matmul` writes its PSUM tile directly, and an `Activation` from one space into
-//! the other reads and writes the tiles themselves, row by row (the shapes of the layer
-//! builder's programs). A matmul still gathers its operands: its K-loop would otherwise touch
-//! one page per partition at every step.
+//! scatter: a `Matmul` writes its PSUM tile directly, an `Activation` from one space into
+//! the other reads and writes the tiles themselves, row by row, and a `Transpose` writes its
+//! destination rows in place (the shapes of the layer builder's programs). A matmul still
+//! gathers its stationary operand (its K-loop would otherwise touch one page per partition at
+//! every step); the kernel packs the moving operand's columns from SBUF itself.
 //!
 //! Each computes exactly what the gather path computes: the same kernel with the same chains
 //! for the matmul ([`gemm::Layout`] places its output on the PSUM tile's rows), the same f32
@@ -93,10 +94,7 @@ pub(super) fn matmul(
     if dst.space != Space::Psum || place(dst, usize::MAX).is_none() {
         return None;
     }
-    let gathered = state
-        .gather_into(stationary, &mut s.a)
-        .and_then(|()| state.gather_into(moving, &mut s.b));
-    if let Err(e) = gathered {
+    if let Err(e) = state.gather_into(stationary, &mut s.a) {
         return Some(Err(e));
     }
     let (k, m, n) = (
@@ -104,18 +102,85 @@ pub(super) fn matmul(
         idx(stationary.elems),
         idx(moving.elems),
     );
-    state.buffer(Space::Psum);
-    let psum = floats_mut(&mut state.psum)?;
-    let out = place(dst, psum.len())?;
-    if s.a.len() != k * m || s.b.len() != k * n {
+    if s.a.len() != k * m {
         return None;
     }
+    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel packs its
+    // columns group by group, touching each partition's row once per group), else gathered.
+    let direct = moving.space == Space::Sbuf && place(moving, usize::MAX).is_some();
+    if !direct {
+        if let Err(e) = state.gather_into(moving, &mut s.b) {
+            return Some(Err(e));
+        }
+        if s.b.len() != k * n {
+            return None;
+        }
+    }
+    let (sbuf, psum) = state.split(Space::Sbuf, Space::Psum)?;
+    let out = place(dst, psum.len())?;
+    let (mov, at_mov) = if direct {
+        (sbuf, place(moving, sbuf.len())?)
+    } else {
+        (&s.b[..], (0, n))
+    };
     let layout = gemm::Layout {
         out,
+        mov: at_mov,
         ..gemm::Layout::contiguous(m, n)
     };
-    gemm::gemm(&s.a, &s.b, (k, m, n), layout, psum, accumulate);
+    gemm::gemm(&s.a, mov, (k, m, n), layout, psum, accumulate);
     Some(Ok((0..m).any(|p| any_non_finite(row(psum, out, p, n)))))
+}
+
+/// `Transpose` into an fp32 tile: the source is read (widened to f32) into `s.a` (so a
+/// destination may overlap it), then every destination row is written in place from a
+/// column of it; whether a value stored is not finite (the values are the source's, so that
+/// is checked on the source, which lies contiguously). `None`: not covered (see the module
+/// doc).
+pub(super) fn transpose(
+    state: &mut ComputeState,
+    s: &mut Scratch,
+    (dst, src): (&Tile, &Tile),
+) -> Option<Result<bool, ExecError>> {
+    place(dst, usize::MAX)?;
+    if let Err(e) = state.gather_into(src, &mut s.a) {
+        return Some(Err(e));
+    }
+    let (p, f) = (idx(src.partitions), idx(src.elems));
+    if s.a.len() != p * f || f == 0 {
+        return None;
+    }
+    let to = floats_mut(state.buffer(dst.space))?;
+    let at_dst = place(dst, to.len())?;
+    // Destination rows by blocks of `TB`: for each source row, `TB` consecutive values go to
+    // the next slot of `TB` destination rows (written in step, front to back); the last
+    // destination rows one at a time, from a column of the source.
+    const TB: usize = 8;
+    let mut dst_rows = to.get_mut(at_dst.0..)?.chunks_mut(at_dst.1.max(1));
+    let mut j = 0;
+    while j + TB <= f {
+        let mut ys: [_; TB] = std::array::from_fn(|_| {
+            let row = dst_rows.next().unwrap_or_default();
+            let len = row.len().min(p);
+            row[..len].iter_mut()
+        });
+        for x in s.a.chunks_exact(f) {
+            if let Some(x) = x.get(j..).and_then(|x| x.first_chunk::<TB>()) {
+                for (y, &x) in ys.iter_mut().zip(x) {
+                    if let Some(y) = y.next() {
+                        *y = x;
+                    }
+                }
+            }
+        }
+        j += TB;
+    }
+    for (j, y) in (j..f).zip(dst_rows) {
+        for (y, &x) in y.iter_mut().take(p).zip(s.a.iter().skip(j).step_by(f)) {
+            *y = x;
+        }
+    }
+    Some(Ok(any_non_finite(&s.a)))
 }
 
 /// `dst[p][i] = func(src[p][i] · scale + bias[p])` from one row to another, each function in
