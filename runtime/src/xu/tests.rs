@@ -1154,9 +1154,38 @@ fn a_request_that_never_shows_on_the_idle_wake_fd_is_stepped_when_the_watch_ends
 /// and [`CompletionEngine::progress_posted`] says whether one is.
 #[derive(Debug)]
 struct Posting {
-    efd: nix::sys::eventfd::EventFd,
+    efd: Arc<nix::sys::eventfd::EventFd>,
     posted: AtomicU64,
     progress_calls: AtomicU64,
+    /// Each completion appends `tag` here.
+    log: Arc<Mutex<Vec<char>>>,
+    tag: char,
+}
+
+impl Posting {
+    fn new(
+        efd: Arc<nix::sys::eventfd::EventFd>,
+        log: Arc<Mutex<Vec<char>>>,
+        tag: char,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            efd,
+            posted: AtomicU64::new(0),
+            progress_calls: AtomicU64::new(0),
+            log,
+            tag,
+        })
+    }
+}
+
+fn nonblocking_efd() -> Arc<nix::sys::eventfd::EventFd> {
+    Arc::new(
+        nix::sys::eventfd::EventFd::from_value_and_flags(
+            0,
+            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+        )
+        .unwrap(),
+    )
 }
 
 impl CompletionEngine for Posting {
@@ -1185,6 +1214,10 @@ impl CompletionEngine for Posting {
     fn progress_posted(&self, _vnc: u32, _info: &ExecInfo<u64>) -> bool {
         self.posted.load(Ordering::Acquire) > 0
     }
+
+    fn completed(&self, _vnc: u32, _seq_id: SeqId, _info: &ExecInfo<u64>, _status: NrtStatus) {
+        self.log.lock().unwrap().push(self.tag);
+    }
 }
 
 /// A worker over one XU of a [`Posting`] engine with `depth` requests released and in flight
@@ -1197,15 +1230,7 @@ fn posting_in_flight(
     XuWorkers,
     Vec<(SeqId, Arc<ExecStatus>)>,
 ) {
-    let engine = Arc::new(Posting {
-        efd: nix::sys::eventfd::EventFd::from_value_and_flags(
-            0,
-            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
-        )
-        .unwrap(),
-        posted: AtomicU64::new(0),
-        progress_calls: AtomicU64::new(0),
-    });
+    let engine = Posting::new(nonblocking_efd(), Arc::default(), 'a');
     let xu = typed(engine.clone(), XuType::Compute, 0, 0, 64);
     let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
     let mut reqs = vec![submit(&*xu, 1).unwrap()];
@@ -1272,6 +1297,51 @@ fn a_burst_never_steps_a_released_request_before_its_has_work_efd_write() {
     xu.wake_for_test();
     wait_until("the third request", || xu.is_completed(third));
     assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
+/// Fairness across a vNC's XUs: a harvest burst is bounded by `MAX_BURST`. Two XUs of one
+/// worker wait on the same wake fd with everything posted — 40 requests on the first, 1 on
+/// the second; the one wake-up resumes the first (a burst) and then the second, whose request
+/// completes after at most `MAX_BURST` of the first's, not after all 40 (an unbounded burst
+/// would starve it).
+#[test]
+fn a_harvest_burst_is_bounded_so_the_other_xus_of_the_vnc_get_their_turn() {
+    assert!(
+        super::worker::MAX_BURST < 40,
+        "the test needs a burst shorter than a's queue"
+    );
+    let (efd, log) = (nonblocking_efd(), Arc::new(Mutex::new(Vec::new())));
+    let a = Posting::new(efd.clone(), log.clone(), 'a');
+    let b = Posting::new(efd.clone(), log.clone(), 'b');
+    let xa = typed(a.clone(), XuType::Compute, 0, 0, 64);
+    let xb = typed(b.clone(), XuType::TensorOp, 0, 0, 64);
+    let workers =
+        XuWorkers::start(&[vec![xa.clone() as Arc<dyn ExecutionUnit>, xb.clone()]]).unwrap();
+    let first_a = submit(&*xa, 1).unwrap();
+    wait_until("a's first step", || {
+        a.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    let (last_b, _) = submit(&*xb, 1).unwrap();
+    wait_until("b's first step", || {
+        b.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    let rest: Vec<_> = (1..40).map(|_| submit(&*xa, 1).unwrap()).collect();
+    a.posted.store(40, Ordering::Release);
+    b.posted.store(1, Ordering::Release);
+    efd.write(1).unwrap();
+    let last_a = rest.last().unwrap().0;
+    wait_until("all requests", || {
+        xa.is_completed(last_a) && xb.is_completed(last_b)
+    });
+    assert!(xa.is_completed(first_a.0));
+    let log = log.lock().unwrap().clone();
+    let b_at = log.iter().position(|t| *t == 'b').unwrap();
+    assert_eq!(log.len(), 41);
+    assert!(
+        b_at <= super::worker::MAX_BURST as usize,
+        "b completed only after {b_at} of a's completions: {log:?}"
+    );
     workers.destroy();
 }
 
