@@ -1220,16 +1220,17 @@ impl CompletionEngine for Posting {
     }
 }
 
-/// A worker over one XU of a [`Posting`] engine with `depth` requests released and in flight
-/// (the first stepped once and waiting on the wake fd): returns them once the worker sleeps.
-fn posting_in_flight(
-    depth: usize,
-) -> (
+/// What [`posting_in_flight`] sets up: the engine, its XU, the worker, the requests.
+type PostingInFlight = (
     Arc<Posting>,
     Arc<Xu<Posting>>,
     XuWorkers,
     Vec<(SeqId, Arc<ExecStatus>)>,
-) {
+);
+
+/// A worker over one XU of a [`Posting`] engine with `depth` requests released and in flight
+/// (the first stepped once and waiting on the wake fd): returns them once the worker sleeps.
+fn posting_in_flight(depth: usize) -> PostingInFlight {
     let engine = Posting::new(nonblocking_efd(), Arc::default(), 'a');
     let xu = typed(engine.clone(), XuType::Compute, 0, 0, 64);
     let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
@@ -1307,10 +1308,12 @@ fn a_burst_never_steps_a_released_request_before_its_has_work_efd_write() {
 /// would starve it).
 #[test]
 fn a_harvest_burst_is_bounded_so_the_other_xus_of_the_vnc_get_their_turn() {
-    assert!(
-        super::worker::MAX_BURST < 40,
-        "the test needs a burst shorter than a's queue"
-    );
+    const {
+        assert!(
+            super::worker::MAX_BURST < 40,
+            "the test needs a burst shorter than a's queue"
+        )
+    };
     let (efd, log) = (nonblocking_efd(), Arc::new(Mutex::new(Vec::new())));
     let a = Posting::new(efd.clone(), log.clone(), 'a');
     let b = Posting::new(efd.clone(), log.clone(), 'b');
