@@ -661,6 +661,12 @@ impl Runtime {
         self.compute.get(usize::try_from(vnc).ok()?)
     }
 
+    /// `epoll_wait` calls of the logical cores' XU workers that returned so far (0 once
+    /// closed): with executions pipelined, harvest bursts keep it below one per execution.
+    pub fn xu_worker_epoll_returns(&self) -> u64 {
+        self.workers.as_ref().map_or(0, XuWorkers::epoll_returns)
+    }
+
     /// `tpb_xu_get`: the XU `xu_id` names (any type, queue, logical core), if any.
     pub fn xu_by_id(&self, xu_id: XuId) -> Option<&Arc<dyn ExecutionUnit>> {
         self.xus.get(xu_id)

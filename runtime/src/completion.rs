@@ -67,7 +67,10 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use shared::NrtStatus;
-use shared::notification::{NotificationEntry, NotificationKind, NqCursor, error_flags};
+use shared::notification::{
+    NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEADER_SIZE, NotificationEntry,
+    NotificationKind, NqCursor, error_flags, phase_of,
+};
 
 use crate::backend::NotificationQueue;
 use crate::bind::ExecResources;
@@ -139,6 +142,23 @@ impl NqReader {
     /// published with release so the device may reuse the slot).
     pub fn try_next(&mut self) -> Option<NotificationEntry> {
         self.cursor.try_next(&self.nq.memory).ok().flatten()
+    }
+
+    /// Whether the entry at the cursor is written (the phase word matches, acquire), without
+    /// consuming it: the test [`NqReader::try_next`] starts with, and no system call.
+    pub fn has_posted(&self) -> bool {
+        let entries = u64::from(self.nq.entries);
+        if entries == 0 {
+            return false;
+        }
+        let head = self.cursor.head();
+        let base = self.nq.allocation.pa
+            + NQ_HEADER_SIZE as u64
+            + (head % entries) * NOTIFICATION_ENTRY_SIZE as u64;
+        self.nq
+            .memory
+            .load_u32(base + NOTIFICATION_PHASE_OFFSET as u64, Ordering::Acquire)
+            .is_ok_and(|phase| phase == phase_of(head / entries))
     }
 
     /// Late notifications discarded so far.
@@ -564,6 +584,22 @@ impl CompletionEngine for NqEngine {
         })
     }
 
+    /// Whether every NC of the execution still to report has something to harvest: an entry
+    /// posted at its NQ's cursor or held early (or the device was lost there). Reads the NQ's
+    /// phase word only — no eventfd, nothing consumed — so the worker can step the execution
+    /// at once after the previous one completed (a harvest burst).
+    fn progress_posted(&self, _vnc: u32, info: &ExecInfo<ExecRequest>) -> bool {
+        let req = &info.request;
+        let n = req.num_tpbs.min(MAX_TPBS_PER_VNC);
+        n > 0
+            && (0..n).filter(|&i| !req.done[i]).all(|i| {
+                self.reader(req.ncs[i]).is_some_and(|r| {
+                    let r = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    r.lost || !r.early.is_empty() || r.has_posted()
+                })
+            })
+    }
+
     /// The notification eventfd of the completed execution's first NC (the vNC's next
     /// execution reports there too), drained, for [`NqEngine::IDLE_WATCH`]. A step that found
     /// its notification posted left the eventfd unread: drained here, the watch waits for the
@@ -659,9 +695,6 @@ mod tests {
     use crate::backend::{Allocation, MemHandle};
     use crate::xu::ExecInfo;
     use shared::memory::SharedChunk;
-    use shared::notification::{
-        NOTIFICATION_ENTRY_SIZE, NOTIFICATION_PHASE_OFFSET, NQ_HEADER_SIZE, phase_of,
-    };
     use shared::protocol::MemLocation;
 
     const PA: u64 = 0x1000_0000_0000;
@@ -894,6 +927,39 @@ mod tests {
         post(&w, 8, 2, 2, 0);
         assert_eq!(
             engine.progress_one_step(0, &mut exec),
+            Progress::Done(NrtStatus::Success)
+        );
+    }
+
+    /// `progress_posted` (what lets the worker step the next execution without `epoll_wait`)
+    /// is true exactly when the execution's notification is at the NQ's cursor or held early,
+    /// and consumes nothing: the step after it still harvests the entry.
+    #[test]
+    fn progress_posted_sees_a_posted_or_early_notification_without_consuming_it() {
+        let (engine, w, _mine) = engine_with_notify_fd();
+        let exec0 = info(0);
+        assert!(!engine.progress_posted(0, &exec0), "nothing posted");
+        post(&w, 8, 0, 0, 0);
+        assert!(engine.progress_posted(0, &exec0));
+        assert!(
+            engine.progress_posted(0, &exec0),
+            "peeking consumed nothing"
+        );
+        let mut exec0 = exec0;
+        assert_eq!(
+            engine.progress_one_step(0, &mut exec0),
+            Progress::Done(NrtStatus::Success)
+        );
+        let mut exec1 = info(1);
+        assert!(!engine.progress_posted(0, &exec1), "the cursor moved on");
+        // Execution 2's notification overtakes execution 1's: held early, so execution 1's
+        // step has something to look at.
+        post(&w, 8, 1, 2, 0);
+        assert_eq!(engine.progress_one_step(0, &mut exec1), Progress::InFlight);
+        assert!(engine.progress_posted(0, &exec1), "an entry is held early");
+        post(&w, 8, 2, 1, 0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut exec1),
             Progress::Done(NrtStatus::Success)
         );
     }

@@ -485,10 +485,19 @@ fn simdev_costs(
     // (1 when the worker is first stepped at the notification; more when a has_work_efd wake
     // steps a request still in flight).
     let xu = rt.xu(NC).expect("the vNC's compute XU");
+    // And the worker's epoll_wait returns per execution (below 1 when harvest bursts step
+    // several completions per wake-up).
     let mut measure = |run: &dyn Fn()| {
-        let steps = xu.steps();
+        let (steps, waits) = (xu.steps(), rt.xu_worker_epoll_returns());
         let cost = SimdevCost::measure(sim, dev, NC, N, run).unwrap();
-        (cost, (xu.steps() - steps) as f64 / N as f64)
+        let per = |n: u64| n as f64 / N as f64;
+        (
+            cost,
+            (
+                per(xu.steps() - steps),
+                per(rt.xu_worker_epoll_returns() - waits),
+            ),
+        )
     };
     let costs = [
         ("identity 64 B sync", measure(&identity_sync)),
@@ -503,12 +512,18 @@ fn simdev_costs(
          counted in the simdev process)"
     );
     println!(
-        "  {:<36} {:>12} {:>12} {:>18} {:>12} {:>14}",
-        "", "allocations", "executions", "inline_executions", "handoffs", "worker steps"
+        "  {:<36} {:>12} {:>12} {:>18} {:>12} {:>14} {:>13}",
+        "",
+        "allocations",
+        "executions",
+        "inline_executions",
+        "handoffs",
+        "worker steps",
+        "epoll waits"
     );
-    for (name, (c, steps)) in &costs {
+    for (name, (c, (steps, waits))) in &costs {
         println!(
-            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2} {steps:>14.2}",
+            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2} {steps:>14.2} {waits:>13.2}",
             c.per_call(c.allocations),
             c.per_call(c.executions),
             c.per_call(c.inline_executions),

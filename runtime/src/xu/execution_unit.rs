@@ -146,6 +146,11 @@ pub trait ExecutionUnit: sealed::Sealed + Send + Sync + std::fmt::Debug {
     /// count to consume.
     fn has_work(&self, key: WorkerKey) -> bool;
 
+    /// Whether the worker may step the XU again at once, without `epoll_wait`: the head
+    /// request's `has_work_efd` write has come and its engine says its progress is posted
+    /// (the worker only; no system call).
+    fn ready_to_harvest(&self, key: WorkerKey) -> bool;
+
     /// Shutdown, phase 1: later executions get NRT_CLOSED.
     fn begin_shutdown(&self, key: WorkerKey);
 

@@ -1149,6 +1149,205 @@ fn a_request_that_never_shows_on_the_idle_wake_fd_is_stepped_when_the_watch_ends
     workers.destroy();
 }
 
+/// An engine whose notifications are posted by the test: a step drains its eventfd (as the
+/// notification-queue engine does) and completes the request when a notification is posted,
+/// and [`CompletionEngine::progress_posted`] says whether one is.
+#[derive(Debug)]
+struct Posting {
+    efd: Arc<nix::sys::eventfd::EventFd>,
+    posted: AtomicU64,
+    progress_calls: AtomicU64,
+    /// Each completion appends `tag` here.
+    log: Arc<Mutex<Vec<char>>>,
+    tag: char,
+}
+
+impl Posting {
+    fn new(
+        efd: Arc<nix::sys::eventfd::EventFd>,
+        log: Arc<Mutex<Vec<char>>>,
+        tag: char,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            efd,
+            posted: AtomicU64::new(0),
+            progress_calls: AtomicU64::new(0),
+            log,
+            tag,
+        })
+    }
+}
+
+fn nonblocking_efd() -> Arc<nix::sys::eventfd::EventFd> {
+    Arc::new(
+        nix::sys::eventfd::EventFd::from_value_and_flags(
+            0,
+            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+        )
+        .unwrap(),
+    )
+}
+
+impl CompletionEngine for Posting {
+    type Request = u64;
+
+    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<u64>) -> Progress {
+        self.progress_calls.fetch_add(1, Ordering::Relaxed);
+        let _ = self.efd.read();
+        let taken = self
+            .posted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if taken.is_ok() {
+            Progress::Done(NrtStatus::Success)
+        } else {
+            Progress::InFlight
+        }
+    }
+
+    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        Some(super::Wake {
+            fd: self.efd.as_fd(),
+            within: None,
+        })
+    }
+
+    fn progress_posted(&self, _vnc: u32, _info: &ExecInfo<u64>) -> bool {
+        self.posted.load(Ordering::Acquire) > 0
+    }
+
+    fn completed(&self, _vnc: u32, _seq_id: SeqId, _info: &ExecInfo<u64>, _status: NrtStatus) {
+        self.log.lock().unwrap().push(self.tag);
+    }
+}
+
+/// What [`posting_in_flight`] sets up: the engine, its XU, the worker, the requests.
+type PostingInFlight = (
+    Arc<Posting>,
+    Arc<Xu<Posting>>,
+    XuWorkers,
+    Vec<(SeqId, Arc<ExecStatus>)>,
+);
+
+/// A worker over one XU of a [`Posting`] engine with `depth` requests released and in flight
+/// (the first stepped once and waiting on the wake fd): returns them once the worker sleeps.
+fn posting_in_flight(depth: usize) -> PostingInFlight {
+    let engine = Posting::new(nonblocking_efd(), Arc::default(), 'a');
+    let xu = typed(engine.clone(), XuType::Compute, 0, 0, 64);
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let mut reqs = vec![submit(&*xu, 1).unwrap()];
+    wait_until("the first request's step", || {
+        engine.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    // The worker waits on the wake fd and no longer watches has_work_efd: these submits do
+    // not wake it.
+    reqs.extend((1..depth).map(|_| submit(&*xu, 1).unwrap()));
+    (engine, xu, workers, reqs)
+}
+
+/// Harvest bursts: with 8 executions in flight and all their notifications posted at once
+/// (simdev posts a batch), one wake-up of the worker harvests all 8 — each later one is stepped
+/// right after the previous completion, not after another `epoll_wait` — and each is stepped
+/// once (no step finds its request still in flight). Every completion still consumed one
+/// `has_work_efd` count. (The worker before bursts returned from `epoll_wait` once per
+/// execution: 8 times here.)
+#[test]
+fn posted_notifications_are_harvested_in_one_burst_without_epoll_waits_between() {
+    let (engine, xu, workers, reqs) = posting_in_flight(8);
+    let before = workers.epoll_returns();
+    let calls = engine.progress_calls.load(Ordering::Relaxed);
+    engine.posted.store(8, Ordering::Release);
+    engine.efd.write(1).unwrap();
+    let last = reqs.last().unwrap().0;
+    wait_until("the 8 requests", || xu.is_completed(last));
+    for (_, status) in &reqs {
+        assert_eq!(status.get(), Some(NrtStatus::Success));
+    }
+    assert_eq!(
+        engine.progress_calls.load(Ordering::Relaxed) - calls,
+        8,
+        "one step per request"
+    );
+    assert_eq!(
+        workers.epoll_returns() - before,
+        1,
+        "one epoll_wait return (the wake fd) for the whole batch"
+    );
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
+/// A burst never steps a released request whose `has_work_efd` write has not come, even with
+/// its notification posted: its completion would find no count to read (the seed's
+/// runtime-bug abort; a burst that stepped every *released* request would kill the worker
+/// thread here). It is stepped at its `has_work_efd` write.
+#[test]
+fn a_burst_never_steps_a_released_request_before_its_has_work_efd_write() {
+    let (engine, xu, workers, reqs) = posting_in_flight(2);
+    // Released, posted, its has_work_efd write not yet made.
+    let third = xu.submit_before_wake_for_test(Box::new(ExecInfo::execute(1, 0)));
+    let calls = engine.progress_calls.load(Ordering::Relaxed);
+    engine.posted.store(3, Ordering::Release);
+    engine.efd.write(1).unwrap();
+    wait_until("the 2 counted requests", || xu.is_completed(reqs[1].0));
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(
+        !xu.is_completed(third),
+        "stepped before its has_work_efd write"
+    );
+    assert_eq!(engine.progress_calls.load(Ordering::Relaxed) - calls, 2);
+    xu.wake_for_test();
+    wait_until("the third request", || xu.is_completed(third));
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
+/// Fairness across a vNC's XUs: a harvest burst is bounded by `MAX_BURST`. Two XUs of one
+/// worker wait on the same wake fd with everything posted — 40 requests on the first, 1 on
+/// the second; the one wake-up resumes the first (a burst) and then the second, whose request
+/// completes after at most `MAX_BURST` of the first's, not after all 40 (an unbounded burst
+/// would starve it).
+#[test]
+fn a_harvest_burst_is_bounded_so_the_other_xus_of_the_vnc_get_their_turn() {
+    const {
+        assert!(
+            super::worker::MAX_BURST < 40,
+            "the test needs a burst shorter than a's queue"
+        )
+    };
+    let (efd, log) = (nonblocking_efd(), Arc::new(Mutex::new(Vec::new())));
+    let a = Posting::new(efd.clone(), log.clone(), 'a');
+    let b = Posting::new(efd.clone(), log.clone(), 'b');
+    let xa = typed(a.clone(), XuType::Compute, 0, 0, 64);
+    let xb = typed(b.clone(), XuType::TensorOp, 0, 0, 64);
+    let workers =
+        XuWorkers::start(&[vec![xa.clone() as Arc<dyn ExecutionUnit>, xb.clone()]]).unwrap();
+    let first_a = submit(&*xa, 1).unwrap();
+    wait_until("a's first step", || {
+        a.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    let (last_b, _) = submit(&*xb, 1).unwrap();
+    wait_until("b's first step", || {
+        b.progress_calls.load(Ordering::Relaxed) >= 1
+    });
+    let rest: Vec<_> = (1..40).map(|_| submit(&*xa, 1).unwrap()).collect();
+    a.posted.store(40, Ordering::Release);
+    b.posted.store(1, Ordering::Release);
+    efd.write(1).unwrap();
+    let last_a = rest.last().unwrap().0;
+    wait_until("all requests", || {
+        xa.is_completed(last_a) && xb.is_completed(last_b)
+    });
+    assert!(xa.is_completed(first_a.0));
+    let log = log.lock().unwrap().clone();
+    let b_at = log.iter().position(|t| *t == 'b').unwrap();
+    assert_eq!(log.len(), 41);
+    assert!(
+        b_at <= super::worker::MAX_BURST as usize,
+        "b completed only after {b_at} of a's completions: {log:?}"
+    );
+    workers.destroy();
+}
+
 /// An engine that names a wake fd nobody writes but a `within`: the worker steps it again when
 /// `within` elapses.
 #[derive(Debug)]

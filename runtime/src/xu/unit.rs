@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 use shared::ids::{SeqId, XuId, XuType};
@@ -16,7 +15,7 @@ use shared::ids::{SeqId, XuId, XuType};
 use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey, sealed};
 use super::handoff::CompEfd;
 use super::queue::{Consumer, ExecStatus, Install, Producer, Registration, XuQueue};
-use super::sync::{AtomicU8, Mutex, Ordering, lock};
+use super::sync::{AtomicU8, AtomicU64, Mutex, Ordering, lock};
 use crate::metrics::{Metrics, TpbResponse};
 
 /// Queue indexes an xu_id can name (its queue field has 4 bits).
@@ -123,6 +122,16 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     /// watches `has_work_efd` at once.
     fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<Self::Request>) -> Option<Wake<'_>> {
         None
+    }
+
+    /// Whether a step of in-flight EXECUTE request `info` would find progress to harvest now
+    /// (its notification already posted, on simdev), judged without a system call and without
+    /// consuming anything. The worker uses it to step the next released request at once after a
+    /// completion instead of going back to `epoll_wait` ([`StepOutcome::Ready`] bursts). A
+    /// wrong `true` costs one step that finds the request in flight; `false` (the default)
+    /// leaves the request to the worker's epoll.
+    fn progress_posted(&self, _vnc: u32, _info: &ExecInfo<Self::Request>) -> bool {
+        false
     }
 
     /// The funnel's first gate for an EXECUTE item: an engine that cannot run this kind of work
@@ -318,6 +327,11 @@ pub struct Xu<E: CompletionEngine> {
     engine: Arc<E>,
     metrics: Arc<Metrics>,
     steps: std::sync::atomic::AtomicU64,
+    /// `write(has_work_efd, 1)`s that returned (bumped after each, release): with
+    /// [`Xu::has_work_taken`] a lower bound of the eventfd's count that costs no system call.
+    has_work_posted: AtomicU64,
+    /// `read(has_work_efd)`s that returned (the worker's [`Xu::report_complete`] only).
+    has_work_taken: AtomicU64,
     completion_fd: Mutex<Option<OwnedFd>>,
     implicit_async_mode: bool,
     #[cfg(all(test, not(loom)))]
@@ -401,6 +415,8 @@ impl<E: CompletionEngine> Xu<E> {
             engine,
             metrics,
             steps: std::sync::atomic::AtomicU64::new(0),
+            has_work_posted: AtomicU64::new(0),
+            has_work_taken: AtomicU64::new(0),
             completion_fd: Mutex::new(None),
             implicit_async_mode: config.implicit_async_mode,
             #[cfg(all(test, not(loom)))]
@@ -590,6 +606,7 @@ impl<E: CompletionEngine> Xu<E> {
     #[cfg(all(test, not(loom)))]
     pub(crate) fn wake_for_test(&self) {
         self.has_work_efd.write(1).unwrap();
+        self.has_work_posted.fetch_add(1, Ordering::Release);
     }
 
     /// Poisons the XU (FATAL_SHUTDOWN): every later submit gets 101.
@@ -655,6 +672,7 @@ impl<E: CompletionEngine> Xu<E> {
             tracing::error!(vnc = self.vnc, errno = %e, "Failed to wake the XU worker");
             panic!("write(has_work_efd) failed on vNC {}: {e}", self.vnc);
         }
+        self.has_work_posted.fetch_add(1, Ordering::Release);
         drop(st);
         Ok(seq)
     }
@@ -795,9 +813,36 @@ impl<E: CompletionEngine> Xu<E> {
     /// completions read it in order, so a count above zero always covers the head. A request
     /// merely *released* (`exec_head != scheduled_head`) may not have had its write yet: the
     /// submitter bumps `scheduled_head` first.
+    ///
+    /// Judged from the counters, not with a `poll`: `has_work_posted` is bumped only after its
+    /// write returned and `has_work_taken` right after each read, so `posted > taken` means the
+    /// count is at least 1. (The converse may lag — a write whose bump is not yet seen — which
+    /// only leaves the request to the worker's epoll, as a `poll` racing the write would.)
     pub(crate) fn has_work(&self) -> bool {
-        let mut fds = [PollFd::new(self.has_work_efd.as_fd(), PollFlags::POLLIN)];
-        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        let posted = self.has_work_posted.load(Ordering::Acquire);
+        posted > self.has_work_taken.load(Ordering::Relaxed)
+    }
+
+    /// Whether the worker may step this XU again at once after a step that left it
+    /// [`StepOutcome::Ready`], without going back to `epoll_wait`: the head request has had its
+    /// `has_work_efd` write ([`Xu::has_work`]: its completion finds the count to read) and is
+    /// an EXECUTE whose engine says its progress is posted
+    /// ([`CompletionEngine::progress_posted`]). No system call.
+    pub(crate) fn ready_to_harvest(&self) -> bool {
+        if !self.has_work() || self.health() != XuHealth::Healthy {
+            return false;
+        }
+        let mut consumer = lock(&self.worker);
+        if consumer.worker_peek_current_exec().is_none() {
+            return false;
+        }
+        let engine = &*self.engine;
+        let vnc = self.vnc;
+        consumer
+            .worker_with_item(|info| {
+                info.kind == ExecKind::Execute && engine.progress_posted(vnc, info)
+            })
+            .unwrap_or(false)
     }
 
     /// Defers `model_id`'s unstage until the execution in flight on this XU finishes, if it is
@@ -835,6 +880,7 @@ impl<E: CompletionEngine> Xu<E> {
                 self.vnc
             );
         }
+        self.has_work_taken.fetch_add(1, Ordering::Relaxed);
         if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
@@ -1082,6 +1128,10 @@ impl<E: CompletionEngine> ExecutionUnit for Xu<E> {
 
     fn has_work(&self, _key: WorkerKey) -> bool {
         Xu::has_work(self)
+    }
+
+    fn ready_to_harvest(&self, _key: WorkerKey) -> bool {
+        Xu::ready_to_harvest(self)
     }
 
     fn begin_shutdown(&self, _key: WorkerKey) {

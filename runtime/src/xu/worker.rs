@@ -27,6 +27,17 @@
 //! fd (a STOP, a step past on a degraded XU, a lost notification) is stepped when the watch
 //! ends, at most `within` later.
 //!
+//! # Harvest bursts
+//! A step that completed a request and left more released ([`StepOutcome::Ready`]) is followed
+//! at once by a step of the next one — without going back to `epoll_wait` — while that request's
+//! `has_work_efd` write has come and its engine says its progress is already posted
+//! ([`ExecutionUnit::ready_to_harvest`], no system call), at most [`MAX_BURST`] steps per
+//! event. With executions pipelined, simdev posts a batch of notifications at once and the
+//! worker harvests them in one wake-up. The `has_work_efd` rules stay: each completion still
+//! reads one count, and a request whose write has not come is never stepped. Fairness across
+//! the vNC's XUs: a burst ends after [`MAX_BURST`] steps; the XU's `has_work_efd` is then still
+//! readable (level-triggered), and epoll reports the other XUs' ready fds before it again.
+//!
 //! [`XuWorkers::destroy`] writes every stop fd first, then joins each thread and closes its fd.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -81,6 +92,9 @@ impl From<u64> for Token {
 /// Events one `epoll_wait` returns at most (the seed waits for 9).
 const MAX_EVENTS: usize = 9;
 
+/// Most steps of one XU per epoll event (the first included) in a harvest burst.
+pub const MAX_BURST: u32 = 16;
+
 /// Most XUs one worker owns (the waiter sets are `u64` masks).
 pub const MAX_OWNED_XUS: usize = 64;
 
@@ -90,6 +104,8 @@ static WORKER_SET_ID: AtomicU64 = AtomicU64::new(0);
 struct Worker {
     stop_efd: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
+    /// `epoll_wait` calls that returned (events or timeout).
+    epoll_returns: Arc<AtomicU64>,
 }
 
 /// The running workers, one per vNC.
@@ -129,6 +145,7 @@ struct Loop {
     /// Whether each owned XU's `has_work_efd` is watched (armed in the epoll set).
     has_work_watched: Vec<bool>,
     regs: Vec<WakeReg>,
+    epoll_returns: Arc<AtomicU64>,
 }
 
 fn ev(armed: bool, token: Token) -> EpollEvent {
@@ -150,17 +167,15 @@ impl Loop {
     fn run(mut self) {
         let mut events = [EpollEvent::empty(); MAX_EVENTS];
         loop {
-            let timeout = self
-                .waiting
-                .iter()
-                .flatten()
-                .filter_map(|w| w.until)
-                .min()
-                .map_or(EpollTimeout::NONE, |t| {
-                    timeout_for(t.saturating_duration_since(Instant::now()))
-                });
+            let until = self.waiting.iter().flatten().filter_map(|w| w.until).min();
+            let timeout = until.map_or(EpollTimeout::NONE, |t| {
+                timeout_for(t.saturating_duration_since(Instant::now()))
+            });
             let n = match self.epoll.wait(&mut events, timeout) {
-                Ok(n) => n,
+                Ok(n) => {
+                    self.epoll_returns.fetch_add(1, Ordering::Relaxed);
+                    n
+                }
                 // EINTR (a signal) and other transient failures: wait again, as the seed does.
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
@@ -196,6 +211,11 @@ impl Loop {
                     }
                 }
             }
+            // No clock read when nothing waits with a deadline (the common case with
+            // executions pipelined).
+            if !self.waiting.iter().flatten().any(|w| w.until.is_some()) {
+                continue;
+            }
             let now = Instant::now();
             for i in 0..self.owned.len() {
                 if self.waiting[i].is_some_and(|w| w.until.is_some_and(|t| t <= now)) {
@@ -205,14 +225,21 @@ impl Loop {
         }
     }
 
-    /// Steps owned XU `i`, then watches what its outcome names: `has_work_efd` when it is
-    /// ready for more, the wake fd when it waits.
+    /// Steps owned XU `i` — again at once while it is [`ExecutionUnit::ready_to_harvest`], at
+    /// most [`MAX_BURST`] times (a harvest burst) — then watches what the last outcome names:
+    /// `has_work_efd` when it is ready for more, the wake fd when it waits.
     fn step(&mut self, i: usize) {
         let xu = self.owned[i].clone();
-        let waiting = match xu.step(WorkerKey::new()) {
-            StepOutcome::Ready => false,
-            StepOutcome::Wait(wake) => self.wait(i, &*xu, wake, false),
-            StepOutcome::Idle(wake) => self.wait(i, &*xu, wake, true),
+        let key = WorkerKey::new();
+        let mut steps = 0;
+        let waiting = loop {
+            steps += 1;
+            match xu.step(key) {
+                StepOutcome::Ready if steps < MAX_BURST && xu.ready_to_harvest(key) => {}
+                StepOutcome::Ready => break false,
+                StepOutcome::Wait(wake) => break self.wait(i, &*xu, wake, false),
+                StepOutcome::Idle(wake) => break self.wait(i, &*xu, wake, true),
+            }
         };
         self.watch_has_work(i, !waiting);
     }
@@ -362,7 +389,9 @@ impl XuWorkers {
             epoll.add(xu.has_work_fd(WorkerKey::new()), ev(true, Token::Step(i)))?;
         }
         let name = format!("{}{}", self.name_prefix, owned[0].vnc());
+        let epoll_returns = Arc::new(AtomicU64::new(0));
         let state = Loop {
+            epoll_returns: epoll_returns.clone(),
             epoll,
             waiting: vec![None; owned.len()],
             has_work_watched: vec![true; owned.len()],
@@ -375,7 +404,17 @@ impl XuWorkers {
         Ok(Worker {
             stop_efd,
             thread: Some(thread),
+            epoll_returns,
         })
+    }
+
+    /// `epoll_wait` calls that returned, summed over the workers (a deterministic measure of
+    /// the worker's wake-ups: harvest bursts make it less than one per execution).
+    pub fn epoll_returns(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.epoll_returns.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The thread-name prefix of this set's workers (`<prefix><vnc>`), unique per set.
