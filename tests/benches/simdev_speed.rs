@@ -28,7 +28,9 @@
 //! binary) — runs on CPU 0 (`tests::bench::pin_to_one_cpu`; children inherit the mask).
 //!
 //! Run: `cargo bench -p tests --bench simdev_speed` (under a minute); add `-- --unpinned` to
-//! let the scheduler place everything on every CPU. Figures are printed, not asserted.
+//! let the scheduler place everything on every CPU, and `-- --sched normal` to run simdev's
+//! threads with Linux's default policy instead of simdev's default `SCHED_BATCH`
+//! (`simdev::sched`). Figures are printed, not asserted.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -555,9 +557,18 @@ fn main() {
     if pinned {
         tests::bench::pin_to_one_cpu();
     }
+    // `--sched POLICY`: simdev's thread policy (its own default when absent).
+    let args: Vec<String> = std::env::args().collect();
+    let sched = args
+        .iter()
+        .position(|a| a == "--sched")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    let mut simdev_args = vec!["--hbm", "256M"];
+    simdev_args.extend(sched.iter().flat_map(|p| ["--sched", *p]));
     let mut sim = CountedSimdev::spawn(
         Path::new(env!("CARGO_BIN_EXE_counted-simdev")),
-        &["--hbm", "256M"],
+        &simdev_args,
     )
     .unwrap();
     let dev = Arc::new(sim.connect().unwrap());
@@ -572,8 +583,11 @@ fn main() {
     .unwrap();
     println!(
         "simdev speed (issue 17): this process, its threads, the floor's peer and simdev (pid {}, \
-         counting allocator) {}; release build",
+         counting allocator, threads {}) {}; release build",
         sim.pid(),
+        sched.map_or("SCHED_BATCH (simdev's default)".into(), |p| format!(
+            "--sched {p}"
+        )),
         if pinned {
             "all pinned to CPU 0"
         } else {
