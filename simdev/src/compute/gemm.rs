@@ -21,6 +21,25 @@ const NB: usize = 16;
 /// takes [`body_unpacked`].
 const KC: usize = 128;
 
+/// The heights of the blocks of output rows, widest first: [`MB`], then 4, 2 and 1.
+const ROW_TILES: [usize; 4] = [MB, 4, 2, 1];
+/// The widths of the groups of output columns, widest first: [`NB`], then 8 and 1.
+const COLUMN_TILES: [usize; 3] = [NB, 8, 1];
+
+/// Splits `0..n` into tiles of the `sizes` (widest first), each size as often as it still
+/// fits, and calls `f(start, size)` for each tile in order. The blocking is only which outputs
+/// are computed together: it never changes one output's chain.
+#[inline(always)]
+fn tiles(n: usize, sizes: &[usize], mut f: impl FnMut(usize, usize)) {
+    let mut start = 0;
+    for &size in sizes {
+        while start + size <= n {
+            f(start, size);
+            start += size;
+        }
+    }
+}
+
 /// `acc + a · b`, fused or not.
 #[inline(always)]
 fn madd<const FUSED: bool>(a: f32, b: f32, acc: f32) -> f32 {
@@ -146,26 +165,24 @@ fn packed_columns<const FUSED: bool, const C: usize>(
         }
     }
     let panel = &*panel;
-    let mut m0 = 0;
-    while m0 + MB <= m {
-        let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
-        store(&acc, l, (m0, n0), out, accumulate);
-        m0 += MB;
-    }
-    if m0 + 4 <= m {
-        let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
-        store(&acc, l, (m0, n0), out, accumulate);
-        m0 += 4;
-    }
-    if m0 + 2 <= m {
-        let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
-        store(&acc, l, (m0, n0), out, accumulate);
-        m0 += 2;
-    }
-    if m0 < m {
-        let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
-        store(&acc, l, (m0, n0), out, accumulate);
-    }
+    tiles(m, &ROW_TILES, |m0, r| match r {
+        MB => {
+            let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
+            store(&acc, l, (m0, n0), out, accumulate);
+        }
+        4 => {
+            let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
+            store(&acc, l, (m0, n0), out, accumulate);
+        }
+        2 => {
+            let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
+            store(&acc, l, (m0, n0), out, accumulate);
+        }
+        _ => {
+            let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
+            store(&acc, l, (m0, n0), out, accumulate);
+        }
+    });
 }
 
 /// The kernel for `k` ≤ [`KC`]: the columns by [`NB`], then 8, then one at a time, each
@@ -184,24 +201,15 @@ fn body<const FUSED: bool>(
         body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
         return;
     }
-    let n = shape.2;
-    let mut n0 = 0;
     // The panels, zeroed once per call (every row a group uses is packed before it is read).
-    let mut panel = [[0.0f32; NB]; KC];
-    while n0 + NB <= n {
-        packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
-        n0 += NB;
-    }
-    if n0 + 8 <= n {
-        let mut panel = [[0.0f32; 8]; KC];
-        packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
-        n0 += 8;
-    }
-    let mut panel = [[0.0f32; 1]; KC];
-    while n0 < n {
-        packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut panel), out, accumulate);
-        n0 += 1;
-    }
+    let mut wide = [[0.0f32; NB]; KC];
+    let mut eight = [[0.0f32; 8]; KC];
+    let mut one = [[0.0f32; 1]; KC];
+    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
+        NB => packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut wide), out, accumulate),
+        8 => packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut eight), out, accumulate),
+        _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut one), out, accumulate),
+    });
 }
 
 /// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`, reading
@@ -248,20 +256,11 @@ fn rows<const FUSED: bool, const R: usize>(
     out: &mut [f32],
     accumulate: bool,
 ) {
-    let n = shape.2;
-    let mut n0 = 0;
-    while n0 + NB <= n {
-        block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate);
-        n0 += NB;
-    }
-    if n0 + 8 <= n {
-        block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate);
-        n0 += 8;
-    }
-    while n0 < n {
-        block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate);
-        n0 += 1;
-    }
+    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
+        NB => block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate),
+        8 => block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate),
+        _ => block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate),
+    });
 }
 
 /// The kernel for `k` > [`KC`] (longer than any `Matmul`: only [`super::matmul_f32`] can ask
@@ -275,23 +274,12 @@ fn body_unpacked<const FUSED: bool>(
     out: &mut [f32],
     accumulate: bool,
 ) {
-    let m = shape.1;
-    let mut m0 = 0;
-    while m0 + MB <= m {
-        rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate);
-        m0 += MB;
-    }
-    if m0 + 4 <= m {
-        rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate);
-        m0 += 4;
-    }
-    if m0 + 2 <= m {
-        rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate);
-        m0 += 2;
-    }
-    if m0 < m {
-        rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate);
-    }
+    tiles(shape.1, &ROW_TILES, |m0, r| match r {
+        MB => rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate),
+        4 => rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate),
+        2 => rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate),
+        _ => rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate),
+    });
 }
 
 /// [`body`] compiled for AVX2 and FMA.
