@@ -25,7 +25,8 @@
 //!    request is first stepped at its notification).
 //!
 //! Everything — this process, its threads, the floor's peer and simdev (the `counted-simdev`
-//! binary) — runs on CPU 0 (`tests::bench::pin_to_one_cpu`; children inherit the mask).
+//! binary) — runs on one CPU, the first it may run on (`tests::bench::pin_to_one_cpu`; children
+//! inherit the mask): CPU 0, or CPU 1 under `taskset -c 1`.
 //!
 //! Run: `cargo bench -p tests --bench simdev_speed` (under a minute); add `-- --unpinned` to
 //! let the scheduler place everything on every CPU, and `-- --sched normal` to run simdev's
@@ -589,9 +590,10 @@ fn main() {
             "--sched {p}"
         )),
         if pinned {
-            "all pinned to CPU 0"
+            let cpu = nix::sched::sched_getcpu().map_or("?".into(), |c| c.to_string());
+            format!("all pinned to CPU {cpu}")
         } else {
-            "unpinned (--unpinned: placed by the scheduler)"
+            "unpinned (--unpinned: placed by the scheduler)".into()
         }
     );
     let id = IdentityIo::load(&rt, 64);

@@ -53,16 +53,22 @@ unsafe impl GlobalAlloc for CountingAlloc {
 }
 
 /// Pins this thread — and every thread and process it starts afterwards, which inherit the mask —
-/// to CPU 0, so a floor and the code beside it hand off between threads the same way (on a
-/// small VM, a wake-up across CPUs costs an order of magnitude more than one on the same CPU,
+/// to one CPU: the first CPU of the mask it was started with (CPU 0 unless started under, say,
+/// `taskset -c 1`), so a floor and the code beside it hand off between threads the same way (on
+/// a small VM, a wake-up across CPUs costs an order of magnitude more than one on the same CPU,
 /// and the scheduler's choice between the two otherwise decides the ratio).
 ///
 /// # Panics
-/// If the affinity cannot be set.
+/// If the affinity cannot be read or set.
 pub fn pin_to_one_cpu() {
+    let me = nix::unistd::Pid::from_raw(0);
+    let allowed = nix::sched::sched_getaffinity(me).expect("sched_getaffinity");
+    let first = (0..nix::sched::CpuSet::count())
+        .find(|&c| allowed.is_set(c).unwrap_or(false))
+        .expect("a thread runs on at least one CPU");
     let mut set = nix::sched::CpuSet::new();
-    set.set(0).expect("CPU 0");
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+    set.set(first).expect("a CPU of the mask");
+    nix::sched::sched_setaffinity(me, &set).expect("sched_setaffinity");
 }
 
 /// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
