@@ -19,6 +19,8 @@
 //! tensors the child inherited and drops.
 
 use std::collections::HashMap;
+
+use crate::FastHashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -206,7 +208,7 @@ pub struct Runtime {
     device: Arc<dyn Device>,
     config: RuntimeConfig,
     vncs: Vec<Vnc>,
-    hw_queues: HashMap<u32, Arc<HwExecQueue>>,
+    hw_queues: FastHashMap<u32, Arc<HwExecQueue>>,
     /// Every XU of every type (`tpb_xus`), by xu_id.
     xus: XuTable,
     /// The COMPUTE XU of each logical core, typed (the execute path schedules on it).
@@ -430,7 +432,7 @@ impl Runtime {
         let mut claimed = reservation.claimed;
         let mut readers = Vec::new();
         let mut nq_bytes: HashMap<u32, u64> = HashMap::new();
-        let mut hw_queues = HashMap::new();
+        let mut hw_queues = FastHashMap::default();
         let slots = config.max_inflight().saturating_add(1);
         let setup = (|| -> NrtResult<()> {
             for c in &mut claimed {

@@ -10,9 +10,9 @@
 //! it ([`neff_load`]): its [`LoadedModel::model`] is then the NEFF's metadata (I/O, sg_count,
 //! flags, table hashes) and each [`LoadedTpb`] carries its [`neff_load::NeffTpb`].
 
+use crate::FastHashMap;
 use crate::datastore::ModelSlot;
 use crate::datastore::snapshot::MemKind;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -327,7 +327,7 @@ pub struct LoadContext<'a> {
     /// The device.
     pub device: &'a Arc<dyn Device>,
     /// The claimed NCs' exec queues.
-    pub hw_queues: &'a HashMap<u32, Arc<HwExecQueue>>,
+    pub hw_queues: &'a FastHashMap<u32, Arc<HwExecQueue>>,
     /// The ISA the device runs.
     pub target: Target,
     /// Executions that may be in flight per logical core (the XU depth).
@@ -345,7 +345,7 @@ pub struct LoadContext<'a> {
 /// The model database: handle id → loaded model.
 #[derive(Debug, Default)]
 pub struct ModelDb {
-    models: Mutex<HashMap<u64, Arc<LoadedModel>>>,
+    models: Mutex<FastHashMap<u64, Arc<LoadedModel>>>,
     next_id: AtomicU64,
 }
 

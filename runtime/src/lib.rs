@@ -47,6 +47,11 @@ pub mod xu;
 /// `neuron_runtime_version`): libnrt's version as `nrt_get_version` reports it.
 pub const RUNTIME_VERSION: &str = "2.0.0.0";
 
+/// The hash map of the execute path's lookups (tensor names, model handles, queue ids):
+/// `foldhash`'s fast hasher with a per-map random seed, not std's SipHash, which costs about
+/// as many instructions per lookup as the rest of the lookup.
+pub(crate) type FastHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp, nrt};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};

@@ -17,7 +17,7 @@
 //! slots, the exec queue's rings, the I/O rings) — and an execution only writes descriptors and
 //! 56 bytes (the request and its `cc_dma_increment` trailer) into memory that already exists.
 
-use std::collections::HashMap;
+use crate::FastHashMap;
 use std::sync::{Arc, Mutex};
 
 use shared::exec_request::{
@@ -110,9 +110,9 @@ pub struct HwExecState {
     slots: u32,
     last_exec_req_flags: Option<[u32; 13]>,
     last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
-    io_queues: HashMap<(u32, u32), DmaQueue>,
+    io_queues: FastHashMap<(u32, u32), DmaQueue>,
     /// The NC's dynamic DMA queues of loaded NEFF models, with how many models use each.
-    dynamic_queues: HashMap<(u32, u32), (DmaQueue, u32)>,
+    dynamic_queues: FastHashMap<(u32, u32), (DmaQueue, u32)>,
     map: AddressMap,
 }
 
@@ -371,8 +371,8 @@ impl HwExecState {
             slots,
             last_exec_req_flags: None,
             last_exec_req_tbl_hashes: None,
-            io_queues: HashMap::new(),
-            dynamic_queues: HashMap::new(),
+            io_queues: FastHashMap::default(),
+            dynamic_queues: FastHashMap::default(),
             map,
         })
     }

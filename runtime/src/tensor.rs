@@ -18,7 +18,6 @@
 
 use crate::datastore::Datastore;
 use crate::datastore::snapshot::MemKind;
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -747,7 +746,7 @@ impl Tensor {
 /// equal the tensors' own names.
 #[derive(Clone, Debug, Default)]
 pub struct TensorSet {
-    tensors: HashMap<String, Tensor>,
+    tensors: crate::FastHashMap<String, Tensor>,
 }
 
 impl TensorSet {
