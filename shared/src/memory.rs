@@ -407,6 +407,33 @@ impl SharedChunk {
         Ok(v)
     }
 
+    /// The `words` u64 words at `pa` as atomics: a record whose counters this process and its
+    /// readers share, bounds-, alignment- and write-checked once for the whole range, so a
+    /// writer updating many counters of one record pays one check, not one per counter.
+    ///
+    /// # Errors
+    /// [`MemError::OutOfBounds`], [`MemError::Misaligned`] or [`MemError::ReadOnly`].
+    pub fn atomic_words(&self, pa: u64, words: usize) -> Result<&[AtomicU64], MemError> {
+        let bytes = words.checked_mul(8).ok_or(MemError::OutOfBounds {
+            pa,
+            len: usize::MAX,
+            chunk_pa: self.pa,
+            chunk_len: self.len,
+        })?;
+        let off = self.writable_offset(pa, bytes)?;
+        if off % 8 != 0 {
+            return Err(MemError::Misaligned { pa, align: 8 });
+        }
+        // SAFETY: `off + 8 * words <= len` (checked) and `off` is 8-byte aligned from a
+        // page-aligned base, so the `words` AtomicU64s are in bounds and aligned. The mapping
+        // is writable (checked) and lives as long as `self` (type invariant), which bounds the
+        // returned lifetime. Every access through the slice is atomic, so concurrent access by
+        // the peer through its own mapping is not a data race.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.map.as_mut_ptr().add(off).cast::<AtomicU64>(), words)
+        })
+    }
+
     /// Writes `words` at `pa` one u64 at a time with atomic stores of `order`.
     ///
     /// # Errors
@@ -510,6 +537,42 @@ mod tests {
             Err(MemError::ReadOnly { .. })
         ));
         assert_eq!(c.load_u32(0, Ordering::Relaxed).unwrap(), 0);
+    }
+
+    #[test]
+    fn atomic_words_check_the_whole_range_once_and_alias_the_word_accessors() {
+        let c = SharedChunk::anonymous(0x3000, 4096).unwrap();
+        let w = c.atomic_words(0x3FE0, 4).unwrap();
+        assert_eq!(w.len(), 4);
+        w[1].fetch_add(9, Ordering::Relaxed);
+        w[3].store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(c.load_u64(0x3FE8, Ordering::Relaxed).unwrap(), 9);
+        assert_eq!(c.load_u64(0x3FF8, Ordering::Relaxed).unwrap(), u64::MAX);
+        assert!(c.atomic_words(0x3000, 0).unwrap().is_empty());
+        // One word past the end, a misaligned start, a length that overflows, a PA below.
+        assert!(matches!(
+            c.atomic_words(0x3FE0, 5),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            c.atomic_words(0x3004, 1),
+            Err(MemError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            c.atomic_words(0x3000, usize::MAX / 4),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            c.atomic_words(0x2FF8, 1),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4096).unwrap();
+        let ro = SharedChunk::map_fd(&file, 0, 4096, false).unwrap();
+        assert!(matches!(
+            ro.atomic_words(0, 1),
+            Err(MemError::ReadOnly { .. })
+        ));
     }
 
     #[test]

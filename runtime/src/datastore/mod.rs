@@ -370,81 +370,57 @@ impl Datastore {
         let _ = self.chunk.fetch_add_u64(pa, v, Ordering::Relaxed);
     }
 
-    fn record_hist(&self, base: u64, ns: u64) {
-        self.add(base + offsets::HIST_COUNT as u64, 1);
-        self.add(base + offsets::HIST_SUM as u64, ns);
-        let _ = self
-            .chunk
-            .fetch_min_u64(base + offsets::HIST_MIN as u64, ns, Ordering::Relaxed);
-        let _ = self
-            .chunk
-            .fetch_max_u64(base + offsets::HIST_MAX as u64, ns, Ordering::Relaxed);
-        self.add(
-            base + offsets::HIST_BUCKETS as u64 + 8 * bucket_of(ns) as u64,
-            1,
-        );
-    }
-
-    fn record_latency(&self, base: u64, us: u64) {
-        self.add(base + offsets::LAT_COUNT as u64, 1);
-        self.add(base + offsets::LAT_TOTAL as u64, us);
-        let _ = self
-            .chunk
-            .fetch_max_u64(base + offsets::LAT_MAX as u64, us, Ordering::Relaxed);
-        let _ = self
-            .chunk
-            .store_u64(base + offsets::LAT_LAST as u64, us, Ordering::Relaxed);
+    /// The counters of the `T` record at `base` (bounds-checked once for the whole record).
+    fn record<T>(&self, base: u64) -> Option<Counters<'_>> {
+        self.chunk
+            .atomic_words(base, size_of::<T>() / 8)
+            .map(Counters)
+            .ok()
     }
 
     /// Records one execution on physical NC `nc` (the seed's per-TPB `kmetric_update_nds_*`
     /// updaters). An NC that is not ours is ignored.
     pub fn record_tpb(&self, nc: u32, status: NrtStatus, e2e_us: u64, resp: &TpbResponse) {
-        let Some(base) = self.tpb_base(nc) else {
+        let Some(r) = self.tpb_base(nc).and_then(|b| self.record::<TpbRecord>(b)) else {
             return;
         };
-        self.add(
-            base + offsets::TPB_EXEC_STATS as u64 + 8 * exec_stat_ordinal(status) as u64,
-            1,
-        );
+        r.add(offsets::TPB_EXEC_STATS + 8 * exec_stat_ordinal(status), 1);
         for flag in 5..=8u32 {
             if resp.error_flags & (1 << flag) != 0 {
-                self.add(
-                    base + offsets::TPB_ERROR_STATS as u64 + 8 * u64::from(flag - 5),
-                    1,
-                );
+                r.add(offsets::TPB_ERROR_STATS + 8 * (flag - 5) as usize, 1);
             }
         }
-        self.add(base + offsets::TPB_BUSY_NS as u64, resp.nc_ns);
-        self.record_latency(base + offsets::TPB_E2E as u64, e2e_us);
-        self.record_latency(base + offsets::TPB_DEVICE as u64, resp.device_ns / 1000);
-        self.record_latency(base + offsets::TPB_NC_BUSY as u64, resp.nc_ns / 1000);
-        self.record_hist(base + offsets::TPB_NC_LATENCY as u64, resp.nc_ns);
+        r.add(offsets::TPB_BUSY_NS, resp.nc_ns);
+        r.latency(offsets::TPB_E2E, e2e_us);
+        r.latency(offsets::TPB_DEVICE, resp.device_ns / 1000);
+        r.latency(offsets::TPB_NC_BUSY, resp.nc_ns / 1000);
+        r.hist(offsets::TPB_NC_LATENCY, resp.nc_ns);
     }
 
     /// Records one execution on logical core `vnc` (once per execution, whatever its TPB
     /// count): its status, end-to-end latency and device latency (the slower TPB).
     pub fn record_core(&self, vnc: u32, status: NrtStatus, e2e: Duration, device_ns: u64) {
-        let Some(base) = self.core_base(vnc) else {
+        let Some(r) = self
+            .core_base(vnc)
+            .and_then(|b| self.record::<CoreRecord>(b))
+        else {
             return;
         };
-        self.add(
-            base + offsets::CORE_EXECUTIONS as u64 + 8 * status_slot(status as u32) as u64,
-            1,
-        );
-        self.record_hist(base + offsets::CORE_TOTAL_LATENCY as u64, duration_ns(e2e));
-        self.record_hist(base + offsets::CORE_DEVICE_LATENCY as u64, device_ns);
+        r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        r.hist(offsets::CORE_TOTAL_LATENCY, duration_ns(e2e));
+        r.hist(offsets::CORE_DEVICE_LATENCY, device_ns);
     }
 
     /// Records one execution of the model in `slot`.
     pub fn record_model(&self, slot: ModelSlot, status: NrtStatus, e2e: Duration) {
-        let Some(base) = self.slot_base(slot) else {
+        let Some(r) = self
+            .slot_base(slot)
+            .and_then(|b| self.record::<ModelSlotRecord>(b))
+        else {
             return;
         };
-        self.add(
-            base + offsets::SLOT_EXECUTIONS as u64 + 8 * status_slot(status as u32) as u64,
-            1,
-        );
-        self.record_hist(base + offsets::SLOT_TOTAL_LATENCY as u64, duration_ns(e2e));
+        r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        r.hist(offsets::SLOT_TOTAL_LATENCY, duration_ns(e2e));
     }
 
     /// Adds `bytes` of `kind` to logical core `vnc`'s memory.
@@ -596,6 +572,64 @@ impl Drop for Datastore {
     /// file).
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// The counters of one datastore record, in the writer's shared mapping
+/// ([`SharedChunk::atomic_words`]): every update is a Relaxed atomic on one u64 word at a byte
+/// offset into the record (an offset past the record is ignored, as a failed accessor is). A
+/// minimum or maximum that would not change is only loaded, not written (no locked
+/// instruction).
+struct Counters<'a>(&'a [std::sync::atomic::AtomicU64]);
+
+impl Counters<'_> {
+    fn word(&self, off: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        self.0.get(off / 8)
+    }
+
+    fn add(&self, off: usize, v: u64) {
+        if let Some(w) = self.word(off) {
+            w.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
+    fn min(&self, off: usize, v: u64) {
+        if let Some(w) = self.word(off)
+            && v < w.load(Ordering::Relaxed)
+        {
+            w.fetch_min(v, Ordering::Relaxed);
+        }
+    }
+
+    fn max(&self, off: usize, v: u64) {
+        if let Some(w) = self.word(off)
+            && v > w.load(Ordering::Relaxed)
+        {
+            w.fetch_max(v, Ordering::Relaxed);
+        }
+    }
+
+    fn store(&self, off: usize, v: u64) {
+        if let Some(w) = self.word(off) {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// One sample of `ns` into the histogram at `base`.
+    fn hist(&self, base: usize, ns: u64) {
+        self.add(base + offsets::HIST_COUNT, 1);
+        self.add(base + offsets::HIST_SUM, ns);
+        self.min(base + offsets::HIST_MIN, ns);
+        self.max(base + offsets::HIST_MAX, ns);
+        self.add(base + offsets::HIST_BUCKETS + 8 * bucket_of(ns), 1);
+    }
+
+    /// One sample of `us` into the latency record at `base`.
+    fn latency(&self, base: usize, us: u64) {
+        self.add(base + offsets::LAT_COUNT, 1);
+        self.add(base + offsets::LAT_TOTAL, us);
+        self.max(base + offsets::LAT_MAX, us);
+        self.store(base + offsets::LAT_LAST, us);
     }
 }
 
