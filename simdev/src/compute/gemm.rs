@@ -11,6 +11,9 @@
 //! `-0` chain stores `+0`). The blocking only decides which elements are computed together,
 //! never the order of one element's sum, so every shape gives the same bits.
 
+#[cfg(target_arch = "x86_64")]
+use super::simd::{self, Level};
+
 /// Output rows computed together (12 vector accumulators; the last rows of `m` by 4, 2 and
 /// 1).
 const MB: usize = 6;
@@ -93,7 +96,8 @@ fn fits(len: usize, place: (usize, usize), rows: usize, cols: usize) -> bool {
     rows == 0 || at(place, rows - 1, cols).is_some_and(|end| end <= len)
 }
 
-/// Stores the `R` × `C` chains `acc` at rows `m0..`, columns `n0..` of `out`.
+/// Stores the `R` × `C` chains `acc` at rows `m0..`, columns `n0..` of `out`; whether a value
+/// stored is a NaN or an infinity.
 #[inline(always)]
 fn store<const R: usize, const C: usize>(
     acc: &[[f32; C]; R],
@@ -101,17 +105,20 @@ fn store<const R: usize, const C: usize>(
     (m0, n0): (usize, usize),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
+    let mut non_finite = false;
     for (i, row) in acc.iter().enumerate() {
         let Some(at) = at(l.out, m0 + i, n0) else {
-            return;
+            return non_finite;
         };
         if let Some(dst) = out.get_mut(at..).and_then(|d| d.first_chunk_mut::<C>()) {
             for (d, &c) in dst.iter_mut().zip(row) {
                 *d = finish(c, *d, accumulate);
+                non_finite |= !d.is_finite();
             }
         }
     }
+    non_finite
 }
 
 /// The `R` × `C` chains at rows `m0..` of `stat` over the packed columns `panel` (row `kk` of
@@ -153,36 +160,40 @@ fn packed_columns<const FUSED: bool, const C: usize>(
     (n0, panel): (usize, &mut [[f32; C]; KC]),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
     let Some(panel) = panel.get_mut(..k) else {
-        return;
+        return false;
     };
     for (kk, dst) in panel.iter_mut().enumerate() {
         let src = at(l.mov, kk, n0).and_then(|at| mov.get(at..)?.first_chunk::<C>());
         match src {
             Some(src) => *dst = *src,
-            None => return,
+            None => return false,
         }
     }
     let panel = &*panel;
-    tiles(m, &ROW_TILES, |m0, r| match r {
-        MB => {
-            let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        4 => {
-            let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        2 => {
-            let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        _ => {
-            let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
+    let mut non_finite = false;
+    tiles(m, &ROW_TILES, |m0, r| {
+        non_finite |= match r {
+            MB => {
+                let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            4 => {
+                let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            2 => {
+                let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            _ => {
+                let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+        };
     });
+    non_finite
 }
 
 /// The kernel for `k` ≤ [`KC`]: the columns by [`NB`], then 8, then one at a time, each
@@ -196,20 +207,25 @@ fn body<const FUSED: bool>(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
     if shape.0 > KC {
-        body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
-        return;
+        return body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
     }
     // The panels, zeroed once per call (every row a group uses is packed before it is read).
     let mut wide = [[0.0f32; NB]; KC];
     let mut eight = [[0.0f32; 8]; KC];
     let mut one = [[0.0f32; 1]; KC];
-    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
-        NB => packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut wide), out, accumulate),
-        8 => packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut eight), out, accumulate),
-        _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut one), out, accumulate),
+    let mut non_finite = false;
+    tiles(shape.2, &COLUMN_TILES, |n0, c| {
+        non_finite |= match c {
+            NB => {
+                packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut wide), out, accumulate)
+            }
+            8 => packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut eight), out, accumulate),
+            _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut one), out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`, reading
@@ -224,17 +240,17 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
     (m0, n0): (usize, usize),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
     let mut acc = [[0.0f32; C]; R];
     for kk in 0..k {
         let (Some(sa), Some(sb)) = (at(l.stat, kk, m0), at(l.mov, kk, n0)) else {
-            return;
+            return false;
         };
         let (Some(a), Some(b)) = (
             stat.get(sa..).and_then(|a| a.first_chunk::<R>()),
             mov.get(sb..).and_then(|b| b.first_chunk::<C>()),
         ) else {
-            return;
+            return false;
         };
         for (row, &a) in acc.iter_mut().zip(a) {
             for (c, &b) in row.iter_mut().zip(b) {
@@ -242,7 +258,7 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
             }
         }
     }
-    store(&acc, l, (m0, n0), out, accumulate);
+    store(&acc, l, (m0, n0), out, accumulate)
 }
 
 /// The columns of `R` rows from `m0`: blocks of [`NB`], then 8, then single columns.
@@ -255,12 +271,16 @@ fn rows<const FUSED: bool, const R: usize>(
     m0: usize,
     out: &mut [f32],
     accumulate: bool,
-) {
-    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
-        NB => block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate),
-        8 => block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate),
-        _ => block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate),
+) -> bool {
+    let mut non_finite = false;
+    tiles(shape.2, &COLUMN_TILES, |n0, c| {
+        non_finite |= match c {
+            NB => block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate),
+            8 => block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate),
+            _ => block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// The kernel for `k` > [`KC`] (longer than any `Matmul`: only [`super::matmul_f32`] can ask
@@ -273,13 +293,17 @@ fn body_unpacked<const FUSED: bool>(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
-    tiles(shape.1, &ROW_TILES, |m0, r| match r {
-        MB => rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate),
-        4 => rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate),
-        2 => rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate),
-        _ => rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate),
+) -> bool {
+    let mut non_finite = false;
+    tiles(shape.1, &ROW_TILES, |m0, r| {
+        non_finite |= match r {
+            MB => rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate),
+            4 => rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate),
+            2 => rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate),
+            _ => rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// [`body`] compiled for AVX2 and FMA.
@@ -295,14 +319,18 @@ unsafe fn body_fma(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
-    body::<true>(stat, mov, shape, l, out, accumulate);
+) -> bool {
+    body::<true>(stat, mov, shape, l, out, accumulate)
 }
 
 /// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, placed in their
-/// slices as `l` says, with the rounding of the module doc. The caller checked that every row
-/// lies in its slice (nothing is computed when a row of `stat` or `mov` does not, and an
-/// element outside `out` is never touched).
+/// slices as `l` says, with the rounding of the module doc; whether a value stored is a NaN or
+/// an infinity. The caller checked that every row lies in its slice (nothing is computed when
+/// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
+///
+/// The kernel is the widest this CPU runs ([`simd::level`]): AVX-512F ([`avx512`], for `k` ≤
+/// [`KC`], every `Matmul`; it packs the moving matrix into `pack`, which it grows, never
+/// shrinks), AVX2 and FMA, or plain Rust. All compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -310,24 +338,34 @@ pub(super) fn gemm(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
+    pack: &mut Vec<f32>,
+) -> bool {
     let (k, m, n) = shape;
     if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
-        return;
+        return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: AVX2 and FMA were just detected on this CPU; `body_fma` has no other
-            // requirement (it is safe code compiled with those features).
-            unsafe { body_fma(stat, mov, shape, l, out, accumulate) };
-            return;
+        let level = simd::level();
+        if level >= Level::Avx512 && k <= KC {
+            // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
+            // the CPU lacks); `avx512::body` has no other requirement.
+            return unsafe { avx512::body(stat, mov, shape, l, out, accumulate, pack) };
         }
-        body::<false>(stat, mov, shape, l, out, accumulate);
+        if level >= Level::Avx2Fma {
+            // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
+            // other requirement (it is safe code compiled with those features).
+            return unsafe { body_fma(stat, mov, shape, l, out, accumulate) };
+        }
+        body::<false>(stat, mov, shape, l, out, accumulate)
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = pack;
     #[cfg(target_arch = "aarch64")]
-    body::<true>(stat, mov, shape, l, out, accumulate);
+    return body::<true>(stat, mov, shape, l, out, accumulate);
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    body::<false>(stat, mov, shape, l, out, accumulate);
+    return body::<false>(stat, mov, shape, l, out, accumulate);
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
