@@ -1,7 +1,8 @@
 //! The matmul kernel of the `Matmul` instruction: `out[m][n] (+)= Σ_k stat[k][m] · mov[k][n]`
 //! over row-major f32 matrices with any row stride ([`Layout`]: gathered buffers, or the tiles
-//! in SBUF and PSUM themselves), register-blocked and allocation-free (the GEMM crate
-//! allocates its packing buffers on every call, which an execution's steady state may not).
+//! in SBUF and PSUM themselves), register-blocked and allocation-free once the caller's
+//! packing buffer has grown (the GEMM crate allocates its packing buffers on every call, which
+//! an execution's steady state may not).
 //!
 //! # Rounding (the same as `matrixmultiply::sgemm`)
 //! Every output element is one chain over `k` in order, starting from +0: `acc = fma(stat,
@@ -149,7 +150,7 @@ fn packed_block<const FUSED: bool, const R: usize, const C: usize>(
 }
 
 /// The `C` columns from `n0` of every output row: the moving matrix's columns are packed
-/// into a panel on the stack (read once, then reused from L1 by every block of rows), then
+/// into a panel of the packing buffer (read once, then reused from L1 by every block of rows), then
 /// the rows by [`MB`], 4, 2 and 1.
 #[inline(always)]
 fn packed_columns<const FUSED: bool, const C: usize>(
@@ -157,7 +158,7 @@ fn packed_columns<const FUSED: bool, const C: usize>(
     mov: &[f32],
     (k, m, _): (usize, usize, usize),
     l: Layout,
-    (n0, panel): (usize, &mut [[f32; C]; KC]),
+    (n0, panel): (usize, &mut [[f32; C]]),
     out: &mut [f32],
     accumulate: bool,
 ) -> bool {
@@ -207,22 +208,33 @@ fn body<const FUSED: bool>(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
+    pack: &mut Vec<f32>,
 ) -> bool {
     if shape.0 > KC {
         return body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
     }
-    // The panels, zeroed once per call (every row a group uses is packed before it is read).
-    let mut wide = [[0.0f32; NB]; KC];
-    let mut eight = [[0.0f32; 8]; KC];
-    let mut one = [[0.0f32; 1]; KC];
+    // The panels, in `pack` (grown once, never zeroed again: every row a group uses is
+    // packed before it is read).
+    if pack.len() < KC * (NB + 8 + 1) {
+        pack.resize(KC * (NB + 8 + 1), 0.0);
+    }
+    let (wide, rest) = pack.split_at_mut(KC * NB);
+    let (eight, one) = rest.split_at_mut(KC * 8);
+    let (wide, eight, one) = (
+        wide.as_chunks_mut::<NB>().0,
+        eight.as_chunks_mut::<8>().0,
+        one.as_chunks_mut::<1>().0,
+    );
     let mut non_finite = false;
     tiles(shape.2, &COLUMN_TILES, |n0, c| {
         non_finite |= match c {
             NB => {
-                packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut wide), out, accumulate)
+                packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut *wide), out, accumulate)
             }
-            8 => packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut eight), out, accumulate),
-            _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut one), out, accumulate),
+            8 => {
+                packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut *eight), out, accumulate)
+            }
+            _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut *one), out, accumulate),
         };
     });
     non_finite
@@ -319,8 +331,9 @@ unsafe fn body_fma(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
+    pack: &mut Vec<f32>,
 ) -> bool {
-    body::<true>(stat, mov, shape, l, out, accumulate)
+    body::<true>(stat, mov, shape, l, out, accumulate, pack)
 }
 
 /// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, placed in their
@@ -355,16 +368,14 @@ pub(super) fn gemm(
         if level >= Level::Avx2Fma {
             // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
             // other requirement (it is safe code compiled with those features).
-            return unsafe { body_fma(stat, mov, shape, l, out, accumulate) };
+            return unsafe { body_fma(stat, mov, shape, l, out, accumulate, pack) };
         }
-        body::<false>(stat, mov, shape, l, out, accumulate)
+        body::<false>(stat, mov, shape, l, out, accumulate, pack)
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = pack;
     #[cfg(target_arch = "aarch64")]
-    return body::<true>(stat, mov, shape, l, out, accumulate);
+    return body::<true>(stat, mov, shape, l, out, accumulate, pack);
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    return body::<false>(stat, mov, shape, l, out, accumulate);
+    return body::<false>(stat, mov, shape, l, out, accumulate, pack);
 }
 
 #[cfg(target_arch = "x86_64")]
