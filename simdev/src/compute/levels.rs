@@ -165,8 +165,10 @@ fn same_at_every_level(state: &ComputeState, engine: Engine, inst: &Instruction,
     for (level, effect, sbuf, psum) in &results[1..] {
         assert_eq!(effect, e0, "{what}: {level:?} vs {l0:?}");
         for (space, got, want) in [("SBUF", sbuf, sbuf0), ("PSUM", psum, psum0)] {
-            if let Some(at) = got.iter().zip(want.iter()).position(|(g, w)| g != w) {
-                panic!("{what}: {level:?} vs {l0:?}: {space} byte {at} differs");
+            // Whole buffers first (a memcmp), the first difference only when there is one.
+            if got != want {
+                let at = got.iter().zip(want.iter()).position(|(g, w)| g != w);
+                panic!("{what}: {level:?} vs {l0:?}: {space} byte {at:?} differs");
             }
         }
     }
@@ -204,8 +206,8 @@ fn u32_of(v: usize) -> u32 {
 #[test]
 fn transposes_move_the_same_values_at_every_level() {
     let mut rng = Rng(43);
-    for case in 0..120 {
-        let state = random_state(&mut rng, 4096, case % 4 != 0);
+    for case in 0..80 {
+        let state = random_state(&mut rng, 2048, case % 4 != 0);
         let (p, f) = (1 + below(&mut rng, 128), 1 + below(&mut rng, 128));
         let (p0, f0) = (below(&mut rng, 129 - p), below(&mut rng, 129 - f));
         let src = Tile::sbuf(
@@ -245,7 +247,7 @@ fn transposes_move_the_same_values_at_every_level() {
 #[test]
 fn identity_and_relu_activations_compute_the_same_bits_at_every_level() {
     let mut rng = Rng(47);
-    for case in 0..120 {
+    for case in 0..80 {
         let mut state = random_state(&mut rng, 4096, case % 3 != 0);
         let (p, f) = (1 + below(&mut rng, 128), 1 + below(&mut rng, 300));
         let p0 = below(&mut rng, 129 - p);
