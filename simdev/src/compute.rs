@@ -94,6 +94,8 @@ struct Scratch {
     b: Vec<f32>,
     /// Results, and per-partition scalars.
     c: Vec<f32>,
+    /// A matmul's moving operand packed into column panels (the AVX-512 kernel's).
+    pack: Vec<f32>,
 }
 
 impl fmt::Debug for ComputeState {
@@ -675,19 +677,29 @@ pub fn decode(engine: Engine, op: Opcode, inst: &Instruction) -> Result<Option<O
     Ok(Some(Op(kind)))
 }
 
-/// `max` that propagates NaN.
+/// `max` that propagates NaN (as f32's default NaN), with `+0` above `−0` (IEEE 754's
+/// `maximum`). `f32::max` leaves the sign of a zero result unspecified (an optimised build
+/// answered `+0` for `max(−0, +0)` where a debug build answered `−0`); here it is fixed, so
+/// the vector rows (`maxps` with `+0` second) and this agree in every build.
 fn max_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
+    } else if a == b {
+        // Equal: the same bits, or two zeros, of which `+0` wins.
+        f32::from_bits(a.to_bits() & b.to_bits())
     } else {
         a.max(b)
     }
 }
 
-/// `min` that propagates NaN.
+/// `min` that propagates NaN (as f32's default NaN), with `−0` below `+0` (IEEE 754's
+/// `minimum`; see [`max_nan`]).
 fn min_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         f32::NAN
+    } else if a == b {
+        // Equal: the same bits, or two zeros, of which `−0` wins.
+        f32::from_bits(a.to_bits() | b.to_bits())
     } else {
         a.min(b)
     }
@@ -832,7 +844,7 @@ fn run_op(state: &mut ComputeState, s: &mut Scratch, op: &Op) -> Result<bool, Ex
                 // Not accumulating, the kernel writes every element without reading it.
                 s.c.resize(m.saturating_mul(n), 0.0);
             }
-            sgemm(&s.a, &s.b, k, m, n, &mut s.c, accumulate)
+            sgemm(&s.a, &s.b, (k, m, n), &mut s.c, accumulate, &mut s.pack)
                 .map_err(|e| ExecError::Internal(e.to_string()))?;
             state.scatter(&dst, &s.c)
         }
@@ -964,7 +976,7 @@ pub fn matmul_f32(
     n: usize,
     out: &mut [f32],
 ) -> Result<(), MatmulShapeError> {
-    sgemm(stat, mov, k, m, n, out, false)
+    with_pack(|pack| sgemm(stat, mov, (k, m, n), out, false, pack))
 }
 
 /// [`matmul_f32`] adding into `out` instead of overwriting it (`Matmul` with
@@ -980,17 +992,28 @@ pub fn matmul_f32_accumulate(
     n: usize,
     out: &mut [f32],
 ) -> Result<(), MatmulShapeError> {
-    sgemm(stat, mov, k, m, n, out, true)
+    with_pack(|pack| sgemm(stat, mov, (k, m, n), out, true, pack))
+}
+
+/// `f` with this thread's packing buffer of the public matmul helpers (kept between calls, so
+/// they allocate nothing once it has grown).
+fn with_pack<T>(f: impl FnOnce(&mut Vec<f32>) -> T) -> T {
+    thread_local! {
+        static PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    PACK.with(|pack| match pack.try_borrow_mut() {
+        Ok(mut pack) => f(&mut pack),
+        Err(_) => f(&mut Vec::new()),
+    })
 }
 
 fn sgemm(
     stat: &[f32],
     mov: &[f32],
-    k: usize,
-    m: usize,
-    n: usize,
+    (k, m, n): (usize, usize, usize),
     out: &mut [f32],
     accumulate: bool,
+    pack: &mut Vec<f32>,
 ) -> Result<(), MatmulShapeError> {
     let shape_error = MatmulShapeError {
         k,
@@ -1013,12 +1036,14 @@ fn sgemm(
         Layout::contiguous(m, n),
         out,
         accumulate,
+        pack,
     );
     Ok(())
 }
 
 mod gemm;
 mod in_place;
+mod simd;
 
 #[cfg(test)]
 mod alloc_count;
@@ -1026,5 +1051,7 @@ mod alloc_count;
 mod equivalence;
 #[cfg(test)]
 pub(crate) mod fuzz;
+#[cfg(test)]
+mod levels;
 #[cfg(test)]
 mod tests;

@@ -219,7 +219,15 @@ fn gemm_rounds_as_the_gemm_crate_over_random_shapes() {
             let mut want = old.clone();
             crate_sgemm(&stat, &mov, (k, m, n), &mut want, accumulate);
             let mut got = old.clone();
-            sgemm(&stat, &mov, k, m, n, &mut got, accumulate).unwrap();
+            sgemm(
+                &stat,
+                &mov,
+                (k, m, n),
+                &mut got,
+                accumulate,
+                &mut Vec::new(),
+            )
+            .unwrap();
             assert_same(
                 &got,
                 &want,
@@ -269,6 +277,7 @@ fn gemm_on_strided_layouts_and_long_k_rounds_as_the_gemm_crate() {
                 l,
                 &mut got,
                 accumulate,
+                &mut Vec::new(),
             );
             let what = format!("K {k} M {m} N {n} {l:?} accumulate {accumulate}");
             assert_same(&got, &placed(&want, (m, n), l.out), &what);

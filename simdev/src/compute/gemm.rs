@@ -1,7 +1,8 @@
 //! The matmul kernel of the `Matmul` instruction: `out[m][n] (+)= Σ_k stat[k][m] · mov[k][n]`
 //! over row-major f32 matrices with any row stride ([`Layout`]: gathered buffers, or the tiles
-//! in SBUF and PSUM themselves), register-blocked and allocation-free (the GEMM crate
-//! allocates its packing buffers on every call, which an execution's steady state may not).
+//! in SBUF and PSUM themselves), register-blocked and allocation-free once the caller's
+//! packing buffer has grown (the GEMM crate allocates its packing buffers on every call, which
+//! an execution's steady state may not).
 //!
 //! # Rounding (the same as `matrixmultiply::sgemm`)
 //! Every output element is one chain over `k` in order, starting from +0: `acc = fma(stat,
@@ -10,6 +11,9 @@
 //! The chain is then added to the old output when accumulating, and to +0 otherwise (so a
 //! `-0` chain stores `+0`). The blocking only decides which elements are computed together,
 //! never the order of one element's sum, so every shape gives the same bits.
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::{self, Level};
 
 /// Output rows computed together (12 vector accumulators; the last rows of `m` by 4, 2 and
 /// 1).
@@ -93,7 +97,8 @@ fn fits(len: usize, place: (usize, usize), rows: usize, cols: usize) -> bool {
     rows == 0 || at(place, rows - 1, cols).is_some_and(|end| end <= len)
 }
 
-/// Stores the `R` × `C` chains `acc` at rows `m0..`, columns `n0..` of `out`.
+/// Stores the `R` × `C` chains `acc` at rows `m0..`, columns `n0..` of `out`; whether a value
+/// stored is a NaN or an infinity.
 #[inline(always)]
 fn store<const R: usize, const C: usize>(
     acc: &[[f32; C]; R],
@@ -101,17 +106,20 @@ fn store<const R: usize, const C: usize>(
     (m0, n0): (usize, usize),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
+    let mut non_finite = false;
     for (i, row) in acc.iter().enumerate() {
         let Some(at) = at(l.out, m0 + i, n0) else {
-            return;
+            return non_finite;
         };
         if let Some(dst) = out.get_mut(at..).and_then(|d| d.first_chunk_mut::<C>()) {
             for (d, &c) in dst.iter_mut().zip(row) {
                 *d = finish(c, *d, accumulate);
+                non_finite |= !d.is_finite();
             }
         }
     }
+    non_finite
 }
 
 /// The `R` × `C` chains at rows `m0..` of `stat` over the packed columns `panel` (row `kk` of
@@ -142,7 +150,7 @@ fn packed_block<const FUSED: bool, const R: usize, const C: usize>(
 }
 
 /// The `C` columns from `n0` of every output row: the moving matrix's columns are packed
-/// into a panel on the stack (read once, then reused from L1 by every block of rows), then
+/// into a panel of the packing buffer (read once, then reused from L1 by every block of rows), then
 /// the rows by [`MB`], 4, 2 and 1.
 #[inline(always)]
 fn packed_columns<const FUSED: bool, const C: usize>(
@@ -150,39 +158,43 @@ fn packed_columns<const FUSED: bool, const C: usize>(
     mov: &[f32],
     (k, m, _): (usize, usize, usize),
     l: Layout,
-    (n0, panel): (usize, &mut [[f32; C]; KC]),
+    (n0, panel): (usize, &mut [[f32; C]]),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
     let Some(panel) = panel.get_mut(..k) else {
-        return;
+        return false;
     };
     for (kk, dst) in panel.iter_mut().enumerate() {
         let src = at(l.mov, kk, n0).and_then(|at| mov.get(at..)?.first_chunk::<C>());
         match src {
             Some(src) => *dst = *src,
-            None => return,
+            None => return false,
         }
     }
     let panel = &*panel;
-    tiles(m, &ROW_TILES, |m0, r| match r {
-        MB => {
-            let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        4 => {
-            let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        2 => {
-            let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
-        _ => {
-            let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
-            store(&acc, l, (m0, n0), out, accumulate);
-        }
+    let mut non_finite = false;
+    tiles(m, &ROW_TILES, |m0, r| {
+        non_finite |= match r {
+            MB => {
+                let acc = packed_block::<FUSED, MB, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            4 => {
+                let acc = packed_block::<FUSED, 4, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            2 => {
+                let acc = packed_block::<FUSED, 2, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+            _ => {
+                let acc = packed_block::<FUSED, 1, C>(stat, l.stat, m0, panel);
+                store(&acc, l, (m0, n0), out, accumulate)
+            }
+        };
     });
+    non_finite
 }
 
 /// The kernel for `k` ≤ [`KC`]: the columns by [`NB`], then 8, then one at a time, each
@@ -196,20 +208,36 @@ fn body<const FUSED: bool>(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
+    pack: &mut Vec<f32>,
+) -> bool {
     if shape.0 > KC {
-        body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
-        return;
+        return body_unpacked::<FUSED>(stat, mov, shape, l, out, accumulate);
     }
-    // The panels, zeroed once per call (every row a group uses is packed before it is read).
-    let mut wide = [[0.0f32; NB]; KC];
-    let mut eight = [[0.0f32; 8]; KC];
-    let mut one = [[0.0f32; 1]; KC];
-    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
-        NB => packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut wide), out, accumulate),
-        8 => packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut eight), out, accumulate),
-        _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut one), out, accumulate),
+    // The panels, in `pack` (grown once, never zeroed again: every row a group uses is
+    // packed before it is read).
+    if pack.len() < KC * (NB + 8 + 1) {
+        pack.resize(KC * (NB + 8 + 1), 0.0);
+    }
+    let (wide, rest) = pack.split_at_mut(KC * NB);
+    let (eight, one) = rest.split_at_mut(KC * 8);
+    let (wide, eight, one) = (
+        wide.as_chunks_mut::<NB>().0,
+        eight.as_chunks_mut::<8>().0,
+        one.as_chunks_mut::<1>().0,
+    );
+    let mut non_finite = false;
+    tiles(shape.2, &COLUMN_TILES, |n0, c| {
+        non_finite |= match c {
+            NB => {
+                packed_columns::<FUSED, NB>(stat, mov, shape, l, (n0, &mut *wide), out, accumulate)
+            }
+            8 => {
+                packed_columns::<FUSED, 8>(stat, mov, shape, l, (n0, &mut *eight), out, accumulate)
+            }
+            _ => packed_columns::<FUSED, 1>(stat, mov, shape, l, (n0, &mut *one), out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// The `R` × `C` outputs at rows `m0..`, columns `n0..`, each its own chain over `k`, reading
@@ -224,17 +252,17 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
     (m0, n0): (usize, usize),
     out: &mut [f32],
     accumulate: bool,
-) {
+) -> bool {
     let mut acc = [[0.0f32; C]; R];
     for kk in 0..k {
         let (Some(sa), Some(sb)) = (at(l.stat, kk, m0), at(l.mov, kk, n0)) else {
-            return;
+            return false;
         };
         let (Some(a), Some(b)) = (
             stat.get(sa..).and_then(|a| a.first_chunk::<R>()),
             mov.get(sb..).and_then(|b| b.first_chunk::<C>()),
         ) else {
-            return;
+            return false;
         };
         for (row, &a) in acc.iter_mut().zip(a) {
             for (c, &b) in row.iter_mut().zip(b) {
@@ -242,7 +270,7 @@ fn block<const FUSED: bool, const R: usize, const C: usize>(
             }
         }
     }
-    store(&acc, l, (m0, n0), out, accumulate);
+    store(&acc, l, (m0, n0), out, accumulate)
 }
 
 /// The columns of `R` rows from `m0`: blocks of [`NB`], then 8, then single columns.
@@ -255,12 +283,16 @@ fn rows<const FUSED: bool, const R: usize>(
     m0: usize,
     out: &mut [f32],
     accumulate: bool,
-) {
-    tiles(shape.2, &COLUMN_TILES, |n0, c| match c {
-        NB => block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate),
-        8 => block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate),
-        _ => block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate),
+) -> bool {
+    let mut non_finite = false;
+    tiles(shape.2, &COLUMN_TILES, |n0, c| {
+        non_finite |= match c {
+            NB => block::<FUSED, R, NB>(stat, mov, shape, l, (m0, n0), out, accumulate),
+            8 => block::<FUSED, R, 8>(stat, mov, shape, l, (m0, n0), out, accumulate),
+            _ => block::<FUSED, R, 1>(stat, mov, shape, l, (m0, n0), out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// The kernel for `k` > [`KC`] (longer than any `Matmul`: only [`super::matmul_f32`] can ask
@@ -273,13 +305,17 @@ fn body_unpacked<const FUSED: bool>(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
-    tiles(shape.1, &ROW_TILES, |m0, r| match r {
-        MB => rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate),
-        4 => rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate),
-        2 => rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate),
-        _ => rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate),
+) -> bool {
+    let mut non_finite = false;
+    tiles(shape.1, &ROW_TILES, |m0, r| {
+        non_finite |= match r {
+            MB => rows::<FUSED, MB>(stat, mov, shape, l, m0, out, accumulate),
+            4 => rows::<FUSED, 4>(stat, mov, shape, l, m0, out, accumulate),
+            2 => rows::<FUSED, 2>(stat, mov, shape, l, m0, out, accumulate),
+            _ => rows::<FUSED, 1>(stat, mov, shape, l, m0, out, accumulate),
+        };
     });
+    non_finite
 }
 
 /// [`body`] compiled for AVX2 and FMA.
@@ -295,14 +331,19 @@ unsafe fn body_fma(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
-    body::<true>(stat, mov, shape, l, out, accumulate);
+    pack: &mut Vec<f32>,
+) -> bool {
+    body::<true>(stat, mov, shape, l, out, accumulate, pack)
 }
 
 /// `out (+)= statᵀ · mov` for `stat` K × M, `mov` K × N and `out` M × N, placed in their
-/// slices as `l` says, with the rounding of the module doc. The caller checked that every row
-/// lies in its slice (nothing is computed when a row of `stat` or `mov` does not, and an
-/// element outside `out` is never touched).
+/// slices as `l` says, with the rounding of the module doc; whether a value stored is a NaN or
+/// an infinity. The caller checked that every row lies in its slice (nothing is computed when
+/// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
+///
+/// The kernel is the widest this CPU runs ([`simd::level`]): AVX-512F ([`avx512`], for `k` ≤
+/// [`KC`], every `Matmul`; it packs the moving matrix into `pack`, which it grows, never
+/// shrinks), AVX2 and FMA, or plain Rust. All compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -310,24 +351,32 @@ pub(super) fn gemm(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-) {
+    pack: &mut Vec<f32>,
+) -> bool {
     let (k, m, n) = shape;
     if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
-        return;
+        return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: AVX2 and FMA were just detected on this CPU; `body_fma` has no other
-            // requirement (it is safe code compiled with those features).
-            unsafe { body_fma(stat, mov, shape, l, out, accumulate) };
-            return;
+        let level = simd::level();
+        if level >= Level::Avx512 && k <= KC {
+            // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
+            // the CPU lacks); `avx512::body` has no other requirement.
+            return unsafe { avx512::body(stat, mov, shape, l, out, accumulate, pack) };
         }
-        body::<false>(stat, mov, shape, l, out, accumulate);
+        if level >= Level::Avx2Fma {
+            // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
+            // other requirement (it is safe code compiled with those features).
+            return unsafe { body_fma(stat, mov, shape, l, out, accumulate, pack) };
+        }
+        body::<false>(stat, mov, shape, l, out, accumulate, pack)
     }
     #[cfg(target_arch = "aarch64")]
-    body::<true>(stat, mov, shape, l, out, accumulate);
+    return body::<true>(stat, mov, shape, l, out, accumulate, pack);
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    body::<false>(stat, mov, shape, l, out, accumulate);
+    return body::<false>(stat, mov, shape, l, out, accumulate, pack);
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;

@@ -17,9 +17,14 @@
 use shared::isa::{ActFunc, Dt, Space, Tile};
 use zerocopy::FromBytes;
 
+#[cfg(target_arch = "x86_64")]
+use super::simd::{self, Level};
 use super::{
     ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_bytes,
 };
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 /// `bytes` as f32 (native order: only used on little-endian hosts), when aligned.
 fn floats(bytes: &[u8]) -> Option<&[f32]> {
@@ -128,8 +133,15 @@ pub(super) fn matmul(
         mov: at_mov,
         ..gemm::Layout::contiguous(m, n)
     };
-    gemm::gemm(&s.a, mov, (k, m, n), layout, psum, accumulate);
-    Some(Ok((0..m).any(|p| any_non_finite(row(psum, out, p, n)))))
+    Some(Ok(gemm::gemm(
+        &s.a,
+        mov,
+        (k, m, n),
+        layout,
+        psum,
+        accumulate,
+        &mut s.pack,
+    )))
 }
 
 /// `Transpose` into an fp32 tile: the source is read (widened to f32) into `s.a` (so a
@@ -152,6 +164,14 @@ pub(super) fn transpose(
     }
     let to = floats_mut(state.buffer(dst.space))?;
     let at_dst = place(dst, to.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() >= Level::Avx2Fma {
+        // SAFETY: AVX2 was detected on this CPU (`simd::level` never answers a level the CPU
+        // lacks); `avx2::transpose` has no other requirement.
+        if let Some(non_finite) = unsafe { avx2::transpose(&s.a, (p, f), to, at_dst) } {
+            return Some(Ok(non_finite));
+        }
+    }
     // Destination rows by blocks of `TB`: for each source row, `TB` consecutive values go to
     // the next slot of `TB` destination rows (written in step, front to back); the last
     // destination rows one at a time, from a column of the source.
@@ -226,9 +246,20 @@ pub(super) fn activation(
     let (at_src, at_dst) = (place(src, from.len())?, place(dst, to.len())?);
     let elems = idx(src.elems);
     let mut non_finite = false;
+    #[cfg(target_arch = "x86_64")]
+    let vector = simd::level() >= Level::Avx2Fma;
     for (p, &b) in s.c.iter().enumerate().take(idx(dst.partitions)) {
-        let y = row_mut(to, at_dst, p, elems);
-        activate_row(row(from, at_src, p, elems), y, b, func, scale);
+        let (x, y) = (row(from, at_src, p, elems), row_mut(to, at_dst, p, elems));
+        #[cfg(target_arch = "x86_64")]
+        if vector {
+            // SAFETY: AVX2 was detected on this CPU (as for the transpose);
+            // `avx2::activate_row` has no other requirement.
+            if let Some(nf) = unsafe { avx2::activate_row(x, y, b, func, scale) } {
+                non_finite |= nf;
+                continue;
+            }
+        }
+        activate_row(x, y, b, func, scale);
         non_finite |= any_non_finite(y);
     }
     Some(Ok(non_finite))

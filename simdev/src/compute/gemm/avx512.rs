@@ -1,0 +1,204 @@
+//! The AVX-512F kernel, for `k` ≤ [`KC`] (every `Matmul`): the same chains as the portable
+//! kernel (each output one fused multiply-add chain over `k` in order from +0, then the
+//! finish of [`super::finish`]), 16 lanes at a time.
+//!
+//! The moving matrix is first copied, row by row, into `pack` as a contiguous matrix whose
+//! rows are padded with zeros to a multiple of [`W`] columns (the padding columns are computed
+//! and never stored): SBUF rows are 64 KiB apart, so walking a column group down the
+//! partitions would map every row to the same few cache sets, and each row is read front to
+//! back once instead. Each group of [`W`] columns is then swept by blocks of [`MB`] output
+//! rows (the last block narrower): `2 · MB` accumulators, the stationary values broadcast,
+//! stored through a mask.
+
+use std::arch::x86_64::{
+    __m512, __mmask16, _CMP_UNORD_Q, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_cmp_ps_mask, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_mul_ps,
+    _mm512_set1_ps, _mm512_setzero_ps,
+};
+
+use super::{KC, Layout, at};
+
+/// Columns of a panel: two 16-lane vectors.
+const W: usize = 32;
+/// Output rows computed together (`2 · MB` = 16 of the 32 vector registers accumulate).
+const MB: usize = 8;
+
+/// Lanes `0..lanes` (at most 16) of a vector.
+const fn lane_mask(lanes: usize) -> __mmask16 {
+    if lanes >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << lanes) - 1
+    }
+}
+
+/// Copies the `k` × `n` moving matrix at `place` of `mov` into `pack`, row by row, as a
+/// contiguous `k` × `⌈n / W⌉ · W` matrix (see the module doc; the padding columns are zeros);
+/// its row length, `None` when a row does not lie in `mov`.
+#[inline]
+fn pack(
+    mov: &[f32],
+    place: (usize, usize),
+    (k, n): (usize, usize),
+    pack: &mut Vec<f32>,
+) -> Option<usize> {
+    let width = n.div_ceil(W).checked_mul(W)?;
+    let need = k.checked_mul(width)?;
+    // Grown only (every element is written below before it is read).
+    if pack.len() < need {
+        pack.resize(need, 0.0);
+    }
+    for (kk, dst) in pack.chunks_exact_mut(width.max(1)).take(k).enumerate() {
+        let start = at(place, kk, 0)?;
+        let (head, zeros) = dst.split_at_mut(n);
+        head.copy_from_slice(mov.get(start..start.checked_add(n)?)?);
+        zeros.fill(0.0);
+    }
+    Some(width)
+}
+
+/// The `R` × [`W`] chains at rows `m0..` of `stat` over the [`W`] columns from `n0` of the
+/// packed `k` × `width` matrix `packed`: each its own chain over `k` in order, from +0.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block<const R: usize>(
+    stat: &[f32],
+    (start, stride): (usize, usize),
+    m0: usize,
+    (packed, width, n0): (&[f32], usize, usize),
+) -> [[__m512; 2]; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut at = start.saturating_add(m0);
+    for row in packed.chunks_exact(width.max(1)) {
+        // Every row was checked by `gemm` and `pack`: the `else` is never taken.
+        let (Some(a), Some(b)) = (
+            stat.get(at..).and_then(|a| a.first_chunk::<R>()),
+            row.get(n0..).and_then(|b| b.first_chunk::<W>()),
+        ) else {
+            break;
+        };
+        // SAFETY: `b` holds `W` = 32 f32: the loads read `b[0..16]` and `b[16..32]`.
+        let (b0, b1) = unsafe {
+            (
+                _mm512_loadu_ps(b.as_ptr()),
+                _mm512_loadu_ps(b[16..].as_ptr()),
+            )
+        };
+        for (acc, &a) in acc.iter_mut().zip(a) {
+            let a = _mm512_set1_ps(a);
+            acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+        }
+        at = at.saturating_add(stride);
+    }
+    acc
+}
+
+/// Stores the first `width` (≤ [`W`]) columns of the `R` rows of chains `acc` at rows `m0..`,
+/// columns `n0..` of `out` (finished as [`super::finish`]); the lanes that stored a NaN or an
+/// infinity.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store<const R: usize>(
+    acc: &[[__m512; 2]; R],
+    out_place: (usize, usize),
+    (m0, n0, width): (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __mmask16 {
+    let zero = _mm512_setzero_ps();
+    let mut non_finite = 0;
+    for (i, row) in acc.iter().enumerate() {
+        let Some(dst) =
+            at(out_place, m0 + i, n0).and_then(|at| out.get_mut(at..at.checked_add(width)?))
+        else {
+            return non_finite;
+        };
+        for (h, &chain) in row.iter().enumerate() {
+            let Some(half) = dst.get_mut(16 * h..) else {
+                break;
+            };
+            let mask = lane_mask(half.len());
+            let p = half.as_mut_ptr();
+            let y = if accumulate {
+                // SAFETY: the mask enables lanes `0..min(16, half.len())`, all inside `half`
+                // (the masked-off lanes are not read).
+                let old = unsafe { _mm512_maskz_loadu_ps(mask, p) };
+                _mm512_add_ps(old, chain)
+            } else {
+                _mm512_add_ps(chain, zero)
+            };
+            // SAFETY: as for the load: only lanes inside `half` are written.
+            unsafe { _mm512_mask_storeu_ps(p, mask, y) };
+            // `y · 0` is a NaN exactly when `y` is a NaN or an infinity.
+            let t = _mm512_mul_ps(y, zero);
+            non_finite |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(mask, t, t);
+        }
+    }
+    non_finite
+}
+
+/// The `R` rows from `m0` of one panel's columns.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn rows<const R: usize>(
+    stat: &[f32],
+    l: Layout,
+    (m0, n0, width): (usize, usize, usize),
+    packed: (&[f32], usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __mmask16 {
+    let acc = block::<R>(stat, l.stat, m0, (packed.0, packed.1, n0));
+    store::<R>(&acc, l.out, (m0, n0, width), out, accumulate)
+}
+
+/// [`super::gemm`] for `k` ≤ [`KC`] on AVX-512F, `pack_buffer` the buffer of the packed moving
+/// matrix (grown to `k · ⌈n / 32⌉ · 32` values; it allocates only to grow). The caller checked that
+/// every row of `stat` and `mov` lies in its slice.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn body(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    l: Layout,
+    out: &mut [f32],
+    accumulate: bool,
+    pack_buffer: &mut Vec<f32>,
+) -> bool {
+    if k > KC {
+        // Not a shape of this kernel (the caller never asks): nothing is stored.
+        return false;
+    }
+    let Some(row) = pack(mov, l.mov, (k, n), pack_buffer) else {
+        return false;
+    };
+    let Some(packed) = pack_buffer.get(..k * row) else {
+        return false;
+    };
+    let panel = (packed, row);
+    let mut non_finite: __mmask16 = 0;
+    for n0 in (0..n).step_by(W) {
+        let width = (n - n0).min(W);
+        let mut m0 = 0;
+        while m0 + MB <= m {
+            non_finite |= rows::<MB>(stat, l, (m0, n0, width), panel, out, accumulate);
+            m0 += MB;
+        }
+        let place = (m0, n0, width);
+        non_finite |= match m - m0 {
+            0 => 0,
+            1 => rows::<1>(stat, l, place, panel, out, accumulate),
+            2 => rows::<2>(stat, l, place, panel, out, accumulate),
+            3 => rows::<3>(stat, l, place, panel, out, accumulate),
+            4 => rows::<4>(stat, l, place, panel, out, accumulate),
+            5 => rows::<5>(stat, l, place, panel, out, accumulate),
+            6 => rows::<6>(stat, l, place, panel, out, accumulate),
+            _ => rows::<7>(stat, l, place, panel, out, accumulate),
+        };
+    }
+    non_finite != 0
+}

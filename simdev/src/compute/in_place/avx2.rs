@@ -1,0 +1,177 @@
+//! AVX2 versions of the in-place `Transpose` and of `Activation`'s identity and ReLU rows: the
+//! same values as the portable loops of [`super`] (a transpose only moves values; an
+//! activation computes `x · scale + bias` as two f32 roundings and ReLU as [`max_nan`]),
+//! eight at a time, with the non-finite test of the values stored folded into the pass.
+//!
+//! [`max_nan`]: super::max_nan
+
+use std::arch::x86_64::{
+    __m256, _CMP_UNORD_Q, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_loadu_ps,
+    _mm256_max_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+};
+
+use shared::isa::ActFunc;
+
+/// Values per vector.
+const L: usize = 8;
+
+/// Whether a lane of `acc` (a sum of `y · 0` over the values `y` checked) is a NaN: whether
+/// any value checked was a NaN or an infinity.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn any_nan(acc: __m256) -> bool {
+    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(acc, acc)) != 0
+}
+
+/// `acc + y · 0`: stays ±0 while every `y` is finite, becomes a NaN for good at the first
+/// NaN or infinity.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn check(acc: __m256, y: __m256) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(y, _mm256_setzero_ps()))
+}
+
+/// The 8 × 8 transpose of `r` (row `i` of the result is column `i` of `r`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; L]) -> [__m256; L] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    // Columns 0|4, 1|5, 2|6, 3|7 of rows 0..4, then of rows 4..8.
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
+/// `dst[j][i] = src[i][j]` for the `p` × `f` row-major `src` and the `f` rows of `dst` at
+/// `(start, stride)` of `to`: blocks of 8 × 8 in registers, the edges one value at a time;
+/// whether a value stored is a NaN or an infinity. `None` (nothing promised about `to`) when
+/// `src` is not `p · f` long or a row of `dst` does not lie in `to`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose(
+    src: &[f32],
+    (p, f): (usize, usize),
+    to: &mut [f32],
+    (start, stride): (usize, usize),
+) -> Option<bool> {
+    if src.len() != p.checked_mul(f)? || stride < p {
+        return None;
+    }
+    let mut dst_rows = to.get_mut(start..)?.chunks_mut(stride);
+    let mut acc = _mm256_setzero_ps();
+    let mut non_finite = false;
+    let mut j = 0;
+    while j + L <= f {
+        let mut rows: [&mut [f32]; L] = Default::default();
+        for row in &mut rows {
+            *row = dst_rows.next()?.get_mut(..p)?;
+        }
+        let mut i = 0;
+        while i + L <= p {
+            let mut r = [_mm256_setzero_ps(); L];
+            for (ii, r) in r.iter_mut().enumerate() {
+                let x = src.get((i + ii) * f + j..)?.first_chunk::<L>()?;
+                // SAFETY: `x` holds the 8 values loaded.
+                *r = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+                acc = check(acc, *r);
+            }
+            for (row, c) in rows.iter_mut().zip(transpose8(r)) {
+                let y = row.get_mut(i..)?.first_chunk_mut::<L>()?;
+                // SAFETY: `y` holds the 8 values stored.
+                unsafe { _mm256_storeu_ps(y.as_mut_ptr(), c) };
+            }
+            i += L;
+        }
+        for i in i..p {
+            for (jj, row) in rows.iter_mut().enumerate() {
+                let x = *src.get(i * f + j + jj)?;
+                non_finite |= !x.is_finite();
+                *row.get_mut(i)? = x;
+            }
+        }
+        j += L;
+    }
+    for (j, row) in (j..f).zip(dst_rows) {
+        for (i, y) in row.get_mut(..p)?.iter_mut().enumerate() {
+            let x = *src.get(i * f + j)?;
+            non_finite |= !x.is_finite();
+            *y = x;
+        }
+    }
+    Some(non_finite || any_nan(acc))
+}
+
+/// `dst[i] = func(src[i] · scale + bias)` for the identity and ReLU (`None` for another
+/// function, nothing written), eight values at a time: `x · scale` and `+ bias` rounded
+/// apart (never fused), ReLU a NaN for a NaN (the default NaN, as [`super::max_nan`]) and
+/// otherwise `max(y, +0)` as `maxps` computes it (the second operand, `+0`, for either zero);
+/// whether a value stored is a NaN or an infinity.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn activate_row(
+    src: &[f32],
+    dst: &mut [f32],
+    bias: f32,
+    func: ActFunc,
+    scale: f32,
+) -> Option<bool> {
+    if src.len() != dst.len() {
+        return None;
+    }
+    let relu = match func {
+        ActFunc::Identity => false,
+        ActFunc::Relu => true,
+        _ => return None,
+    };
+    let (vs, vb) = (_mm256_set1_ps(scale), _mm256_set1_ps(bias));
+    let (zero, nan) = (_mm256_setzero_ps(), _mm256_set1_ps(f32::NAN));
+    let mut acc = zero;
+    let (xs, x_tail) = src.as_chunks::<L>();
+    let (ys, y_tail) = dst.as_chunks_mut::<L>();
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` holds the 8 values loaded.
+        let x = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        let mut v = _mm256_add_ps(_mm256_mul_ps(x, vs), vb);
+        if relu {
+            let is_nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+            v = _mm256_blendv_ps(_mm256_max_ps(v, zero), nan, is_nan);
+        }
+        acc = check(acc, v);
+        // SAFETY: `y` holds the 8 values stored.
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr(), v) };
+    }
+    let mut non_finite = any_nan(acc);
+    for (y, &x) in y_tail.iter_mut().zip(x_tail) {
+        let v = x * scale + bias;
+        *y = if relu { super::max_nan(v, 0.0) } else { v };
+        non_finite |= !y.is_finite();
+    }
+    Some(non_finite)
+}

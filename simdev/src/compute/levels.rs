@@ -1,0 +1,319 @@
+//! Every vector level this CPU has ([`simd::supported`]) against the others, forced on the
+//! test's thread ([`simd::force`]): the GEMM kernels (AVX-512F and AVX2+FMA compute the same
+//! fused chains), the in-place transposes and the identity and ReLU activations (every level
+//! the same values as the portable loops), bit for bit, with the same non-finite effect.
+
+use shared::isa::{ActFunc, Instruction, Opcode, ScalarMode};
+
+use super::fuzz::Rng;
+use super::simd::{self, Level};
+use super::*;
+
+/// Forces `level` on this thread until dropped.
+struct Forced;
+
+impl Forced {
+    fn new(level: Level) -> Self {
+        simd::force(Some(level));
+        Self
+    }
+}
+
+impl Drop for Forced {
+    fn drop(&mut self) {
+        simd::force(None);
+    }
+}
+
+fn below(rng: &mut Rng, n: usize) -> usize {
+    usize::try_from(rng.below(u64::try_from(n).unwrap())).unwrap()
+}
+
+/// A random value with a random sign and an exponent near 0, sometimes ±0, a NaN or ±∞.
+fn value(rng: &mut Rng) -> f32 {
+    match rng.below(40) {
+        0 => 0.0,
+        1 => -0.0,
+        2 => f32::NAN,
+        3 => f32::INFINITY,
+        4 => f32::NEG_INFINITY,
+        _ => {
+            let sign = u32::try_from(rng.below(2)).unwrap() << 31;
+            let exponent = (118 + u32::try_from(rng.below(18)).unwrap()) << 23;
+            f32::from_bits(sign | exponent | (rng.word() & 0x007F_FFFF))
+        }
+    }
+}
+
+/// The same bits, or both NaN (two NaN operands of one FMA may give either payload, as the
+/// instruction form the compiler picks decides).
+fn same_bits(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// `rows` × `cols` of `v` at `(start, stride)` in a slice of fillers.
+fn placed(v: &[f32], (rows, cols): (usize, usize), (start, stride): (usize, usize)) -> Vec<f32> {
+    let mut out = vec![-7.5f32; start + rows * stride + 3];
+    for (r, row) in v.chunks(cols).enumerate() {
+        out[start + r * stride..][..cols].copy_from_slice(row);
+    }
+    out
+}
+
+/// The kernel at every level with FMA against AVX2+FMA over random shapes (the edges of every
+/// block size: `m` and `n` not multiples of 8 and 32, `k` up to 128), strided layouts, NaN,
+/// ±∞ and −0 operands, accumulating and overwriting; the fillers between and after the
+/// output's rows are untouched, and the non-finite answer is a scan of the output.
+#[test]
+fn gemm_kernels_compute_the_same_bits_at_every_level() {
+    let levels: Vec<Level> = simd::supported()
+        .into_iter()
+        .filter(|&l| l >= Level::Avx2Fma)
+        .collect();
+    if levels.len() < 2 {
+        eprintln!("only {levels:?} on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(41);
+    for case in 0..200 {
+        let k = 1 + below(&mut rng, 128);
+        let m = 1 + below(&mut rng, if case % 5 == 0 { 128 } else { 20 });
+        let n = 1 + below(&mut rng, if case % 7 == 0 { 400 } else { 70 });
+        let gap = |rng: &mut Rng| if case % 2 == 0 { 0 } else { below(rng, 9) };
+        let l = gemm::Layout {
+            stat: (gap(&mut rng), m + gap(&mut rng)),
+            mov: (gap(&mut rng), n + gap(&mut rng)),
+            out: (gap(&mut rng), n + gap(&mut rng)),
+        };
+        let finite = case % 3 != 0;
+        let draw = |rng: &mut Rng| loop {
+            let v = value(rng);
+            if v.is_finite() || !finite {
+                return v;
+            }
+        };
+        let stat = placed(
+            &(0..k * m).map(|_| draw(&mut rng)).collect::<Vec<_>>(),
+            (k, m),
+            l.stat,
+        );
+        let mov = placed(
+            &(0..k * n).map(|_| draw(&mut rng)).collect::<Vec<_>>(),
+            (k, n),
+            l.mov,
+        );
+        let old = placed(
+            &(0..m * n).map(|_| draw(&mut rng)).collect::<Vec<_>>(),
+            (m, n),
+            l.out,
+        );
+        for accumulate in [false, true] {
+            let run = |level| {
+                let _forced = Forced::new(level);
+                let mut out = old.clone();
+                let nf = gemm::gemm(
+                    &stat,
+                    &mov,
+                    (k, m, n),
+                    l,
+                    &mut out,
+                    accumulate,
+                    &mut Vec::new(),
+                );
+                (out, nf)
+            };
+            let (want, want_nf) = run(Level::Avx2Fma);
+            let scanned = (0..m).any(|r| {
+                want[l.out.0 + r * l.out.1..][..n]
+                    .iter()
+                    .any(|v| !v.is_finite())
+            });
+            assert_eq!(want_nf, scanned, "K {k} M {m} N {n} {l:?}");
+            for &level in &levels[1..] {
+                let (got, nf) = run(level);
+                let what = format!("{level:?} K {k} M {m} N {n} {l:?} accumulate {accumulate}");
+                assert_eq!(nf, want_nf, "{what}: non-finite");
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same_bits(g, w),
+                        "{what}[{i}]: got {g:e} ({:#x}), want {w:e} ({:#x})",
+                        g.to_bits(),
+                        w.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs `inst` on `engine` over a copy of `state` at every level; the states and effects must
+/// be identical, word for word (a transpose moves values, an activation's NaN is either the
+/// input's or ReLU's default NaN).
+fn same_at_every_level(state: &ComputeState, engine: Engine, inst: &Instruction, what: &str) {
+    let op = decode(engine, inst.op().unwrap(), inst).unwrap().unwrap();
+    let mut results = Vec::new();
+    for level in simd::supported() {
+        let _forced = Forced::new(level);
+        let mut s = ComputeState::new();
+        s.sbuf.clone_from(&state.sbuf);
+        s.psum.clone_from(&state.psum);
+        s.tables_loaded = state.tables_loaded;
+        let effect = execute(&mut s, &op).unwrap();
+        results.push((level, effect, s.sbuf, s.psum));
+    }
+    let (l0, e0, sbuf0, psum0) = &results[0];
+    for (level, effect, sbuf, psum) in &results[1..] {
+        assert_eq!(effect, e0, "{what}: {level:?} vs {l0:?}");
+        for (space, got, want) in [("SBUF", sbuf, sbuf0), ("PSUM", psum, psum0)] {
+            // Whole buffers first (a memcmp), the first difference only when there is one.
+            if got != want {
+                let at = got.iter().zip(want.iter()).position(|(g, w)| g != w);
+                panic!("{what}: {level:?} vs {l0:?}: {space} byte {at:?} differs");
+            }
+        }
+    }
+}
+
+/// A state with random values (NaN, ±∞ and −0 among them unless `finite`) in the first
+/// `bytes` of every SBUF and PSUM partition.
+fn random_state(rng: &mut Rng, bytes: u32, finite: bool) -> ComputeState {
+    let mut state = ComputeState::new();
+    state.set_tables_loaded(true);
+    for tile in [
+        Tile::sbuf(0, 128, 0, bytes / 4),
+        Tile::psum(0, 128, 0, bytes / 4),
+    ] {
+        let values: Vec<f32> = (0..128 * bytes / 4)
+            .map(|_| {
+                loop {
+                    let v = value(rng);
+                    if v.is_finite() || !finite {
+                        return v;
+                    }
+                }
+            })
+            .collect();
+        state.scatter(&tile, &values).unwrap();
+    }
+    state
+}
+
+fn u32_of(v: usize) -> u32 {
+    u32::try_from(v).unwrap()
+}
+
+/// Transposes of random shapes (the edges of the 8 × 8 blocks), places and spaces.
+#[test]
+fn transposes_move_the_same_values_at_every_level() {
+    let mut rng = Rng(43);
+    for case in 0..80 {
+        let state = random_state(&mut rng, 2048, case % 4 != 0);
+        let (p, f) = (1 + below(&mut rng, 128), 1 + below(&mut rng, 128));
+        let (p0, f0) = (below(&mut rng, 129 - p), below(&mut rng, 129 - f));
+        let src = Tile::sbuf(
+            u32_of(p0),
+            u32_of(p),
+            u32_of(4 * below(&mut rng, 200)),
+            u32_of(f),
+        );
+        let dst = if case % 5 == 0 {
+            Tile::psum(
+                u32_of(f0),
+                u32_of(f),
+                u32_of(4 * below(&mut rng, 100)),
+                u32_of(p),
+            )
+        } else {
+            Tile::sbuf(
+                u32_of(f0),
+                u32_of(f),
+                u32_of(4 * (600 + below(&mut rng, 200))),
+                u32_of(p),
+            )
+        };
+        let inst = Instruction::with_tiles(Opcode::Transpose, &[dst, src], &[]);
+        same_at_every_level(
+            &state,
+            Engine::Dve,
+            &inst,
+            &format!("transpose {src:?} -> {dst:?}"),
+        );
+    }
+}
+
+/// Identity and ReLU activations of random rows (lengths not multiples of 8) from PSUM to SBUF
+/// and back, with random scales and per-partition or immediate biases; among the inputs NaN,
+/// ±∞ and −0 (and a −0 input with a −0 bias, whose ReLU is decided by `max_nan`).
+#[test]
+fn identity_and_relu_activations_compute_the_same_bits_at_every_level() {
+    let mut rng = Rng(47);
+    for case in 0..80 {
+        let mut state = random_state(&mut rng, 4096, case % 3 != 0);
+        let (p, f) = (1 + below(&mut rng, 128), 1 + below(&mut rng, 300));
+        let p0 = below(&mut rng, 129 - p);
+        let psum = Tile::psum(u32_of(p0), u32_of(p), 0, u32_of(f));
+        let sbuf = Tile::sbuf(u32_of(p0), u32_of(p), 2048, u32_of(f));
+        let (dst, src) = if case % 2 == 0 {
+            (sbuf, psum)
+        } else {
+            (psum, sbuf)
+        };
+        // Finite biases (one NaN source per element: the payload is then defined), −0 among
+        // them; the bias vector at SBUF offset 4096 of the destination's partitions.
+        let biases: Vec<f32> = (0..128)
+            .map(|i| if i % 7 == 0 { -0.0 } else { value(&mut rng) })
+            .map(|v| if v.is_finite() { v } else { 0.5 })
+            .collect();
+        state
+            .scatter(&Tile::sbuf(0, 128, 4096, 1), &biases)
+            .unwrap();
+        if case % 6 == 0 {
+            let negative_zeros = vec![-0.0; p * f];
+            state.scatter(&src, &negative_zeros).unwrap();
+        }
+        let scale = [1.0f32, -0.75, 0.0, 3.5][case % 4];
+        let func = if case % 3 == 0 {
+            ActFunc::Identity
+        } else {
+            ActFunc::Relu
+        };
+        let (mode, arg) = if case % 4 == 3 {
+            (ScalarMode::Immediate, (-0.0f32).to_bits())
+        } else {
+            (ScalarMode::PerPartition, 4096)
+        };
+        let inst = Instruction::with_tiles(
+            Opcode::Activation,
+            &[dst, src],
+            &[func as u32, scale.to_bits(), mode as u32, arg],
+        );
+        same_at_every_level(
+            &state,
+            Engine::Act,
+            &inst,
+            &format!("{func:?} {src:?} -> {dst:?}"),
+        );
+    }
+}
+
+/// Max and min of two zeros are IEEE 754's `maximum` and `minimum` in every build (`+0` above
+/// `−0`; `f32::max` leaves the sign unspecified, and a debug build answered `−0` for the
+/// ReLU of `−0`, where an optimised build and `maxps` answer `+0`), and a NaN stays the default
+/// NaN.
+#[test]
+fn max_and_min_of_zeros_are_ieee_maximum_and_minimum() {
+    let bits = |v: f32| v.to_bits();
+    for (a, b) in [(-0.0f32, 0.0f32), (0.0, -0.0), (0.0, 0.0)] {
+        assert_eq!(bits(max_nan(a, b)), bits(0.0), "max({a}, {b})");
+    }
+    assert_eq!(bits(max_nan(-0.0, -0.0)), bits(-0.0));
+    for (a, b) in [(-0.0f32, 0.0f32), (0.0, -0.0), (-0.0, -0.0)] {
+        assert_eq!(bits(min_nan(a, b)), bits(-0.0), "min({a}, {b})");
+    }
+    assert_eq!(bits(min_nan(0.0, 0.0)), bits(0.0));
+    assert_eq!(bits(max_nan(f32::NAN, 0.0)), bits(f32::NAN));
+    assert_eq!(bits(max_nan(-f32::NAN, 1.0)), bits(f32::NAN));
+    assert_eq!(bits(min_nan(2.0, -f32::NAN)), bits(f32::NAN));
+    assert_eq!(bits(max_nan(-3.0, 2.5)), bits(2.5));
+    assert_eq!(bits(min_nan(-3.0, 2.5)), bits(-3.0));
+}
