@@ -655,6 +655,7 @@ enum Source {
 
 impl Source {
     /// Reads the source bytes into `out` (the pair's length).
+    #[inline]
     fn read_into(&self, out: &mut [u8], bus: &impl Bus) -> Result<(), Fault> {
         match self {
             Self::Memory { chunk, pa } => chunk.memory().read(*pa, out).map_err(Fault::Copy),
@@ -664,6 +665,22 @@ impl Source {
                 offset,
             } => bus.read_sbuf(*nc, *partition, *offset, out),
         }
+    }
+
+    /// Reads the 4-byte source of a register write (a fixed-size read: no copy loop).
+    fn read_word(&self, bus: &impl Bus) -> Result<u32, Fault> {
+        let word = match self {
+            Self::Memory { chunk, pa } => chunk
+                .memory()
+                .read_obj::<[u8; 4]>(*pa)
+                .map_err(Fault::Copy)?,
+            Self::Sbuf { .. } => {
+                let mut word = [0u8; 4];
+                self.read_into(&mut word, bus)?;
+                word
+            }
+        };
+        Ok(u32::from_le_bytes(word))
     }
 
     /// Reads the `len` source bytes into `scratch` (grown as needed) and returns them.
@@ -1264,7 +1281,7 @@ fn check_pair_at(
     } else {
         Source::Memory {
             chunk: resolve(cache, bus, tx.src, len_usize(len))
-                .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
+                .ok_or_else(|| Fault::SourceOutOfBounds { pa: tx.src, len })?,
             pa: tx.src,
         }
     };
@@ -1292,17 +1309,15 @@ fn check_pair_at(
     if map.register_range().contains(&rx.dst) {
         let reg = map
             .decode_register(rx.dst)
-            .ok_or(Fault::UnknownRegister { pa: rx.dst })?;
+            .ok_or_else(|| Fault::UnknownRegister { pa: rx.dst })?;
         if len != 4 {
             return Err(Fault::RegisterLength { pa: rx.dst, len });
         }
-        let mut word = [0u8; 4];
-        src.read_into(&mut word, bus)?;
-        let value = u32::from_le_bytes(word);
+        let value = src.read_word(bus)?;
         return Ok((Action::Register { reg, value }, len));
     }
     let dst = resolve(cache, bus, rx.dst, len_usize(len))
-        .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
+        .ok_or_else(|| Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
     Ok((
         Action::Copy {
             src,
