@@ -603,7 +603,9 @@ impl Core {
         may_sleep: bool,
     ) -> Result<Progress, Stop> {
         if exec.running.is_none() {
-            exec.running = Some(self.start_program(nc, exec)?);
+            // Started in place: the engines' state is half a kilobyte.
+            let program = self.start_program(nc, exec)?;
+            exec.running = Some(program.start());
         }
         let Execution {
             work,
@@ -645,8 +647,8 @@ impl Core {
     }
 
     /// Runs the batch, decodes the request, honours its reload flags and checks its model
-    /// switch: the program it names, before its first instruction.
-    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Running, Stop> {
+    /// switch: the program it names.
+    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Program, Stop> {
         let work = &exec.work;
         let acct = &mut exec.acct;
         self.run_batch(nc, work, &mut exec.budget, acct.trace_at())?;
@@ -672,7 +674,7 @@ impl Core {
             sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
             compute.set_program(addresses);
         }
-        Ok(program.start())
+        Ok(program)
     }
 
     /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its
