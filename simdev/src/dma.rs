@@ -1279,11 +1279,11 @@ fn check_pair_at(
     } else if map.register_range().contains(&tx.src) {
         return Err(Fault::RegisterSource { pa: tx.src });
     } else {
-        Source::Memory {
-            chunk: resolve(cache, bus, tx.src, len_usize(len))
-                .ok_or_else(|| Fault::SourceOutOfBounds { pa: tx.src, len })?,
-            pa: tx.src,
-        }
+        // let-else, not `ok_or`: the fault (a `Drop` type) is built only on the error path.
+        let Some(chunk) = resolve(cache, bus, tx.src, len_usize(len)) else {
+            return Err(Fault::SourceOutOfBounds { pa: tx.src, len });
+        };
+        Source::Memory { chunk, pa: tx.src }
     };
     if let Some((nc, offset)) = map.decode_dmem(rx.dst, u64::from(len)) {
         return Ok((Action::Dmem { nc, offset, src }, len));
@@ -1307,17 +1307,18 @@ fn check_pair_at(
         ));
     }
     if map.register_range().contains(&rx.dst) {
-        let reg = map
-            .decode_register(rx.dst)
-            .ok_or_else(|| Fault::UnknownRegister { pa: rx.dst })?;
+        let Some(reg) = map.decode_register(rx.dst) else {
+            return Err(Fault::UnknownRegister { pa: rx.dst });
+        };
         if len != 4 {
             return Err(Fault::RegisterLength { pa: rx.dst, len });
         }
         let value = src.read_word(bus)?;
         return Ok((Action::Register { reg, value }, len));
     }
-    let dst = resolve(cache, bus, rx.dst, len_usize(len))
-        .ok_or_else(|| Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
+    let Some(dst) = resolve(cache, bus, rx.dst, len_usize(len)) else {
+        return Err(Fault::DestinationOutOfBounds { pa: rx.dst, len });
+    };
     Ok((
         Action::Copy {
             src,

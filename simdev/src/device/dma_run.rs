@@ -253,7 +253,7 @@ impl Bus for ClientBus<'_> {
             .nc_ref(nc)
             .and_then(|n| self.device.owner(n))
             .filter(|c| c.client == self.client)
-            .ok_or_else(|| Fault::ForeignRegister { reg, nc })?;
+            .ok_or(Fault::ForeignRegister { reg, nc })?;
         match reg {
             Register::TxTailIncrement { .. } | Register::RxTailIncrement { .. } => {
                 Ok(RegisterWrite::Deferred)
