@@ -250,6 +250,7 @@ impl AddressMap {
     }
 
     /// The PA range of the whole register window.
+    #[inline]
     pub const fn register_range(&self) -> Range<u64> {
         REG_WINDOW_BASE..REG_WINDOW_BASE + self.nc_count as u64 * REG_NC_STRIDE
     }
@@ -310,6 +311,7 @@ impl AddressMap {
     /// Decodes `pa..pa+len` as a range inside one SBUF partition of an existing NC:
     /// `(nc, partition, offset)`; `None` when it is not in the window or crosses a partition's
     /// end.
+    #[inline]
     pub fn decode_sbuf(&self, pa: u64, len: u64) -> Option<(u32, u32, u64)> {
         if !self.register_range().contains(&pa) {
             return None;
@@ -327,6 +329,7 @@ impl AddressMap {
 
     /// Decodes `pa..pa+len` as a range inside one NC's sequencer DMEM: `(nc, offset)`, or
     /// `None` when any byte falls outside the DMEM of an existing NC.
+    #[inline]
     pub fn decode_dmem(&self, pa: u64, len: u64) -> Option<(u32, u64)> {
         if !self.register_range().contains(&pa) {
             return None;
@@ -340,6 +343,7 @@ impl AddressMap {
 
     /// Decodes the 4-byte register at `pa`; `None` when `pa` is outside the window, unaligned,
     /// or names no register (an index past the arch's counts included).
+    #[inline]
     pub fn decode_register(&self, pa: u64) -> Option<Register> {
         if !self.register_range().contains(&pa) || !pa.is_multiple_of(4) {
             return None;

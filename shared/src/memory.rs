@@ -171,16 +171,19 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`] when `pa` is not a byte of the chunk.
+    #[inline]
     pub fn host_address(&self, pa: u64) -> Result<*mut u8, MemError> {
         let off = self.offset(pa, 1)?;
         Ok(self.map.as_mut_ptr().wrapping_add(off))
     }
 
     /// Whether `pa..pa+len` lies inside the chunk.
+    #[inline]
     pub fn contains(&self, pa: u64, len: usize) -> bool {
         self.offset(pa, len).is_ok()
     }
 
+    #[inline]
     fn offset(&self, pa: u64, len: usize) -> Result<usize, MemError> {
         let oob = || MemError::OutOfBounds {
             pa,
@@ -196,6 +199,7 @@ impl SharedChunk {
         }
     }
 
+    #[inline]
     fn writable_offset(&self, pa: u64, len: usize) -> Result<usize, MemError> {
         if !self.writable {
             return Err(MemError::ReadOnly { chunk_pa: self.pa });
@@ -203,6 +207,7 @@ impl SharedChunk {
         self.offset(pa, len)
     }
 
+    #[inline]
     fn aligned_offset(&self, pa: u64, align: usize, write: bool) -> Result<usize, MemError> {
         let off = if write {
             self.writable_offset(pa, align)?
@@ -216,6 +221,7 @@ impl SharedChunk {
         Ok(off)
     }
 
+    #[inline]
     fn atomic_u32(&self, off: usize) -> &AtomicU32 {
         // SAFETY: `off` was checked by `aligned_offset`: `off + 4 <= len` and `off` is 4-byte
         // aligned from a page-aligned base, so the pointer is in bounds and aligned for
@@ -225,6 +231,7 @@ impl SharedChunk {
         unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(off).cast()) }
     }
 
+    #[inline]
     fn atomic_u64(&self, off: usize) -> &AtomicU64 {
         // SAFETY: as in `atomic_u32`, with an 8-byte bound and alignment checked by
         // `aligned_offset(pa, 8, ..)`.
@@ -235,6 +242,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`].
+    #[inline]
     pub fn read(&self, pa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         let off = self.offset(pa, buf.len())?;
         // SAFETY: `off + buf.len() <= len` (checked), the mapping is live (type invariant), and
@@ -249,6 +257,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`] or [`MemError::ReadOnly`].
+    #[inline]
     pub fn write(&self, pa: u64, data: &[u8]) -> Result<(), MemError> {
         let off = self.writable_offset(pa, data.len())?;
         // SAFETY: in bounds (checked), mapping live and writable (checked), `data` is a distinct
@@ -274,6 +283,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`].
+    #[inline]
     pub fn read_obj<T: FromBytes + IntoBytes>(&self, pa: u64) -> Result<T, MemError> {
         let mut v = T::new_zeroed();
         self.read(pa, v.as_mut_bytes())?;
@@ -284,6 +294,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`] or [`MemError::ReadOnly`].
+    #[inline]
     pub fn write_obj<T: IntoBytes + Immutable>(&self, pa: u64, v: &T) -> Result<(), MemError> {
         self.write(pa, v.as_bytes())
     }
@@ -292,6 +303,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`] or [`MemError::Misaligned`].
+    #[inline]
     pub fn load_u32(&self, pa: u64, order: Ordering) -> Result<u32, MemError> {
         let off = self.aligned_offset(pa, 4, false)?;
         Ok(self.atomic_u32(off).load(order))
@@ -301,6 +313,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`], [`MemError::Misaligned`] or [`MemError::ReadOnly`].
+    #[inline]
     pub fn store_u32(&self, pa: u64, v: u32, order: Ordering) -> Result<(), MemError> {
         let off = self.aligned_offset(pa, 4, true)?;
         self.atomic_u32(off).store(v, order);
@@ -311,6 +324,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// As [`SharedChunk::store_u32`].
+    #[inline]
     pub fn fetch_add_u32(&self, pa: u64, v: u32, order: Ordering) -> Result<u32, MemError> {
         let off = self.aligned_offset(pa, 4, true)?;
         Ok(self.atomic_u32(off).fetch_add(v, order))
@@ -320,6 +334,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// As [`SharedChunk::store_u32`].
+    #[inline]
     pub fn fetch_sub_u32(&self, pa: u64, v: u32, order: Ordering) -> Result<u32, MemError> {
         let off = self.aligned_offset(pa, 4, true)?;
         Ok(self.atomic_u32(off).fetch_sub(v, order))
@@ -329,6 +344,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`] or [`MemError::Misaligned`].
+    #[inline]
     pub fn load_u64(&self, pa: u64, order: Ordering) -> Result<u64, MemError> {
         let off = self.aligned_offset(pa, 8, false)?;
         Ok(self.atomic_u64(off).load(order))
@@ -338,6 +354,7 @@ impl SharedChunk {
     ///
     /// # Errors
     /// [`MemError::OutOfBounds`], [`MemError::Misaligned`] or [`MemError::ReadOnly`].
+    #[inline]
     pub fn store_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<(), MemError> {
         let off = self.aligned_offset(pa, 8, true)?;
         self.atomic_u64(off).store(v, order);
@@ -458,6 +475,7 @@ impl SharedChunk {
 ///
 /// # Errors
 /// [`MemError::OutOfBounds`] for either side, [`MemError::ReadOnly`] for `dst`.
+#[inline]
 pub fn copy(
     src: &SharedChunk,
     src_pa: u64,

@@ -304,6 +304,7 @@ impl UdmaDesc {
         false
     }
 
+    #[inline]
     fn check_common(&self, dir: Direction, expected: RingId) -> Result<u32, DescError> {
         let undefined = self.len_ctrl & !LEN_CTRL_DEFINED;
         if undefined != 0 {
@@ -338,6 +339,7 @@ impl UdmaDesc {
     /// [`DescError`] naming the first rule broken: undefined `len_ctrl` bits, a stale ring id, a
     /// partial packet (FIRST and LAST both required), a `meta_ctrl` other than the copy
     /// operation, or a buffer that wraps the address space.
+    #[inline]
     pub fn decode_tx(&self, expected: RingId) -> Result<TxDesc, DescError> {
         let len = self.check_common(Direction::Tx, expected)?;
         if self.len_ctrl & (LEN_CTRL_FIRST | LEN_CTRL_LAST) != LEN_CTRL_FIRST | LEN_CTRL_LAST {
@@ -364,6 +366,7 @@ impl UdmaDesc {
     /// # Errors
     /// [`DescError`]: undefined `len_ctrl` bits (FIRST/LAST/DMB are TX-only and count as
     /// undefined here), a stale ring id, a non-zero `buf2_ptr_lo`, or a wrapping buffer.
+    #[inline]
     pub fn decode_rx(&self, expected: RingId) -> Result<RxDesc, DescError> {
         let tx_only = self.len_ctrl & (LEN_CTRL_FIRST | LEN_CTRL_LAST | LEN_CTRL_DMB);
         if tx_only != 0 {
@@ -418,6 +421,7 @@ pub fn m2m_copy_descriptors(
 ///
 /// # Errors
 /// [`DescError::LengthMismatch`].
+#[inline]
 pub fn check_pair(tx: &TxDesc, rx: &RxDesc) -> Result<(), DescError> {
     if tx.len != rx.len {
         return Err(DescError::LengthMismatch {

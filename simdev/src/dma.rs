@@ -655,6 +655,7 @@ enum Source {
 
 impl Source {
     /// Reads the source bytes into `out` (the pair's length).
+    #[inline]
     fn read_into(&self, out: &mut [u8], bus: &impl Bus) -> Result<(), Fault> {
         match self {
             Self::Memory { chunk, pa } => chunk.memory().read(*pa, out).map_err(Fault::Copy),
@@ -664,6 +665,22 @@ impl Source {
                 offset,
             } => bus.read_sbuf(*nc, *partition, *offset, out),
         }
+    }
+
+    /// Reads the 4-byte source of a register write (a fixed-size read: no copy loop).
+    fn read_word(&self, bus: &impl Bus) -> Result<u32, Fault> {
+        let word = match self {
+            Self::Memory { chunk, pa } => chunk
+                .memory()
+                .read_obj::<[u8; 4]>(*pa)
+                .map_err(Fault::Copy)?,
+            Self::Sbuf { .. } => {
+                let mut word = [0u8; 4];
+                self.read_into(&mut word, bus)?;
+                word
+            }
+        };
+        Ok(u32::from_le_bytes(word))
     }
 
     /// Reads the `len` source bytes into `scratch` (grown as needed) and returns them.
@@ -1262,11 +1279,11 @@ fn check_pair_at(
     } else if map.register_range().contains(&tx.src) {
         return Err(Fault::RegisterSource { pa: tx.src });
     } else {
-        Source::Memory {
-            chunk: resolve(cache, bus, tx.src, len_usize(len))
-                .ok_or(Fault::SourceOutOfBounds { pa: tx.src, len })?,
-            pa: tx.src,
-        }
+        // let-else, not `ok_or`: the fault (a `Drop` type) is built only on the error path.
+        let Some(chunk) = resolve(cache, bus, tx.src, len_usize(len)) else {
+            return Err(Fault::SourceOutOfBounds { pa: tx.src, len });
+        };
+        Source::Memory { chunk, pa: tx.src }
     };
     if let Some((nc, offset)) = map.decode_dmem(rx.dst, u64::from(len)) {
         return Ok((Action::Dmem { nc, offset, src }, len));
@@ -1290,19 +1307,18 @@ fn check_pair_at(
         ));
     }
     if map.register_range().contains(&rx.dst) {
-        let reg = map
-            .decode_register(rx.dst)
-            .ok_or(Fault::UnknownRegister { pa: rx.dst })?;
+        let Some(reg) = map.decode_register(rx.dst) else {
+            return Err(Fault::UnknownRegister { pa: rx.dst });
+        };
         if len != 4 {
             return Err(Fault::RegisterLength { pa: rx.dst, len });
         }
-        let mut word = [0u8; 4];
-        src.read_into(&mut word, bus)?;
-        let value = u32::from_le_bytes(word);
+        let value = src.read_word(bus)?;
         return Ok((Action::Register { reg, value }, len));
     }
-    let dst = resolve(cache, bus, rx.dst, len_usize(len))
-        .ok_or(Fault::DestinationOutOfBounds { pa: rx.dst, len })?;
+    let Some(dst) = resolve(cache, bus, rx.dst, len_usize(len)) else {
+        return Err(Fault::DestinationOutOfBounds { pa: rx.dst, len });
+    };
     Ok((
         Action::Copy {
             src,

@@ -297,12 +297,40 @@ impl ChunkCache {
         len: usize,
         search: impl FnOnce() -> Option<Arc<Chunk>>,
     ) -> Option<Arc<Chunk>> {
+        self.resolve_ref(generation, owner, pa, len, search)
+            .map(Arc::clone)
+    }
+
+    /// [`ChunkCache::resolve`], lending the cached chunk instead of cloning its `Arc` (a hit
+    /// then touches no reference count: an instruction fetch only reads through it).
+    #[inline]
+    pub fn resolve_ref(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<&Arc<Chunk>> {
+        let at = self.find(generation, owner, pa, len, search)?;
+        self.chunks.get(at)?.as_ref()
+    }
+
+    /// The slot holding the answer of [`ChunkCache::resolve`], filled by `search` on a miss.
+    fn find(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<usize> {
         if generation == self.generation {
             let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
             if let Some(Some(chunk)) = self.chunks.get(self.last)
                 && holds(chunk)
             {
-                return Some(Arc::clone(chunk));
+                return Some(self.last);
             }
             let hit = self
                 .chunks
@@ -310,7 +338,7 @@ impl ChunkCache {
                 .position(|slot| slot.as_ref().is_some_and(holds));
             if let Some(at) = hit {
                 self.last = at;
-                return self.chunks.get(at).and_then(Clone::clone);
+                return Some(at);
             }
         } else {
             *self = Self {
@@ -321,12 +349,13 @@ impl ChunkCache {
         let chunk = search()?;
         // Labelled with the generation read before the search: a change during the search
         // empties the cache at the next lookup.
-        if let Some(slot) = self.chunks.get_mut(self.next) {
-            *slot = Some(Arc::clone(&chunk));
+        let at = self.next;
+        if let Some(slot) = self.chunks.get_mut(at) {
+            *slot = Some(chunk);
         }
-        self.last = self.next;
-        self.next = (self.next + 1) % CHUNK_CACHE_SLOTS;
-        Some(chunk)
+        self.last = at;
+        self.next = (at + 1) % CHUNK_CACHE_SLOTS;
+        Some(at)
     }
 }
 

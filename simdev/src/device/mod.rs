@@ -135,8 +135,9 @@ struct Nc {
     clock: SimClock,
     /// The chunks the NC's executions read outside DMA resolved to (instruction fetches, the
     /// request slot's trailer, NEFF streams): O(1) steady-state resolution
-    /// ([`Core::resolve_cached`]).
-    reads: Mutex<ChunkCache>,
+    /// ([`Core::resolve_cached`]). An execution takes it out for the run of its engines and
+    /// puts it back (a pointer each way); meanwhile, others search without it.
+    reads: Mutex<Option<Box<ChunkCache>>>,
 }
 
 /// What the device knows of a connected client: its process, to tell whether it still lives
@@ -401,7 +402,7 @@ impl Core {
                 epoch: AtomicU64::new(0),
                 clock: SimClock::default(),
                 seq: sequencer::SeqSync::default(),
-                reads: Mutex::new(ChunkCache::default()),
+                reads: Mutex::new(Some(Box::default())),
             })
             .collect();
         let memory = AddressSpace::new(map);
@@ -435,8 +436,24 @@ impl Core {
     /// [`AddressSpace::resolve`] answers, in O(1) while no memory was allocated or freed
     /// ([`ChunkCache`]'s invariants). Takes `nc.reads`, then (on a miss) `memory`.
     fn resolve_cached(&self, nc: &Nc, client: ClientId, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+        match lock(&nc.reads).as_deref_mut() {
+            Some(reads) => self.resolve_in(reads, client, pa, len).cloned(),
+            None => read(&self.memory).resolve(client, pa, len).ok(),
+        }
+    }
+
+    /// What [`Core::resolve_cached`] answers, through `reads`: an NC's read cache taken out of
+    /// `nc.reads` for one run of its engines (no lock per instruction fetch), lent, not cloned.
+    /// Takes `memory` on a miss.
+    fn resolve_in<'r>(
+        &self,
+        reads: &'r mut ChunkCache,
+        client: ClientId,
+        pa: u64,
+        len: usize,
+    ) -> Option<&'r Arc<Chunk>> {
         let generation = self.memory_generation.get();
-        lock(&nc.reads).resolve(generation, client, pa, len, || {
+        reads.resolve_ref(generation, client, pa, len, || {
             read(&self.memory).resolve(client, pa, len).ok()
         })
     }

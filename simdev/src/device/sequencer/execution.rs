@@ -289,36 +289,36 @@ impl Core {
             self.since_start_ns(started)
         };
         let tracing = self.tracer.enabled();
-        let mut acct = Account {
-            compute_idx,
-            model,
-            charge: Charge {
-                extra_ns: effects.extra_ns,
-                ..Charge::default()
+        // Built in place (the account's semaphore table is a kilobyte: no moves of it).
+        let mut exec = Execution {
+            work,
+            started,
+            start_ns,
+            acct: Account {
+                compute_idx,
+                model,
+                charge: Charge {
+                    extra_ns: effects.extra_ns,
+                    ..Charge::default()
+                },
+                cursor: sim_start.saturating_add(model.map_or(0, |m| m.per_execution_ns)),
+                events: tracing.then(Vec::new),
+                room: if tracing { self.tracer.room() } else { 0 },
+                dropped: 0,
+                signals: ProgramSignals::new(self.map.arch),
             },
-            cursor: sim_start.saturating_add(model.map_or(0, |m| m.per_execution_ns)),
-            events: tracing.then(Vec::new),
-            room: if tracing { self.tracer.room() } else { 0 },
-            dropped: 0,
-            signals: ProgramSignals::new(self.map.arch),
+            effects,
+            budget: self.budget(),
+            running: None,
         };
-        for &kind in &effects.kinds {
-            acct.record(
+        for &kind in &exec.effects.kinds {
+            exec.acct.record(
                 nc.index,
                 start_ns,
                 None,
                 Detail::Fault { kind, compute_idx },
             );
         }
-        let mut exec = Execution {
-            work,
-            started,
-            start_ns,
-            effects,
-            acct,
-            budget: self.budget(),
-            running: None,
-        };
         match self.go_on(nc, &mut exec, may_sleep) {
             true => Ran::Ended,
             false => Ran::Suspended(Box::new(exec)),
@@ -603,7 +603,9 @@ impl Core {
         may_sleep: bool,
     ) -> Result<Progress, Stop> {
         if exec.running.is_none() {
-            exec.running = Some(self.start_program(nc, exec)?);
+            // Started in place: the engines' state is half a kilobyte.
+            let program = self.start_program(nc, exec)?;
+            exec.running = Some(program.start());
         }
         let Execution {
             work,
@@ -615,6 +617,10 @@ impl Core {
         else {
             return Err(Stop::generic("the execution has no program (a simdev bug)"));
         };
+        // Taken for the run and put back after it: a concurrent user of `nc.reads` meanwhile
+        // searches without it (a miss, never a wrong answer: each cache checks its own
+        // generation). Only a run that finds it taken (two at once) allocates one.
+        let mut reads = lock(&nc.reads).take().unwrap_or_default();
         let mut host = ExecHost {
             core: self,
             nc,
@@ -622,12 +628,16 @@ impl Core {
             epoch: work.epoch,
             budget,
             acct,
+            reads: &mut reads,
             reference_used: false,
             may_sleep,
         };
-        let progress = running.resume(&Limits::for_arch(self.map.arch), &mut host)?;
+        let progress = running.resume(&Limits::for_arch(self.map.arch), &mut host);
+        let reference_used = host.reference_used;
+        *lock(&nc.reads) = Some(reads);
+        let progress = progress?;
         if let Progress::Done(_) = progress {
-            if host.reference_used {
+            if reference_used {
                 bump(&nc.counters.neff_reference_executions, 1);
             } else if matches!(running, Running::Neff { .. }) {
                 bump(&nc.counters.neff_shape_only_executions, 1);
@@ -637,8 +647,8 @@ impl Core {
     }
 
     /// Runs the batch, decodes the request, honours its reload flags and checks its model
-    /// switch: the program it names, before its first instruction.
-    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Running, Stop> {
+    /// switch: the program it names.
+    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Program, Stop> {
         let work = &exec.work;
         let acct = &mut exec.acct;
         self.run_batch(nc, work, &mut exec.budget, acct.trace_at())?;
@@ -664,7 +674,7 @@ impl Core {
             sequencer::check_model_switch(compute.program(), &request).map_err(Stop::generic)?;
             compute.set_program(addresses);
         }
-        Ok(program.start())
+        Ok(program)
     }
 
     /// Fetches, checks and runs one batch of the exec queue (see [`crate::device::sequencer`]); its
@@ -778,13 +788,16 @@ impl Core {
             };
             for k in 0..BATCH_HEAD_PAIRS {
                 match state.queues.peek(engine, queue, k, &bus) {
-                    Ok(pair) => {
-                        pairs.push(pair);
-                        // Check each pair before reading the next slot, so a missing pair is
-                        // reported as what stands in its place.
-                        if let Err(why) = sequencer::check_batch(nc.index, &pairs) {
-                            return Err(malformed(state, why));
-                        }
+                    Ok(pair) => pairs.push(pair),
+                    // A pair that cannot be read is reported as such only when the pairs
+                    // before it are right; else as what stands in the first wrong one's place
+                    // (`check_batch` checks in order and stops at the first wrong pair: a
+                    // prefix fails exactly when the whole does, at the same pair).
+                    Err(_)
+                        if !pairs.is_empty()
+                            && sequencer::check_batch(nc.index, &pairs).is_err() =>
+                    {
+                        break;
                     }
                     Err(PeekError::Queue(e)) => {
                         return Err(Stop::generic(format!(

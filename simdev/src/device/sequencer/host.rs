@@ -17,7 +17,7 @@ use crate::device::dma_run::Aborts;
 use crate::device::{Claim, Core, Nc, lock};
 use crate::dma::{Budget, DmaQueueId, QueueError, QueueStatus, error_chain};
 use crate::engines::{self, Stop};
-use crate::memory::Chunk;
+use crate::memory::{Chunk, ChunkCache};
 use crate::reference::{Binding, BoundTensor};
 use crate::shape_only;
 use crate::trace::Detail;
@@ -32,6 +32,9 @@ pub(super) struct ExecHost<'a> {
     pub(super) epoch: u64,
     pub(super) budget: &'a mut Budget,
     pub(super) acct: &'a mut Account,
+    /// The NC's read cache, taken out of `nc.reads` for this run of the engines (see
+    /// [`Core::resolve_in`]).
+    pub(super) reads: &'a mut ChunkCache,
     /// A reference ([`crate::reference`]) computed (or was to compute) this NEFF's outputs.
     pub(super) reference_used: bool,
     /// Whether a park may sleep on this thread (the NC's sequencer thread), or must suspend
@@ -61,7 +64,7 @@ impl engines::Host for ExecHost<'_> {
         };
         let chunk = self
             .core
-            .resolve_cached(self.nc, self.claim.client, pa, INSTRUCTION_SIZE)
+            .resolve_in(self.reads, self.claim.client, pa, INSTRUCTION_SIZE)
             .ok_or_else(oob)?;
         chunk
             .memory()
@@ -144,8 +147,10 @@ impl engines::Host for ExecHost<'_> {
     }
 
     fn round(&mut self) -> Result<u64, Stop> {
+        // `token` is `None` once the device shuts down: with the epoch, what `abandoned`
+        // checks, under one lock of the sequencer's state instead of two.
         let token = self.nc.seq.token().ok_or(Stop::Abandoned)?;
-        if self.abandoned() {
+        if self.core.epoch_moved(self.nc, self.epoch) {
             return Err(Stop::Abandoned);
         }
         Ok(token)
@@ -205,7 +210,8 @@ impl shape_only::Host for ExecHost<'_> {
     fn resolve(&mut self, pa: u64, len: u64) -> Option<Arc<Chunk>> {
         let len = usize::try_from(len).ok()?;
         self.core
-            .resolve_cached(self.nc, self.claim.client, pa, len)
+            .resolve_in(self.reads, self.claim.client, pa, len)
+            .cloned()
     }
 
     fn compute_idx(&self) -> u32 {

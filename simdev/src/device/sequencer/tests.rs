@@ -516,6 +516,50 @@ fn an_instruction_fetch_outside_the_clients_memory_is_oob() {
     }
 }
 
+/// The engines fetch through the NC's read cache, taken out of the NC for each run and put
+/// back after it: steady-state executions search the address space zero times, and a code
+/// chunk freed (and re-allocated at the same PA by another client) after the cache saw it is
+/// not fetched from.
+#[test]
+fn steady_state_fetches_search_nothing_and_a_freed_code_chunk_is_oob() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    let b = Client::new(&dev, 11);
+    let mut rig = Rig::new(&a, 0);
+    let code = a.alloc(MemLocation::Host, 4 * KIB);
+    code.write(0, &end_program());
+    for n in 0..3 {
+        rig.stage([code.pa; 5], 0, 0, &[]);
+        assert_eq!(summary(&rig.run()), execution(n, 0));
+    }
+    let warm = read(&dev.core.memory).searches();
+    for n in 3..23 {
+        rig.stage([code.pa; 5], 0, 0, &[]);
+        assert_eq!(summary(&rig.run()), execution(n, 0));
+    }
+    assert_eq!(
+        read(&dev.core.memory).searches() - warm,
+        0,
+        "20 executions after warm-up fetched, read the trailer and ran the batch from caches"
+    );
+
+    a.ok(Request::MemFree {
+        handle: code.handle,
+    });
+    let theirs = b.alloc(MemLocation::Host, 4 * KIB);
+    assert_eq!(
+        theirs.pa, code.pa,
+        "first fit placed B's chunk at the freed PA"
+    );
+    theirs.write(0, &end_program());
+    rig.stage([code.pa; 5], 0, 0, &[]);
+    assert_eq!(
+        summary(&rig.run()),
+        execution(23, error_flags::OOB | error_flags::GENERIC),
+        "A's engines do not fetch from B's chunk"
+    );
+}
+
 #[test]
 fn a_dma_abort_inside_the_program_ends_with_dma_abort() {
     let dev = device();
