@@ -1,5 +1,6 @@
-//! simdev's `Matmul` instruction (tile gather from SBUF, `matrixmultiply::sgemm`, scatter into
-//! PSUM) beside the same GEMM crate called directly on the same shapes, in the same run.
+//! simdev's `Matmul` instruction (SBUF to PSUM through simdev's own kernel, at the widest vector
+//! level this CPU runs) beside the GEMM crate called directly on the same shapes, in the same
+//! run: the digits MLP's layers at batch 360 and batch 1, and two larger ones.
 //!
 //! Run: `cargo bench -p tests --bench matmul`. Figures are printed, not asserted.
 
@@ -24,6 +25,10 @@ fn main() {
     for (k, m, n) in [
         (64usize, 64usize, 360usize),
         (64, 32, 360),
+        // The digits MLP at batch 1: one column.
+        (64, 64, 1),
+        (64, 32, 1),
+        (32, 10, 1),
         (128, 128, 512),
         (128, 128, 4096),
     ] {

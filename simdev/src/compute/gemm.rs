@@ -342,7 +342,7 @@ unsafe fn body_fma(
 /// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
 ///
 /// The kernel is the widest this CPU runs ([`simd::level`]): AVX-512F ([`avx512`], for `k` ≤
-/// [`KC`], every `Matmul`; it packs the moving matrix into `pack`, which it grows, never
+/// [`KC`], every `Matmul`, and `n` ≥ 16; it packs the moving matrix into `pack`, which it grows, never
 /// shrinks), AVX2 and FMA, or plain Rust. All compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
@@ -360,7 +360,10 @@ pub(super) fn gemm(
     #[cfg(target_arch = "x86_64")]
     {
         let level = simd::level();
-        if level >= Level::Avx512 && k <= KC {
+        // Narrower than one 16-lane vector (a batch-1 layer has n = 1), the AVX-512 kernel
+        // would compute 32 columns per row for the few stored; the AVX2 kernel's 8- and
+        // 1-column tiles do only the columns there are. Same chains either way.
+        if level >= Level::Avx512 && k <= KC && n >= AVX512_MIN_N {
             // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
             // the CPU lacks); `avx512::body` has no other requirement.
             return unsafe { avx512::body(stat, mov, shape, l, out, accumulate, pack) };
@@ -377,6 +380,33 @@ pub(super) fn gemm(
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     return body::<false>(stat, mov, shape, l, out, accumulate, pack);
 }
+
+/// [`gemm`] through the AVX-512 kernel whatever `n` (the tests' way to cover the narrow shapes
+/// [`gemm`] sends to the AVX2 kernel); `None` when this CPU lacks AVX-512F or `k` > [`KC`].
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn gemm_avx512_any_n(
+    stat: &[f32],
+    mov: &[f32],
+    shape: (usize, usize, usize),
+    l: Layout,
+    out: &mut [f32],
+    accumulate: bool,
+) -> Option<bool> {
+    let (k, m, n) = shape;
+    if !simd::supported().contains(&Level::Avx512) || k > KC {
+        return None;
+    }
+    if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
+        return Some(false);
+    }
+    // SAFETY: AVX-512F is supported by this CPU (checked above); `avx512::body` has no other
+    // requirement.
+    Some(unsafe { avx512::body(stat, mov, shape, l, out, accumulate, &mut Vec::new()) })
+}
+
+/// Fewest output columns the AVX-512 kernel is used for (one full 16-lane vector).
+#[cfg(target_arch = "x86_64")]
+const AVX512_MIN_N: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;

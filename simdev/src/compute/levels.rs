@@ -129,9 +129,21 @@ fn gemm_kernels_compute_the_same_bits_at_every_level() {
                     .any(|v| !v.is_finite())
             });
             assert_eq!(want_nf, scanned, "K {k} M {m} N {n} {l:?}");
-            for &level in &levels[1..] {
-                let (got, nf) = run(level);
-                let what = format!("{level:?} K {k} M {m} N {n} {l:?} accumulate {accumulate}");
+            // The AVX-512 kernel on this shape even where `gemm` sends it to AVX2 (n < 16).
+            #[cfg(target_arch = "x86_64")]
+            let direct = {
+                let mut out = old.clone();
+                gemm::gemm_avx512_any_n(&stat, &mov, (k, m, n), l, &mut out, accumulate)
+                    .map(|nf| (out, nf))
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let direct: Option<(Vec<f32>, bool)> = None;
+            for (level, (got, nf)) in levels[1..]
+                .iter()
+                .map(|&level| (format!("{level:?}"), run(level)))
+                .chain(direct.map(|d| ("AVX-512 kernel direct".to_string(), d)))
+            {
+                let what = format!("{level} K {k} M {m} N {n} {l:?} accumulate {accumulate}");
                 assert_eq!(nf, want_nf, "{what}: non-finite");
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                     assert!(
