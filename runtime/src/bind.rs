@@ -125,7 +125,8 @@ pub type TpbIo = Vec<RingIo>;
 ///
 /// A tracker is pooled by its model ([`LoadedModel::take_tracker`]): the first execution that
 /// takes it encodes every descriptor and records the patch plan ([`RingIo`]); later ones only
-/// re-encode the copies that name a tensor, with this execution's tensor PAs.
+/// re-encode the copies that name a tensor, with this execution's tensor PAs — and none when
+/// those PAs are the ones the tracker's descriptors are already encoded for.
 #[derive(Debug, Default)]
 pub struct TdrvComputeResources {
     /// Per TPB, the encoded I/O descriptors, ready to append.
@@ -139,6 +140,12 @@ pub struct TdrvComputeResources {
     /// This execution's device PA of each model tensor (inputs, then outputs); `None` for one
     /// without a device address.
     tensor_pas: Vec<Option<u64>>,
+    /// The `tensor_pas` that every descriptor in `ioqs` is encoded for; empty while they are
+    /// not all encoded for one set (before the plan, while re-encoding, after a failure). A
+    /// descriptor depends only on its copy's PAs and length, so binding tensors at the PAs of
+    /// the last bind of this tracker — the same tensor sets executed again — re-encodes
+    /// nothing.
+    encoded_for: Vec<Option<u64>>,
 }
 
 /// `kmgr_exec_resources_t` (0x38 in libnrt): what bind hands to the stage.
@@ -415,24 +422,35 @@ pub fn build_compute_resources(
             .map(|t| t.and_then(Tensor::device_pa)),
     );
     if !tdrv.planned {
+        tdrv.encoded_for.clear();
         plan(model, &mut tdrv)?;
         tdrv.planned = true;
+        tdrv.encoded_for.extend_from_slice(&tdrv.tensor_pas);
     }
     let TdrvComputeResources {
-        ioqs, tensor_pas, ..
+        ioqs,
+        tensor_pas,
+        encoded_for,
+        ..
     } = &mut tdrv;
-    for (i, (tpb, rings)) in specs.tpbs.iter().zip(ioqs.iter_mut()).enumerate() {
-        for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
-            let RingIo { descs, patches, .. } = out;
-            for patch in patches.iter() {
-                let pa = |at: PlannedPa| pa_now(model, tensor_pas, at);
-                let pieces = u64::from(shared::udma::MAX_DESC_LEN);
-                let end = patch.first + usize::try_from(patch.len.div_ceil(pieces)).unwrap_or(0);
-                let pairs = descs.get_mut(patch.first..end).unwrap_or_default();
-                rebuild_copy(pa(patch.src)?, pa(patch.dst)?, patch.len, pairs)
-                    .map_err(|e| ring_error(model, i, ring, e))?;
+    if encoded_for != tensor_pas || encoded_for.is_empty() {
+        // Encoded for no set until every patch below is re-encoded.
+        encoded_for.clear();
+        for (i, (tpb, rings)) in specs.tpbs.iter().zip(ioqs.iter_mut()).enumerate() {
+            for (ring, out) in tpb.io_rings.iter().zip(rings.iter_mut()) {
+                let RingIo { descs, patches, .. } = out;
+                for patch in patches.iter() {
+                    let pa = |at: PlannedPa| pa_now(model, tensor_pas, at);
+                    let pieces = u64::from(shared::udma::MAX_DESC_LEN);
+                    let end =
+                        patch.first + usize::try_from(patch.len.div_ceil(pieces)).unwrap_or(0);
+                    let pairs = descs.get_mut(patch.first..end).unwrap_or_default();
+                    rebuild_copy(pa(patch.src)?, pa(patch.dst)?, patch.len, pairs)
+                        .map_err(|e| ring_error(model, i, ring, e))?;
+                }
             }
         }
+        encoded_for.extend_from_slice(tensor_pas);
     }
     // A NEFF's DGE entries: the PA of each listed var's bound tensor (the NEFF counterpart of
     // writing tensor PAs into I/O rings).
@@ -534,6 +552,21 @@ mod tests {
             (0, 200),
             "the pooled tracker re-encodes the 200 tensor copies and nothing else"
         );
+        // The same tensors again (an execution loop): the tracker's descriptors are already
+        // encoded for their PAs, and nothing is re-encoded.
+        drop(pooled);
+        let again = build_compute_resources(&m, &ins2, &outs2, ExecMode::Sync).unwrap();
+        assert_eq!(pairs_rebuilt_on_this_thread() - rebuilt, 200);
+        assert_eq!(pairs_built_on_this_thread() - built, 0);
+        // Back to the first input with the second output: re-encoded for the new PA.
+        drop(again);
+        let mixed = build_compute_resources(&m, &ins, &outs2, ExecMode::Sync).unwrap();
+        assert_eq!(pairs_rebuilt_on_this_thread() - rebuilt, 400);
+        let pa = |set: &TensorSet, name| set.find(name).unwrap().device_pa().unwrap();
+        assert_eq!(descs(&mixed)[1][0].tx().buf_ptr(), pa(&ins, "input"));
+        drop(mixed);
+        let pooled = build_compute_resources(&m, &ins2, &outs2, ExecMode::Sync).unwrap();
+        assert_eq!(pairs_rebuilt_on_this_thread() - rebuilt, 600);
         // The pool is empty now: a new tracker encodes everything from scratch.
         let fresh = build_compute_resources(&m, &ins2, &outs2, ExecMode::Sync).unwrap();
         assert_eq!(pairs_built_on_this_thread() - built, 203);
@@ -542,7 +575,6 @@ mod tests {
             descs(&fresh),
             "the same descriptors either way"
         );
-        let pa = |set: &TensorSet, name| set.find(name).unwrap().device_pa().unwrap();
         assert_eq!(descs(&pooled)[1][0].tx().buf_ptr(), pa(&ins2, "input"));
         assert_eq!(
             descs(&pooled)[2][99].rx().buf_ptr(),

@@ -21,6 +21,7 @@ use shared::protocol::MemLocation;
 use shared::udma::MAX_RING_DESCS;
 use shared::udma::{self, DescError, MAX_DESC_LEN, RingId, UDMA_DESC_SIZE, UdmaDesc};
 use thiserror::Error;
+use zerocopy::IntoBytes;
 
 use crate::backend::{Allocation, Device, DeviceError, DmaQueueId, DmaRings};
 
@@ -160,7 +161,52 @@ impl DescRing {
         }
         Ok(())
     }
+
+    /// Writes `desc(i)` for each item `i` of `items` at the next slots, each with the ring id
+    /// of the pass its slot belongs to (every other bit as given), and advances:
+    /// [`DescRing::push`] for each, with one bounds check and one copy per run of at most
+    /// [`RUN`] slots that does not wrap, instead of one per descriptor.
+    ///
+    /// # Errors
+    /// [`DmaError::WriteDescriptor`] (the slots of the runs before it are written).
+    pub fn push_all<T>(
+        &mut self,
+        items: &[T],
+        desc: impl Fn(&T) -> UdmaDesc,
+    ) -> Result<(), DmaError> {
+        if let [item] = items {
+            // One descriptor (a small tensor's copy): no run to assemble.
+            return self.push(&desc(item).with_ring_id(self.ring_id));
+        }
+        let mut run = [UdmaDesc::default(); RUN];
+        let mut rest = items;
+        while !rest.is_empty() {
+            let index = self.next;
+            // A run stays inside one pass: its slots share a ring id.
+            let room = usize::try_from(self.count - index).unwrap_or(RUN).min(RUN);
+            let (now, later) = rest.split_at(rest.len().min(room));
+            let n = now.len();
+            for (slot, item) in run.iter_mut().zip(now) {
+                *slot = desc(item).with_ring_id(self.ring_id);
+            }
+            self.memory
+                .write(self.slot_pa(index), run[..n].as_bytes())
+                .map_err(|source| DmaError::WriteDescriptor { index, source })?;
+            // 1 <= n <= count - index, so next <= count.
+            self.next += u32::try_from(n).unwrap_or(0);
+            if self.next == self.count {
+                // INVARIANT: the pass ended at slot count-1; the next slot is 0 on the next pass.
+                self.next = 0;
+                self.ring_id = self.ring_id.next();
+            }
+            rest = later;
+        }
+        Ok(())
+    }
 }
+
+/// Most descriptors [`DescRing::push_all`] writes with one copy (512 B on the stack).
+const RUN: usize = 32;
 
 /// The pieces of a `len`-byte copy: (src, dst, bytes ≤ 64 KiB, write barrier on the last).
 fn copy_pieces(src: u64, dst: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64, bool)> {
@@ -406,11 +452,11 @@ impl DmaQueue {
                 count: self.tx.count(),
             });
         }
-        for p in pairs {
-            let tx = p.tx.with_ring_id(self.tx.ring_id());
-            let rx = p.rx.with_ring_id(self.rx.ring_id());
-            self.push_descriptors(&tx, &rx)?;
-        }
+        self.tx.push_all(pairs, |p| p.tx)?;
+        self.rx.push_all(pairs, |p| p.rx)?;
+        // n <= room: posted stays within the ring.
+        self.posted_tx += n;
+        self.posted_rx += n;
         Ok(n)
     }
 
@@ -577,6 +623,52 @@ mod tests {
             .decode_rx(RingId::new(2).unwrap())
             .unwrap();
         assert_eq!((rx3.dst, rx3.len), (0x8000, 4));
+    }
+
+    #[test]
+    fn push_all_writes_what_push_writes_in_runs_across_wraps() {
+        // 100 distinct descriptors into a 64-slot ring from slot 40: runs of 24 (to the wrap),
+        // 32, 32 and 12 on passes 1, 2, 2, 2 — then 40 more, wrapping again into pass 3, to
+        // slot 52.
+        let descs: Vec<UdmaDesc> = (0..140u64)
+            .map(|i| {
+                let (tx, _) = udma::m2m_copy_descriptors(
+                    0x1000 * i,
+                    0x2000,
+                    4 + i,
+                    RingId::INITIAL,
+                    i % 3 == 0,
+                )
+                .unwrap();
+                tx
+            })
+            .collect();
+        let (mut one, mut runs) = (ring(64), ring(64));
+        for r in [&mut one, &mut runs] {
+            for _ in 0..40 {
+                r.push(&descs[0]).unwrap();
+            }
+        }
+        for d in &descs {
+            one.push(&d.with_ring_id(one.ring_id())).unwrap();
+        }
+        runs.push_all(&descs[..100], |d| *d).unwrap();
+        runs.push_all(&descs[100..], |d| *d).unwrap();
+        // Then one at a time (the single-descriptor path) from slot 52 across the next wrap.
+        for d in &descs[..14] {
+            one.push(&d.with_ring_id(one.ring_id())).unwrap();
+            runs.push_all(std::slice::from_ref(d), |d| *d).unwrap();
+        }
+        assert_eq!(slots(&one), slots(&runs));
+        assert_eq!(
+            (runs.next_index(), runs.ring_id()),
+            (one.next_index(), one.ring_id())
+        );
+        assert_eq!((runs.next_index(), runs.ring_id().value()), (2, 0));
+        // Slots 52..63 were written on pass 3 (ring id 3), slots 0 and 1 on pass 4 (ring id 0).
+        assert_eq!(runs.read(63).unwrap().ring_id().value(), 3);
+        assert_eq!(runs.read(1).unwrap().ring_id().value(), 0);
+        assert_eq!(runs.read(2).unwrap().ring_id().value(), 3);
     }
 
     #[test]
