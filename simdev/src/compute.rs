@@ -171,15 +171,8 @@ impl ComputeState {
 
     /// Reads `out.len()` bytes at `offset` of SBUF partition `partition` (the SBUF DMA
     /// window); `false`, reading nothing, when the range leaves the partition.
-    pub fn read_sbuf(&mut self, partition: u32, offset: u64, out: &mut [u8]) -> bool {
-        let Some(range) = Self::range(Space::Sbuf, partition, offset, out.len()) else {
-            return false;
-        };
-        if self.sbuf.is_empty() {
-            out.fill(0);
-            return true;
-        }
-        match self.sbuf.get(range) {
+    pub fn read_sbuf(&self, partition: u32, offset: u64, out: &mut [u8]) -> bool {
+        match self.sbuf_bytes(partition, offset, out.len()) {
             Some(bytes) => {
                 out.copy_from_slice(bytes);
                 true
@@ -191,16 +184,34 @@ impl ComputeState {
     /// Writes `data` at `offset` of SBUF partition `partition` (the SBUF DMA window); `false`,
     /// writing nothing, when the range leaves the partition.
     pub fn write_sbuf(&mut self, partition: u32, offset: u64, data: &[u8]) -> bool {
-        let Some(range) = Self::range(Space::Sbuf, partition, offset, data.len()) else {
-            return false;
-        };
-        match self.buffer(Space::Sbuf).get_mut(range) {
+        match self.sbuf_bytes_mut(partition, offset, data.len()) {
             Some(slot) => {
                 slot.copy_from_slice(data);
                 true
             }
             None => false,
         }
+    }
+
+    /// The `len` bytes at `offset` of SBUF partition `partition` (the SBUF DMA window), for a
+    /// DMA to read in place; `None` when the range leaves the partition. An SBUF not yet
+    /// allocated reads as zeros (without allocating it).
+    pub fn sbuf_bytes(&self, partition: u32, offset: u64, len: usize) -> Option<&[u8]> {
+        /// What an SBUF partition holds before anything is written to it.
+        static ZEROS: [u8; SBUF_PARTITION_BYTES as usize] = [0; SBUF_PARTITION_BYTES as usize];
+        let range = Self::range(Space::Sbuf, partition, offset, len)?;
+        if self.sbuf.is_empty() {
+            return ZEROS.get(..len);
+        }
+        self.sbuf.get(range)
+    }
+
+    /// The `len` bytes at `offset` of SBUF partition `partition` (the SBUF DMA window), for a
+    /// DMA to write in place (SBUF is allocated on first use); `None` when the range leaves
+    /// the partition.
+    pub fn sbuf_bytes_mut(&mut self, partition: u32, offset: u64, len: usize) -> Option<&mut [u8]> {
+        let range = Self::range(Space::Sbuf, partition, offset, len)?;
+        self.buffer(Space::Sbuf).get_mut(range)
     }
 
     /// The bytes of partition `p` of `tile` (its range was checked by [`decode`]).
