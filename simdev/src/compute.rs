@@ -64,6 +64,19 @@ const fn partition_bytes(space: Space) -> u32 {
     }
 }
 
+/// Bytes between the starts of two partitions of `space` in simdev's buffers: the partition
+/// and one cache line more. Partitions exactly 64 KiB (SBUF) or 16 KiB (PSUM) apart would put
+/// the same offset of every partition in the same few sets of the CPU's caches, and every op
+/// reads and writes tiles at one offset across many partitions: a tile of 120 partitions then
+/// evicted itself from L1 and L2. With the extra line, partition `p` starts `p` lines further
+/// into the sets. Only simdev's own layout: nothing outside this module sees it.
+const fn partition_stride(space: Space) -> u32 {
+    partition_bytes(space) + PARTITION_PAD
+}
+
+/// The cache line added after every partition ([`partition_stride`]).
+const PARTITION_PAD: u32 = 64;
+
 /// `v` as a `usize` (u32 always fits on the platforms simdev runs on).
 fn idx(v: u32) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
@@ -153,15 +166,16 @@ impl ComputeState {
         if partition >= SBUF_PARTITIONS || end > bytes {
             return None;
         }
-        let base = u64::from(partition) * bytes;
+        let base = u64::from(partition) * u64::from(partition_stride(space));
         Some(usize::try_from(base + offset).ok()?..usize::try_from(base + end).ok()?)
     }
 
     /// The buffer of `space`, allocated (zeroed) on first use.
     fn buffer(&mut self, space: Space) -> &mut [u8] {
-        let (buf, partition) = match space {
-            Space::Sbuf => (&mut self.sbuf, SBUF_PARTITION_BYTES),
-            Space::Psum => (&mut self.psum, PSUM_PARTITION_BYTES),
+        let partition = partition_stride(space);
+        let buf = match space {
+            Space::Sbuf => &mut self.sbuf,
+            Space::Psum => &mut self.psum,
         };
         if buf.is_empty() {
             *buf = vec![0; idx(SBUF_PARTITIONS) * idx(partition)];

@@ -20,7 +20,7 @@ use zerocopy::FromBytes;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{self, Level};
 use super::{
-    ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_bytes,
+    ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_stride,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -42,7 +42,7 @@ fn place(tile: &Tile, len: usize) -> Option<(usize, usize)> {
     if !cfg!(target_endian = "little") || tile.dtype != Dt::F32 || !tile.offset.is_multiple_of(4) {
         return None;
     }
-    let stride = idx(partition_bytes(tile.space)) / 4;
+    let stride = idx(partition_stride(tile.space)) / 4;
     let start = idx(tile.partition_start)
         .checked_mul(stride)?
         .checked_add(idx(tile.offset) / 4)?;
