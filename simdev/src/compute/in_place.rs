@@ -188,7 +188,8 @@ fn overlap(a: &Tile, b: &Tile) -> bool {
         let start = u64::from(t.partition_start);
         start..start + u64::from(t.partitions)
     };
-    let meet = |x: std::ops::Range<u64>, y: std::ops::Range<u64>| x.start < y.end && y.start < x.end;
+    let meet =
+        |x: std::ops::Range<u64>, y: std::ops::Range<u64>| x.start < y.end && y.start < x.end;
     a.space == b.space && meet(parts(a), parts(b)) && meet(bytes(a), bytes(b))
 }
 
@@ -224,7 +225,10 @@ fn transpose_planes(
                 non_finite |= any_non_finite(row);
             }
             for jj in 0..TB {
-                let y = planes.dst().get_mut(dst_at(j + jj, i)..)?.first_chunk_mut::<TB>()?;
+                let y = planes
+                    .dst()
+                    .get_mut(dst_at(j + jj, i)..)?
+                    .first_chunk_mut::<TB>()?;
                 for (y, row) in y.iter_mut().zip(&block) {
                     *y = row[jj];
                 }
