@@ -64,6 +64,19 @@ const fn partition_bytes(space: Space) -> u32 {
     }
 }
 
+/// Bytes between the starts of two partitions of `space` in simdev's buffers: the partition
+/// and one cache line more. Partitions exactly 64 KiB (SBUF) or 16 KiB (PSUM) apart would put
+/// the same offset of every partition in the same few sets of the CPU's caches, and every op
+/// reads and writes tiles at one offset across many partitions: a tile of 120 partitions then
+/// evicted itself from L1 and L2. With the extra line, partition `p` starts `p` lines further
+/// into the sets. Only simdev's own layout: nothing outside this module sees it.
+const fn partition_stride(space: Space) -> u32 {
+    partition_bytes(space) + PARTITION_PAD
+}
+
+/// The cache line added after every partition ([`partition_stride`]).
+const PARTITION_PAD: u32 = 64;
+
 /// `v` as a `usize` (u32 always fits on the platforms simdev runs on).
 fn idx(v: u32) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
@@ -153,15 +166,16 @@ impl ComputeState {
         if partition >= SBUF_PARTITIONS || end > bytes {
             return None;
         }
-        let base = u64::from(partition) * bytes;
+        let base = u64::from(partition) * u64::from(partition_stride(space));
         Some(usize::try_from(base + offset).ok()?..usize::try_from(base + end).ok()?)
     }
 
     /// The buffer of `space`, allocated (zeroed) on first use.
     fn buffer(&mut self, space: Space) -> &mut [u8] {
-        let (buf, partition) = match space {
-            Space::Sbuf => (&mut self.sbuf, SBUF_PARTITION_BYTES),
-            Space::Psum => (&mut self.psum, PSUM_PARTITION_BYTES),
+        let partition = partition_stride(space);
+        let buf = match space {
+            Space::Sbuf => &mut self.sbuf,
+            Space::Psum => &mut self.psum,
         };
         if buf.is_empty() {
             *buf = vec![0; idx(SBUF_PARTITIONS) * idx(partition)];
@@ -171,15 +185,8 @@ impl ComputeState {
 
     /// Reads `out.len()` bytes at `offset` of SBUF partition `partition` (the SBUF DMA
     /// window); `false`, reading nothing, when the range leaves the partition.
-    pub fn read_sbuf(&mut self, partition: u32, offset: u64, out: &mut [u8]) -> bool {
-        let Some(range) = Self::range(Space::Sbuf, partition, offset, out.len()) else {
-            return false;
-        };
-        if self.sbuf.is_empty() {
-            out.fill(0);
-            return true;
-        }
-        match self.sbuf.get(range) {
+    pub fn read_sbuf(&self, partition: u32, offset: u64, out: &mut [u8]) -> bool {
+        match self.sbuf_bytes(partition, offset, out.len()) {
             Some(bytes) => {
                 out.copy_from_slice(bytes);
                 true
@@ -191,16 +198,34 @@ impl ComputeState {
     /// Writes `data` at `offset` of SBUF partition `partition` (the SBUF DMA window); `false`,
     /// writing nothing, when the range leaves the partition.
     pub fn write_sbuf(&mut self, partition: u32, offset: u64, data: &[u8]) -> bool {
-        let Some(range) = Self::range(Space::Sbuf, partition, offset, data.len()) else {
-            return false;
-        };
-        match self.buffer(Space::Sbuf).get_mut(range) {
+        match self.sbuf_bytes_mut(partition, offset, data.len()) {
             Some(slot) => {
                 slot.copy_from_slice(data);
                 true
             }
             None => false,
         }
+    }
+
+    /// The `len` bytes at `offset` of SBUF partition `partition` (the SBUF DMA window), for a
+    /// DMA to read in place; `None` when the range leaves the partition. An SBUF not yet
+    /// allocated reads as zeros (without allocating it).
+    pub fn sbuf_bytes(&self, partition: u32, offset: u64, len: usize) -> Option<&[u8]> {
+        /// What an SBUF partition holds before anything is written to it.
+        static ZEROS: [u8; SBUF_PARTITION_BYTES as usize] = [0; SBUF_PARTITION_BYTES as usize];
+        let range = Self::range(Space::Sbuf, partition, offset, len)?;
+        if self.sbuf.is_empty() {
+            return ZEROS.get(..len);
+        }
+        self.sbuf.get(range)
+    }
+
+    /// The `len` bytes at `offset` of SBUF partition `partition` (the SBUF DMA window), for a
+    /// DMA to write in place (SBUF is allocated on first use); `None` when the range leaves
+    /// the partition.
+    pub fn sbuf_bytes_mut(&mut self, partition: u32, offset: u64, len: usize) -> Option<&mut [u8]> {
+        let range = Self::range(Space::Sbuf, partition, offset, len)?;
+        self.buffer(Space::Sbuf).get_mut(range)
     }
 
     /// The bytes of partition `p` of `tile` (its range was checked by [`decode`]).

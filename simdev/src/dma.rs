@@ -363,24 +363,33 @@ pub trait Bus {
     /// Whether the client owns NC `nc` (an SBUF range of another NC is out of bounds).
     fn owns_nc(&self, nc: u32) -> bool;
 
-    /// Reads `out.len()` bytes at `offset` of SBUF partition `partition` of NC `nc` (inside
-    /// the partition: [`AddressMap::decode_sbuf`] checked it).
+    /// Calls `read` on the `len` bytes at `at` = (`nc`, `partition`, `offset`) of an SBUF
+    /// partition, where they lie (inside the partition: [`AddressMap::decode_sbuf`] checked it), so a
+    /// DMA out of SBUF copies once; `read`'s result.
     ///
     /// # Errors
-    /// [`Fault::ForeignSbuf`] when the NC is not the client's.
-    fn read_sbuf(&self, nc: u32, partition: u32, offset: u64, out: &mut [u8]) -> Result<(), Fault>;
+    /// [`Fault::ForeignSbuf`] when the NC is not the client's (`read` is not called), or
+    /// `read`'s error.
+    fn with_sbuf<T>(
+        &self,
+        at: (u32, u32, u64),
+        len: usize,
+        read: impl FnOnce(&[u8]) -> Result<T, Fault>,
+    ) -> Result<T, Fault>;
 
-    /// Writes `data` at `offset` of SBUF partition `partition` of NC `nc` (inside the
-    /// partition: [`AddressMap::decode_sbuf`] checked it).
+    /// Calls `write` on the `len` bytes at `at` = (`nc`, `partition`, `offset`) of an SBUF
+    /// partition, where they lie (inside the partition: [`AddressMap::decode_sbuf`] checked it), so a
+    /// DMA into SBUF copies once; `write`'s result. `write` must leave the bytes unchanged
+    /// when it fails (a refused pair writes nothing).
     ///
     /// # Errors
-    /// [`Fault::ForeignSbuf`] when the NC is not the client's.
-    fn write_sbuf(
+    /// [`Fault::ForeignSbuf`] when the NC is not the client's (`write` is not called), or
+    /// `write`'s error.
+    fn with_sbuf_mut(
         &mut self,
-        nc: u32,
-        partition: u32,
-        offset: u64,
-        data: &[u8],
+        at: (u32, u32, u64),
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> Result<(), Fault>,
     ) -> Result<(), Fault>;
 
     /// Queue `queue` (of this NC) got work from a tail increment: process it after the current
@@ -663,7 +672,10 @@ impl Source {
                 nc,
                 partition,
                 offset,
-            } => bus.read_sbuf(*nc, *partition, *offset, out),
+            } => bus.with_sbuf((*nc, *partition, *offset), out.len(), |bytes| {
+                out.copy_from_slice(bytes);
+                Ok(())
+            }),
         }
     }
 
@@ -735,8 +747,9 @@ pub struct DmaQueues {
     generation: u64,
     /// The chunks recent descriptors of this NC's queues resolved to.
     cache: ChunkCache,
-    /// The staging buffer of pairs that do not copy chunk to chunk (into DMEM, SBUF, or out
-    /// of SBUF): grown to the longest such pair once, then reused.
+    /// The staging buffer of pairs that copy neither chunk to chunk nor between a chunk and
+    /// SBUF (into DMEM, SBUF to SBUF, out of SBUF into DMEM): grown to the longest such pair
+    /// once, then reused.
     scratch: Vec<u8>,
 }
 
@@ -970,20 +983,44 @@ impl DmaQueues {
                     dst_pa,
                 } => copy(chunk.memory(), pa, dst.memory(), dst_pa, len_usize(len))
                     .map_err(Fault::Copy),
-                Action::Copy { src, dst, dst_pa } => src
-                    .read(len, bus, &mut scratch)
-                    .and_then(|data| dst.memory().write(dst_pa, data).map_err(Fault::Copy)),
+                // Out of SBUF: straight from the partition into the chunk.
+                Action::Copy {
+                    src:
+                        Source::Sbuf {
+                            nc,
+                            partition,
+                            offset,
+                        },
+                    dst,
+                    dst_pa,
+                } => bus.with_sbuf((nc, partition, offset), len_usize(len), |data| {
+                    dst.memory().write(dst_pa, data).map_err(Fault::Copy)
+                }),
                 Action::Dmem { nc, offset, src } => src
                     .read(len, bus, &mut scratch)
                     .and_then(|data| bus.write_dmem(nc, offset, data)),
+                // Into SBUF from memory: straight from the chunk into the partition (the
+                // chunk's read checks its range before it copies anything).
+                Action::Sbuf {
+                    nc,
+                    partition,
+                    offset,
+                    src: Source::Memory { chunk, pa },
+                } => bus.with_sbuf_mut((nc, partition, offset), len_usize(len), |slot| {
+                    chunk.memory().read(pa, slot).map_err(Fault::Copy)
+                }),
+                // SBUF to SBUF (perhaps the same partition, overlapping): through the scratch.
                 Action::Sbuf {
                     nc,
                     partition,
                     offset,
                     src,
-                } => src
-                    .read(len, bus, &mut scratch)
-                    .and_then(|data| bus.write_sbuf(nc, partition, offset, data)),
+                } => src.read(len, bus, &mut scratch).and_then(|data| {
+                    bus.with_sbuf_mut((nc, partition, offset), data.len(), |slot| {
+                        slot.copy_from_slice(data);
+                        Ok(())
+                    })
+                }),
                 Action::Register { reg, value } => {
                     match self.write_register(engine, queue, reg, value, bus) {
                         Ok(RegisterWrite::Done) => Ok(()),

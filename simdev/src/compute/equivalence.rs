@@ -441,7 +441,9 @@ fn the_layer_builders_matmul_and_activation_write_their_tiles_directly_and_match
 /// The layer builder's transposes (a tile of input rows into columns, the last layer's columns
 /// back into rows), one whose destination overlaps its source and one of a bf16 source, run
 /// in place (no result buffer) and leave the same SBUF and effects as the previous
-/// interpreter.
+/// interpreter. An fp32 source that does not overlap its destination (in the same space,
+/// sharing partitions but not bytes, or in the other space) is read where it lies: nothing is
+/// gathered; an overlapping or bf16 source is gathered first.
 #[test]
 fn transposes_write_their_destination_rows_in_place_and_match_the_previous_interpreter() {
     use shared::isa::Dt;
@@ -457,14 +459,33 @@ fn transposes_write_their_destination_rows_in_place_and_match_the_previous_inter
         dtype: Dt::Bf16,
         ..Tile::sbuf(0, 40, 4096, 24)
     };
+    // (dst, src, whether the source is read in place).
     let cases = [
-        (Tile::sbuf(0, 64, 2048, 120), Tile::sbuf(0, 120, 0, 64)),
-        (Tile::sbuf(0, 120, 6000, 10), Tile::sbuf(0, 10, 512, 120)),
-        (Tile::sbuf(3, 30, 100, 20), Tile::sbuf(0, 20, 96, 30)),
-        (Tile::sbuf(0, 24, 7000, 40), bf16),
-        (Tile::psum(0, 16, 64, 9), Tile::sbuf(0, 9, 0, 16)),
+        (
+            Tile::sbuf(0, 64, 2048, 120),
+            Tile::sbuf(0, 120, 0, 64),
+            true,
+        ),
+        (
+            Tile::sbuf(0, 120, 6000, 10),
+            Tile::sbuf(0, 10, 512, 120),
+            true,
+        ),
+        // Overlapping: partitions 3..20 at bytes 100..180 are in both.
+        (Tile::sbuf(3, 30, 100, 20), Tile::sbuf(0, 20, 96, 30), false),
+        // Its own transpose, in place over itself.
+        (
+            Tile::sbuf(5, 16, 300, 16),
+            Tile::sbuf(5, 16, 300, 16),
+            false,
+        ),
+        // Touching but not overlapping: the source ends where the destination starts.
+        (Tile::sbuf(0, 8, 1032, 8), Tile::sbuf(0, 8, 1000, 8), true),
+        (Tile::sbuf(0, 24, 7000, 40), bf16, false),
+        (Tile::psum(0, 16, 64, 9), Tile::sbuf(0, 9, 0, 16), true),
+        (Tile::sbuf(1, 9, 7500, 16), Tile::psum(0, 16, 64, 9), true),
     ];
-    for (i, (dst, src)) in cases.into_iter().enumerate() {
+    for (i, (dst, src, direct)) in cases.into_iter().enumerate() {
         let inst = Instruction::with_tiles(Opcode::Transpose, &[dst, src], &[]);
         let op = decode(Engine::Dve, Opcode::Transpose, &inst)
             .unwrap()
@@ -475,5 +496,11 @@ fn transposes_write_their_destination_rows_in_place_and_match_the_previous_inter
         assert_eq!(got, want, "transpose {i}: {op:?}");
         assert_same_state(&mut new, &mut old, &format!("after transpose {i}"));
         assert_eq!(new.scratch.c.capacity(), 0, "transpose {i} was buffered");
+        assert_eq!(
+            new.scratch.a.capacity() == 0,
+            direct,
+            "transpose {i}: source gathered ({}) or read in place ({direct})",
+            new.scratch.a.capacity()
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! fp32 results computed where their tiles lie in SBUF and PSUM, without a result buffer and a
 //! scatter: a `Matmul` writes its PSUM tile directly, an `Activation` from one space into
 //! the other reads and writes the tiles themselves, row by row, and a `Transpose` writes its
-//! destination rows in place (the shapes of the layer builder's programs). A matmul still
+//! destination rows in place, reading an fp32 source where it lies unless it overlaps the
+//! destination (then it is gathered first, so every source value is read before any is
+//! written) (the shapes of the layer builder's programs). A matmul still
 //! gathers its stationary operand (its K-loop would otherwise touch one page per partition at
 //! every step); the kernel packs the moving operand's columns from SBUF itself.
 //!
@@ -20,7 +22,7 @@ use zerocopy::FromBytes;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{self, Level};
 use super::{
-    ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_bytes,
+    ComputeState, ExecError, Scalar, Scratch, activate, gemm, idx, max_nan, partition_stride,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -42,7 +44,7 @@ fn place(tile: &Tile, len: usize) -> Option<(usize, usize)> {
     if !cfg!(target_endian = "little") || tile.dtype != Dt::F32 || !tile.offset.is_multiple_of(4) {
         return None;
     }
-    let stride = idx(partition_bytes(tile.space)) / 4;
+    let stride = idx(partition_stride(tile.space)) / 4;
     let start = idx(tile.partition_start)
         .checked_mul(stride)?
         .checked_add(idx(tile.offset) / 4)?;
@@ -144,63 +146,151 @@ pub(super) fn matmul(
     )))
 }
 
-/// `Transpose` into an fp32 tile: the source is read (widened to f32) into `s.a` (so a
-/// destination may overlap it), then every destination row is written in place from a
-/// column of it; whether a value stored is not finite (the values are the source's, so that
-/// is checked on the source, which lies contiguously). `None`: not covered (see the module
-/// doc).
+/// The two matrices of a transpose: the source read, the destination written, in one buffer
+/// (tiles of one space that do not overlap) or in two.
+pub(super) trait Planes {
+    /// The buffer the source lies in.
+    fn src(&self) -> &[f32];
+    /// The buffer the destination lies in.
+    fn dst(&mut self) -> &mut [f32];
+}
+
+/// Source and destination in the same buffer (their ranges do not overlap).
+struct Same<'a>(&'a mut [f32]);
+
+impl Planes for Same<'_> {
+    fn src(&self) -> &[f32] {
+        self.0
+    }
+    fn dst(&mut self) -> &mut [f32] {
+        self.0
+    }
+}
+
+/// Source and destination in different buffers.
+struct Apart<'a>(&'a [f32], &'a mut [f32]);
+
+impl Planes for Apart<'_> {
+    fn src(&self) -> &[f32] {
+        self.0
+    }
+    fn dst(&mut self) -> &mut [f32] {
+        self.1
+    }
+}
+
+/// Whether two tiles share a byte (same space, a common partition and overlapping byte
+/// ranges in it).
+fn overlap(a: &Tile, b: &Tile) -> bool {
+    let bytes = |t: &Tile| {
+        let start = u64::from(t.offset);
+        start..start + u64::from(t.elems) * u64::from(t.dtype.size())
+    };
+    let parts = |t: &Tile| {
+        let start = u64::from(t.partition_start);
+        start..start + u64::from(t.partitions)
+    };
+    let meet =
+        |x: std::ops::Range<u64>, y: std::ops::Range<u64>| x.start < y.end && y.start < x.end;
+    a.space == b.space && meet(parts(a), parts(b)) && meet(bytes(a), bytes(b))
+}
+
+/// `dst[j][i] = src[i][j]` for the `p` × `f` source at `at_src` and the `f` × `p` destination
+/// at `at_dst` of `planes` (each `(start, row stride)`), at the widest level this CPU runs;
+/// whether a value stored is a NaN or an infinity. `None` (nothing promised about the
+/// destination) when a row does not lie in its buffer.
+fn transpose_planes(
+    planes: &mut impl Planes,
+    (p, f): (usize, usize),
+    at_src: (usize, usize),
+    at_dst: (usize, usize),
+) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() >= Level::Avx2Fma {
+        // SAFETY: AVX2 was detected on this CPU (`simd::level` never answers a level the CPU
+        // lacks); `avx2::transpose` has no other requirement.
+        return unsafe { avx2::transpose(planes, (p, f), at_src, at_dst) };
+    }
+    // Blocks of `TB` × `TB`: `TB` values of each of `TB` source rows go to the next slots of
+    // `TB` destination rows; the edges one value at a time.
+    const TB: usize = 8;
+    let src_at = |i: usize, j: usize| at_src.0 + i * at_src.1 + j;
+    let dst_at = |j: usize, i: usize| at_dst.0 + j * at_dst.1 + i;
+    let mut non_finite = false;
+    let mut block = [[0.0f32; TB]; TB];
+    let mut j = 0;
+    while j + TB <= f {
+        let mut i = 0;
+        while i + TB <= p {
+            for (ii, row) in block.iter_mut().enumerate() {
+                *row = *planes.src().get(src_at(i + ii, j)..)?.first_chunk::<TB>()?;
+                non_finite |= any_non_finite(row);
+            }
+            for jj in 0..TB {
+                let y = planes
+                    .dst()
+                    .get_mut(dst_at(j + jj, i)..)?
+                    .first_chunk_mut::<TB>()?;
+                for (y, row) in y.iter_mut().zip(&block) {
+                    *y = row[jj];
+                }
+            }
+            i += TB;
+        }
+        for i in i..p {
+            for jj in 0..TB {
+                let x = *planes.src().get(src_at(i, j + jj))?;
+                non_finite |= !x.is_finite();
+                *planes.dst().get_mut(dst_at(j + jj, i))? = x;
+            }
+        }
+        j += TB;
+    }
+    for j in j..f {
+        for i in 0..p {
+            let x = *planes.src().get(src_at(i, j))?;
+            non_finite |= !x.is_finite();
+            *planes.dst().get_mut(dst_at(j, i))? = x;
+        }
+    }
+    Some(non_finite)
+}
+
+/// `Transpose` into an fp32 tile; whether a value stored is not finite. An fp32 source that
+/// does not overlap the destination is read where it lies; any other source is first read
+/// (widened to f32) into `s.a`, so a destination may overlap it. Every destination row is
+/// written in place. `None`: not covered (see the module doc).
 pub(super) fn transpose(
     state: &mut ComputeState,
     s: &mut Scratch,
     (dst, src): (&Tile, &Tile),
 ) -> Option<Result<bool, ExecError>> {
     place(dst, usize::MAX)?;
+    let (p, f) = (idx(src.partitions), idx(src.elems));
+    if f == 0 {
+        return None;
+    }
+    if place(src, usize::MAX).is_some() && !overlap(src, dst) {
+        let non_finite = if src.space == dst.space {
+            let buf = floats_mut(state.buffer(dst.space))?;
+            let (at_src, at_dst) = (place(src, buf.len())?, place(dst, buf.len())?);
+            transpose_planes(&mut Same(buf), (p, f), at_src, at_dst)
+        } else {
+            let (from, to) = state.split(src.space, dst.space)?;
+            let (at_src, at_dst) = (place(src, from.len())?, place(dst, to.len())?);
+            transpose_planes(&mut Apart(from, to), (p, f), at_src, at_dst)
+        };
+        return non_finite.map(Ok);
+    }
     if let Err(e) = state.gather_into(src, &mut s.a) {
         return Some(Err(e));
     }
-    let (p, f) = (idx(src.partitions), idx(src.elems));
-    if s.a.len() != p * f || f == 0 {
+    if s.a.len() != p * f {
         return None;
     }
     let to = floats_mut(state.buffer(dst.space))?;
     let at_dst = place(dst, to.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if simd::level() >= Level::Avx2Fma {
-        // SAFETY: AVX2 was detected on this CPU (`simd::level` never answers a level the CPU
-        // lacks); `avx2::transpose` has no other requirement.
-        if let Some(non_finite) = unsafe { avx2::transpose(&s.a, (p, f), to, at_dst) } {
-            return Some(Ok(non_finite));
-        }
-    }
-    // Destination rows by blocks of `TB`: for each source row, `TB` consecutive values go to
-    // the next slot of `TB` destination rows (written in step, front to back); the last
-    // destination rows one at a time, from a column of the source.
-    const TB: usize = 8;
-    let mut dst_rows = to.get_mut(at_dst.0..)?.chunks_mut(at_dst.1.max(1));
-    let mut j = 0;
-    while j + TB <= f {
-        let mut ys: [_; TB] = std::array::from_fn(|_| {
-            let row = dst_rows.next().unwrap_or_default();
-            let len = row.len().min(p);
-            row[..len].iter_mut()
-        });
-        for x in s.a.chunks_exact(f) {
-            if let Some(x) = x.get(j..).and_then(|x| x.first_chunk::<TB>()) {
-                for (y, &x) in ys.iter_mut().zip(x) {
-                    if let Some(y) = y.next() {
-                        *y = x;
-                    }
-                }
-            }
-        }
-        j += TB;
-    }
-    for (j, y) in (j..f).zip(dst_rows) {
-        for (y, &x) in y.iter_mut().take(p).zip(s.a.iter().skip(j).step_by(f)) {
-            *y = x;
-        }
-    }
-    Some(Ok(any_non_finite(&s.a)))
+    transpose_planes(&mut Apart(&s.a, to), (p, f), (0, f), at_dst).map(Ok)
 }
 
 /// `dst[p][i] = func(src[p][i] · scale + bias[p])` from one row to another, each function in

@@ -776,3 +776,49 @@ fn random_instructions_never_panic() {
         "{decoded} decoded, {executed} executed"
     );
 }
+
+/// The SBUF DMA window's in-place accessors: a range inside one partition is lent where it
+/// lies (partitions do not overlap in simdev's padded layout: a whole partition written
+/// leaves its neighbours' bytes alone), a range that leaves its partition or a partition past
+/// the last is refused, and an SBUF never written reads as zeros without being allocated.
+#[test]
+fn the_sbuf_window_lends_ranges_inside_one_partition_and_refuses_the_rest() {
+    let mut s = ComputeState::new();
+    assert_eq!(s.sbuf_bytes(127, 65528, 8), Some(&[0u8; 8][..]));
+    assert_eq!(s.sbuf_bytes(0, 0, 65536).map(<[u8]>::len), Some(65536));
+    assert!(s.sbuf.is_empty(), "reading allocated nothing");
+    let refused: [(u32, u64, usize); 6] = [
+        (128, 0, 1),
+        (0, 65535, 2),
+        (3, 65536, 1),
+        (0, 0, 65537),
+        (0, u64::MAX, 1),
+        (u32::MAX, 0, 1),
+    ];
+    for (p, offset, len) in refused {
+        assert!(s.sbuf_bytes(p, offset, len).is_none(), "{p} {offset} {len}");
+        assert!(
+            s.sbuf_bytes_mut(p, offset, len).is_none(),
+            "{p} {offset} {len}"
+        );
+    }
+    assert!(s.sbuf.is_empty(), "refusals allocated nothing");
+    for p in [0, 5, 126] {
+        s.sbuf_bytes_mut(p, 0, 65536).unwrap().fill(0xA5);
+    }
+    for (p, offset) in [(1, 0), (4, 65532), (6, 0), (125, 65532), (127, 0)] {
+        assert_eq!(
+            s.sbuf_bytes(p, offset, 4),
+            Some(&[0u8; 4][..]),
+            "{p} {offset}"
+        );
+    }
+    s.sbuf_bytes_mut(6, 100, 4)
+        .unwrap()
+        .copy_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(s.sbuf_bytes(6, 98, 8), Some(&[0, 0, 1, 2, 3, 4, 0, 0][..]));
+    let mut word = [0u8; 4];
+    assert!(s.read_sbuf(6, 100, &mut word));
+    assert_eq!(word, [1, 2, 3, 4]);
+    assert_eq!(s.sbuf_bytes(5, 65532, 4), Some(&[0xA5u8; 4][..]));
+}

@@ -300,27 +300,31 @@ impl Bus for ClientBus<'_> {
             .is_some_and(|n| self.device.owned_by(n, self.client))
     }
 
-    fn read_sbuf(&self, nc: u32, partition: u32, offset: u64, out: &mut [u8]) -> Result<(), Fault> {
-        let n = self.sbuf_nc(nc, partition, offset, out.len())?;
-        if lock(&n.compute).read_sbuf(partition, offset, out) {
-            Ok(())
-        } else {
-            Err(self.sbuf_fault(nc, partition, offset, out.len()))
+    fn with_sbuf<T>(
+        &self,
+        (nc, partition, offset): (u32, u32, u64),
+        len: usize,
+        read: impl FnOnce(&[u8]) -> Result<T, Fault>,
+    ) -> Result<T, Fault> {
+        let n = self.sbuf_nc(nc, partition, offset, len)?;
+        let compute = lock(&n.compute);
+        match compute.sbuf_bytes(partition, offset, len) {
+            Some(bytes) => read(bytes),
+            None => Err(self.sbuf_fault(nc, partition, offset, len)),
         }
     }
 
-    fn write_sbuf(
+    fn with_sbuf_mut(
         &mut self,
-        nc: u32,
-        partition: u32,
-        offset: u64,
-        data: &[u8],
+        (nc, partition, offset): (u32, u32, u64),
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> Result<(), Fault>,
     ) -> Result<(), Fault> {
-        let n = self.sbuf_nc(nc, partition, offset, data.len())?;
-        if lock(&n.compute).write_sbuf(partition, offset, data) {
-            Ok(())
-        } else {
-            Err(self.sbuf_fault(nc, partition, offset, data.len()))
+        let n = self.sbuf_nc(nc, partition, offset, len)?;
+        let mut compute = lock(&n.compute);
+        match compute.sbuf_bytes_mut(partition, offset, len) {
+            Some(slot) => write(slot),
+            None => Err(self.sbuf_fault(nc, partition, offset, len)),
         }
     }
 

@@ -3,12 +3,13 @@
 //! finish of [`super::finish`]), 16 lanes at a time.
 //!
 //! The moving matrix is first copied, row by row, into `pack` as a contiguous matrix whose
-//! rows are padded with zeros to a multiple of [`W`] columns (the padding columns are computed
-//! and never stored): SBUF rows are 64 KiB apart, so walking a column group down the
+//! rows are padded with zeros to a multiple of [`LANES`] columns (the padding columns are
+//! computed and never stored): SBUF rows are 64 KiB apart, so walking a column group down the
 //! partitions would map every row to the same few cache sets, and each row is read front to
-//! back once instead. Each group of [`W`] columns is then swept by blocks of [`MB`] output
-//! rows (the last block narrower): `2 · MB` accumulators, the stationary values broadcast,
-//! stored through a mask.
+//! back once instead. Each group of [`W`] columns (the last group one vector of [`LANES`]
+//! when no more than that is left: a batch of 360 computes 368 columns, not 384) is then
+//! swept by blocks of [`MB`] output rows (the last block narrower): `2 · MB` accumulators
+//! (`MB` in a one-vector group), the stationary values broadcast, stored through a mask.
 
 use std::arch::x86_64::{
     __m512, __mmask16, _CMP_UNORD_Q, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
@@ -18,8 +19,10 @@ use std::arch::x86_64::{
 
 use super::{KC, Layout, at};
 
+/// Lanes of a vector.
+const LANES: usize = 16;
 /// Columns of a panel: two 16-lane vectors.
-const W: usize = 32;
+const W: usize = 2 * LANES;
 /// Output rows computed together (`2 · MB` = 16 of the 32 vector registers accumulate).
 const MB: usize = 8;
 
@@ -33,7 +36,7 @@ const fn lane_mask(lanes: usize) -> __mmask16 {
 }
 
 /// Copies the `k` × `n` moving matrix at `place` of `mov` into `pack`, row by row, as a
-/// contiguous `k` × `⌈n / W⌉ · W` matrix (see the module doc; the padding columns are zeros);
+/// contiguous `k` × `⌈n / LANES⌉ · LANES` matrix (see the module doc; the padding columns are zeros);
 /// its row length, `None` when a row does not lie in `mov`.
 #[inline]
 fn pack(
@@ -42,7 +45,7 @@ fn pack(
     (k, n): (usize, usize),
     pack: &mut Vec<f32>,
 ) -> Option<usize> {
-    let width = n.div_ceil(W).checked_mul(W)?;
+    let width = n.div_ceil(LANES).checked_mul(LANES)?;
     let need = k.checked_mul(width)?;
     // Grown only (every element is written below before it is read).
     if pack.len() < need {
@@ -57,50 +60,50 @@ fn pack(
     Some(width)
 }
 
-/// The `R` × [`W`] chains at rows `m0..` of `stat` over the [`W`] columns from `n0` of the
-/// packed `k` × `width` matrix `packed`: each its own chain over `k` in order, from +0.
+/// The `R` × `V · LANES` chains at rows `m0..` of `stat` over the `V` vectors of columns
+/// from `n0` of the packed `k` × `width` matrix `packed`: each its own chain over `k` in
+/// order, from +0.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn block<const R: usize>(
+fn block<const R: usize, const V: usize>(
     stat: &[f32],
     (start, stride): (usize, usize),
     m0: usize,
     (packed, width, n0): (&[f32], usize, usize),
-) -> [[__m512; 2]; R] {
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+) -> [[__m512; V]; R] {
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
     let mut at = start.saturating_add(m0);
     for row in packed.chunks_exact(width.max(1)) {
         // Every row was checked by `gemm` and `pack`: the `else` is never taken.
         let (Some(a), Some(b)) = (
             stat.get(at..).and_then(|a| a.first_chunk::<R>()),
-            row.get(n0..).and_then(|b| b.first_chunk::<W>()),
+            row.get(n0..n0 + V * LANES),
         ) else {
             break;
         };
-        // SAFETY: `b` holds `W` = 32 f32: the loads read `b[0..16]` and `b[16..32]`.
-        let (b0, b1) = unsafe {
-            (
-                _mm512_loadu_ps(b.as_ptr()),
-                _mm512_loadu_ps(b[16..].as_ptr()),
-            )
-        };
+        let mut bv = [_mm512_setzero_ps(); V];
+        for (v, b) in bv.iter_mut().zip(b.chunks_exact(LANES)) {
+            // SAFETY: `b` holds `LANES` = 16 f32, the values loaded.
+            *v = unsafe { _mm512_loadu_ps(b.as_ptr()) };
+        }
         for (acc, &a) in acc.iter_mut().zip(a) {
             let a = _mm512_set1_ps(a);
-            acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+            for (acc, &b) in acc.iter_mut().zip(&bv) {
+                *acc = _mm512_fmadd_ps(a, b, *acc);
+            }
         }
         at = at.saturating_add(stride);
     }
     acc
 }
 
-/// Stores the first `width` (≤ [`W`]) columns of the `R` rows of chains `acc` at rows `m0..`,
-/// columns `n0..` of `out` (finished as [`super::finish`]); the lanes that stored a NaN or an
-/// infinity.
+/// Stores the first `width` (≤ `V · LANES`) columns of the `R` rows of chains `acc` at rows
+/// `m0..`, columns `n0..` of `out` (finished as [`super::finish`]); the lanes that stored a
+/// NaN or an infinity.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn store<const R: usize>(
-    acc: &[[__m512; 2]; R],
+fn store<const R: usize, const V: usize>(
+    acc: &[[__m512; V]; R],
     out_place: (usize, usize),
     (m0, n0, width): (usize, usize, usize),
     out: &mut [f32],
@@ -115,20 +118,20 @@ fn store<const R: usize>(
             return non_finite;
         };
         for (h, &chain) in row.iter().enumerate() {
-            let Some(half) = dst.get_mut(16 * h..) else {
+            let Some(part) = dst.get_mut(LANES * h..) else {
                 break;
             };
-            let mask = lane_mask(half.len());
-            let p = half.as_mut_ptr();
+            let mask = lane_mask(part.len());
+            let p = part.as_mut_ptr();
             let y = if accumulate {
-                // SAFETY: the mask enables lanes `0..min(16, half.len())`, all inside `half`
+                // SAFETY: the mask enables lanes `0..min(16, part.len())`, all inside `part`
                 // (the masked-off lanes are not read).
                 let old = unsafe { _mm512_maskz_loadu_ps(mask, p) };
                 _mm512_add_ps(old, chain)
             } else {
                 _mm512_add_ps(chain, zero)
             };
-            // SAFETY: as for the load: only lanes inside `half` are written.
+            // SAFETY: as for the load: only lanes inside `part` are written.
             unsafe { _mm512_mask_storeu_ps(p, mask, y) };
             // `y · 0` is a NaN exactly when `y` is a NaN or an infinity.
             let t = _mm512_mul_ps(y, zero);
@@ -138,10 +141,10 @@ fn store<const R: usize>(
     non_finite
 }
 
-/// The `R` rows from `m0` of one panel's columns.
+/// The `R` rows from `m0` of one group of `V` vectors of the panel's columns.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn rows<const R: usize>(
+fn rows<const R: usize, const V: usize>(
     stat: &[f32],
     l: Layout,
     (m0, n0, width): (usize, usize, usize),
@@ -149,12 +152,44 @@ fn rows<const R: usize>(
     out: &mut [f32],
     accumulate: bool,
 ) -> __mmask16 {
-    let acc = block::<R>(stat, l.stat, m0, (packed.0, packed.1, n0));
-    store::<R>(&acc, l.out, (m0, n0, width), out, accumulate)
+    let acc = block::<R, V>(stat, l.stat, m0, (packed.0, packed.1, n0));
+    store::<R, V>(&acc, l.out, (m0, n0, width), out, accumulate)
+}
+
+/// Every block of rows of the group of `V` vectors of columns from `n0` (`width` of them
+/// stored): by [`MB`], then the rest at once.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn group<const V: usize>(
+    stat: &[f32],
+    (m, l): (usize, Layout),
+    (n0, width): (usize, usize),
+    panel: (&[f32], usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __mmask16 {
+    let mut non_finite: __mmask16 = 0;
+    let mut m0 = 0;
+    while m0 + MB <= m {
+        non_finite |= rows::<MB, V>(stat, l, (m0, n0, width), panel, out, accumulate);
+        m0 += MB;
+    }
+    let place = (m0, n0, width);
+    non_finite
+        | match m - m0 {
+            0 => 0,
+            1 => rows::<1, V>(stat, l, place, panel, out, accumulate),
+            2 => rows::<2, V>(stat, l, place, panel, out, accumulate),
+            3 => rows::<3, V>(stat, l, place, panel, out, accumulate),
+            4 => rows::<4, V>(stat, l, place, panel, out, accumulate),
+            5 => rows::<5, V>(stat, l, place, panel, out, accumulate),
+            6 => rows::<6, V>(stat, l, place, panel, out, accumulate),
+            _ => rows::<7, V>(stat, l, place, panel, out, accumulate),
+        }
 }
 
 /// [`super::gemm`] for `k` ≤ [`KC`] on AVX-512F, `pack_buffer` the buffer of the packed moving
-/// matrix (grown to `k · ⌈n / 32⌉ · 32` values; it allocates only to grow). The caller checked that
+/// matrix (grown to `k · ⌈n / 16⌉ · 16` values; it allocates only to grow). The caller checked that
 /// every row of `stat` and `mov` lies in its slice.
 ///
 /// # Safety
@@ -183,21 +218,10 @@ pub(super) unsafe fn body(
     let mut non_finite: __mmask16 = 0;
     for n0 in (0..n).step_by(W) {
         let width = (n - n0).min(W);
-        let mut m0 = 0;
-        while m0 + MB <= m {
-            non_finite |= rows::<MB>(stat, l, (m0, n0, width), panel, out, accumulate);
-            m0 += MB;
-        }
-        let place = (m0, n0, width);
-        non_finite |= match m - m0 {
-            0 => 0,
-            1 => rows::<1>(stat, l, place, panel, out, accumulate),
-            2 => rows::<2>(stat, l, place, panel, out, accumulate),
-            3 => rows::<3>(stat, l, place, panel, out, accumulate),
-            4 => rows::<4>(stat, l, place, panel, out, accumulate),
-            5 => rows::<5>(stat, l, place, panel, out, accumulate),
-            6 => rows::<6>(stat, l, place, panel, out, accumulate),
-            _ => rows::<7>(stat, l, place, panel, out, accumulate),
+        non_finite |= if width > LANES {
+            group::<2>(stat, (m, l), (n0, width), panel, out, accumulate)
+        } else {
+            group::<1>(stat, (m, l), (n0, width), panel, out, accumulate)
         };
     }
     non_finite != 0

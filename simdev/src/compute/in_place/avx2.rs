@@ -13,6 +13,8 @@ use std::arch::x86_64::{
 
 use shared::isa::ActFunc;
 
+use super::Planes;
+
 /// Values per vector.
 const L: usize = 8;
 
@@ -65,62 +67,59 @@ fn transpose8(r: [__m256; L]) -> [__m256; L] {
     ]
 }
 
-/// `dst[j][i] = src[i][j]` for the `p` × `f` row-major `src` and the `f` rows of `dst` at
-/// `(start, stride)` of `to`: blocks of 8 × 8 in registers, the edges one value at a time;
-/// whether a value stored is a NaN or an infinity. `None` (nothing promised about `to`) when
-/// `src` is not `p · f` long or a row of `dst` does not lie in `to`.
+/// `dst[j][i] = src[i][j]` for the `p` × `f` source at `(start, stride)` `at_src` and the
+/// `f` × `p` destination at `at_dst` of `planes`: blocks of 8 × 8 in registers (each block
+/// loaded completely before it is stored), the edges one value at a time; whether a value
+/// stored is a NaN or an infinity. `None` (nothing promised about the destination) when a row
+/// does not lie in its buffer.
 ///
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn transpose(
-    src: &[f32],
+    planes: &mut impl Planes,
     (p, f): (usize, usize),
-    to: &mut [f32],
-    (start, stride): (usize, usize),
+    (src_start, src_stride): (usize, usize),
+    (dst_start, dst_stride): (usize, usize),
 ) -> Option<bool> {
-    if src.len() != p.checked_mul(f)? || stride < p {
-        return None;
-    }
-    let mut dst_rows = to.get_mut(start..)?.chunks_mut(stride);
+    let src_at = |i: usize, j: usize| src_start + i * src_stride + j;
+    let dst_at = |j: usize, i: usize| dst_start + j * dst_stride + i;
     let mut acc = _mm256_setzero_ps();
     let mut non_finite = false;
     let mut j = 0;
     while j + L <= f {
-        let mut rows: [&mut [f32]; L] = Default::default();
-        for row in &mut rows {
-            *row = dst_rows.next()?.get_mut(..p)?;
-        }
         let mut i = 0;
         while i + L <= p {
             let mut r = [_mm256_setzero_ps(); L];
+            let src = planes.src();
             for (ii, r) in r.iter_mut().enumerate() {
-                let x = src.get((i + ii) * f + j..)?.first_chunk::<L>()?;
+                let x = src.get(src_at(i + ii, j)..)?.first_chunk::<L>()?;
                 // SAFETY: `x` holds the 8 values loaded.
                 *r = unsafe { _mm256_loadu_ps(x.as_ptr()) };
                 acc = check(acc, *r);
             }
-            for (row, c) in rows.iter_mut().zip(transpose8(r)) {
-                let y = row.get_mut(i..)?.first_chunk_mut::<L>()?;
+            let dst = planes.dst();
+            for (jj, c) in transpose8(r).into_iter().enumerate() {
+                let y = dst.get_mut(dst_at(j + jj, i)..)?.first_chunk_mut::<L>()?;
                 // SAFETY: `y` holds the 8 values stored.
                 unsafe { _mm256_storeu_ps(y.as_mut_ptr(), c) };
             }
             i += L;
         }
         for i in i..p {
-            for (jj, row) in rows.iter_mut().enumerate() {
-                let x = *src.get(i * f + j + jj)?;
+            for jj in 0..L {
+                let x = *planes.src().get(src_at(i, j + jj))?;
                 non_finite |= !x.is_finite();
-                *row.get_mut(i)? = x;
+                *planes.dst().get_mut(dst_at(j + jj, i))? = x;
             }
         }
         j += L;
     }
-    for (j, row) in (j..f).zip(dst_rows) {
-        for (i, y) in row.get_mut(..p)?.iter_mut().enumerate() {
-            let x = *src.get(i * f + j)?;
+    for j in j..f {
+        for i in 0..p {
+            let x = *planes.src().get(src_at(i, j))?;
             non_finite |= !x.is_finite();
-            *y = x;
+            *planes.dst().get_mut(dst_at(j, i))? = x;
         }
     }
     Some(non_finite || any_nan(acc))

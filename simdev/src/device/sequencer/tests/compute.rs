@@ -386,6 +386,11 @@ fn the_sbuf_window_takes_dma_of_owned_ncs_only_and_is_zeroed_by_reset_and_releas
         (map.sbuf_address(1, 0, 0), dst.pa, 4),
         (map.sbuf_address(0, 3, 65535), dst.pa, 2),
         (src.pa, map.sbuf_address(2, 0, 0), 4),
+        // A good SBUF range with a memory side that leaves its chunk: into SBUF from past
+        // the source chunk's end, out of SBUF past the destination chunk's end (the direct
+        // copies between a chunk and a partition are refused before they copy anything).
+        (src.pa + 64 * KIB - 2, map.sbuf_address(0, 3, 0), 4),
+        (map.sbuf_address(0, 3, 0), dst.pa + 64 * KIB - 2, 4),
     ];
     for (n, &(from, to, len)) in (3u32..).zip(&bad) {
         let mut q = Queue::new(&a, 0, 3, n, 32);
@@ -393,7 +398,13 @@ fn the_sbuf_window_takes_dma_of_owned_ncs_only_and_is_zeroed_by_reset_and_releas
         q.start(&a, 1);
     }
     let flags: Vec<u32> = entries(&nq, 8).iter().map(|e| e.error_flags).collect();
-    assert_eq!(flags, [error_flags::DMA_ABORT | error_flags::OOB; 6]);
+    assert_eq!(flags, [error_flags::DMA_ABORT | error_flags::OOB; 8]);
+    assert_eq!(sbuf(&dev, 0, 3, 0, 4), [0; 4], "nothing copied into SBUF");
+    assert_eq!(
+        dst.read(64 * KIB - 2, 2),
+        pattern(65536)[65534..],
+        "nothing copied out of SBUF (the whole-partition copy's bytes are still there)"
+    );
     assert_eq!(sbuf(&dev, 1, 0, 0, 4), [0; 4], "NC 1's SBUF untouched");
     assert_eq!(
         sbuf(&dev, 0, 3, 65534, 2),
