@@ -1,9 +1,9 @@
 //! fp32 results computed where their tiles lie in SBUF and PSUM, without a result buffer and a
-//! scatter: a `Matmul` writes its PSUM tile directly, an `Activation` from one space into
-//! the other reads and writes the tiles themselves, row by row, and a `Transpose` writes its
-//! destination rows in place, reading an fp32 source where it lies unless it overlaps the
-//! destination (then it is gathered first, so every source value is read before any is
-//! written) (the shapes of the layer builder's programs). A matmul still
+//! scatter (the shapes of the layer builder's programs): a `Matmul` writes its PSUM tile
+//! directly, an `Activation` from one space into the other reads and writes the tiles
+//! themselves, row by row, and a `Transpose` writes its destination rows in place, reading an
+//! fp32 source where it lies unless it overlaps the destination (then it is gathered first, so
+//! every source value is read before any is written). A matmul still
 //! gathers its stationary operand (its K-loop would otherwise touch one page per partition at
 //! every step); the kernel packs the moving operand's columns from SBUF itself.
 //!
