@@ -195,6 +195,27 @@ fn overlap(a: &Tile, b: &Tile) -> bool {
     a.space == b.space && meet(parts(a), parts(b)) && meet(bytes(a), bytes(b))
 }
 
+/// The edges of a transpose, one value at a time: `dst[j][i] = src[i][j]` for `i` in `rows`
+/// and `j` in `cols` (layouts as for [`transpose_planes`]); whether a value stored is a NaN
+/// or an infinity. `None` when a row does not lie in its buffer.
+pub(super) fn transpose_cells(
+    planes: &mut impl Planes,
+    (src_start, src_stride): (usize, usize),
+    (dst_start, dst_stride): (usize, usize),
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) -> Option<bool> {
+    let mut non_finite = false;
+    for j in cols {
+        for i in rows.clone() {
+            let x = *planes.src().get(src_start + i * src_stride + j)?;
+            non_finite |= !x.is_finite();
+            *planes.dst().get_mut(dst_start + j * dst_stride + i)? = x;
+        }
+    }
+    Some(non_finite)
+}
+
 /// `dst[j][i] = src[i][j]` for the `p` × `f` source at `at_src` and the `f` × `p` destination
 /// at `at_dst` of `planes` (each `(start, row stride)`), at the widest level this CPU runs;
 /// whether a value stored is a NaN or an infinity. `None` (nothing promised about the
@@ -237,23 +258,10 @@ fn transpose_planes(
             }
             i += TB;
         }
-        for i in i..p {
-            for jj in 0..TB {
-                let x = *planes.src().get(src_at(i, j + jj))?;
-                non_finite |= !x.is_finite();
-                *planes.dst().get_mut(dst_at(j + jj, i))? = x;
-            }
-        }
+        non_finite |= transpose_cells(planes, at_src, at_dst, i..p, j..j + TB)?;
         j += TB;
     }
-    for j in j..f {
-        for i in 0..p {
-            let x = *planes.src().get(src_at(i, j))?;
-            non_finite |= !x.is_finite();
-            *planes.dst().get_mut(dst_at(j, i))? = x;
-        }
-    }
-    Some(non_finite)
+    Some(non_finite | transpose_cells(planes, at_src, at_dst, 0..p, j..f)?)
 }
 
 /// `Transpose` into an fp32 tile; whether a value stored is not finite. An fp32 source that

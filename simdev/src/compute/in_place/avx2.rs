@@ -13,7 +13,7 @@ use std::arch::x86_64::{
 
 use shared::isa::ActFunc;
 
-use super::Planes;
+use super::{Planes, transpose_cells};
 
 /// Values per vector.
 const L: usize = 8;
@@ -79,11 +79,11 @@ fn transpose8(r: [__m256; L]) -> [__m256; L] {
 pub(super) unsafe fn transpose(
     planes: &mut impl Planes,
     (p, f): (usize, usize),
-    (src_start, src_stride): (usize, usize),
-    (dst_start, dst_stride): (usize, usize),
+    at_src: (usize, usize),
+    at_dst: (usize, usize),
 ) -> Option<bool> {
-    let src_at = |i: usize, j: usize| src_start + i * src_stride + j;
-    let dst_at = |j: usize, i: usize| dst_start + j * dst_stride + i;
+    let src_at = |i: usize, j: usize| at_src.0 + i * at_src.1 + j;
+    let dst_at = |j: usize, i: usize| at_dst.0 + j * at_dst.1 + i;
     let mut acc = _mm256_setzero_ps();
     let mut non_finite = false;
     let mut j = 0;
@@ -106,22 +106,10 @@ pub(super) unsafe fn transpose(
             }
             i += L;
         }
-        for i in i..p {
-            for jj in 0..L {
-                let x = *planes.src().get(src_at(i, j + jj))?;
-                non_finite |= !x.is_finite();
-                *planes.dst().get_mut(dst_at(j + jj, i))? = x;
-            }
-        }
+        non_finite |= transpose_cells(planes, at_src, at_dst, i..p, j..j + L)?;
         j += L;
     }
-    for j in j..f {
-        for i in 0..p {
-            let x = *planes.src().get(src_at(i, j))?;
-            non_finite |= !x.is_finite();
-            *planes.dst().get_mut(dst_at(j, i))? = x;
-        }
-    }
+    non_finite |= transpose_cells(planes, at_src, at_dst, 0..p, j..f)?;
     Some(non_finite || any_nan(acc))
 }
 
