@@ -82,8 +82,25 @@ use crate::xu::{CompletionEngine, ExecInfo, MAX_TPBS_PER_VNC, Progress, Wake};
 pub const EARLY_LIMIT: usize = 4096;
 
 /// The longest the worker waits on a notification eventfd before stepping (checking the
-/// deadline) again.
-pub const POLL_SLICE: Duration = Duration::from_millis(2);
+/// deadline) again; a request with a deadline waits at most until its deadline.
+///
+/// Longer than the scheduler tick of any common kernel ([`LONGEST_TICK`]), so that on a busy
+/// CPU the tick's timer always expires first: the epoll timeout of the wait is then queued and
+/// cancelled without reprogramming the CPU's timer. A shorter slice (it was 2 ms, under a
+/// 250 Hz tick) made every sync execution arm the hardware timer as the worker went to sleep
+/// and again as it woke — a TSC-deadline register write, which in a VM exits to the
+/// hypervisor (about 0.75 writes per execution, traced with `msr:write_msr`). A request that
+/// makes no progress on the fd (a STOP, a lost notification) is still stepped within this
+/// slice, well inside the shutdown drain's 100 ms poll.
+pub const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// The scheduler tick of `CONFIG_HZ=100`, the slowest common kernel configuration.
+pub const LONGEST_TICK: Duration = Duration::from_millis(10);
+
+const _: () = assert!(
+    POLL_SLICE.as_nanos() > LONGEST_TICK.as_nanos(),
+    "the worker's wait must outlast a scheduler tick"
+);
 
 /// Decodes notification error flags into the execution's status and whether it is fatal to the
 /// XU (see the module table).
