@@ -338,3 +338,49 @@ fn max_and_min_of_zeros_are_ieee_maximum_and_minimum() {
     assert_eq!(bits(max_nan(-3.0, 2.5)), bits(2.5));
     assert_eq!(bits(min_nan(-3.0, 2.5)), bits(-3.0));
 }
+
+/// One NaN or infinity, anywhere in an otherwise finite source (every row and column of the
+/// transposes' 8 × 8 blocks and edges, every lane of an activation row's vectors and its
+/// tail), is reported by every level; none, by none.
+#[test]
+fn a_single_non_finite_value_is_reported_at_every_level() {
+    let mut rng = Rng(59);
+    for case in 0..60 {
+        let mut state = random_state(&mut rng, 4096, true);
+        let (p, f) = (1 + below(&mut rng, 40), 1 + below(&mut rng, 90));
+        let src = Tile::sbuf(0, u32_of(p), 0, u32_of(f));
+        let bad = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][case % 3];
+        if case % 5 != 4 {
+            let (i, j) = (below(&mut rng, p), below(&mut rng, f));
+            let one = Tile::sbuf(u32_of(i), 1, u32_of(4 * j), 1);
+            state.scatter(&one, &[bad]).unwrap();
+        }
+        let transpose = Instruction::with_tiles(
+            Opcode::Transpose,
+            &[Tile::sbuf(0, u32_of(f), 8192, u32_of(p)), src],
+            &[],
+        );
+        same_at_every_level(
+            &state,
+            Engine::Dve,
+            &transpose,
+            &format!("transpose {src:?}"),
+        );
+        let func = if case % 2 == 0 {
+            ActFunc::Identity
+        } else {
+            ActFunc::Relu
+        };
+        let activation = Instruction::with_tiles(
+            Opcode::Activation,
+            &[Tile::psum(0, u32_of(p), 0, u32_of(f)), src],
+            &[func as u32, 1.0f32.to_bits(), ScalarMode::None as u32, 0],
+        );
+        same_at_every_level(
+            &state,
+            Engine::Act,
+            &activation,
+            &format!("{func:?} {src:?}"),
+        );
+    }
+}
