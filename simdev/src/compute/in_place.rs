@@ -5,7 +5,7 @@
 //! fp32 source where it lies unless it overlaps the destination (then it is gathered first, so
 //! every source value is read before any is written). A matmul still
 //! gathers its stationary operand (its K-loop would otherwise touch one page per partition at
-//! every step); the kernel packs the moving operand's columns from SBUF itself.
+//! every step); the kernel reads the moving operand from SBUF itself.
 //!
 //! Each computes exactly what the gather path computes: the same kernel with the same chains
 //! for the matmul ([`gemm::Layout`] places its output on the PSUM tile's rows), the same f32
@@ -112,8 +112,8 @@ pub(super) fn matmul(
     if s.a.len() != k * m {
         return None;
     }
-    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel packs its
-    // columns group by group, touching each partition's row once per group), else gathered.
+    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel reads its
+    // rows in place, or packs its columns group by group below AVX-512), else gathered.
     let direct = moving.space == Space::Sbuf && place(moving, usize::MAX).is_some();
     if !direct {
         if let Err(e) = state.gather_into(moving, &mut s.b) {
