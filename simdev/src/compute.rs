@@ -107,7 +107,8 @@ struct Scratch {
     b: Vec<f32>,
     /// Results, and per-partition scalars.
     c: Vec<f32>,
-    /// A matmul's moving operand packed into column panels (the AVX-512 kernel's).
+    /// A matmul's moving operand packed into column panels (the portable and AVX2 kernels';
+    /// the AVX-512 kernel reads it in place).
     pack: Vec<f32>,
 }
 
