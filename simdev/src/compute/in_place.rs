@@ -80,8 +80,14 @@ impl ComputeState {
         self.buffer(Space::Sbuf);
         self.buffer(Space::Psum);
         match (from, to) {
-            (Space::Sbuf, Space::Psum) => Some((floats(&self.sbuf)?, floats_mut(&mut self.psum)?)),
-            (Space::Psum, Space::Sbuf) => Some((floats(&self.psum)?, floats_mut(&mut self.sbuf)?)),
+            (Space::Sbuf, Space::Psum) => Some((
+                floats(self.sbuf.as_deref()?)?,
+                floats_mut(self.psum.as_deref_mut()?)?,
+            )),
+            (Space::Psum, Space::Sbuf) => Some((
+                floats(self.psum.as_deref()?)?,
+                floats_mut(self.sbuf.as_deref_mut()?)?,
+            )),
             _ => None,
         }
     }

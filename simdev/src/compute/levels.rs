@@ -177,9 +177,14 @@ fn same_at_every_level(state: &ComputeState, engine: Engine, inst: &Instruction,
     for (level, effect, sbuf, psum) in &results[1..] {
         assert_eq!(effect, e0, "{what}: {level:?} vs {l0:?}");
         for (space, got, want) in [("SBUF", sbuf, sbuf0), ("PSUM", psum, psum0)] {
+            let (got, want) = (got.as_deref(), want.as_deref());
             // Whole buffers first (a memcmp), the first difference only when there is one.
             if got != want {
-                let at = got.iter().zip(want.iter()).position(|(g, w)| g != w);
+                let at = got
+                    .unwrap_or_default()
+                    .iter()
+                    .zip(want.unwrap_or_default())
+                    .position(|(g, w)| g != w);
                 panic!("{what}: {level:?} vs {l0:?}: {space} byte {at:?} differs");
             }
         }
