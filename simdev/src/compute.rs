@@ -85,8 +85,8 @@ fn idx(v: u32) -> usize {
 
 /// One NC's compute state: SBUF, PSUM, and whether the activation tables are loaded.
 ///
-/// SBUF and PSUM are allocated on first use (zeroed huge pages of their own, see `pages`) and dropped by
-/// [`ComputeState::clear`], so an NC that never computes costs no memory.
+/// SBUF and PSUM are allocated on first use (zeroed huge pages of their own, see `pages`) and
+/// dropped by [`ComputeState::clear`], so an NC that never computes costs no memory.
 #[derive(Default)]
 pub struct ComputeState {
     sbuf: Option<Pages>,
