@@ -833,3 +833,28 @@ fn sbuf_and_psum_start_on_a_huge_page_boundary() {
         assert_eq!(at % (2 << 20), 0, "{space:?} at {at:#x}");
     }
 }
+
+/// A matmul whose stationary and moving operands are fp32 SBUF tiles reads both where they
+/// lie: nothing is gathered into the scratch operands (the stationary operand used to be),
+/// and the product is the reference's.
+#[test]
+fn a_matmul_of_sbuf_fp32_operands_gathers_neither() {
+    let mut s = ComputeState::new();
+    let mut rng = Rng(61);
+    let (k, m, nn) = (64u32, 10u32, 37u32);
+    let stat_t = Tile::sbuf(3, k, 4100, m);
+    let mov_t = Tile::sbuf(3, k, 200, nn);
+    let dst = Tile::psum(1, m, 8, nn);
+    let stat = rng.ints(n(&stat_t), 8);
+    let mov = rng.ints(n(&mov_t), 8);
+    put(&mut s, stat_t, &stat);
+    put(&mut s, mov_t, &mov);
+    ok(&mut s, Engine::Pe, &matmul(dst, stat_t, mov_t));
+    assert!(
+        s.scratch.a.is_empty(),
+        "the stationary operand was gathered"
+    );
+    assert!(s.scratch.b.is_empty(), "the moving operand was gathered");
+    let want = reference_matmul(&stat, &mov, idx(k), idx(m), idx(nn));
+    assert_eq!(get(&mut s, dst), want);
+}
