@@ -46,6 +46,7 @@ use std::fmt;
 use std::ops::Range;
 
 use gemm::Layout;
+use pages::Pages;
 use shared::exec_request::Engine;
 use shared::isa::{
     ActFunc, AluOp, Dt, FLAG_ACCUMULATE, Instruction, Opcode, PSUM_PARTITION_BYTES, ReduceOp,
@@ -84,12 +85,12 @@ fn idx(v: u32) -> usize {
 
 /// One NC's compute state: SBUF, PSUM, and whether the activation tables are loaded.
 ///
-/// SBUF and PSUM are allocated on first use (zero pages from the allocator) and dropped by
-/// [`ComputeState::clear`], so an NC that never computes costs no memory.
+/// SBUF and PSUM are allocated on first use (zeroed huge pages of their own, see `pages`) and
+/// dropped by [`ComputeState::clear`], so an NC that never computes costs no memory.
 #[derive(Default)]
 pub struct ComputeState {
-    sbuf: Vec<u8>,
-    psum: Vec<u8>,
+    sbuf: Option<Pages>,
+    psum: Option<Pages>,
     tables_loaded: bool,
     program: Option<[u64; 5]>,
     scratch: Scratch,
@@ -107,15 +108,16 @@ struct Scratch {
     b: Vec<f32>,
     /// Results, and per-partition scalars.
     c: Vec<f32>,
-    /// A matmul's moving operand packed into column panels (the AVX-512 kernel's).
+    /// A matmul's moving operand packed into column panels (the portable and AVX2 kernels';
+    /// the AVX-512 kernel reads it in place).
     pack: Vec<f32>,
 }
 
 impl fmt::Debug for ComputeState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ComputeState")
-            .field("sbuf_allocated", &!self.sbuf.is_empty())
-            .field("psum_allocated", &!self.psum.is_empty())
+            .field("sbuf_allocated", &self.sbuf.is_some())
+            .field("psum_allocated", &self.psum.is_some())
             .field("tables_loaded", &self.tables_loaded)
             .finish()
     }
@@ -130,8 +132,8 @@ impl ComputeState {
     /// Zeroes SBUF and PSUM and forgets the activation tables (NC claim, reset, release and
     /// reclaim).
     pub fn clear(&mut self) {
-        self.sbuf = Vec::new();
-        self.psum = Vec::new();
+        self.sbuf = None;
+        self.psum = None;
         self.tables_loaded = false;
         self.program = None;
         self.scratch = Scratch::default();
@@ -177,10 +179,7 @@ impl ComputeState {
             Space::Sbuf => &mut self.sbuf,
             Space::Psum => &mut self.psum,
         };
-        if buf.is_empty() {
-            *buf = vec![0; idx(SBUF_PARTITIONS) * idx(partition)];
-        }
-        buf
+        buf.get_or_insert_with(|| Pages::zeroed(idx(SBUF_PARTITIONS) * idx(partition)))
     }
 
     /// Reads `out.len()` bytes at `offset` of SBUF partition `partition` (the SBUF DMA
@@ -214,10 +213,10 @@ impl ComputeState {
         /// What an SBUF partition holds before anything is written to it.
         static ZEROS: [u8; SBUF_PARTITION_BYTES as usize] = [0; SBUF_PARTITION_BYTES as usize];
         let range = Self::range(Space::Sbuf, partition, offset, len)?;
-        if self.sbuf.is_empty() {
-            return ZEROS.get(..len);
+        match &self.sbuf {
+            Some(sbuf) => sbuf.get(range),
+            None => ZEROS.get(..len),
         }
-        self.sbuf.get(range)
     }
 
     /// The `len` bytes at `offset` of SBUF partition `partition` (the SBUF DMA window), for a
@@ -1068,6 +1067,7 @@ fn sgemm(
 
 mod gemm;
 mod in_place;
+mod pages;
 mod simd;
 
 #[cfg(test)]

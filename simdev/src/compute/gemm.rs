@@ -342,8 +342,9 @@ unsafe fn body_fma(
 /// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
 ///
 /// The kernel is the widest this CPU runs ([`simd::level`]): AVX-512F ([`avx512`], for `k` ≤
-/// [`KC`], every `Matmul`, and `n` ≥ 16; it packs the moving matrix into `pack`, which it grows, never
-/// shrinks), AVX2 and FMA, or plain Rust. All compute the same chains.
+/// [`KC`], every `Matmul`, and `n` ≥ 16; it reads the moving matrix where it lies), AVX2 and
+/// FMA, or plain Rust (these two pack the moving matrix into `pack`, which they grow, never
+/// shrink). All compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -366,7 +367,7 @@ pub(super) fn gemm(
         if level >= Level::Avx512 && k <= KC && n >= AVX512_MIN_N {
             // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
             // the CPU lacks); `avx512::body` has no other requirement.
-            return unsafe { avx512::body(stat, mov, shape, l, out, accumulate, pack) };
+            return unsafe { avx512::body(stat, mov, shape, l, out, accumulate) };
         }
         if level >= Level::Avx2Fma {
             // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
@@ -401,7 +402,7 @@ pub(super) fn gemm_avx512_any_n(
     }
     // SAFETY: AVX-512F is supported by this CPU (checked above); `avx512::body` has no other
     // requirement.
-    Some(unsafe { avx512::body(stat, mov, shape, l, out, accumulate, &mut Vec::new()) })
+    Some(unsafe { avx512::body(stat, mov, shape, l, out, accumulate) })
 }
 
 /// Fewest output columns the AVX-512 kernel is used for (one full 16-lane vector).

@@ -3,9 +3,9 @@
 //! directly, an `Activation` from one space into the other reads and writes the tiles
 //! themselves, row by row, and a `Transpose` writes its destination rows in place, reading an
 //! fp32 source where it lies unless it overlaps the destination (then it is gathered first, so
-//! every source value is read before any is written). A matmul still
-//! gathers its stationary operand (its K-loop would otherwise touch one page per partition at
-//! every step); the kernel packs the moving operand's columns from SBUF itself.
+//! every source value is read before any is written). A matmul's kernel reads fp32 SBUF
+//! operands, stationary and moving, from SBUF itself (SBUF lies on huge pages, see `pages`:
+//! walking down the partitions costs no TLB misses); other operands are gathered.
 //!
 //! Each computes exactly what the gather path computes: the same kernel with the same chains
 //! for the matmul ([`gemm::Layout`] places its output on the PSUM tile's rows), the same f32
@@ -80,17 +80,22 @@ impl ComputeState {
         self.buffer(Space::Sbuf);
         self.buffer(Space::Psum);
         match (from, to) {
-            (Space::Sbuf, Space::Psum) => Some((floats(&self.sbuf)?, floats_mut(&mut self.psum)?)),
-            (Space::Psum, Space::Sbuf) => Some((floats(&self.psum)?, floats_mut(&mut self.sbuf)?)),
+            (Space::Sbuf, Space::Psum) => Some((
+                floats(self.sbuf.as_deref()?)?,
+                floats_mut(self.psum.as_deref_mut()?)?,
+            )),
+            (Space::Psum, Space::Sbuf) => Some((
+                floats(self.psum.as_deref()?)?,
+                floats_mut(self.sbuf.as_deref_mut()?)?,
+            )),
             _ => None,
         }
     }
 }
 
-/// `Matmul` of gathered operands (`s.a` the stationary, `s.b` the moving, contiguous: the
-/// kernel's K-loop then walks a few pages, not one per partition) straight into its fp32 PSUM
-/// `dst`, without a result buffer or a scatter; whether a value stored is not finite. `None`:
-/// not covered (see the module doc).
+/// `Matmul` of operands read where they lie (fp32 SBUF tiles) or gathered (into `s.a` the
+/// stationary, `s.b` the moving) straight into its fp32 PSUM `dst`, without a result buffer or
+/// a scatter; whether a value stored is not finite. `None`: not covered (see the module doc).
 pub(super) fn matmul(
     state: &mut ComputeState,
     s: &mut Scratch,
@@ -101,19 +106,25 @@ pub(super) fn matmul(
     if dst.space != Space::Psum || place(dst, usize::MAX).is_none() {
         return None;
     }
-    if let Err(e) = state.gather_into(stationary, &mut s.a) {
-        return Some(Err(e));
-    }
     let (k, m, n) = (
         idx(stationary.partitions),
         idx(stationary.elems),
         idx(moving.elems),
     );
-    if s.a.len() != k * m {
-        return None;
+    // The stationary operand where it lies when it is an fp32 SBUF tile too (its K-loop
+    // steps from partition to partition: on huge pages, see `pages`, that costs no TLB
+    // misses), else gathered.
+    let stat_direct = stationary.space == Space::Sbuf && place(stationary, usize::MAX).is_some();
+    if !stat_direct {
+        if let Err(e) = state.gather_into(stationary, &mut s.a) {
+            return Some(Err(e));
+        }
+        if s.a.len() != k * m {
+            return None;
+        }
     }
-    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel packs its
-    // columns group by group, touching each partition's row once per group), else gathered.
+    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel reads its
+    // rows in place, or packs its columns group by group below AVX-512), else gathered.
     let direct = moving.space == Space::Sbuf && place(moving, usize::MAX).is_some();
     if !direct {
         if let Err(e) = state.gather_into(moving, &mut s.b) {
@@ -130,13 +141,18 @@ pub(super) fn matmul(
     } else {
         (&s.b[..], (0, n))
     };
+    let (stat, at_stat) = if stat_direct {
+        (sbuf, place(stationary, sbuf.len())?)
+    } else {
+        (&s.a[..], (0, m))
+    };
     let layout = gemm::Layout {
-        out,
+        stat: at_stat,
         mov: at_mov,
-        ..gemm::Layout::contiguous(m, n)
+        out,
     };
     Some(Ok(gemm::gemm(
-        &s.a,
+        stat,
         mov,
         (k, m, n),
         layout,

@@ -786,7 +786,7 @@ fn the_sbuf_window_lends_ranges_inside_one_partition_and_refuses_the_rest() {
     let mut s = ComputeState::new();
     assert_eq!(s.sbuf_bytes(127, 65528, 8), Some(&[0u8; 8][..]));
     assert_eq!(s.sbuf_bytes(0, 0, 65536).map(<[u8]>::len), Some(65536));
-    assert!(s.sbuf.is_empty(), "reading allocated nothing");
+    assert!(s.sbuf.is_none(), "reading allocated nothing");
     let refused: [(u32, u64, usize); 6] = [
         (128, 0, 1),
         (0, 65535, 2),
@@ -802,7 +802,7 @@ fn the_sbuf_window_lends_ranges_inside_one_partition_and_refuses_the_rest() {
             "{p} {offset} {len}"
         );
     }
-    assert!(s.sbuf.is_empty(), "refusals allocated nothing");
+    assert!(s.sbuf.is_none(), "refusals allocated nothing");
     for p in [0, 5, 126] {
         s.sbuf_bytes_mut(p, 0, 65536).unwrap().fill(0xA5);
     }
@@ -821,4 +821,40 @@ fn the_sbuf_window_lends_ranges_inside_one_partition_and_refuses_the_rest() {
     assert!(s.read_sbuf(6, 100, &mut word));
     assert_eq!(word, [1, 2, 3, 4]);
     assert_eq!(s.sbuf_bytes(5, 65532, 4), Some(&[0xA5u8; 4][..]));
+}
+
+/// SBUF and PSUM are allocated on their own huge-page-aligned mappings (`pages`): every tile
+/// walk down the partitions then stays within a few TLB entries.
+#[test]
+fn sbuf_and_psum_start_on_a_huge_page_boundary() {
+    let mut s = ComputeState::new();
+    for space in [Space::Sbuf, Space::Psum] {
+        let at = s.buffer(space).as_ptr() as usize;
+        assert_eq!(at % (2 << 20), 0, "{space:?} at {at:#x}");
+    }
+}
+
+/// A matmul whose stationary and moving operands are fp32 SBUF tiles reads both where they
+/// lie: nothing is gathered into the scratch operands (the stationary operand used to be),
+/// and the product is the reference's.
+#[test]
+fn a_matmul_of_sbuf_fp32_operands_gathers_neither() {
+    let mut s = ComputeState::new();
+    let mut rng = Rng(61);
+    let (k, m, nn) = (64u32, 10u32, 37u32);
+    let stat_t = Tile::sbuf(3, k, 4100, m);
+    let mov_t = Tile::sbuf(3, k, 200, nn);
+    let dst = Tile::psum(1, m, 8, nn);
+    let stat = rng.ints(n(&stat_t), 8);
+    let mov = rng.ints(n(&mov_t), 8);
+    put(&mut s, stat_t, &stat);
+    put(&mut s, mov_t, &mov);
+    ok(&mut s, Engine::Pe, &matmul(dst, stat_t, mov_t));
+    assert!(
+        s.scratch.a.is_empty(),
+        "the stationary operand was gathered"
+    );
+    assert!(s.scratch.b.is_empty(), "the moving operand was gathered");
+    let want = reference_matmul(&stat, &mov, idx(k), idx(m), idx(nn));
+    assert_eq!(get(&mut s, dst), want);
 }

@@ -2,19 +2,20 @@
 //! kernel (each output one fused multiply-add chain over `k` in order from +0, then the
 //! finish of [`super::finish`]), 16 lanes at a time.
 //!
-//! The moving matrix is first copied, row by row, into `pack` as a contiguous matrix whose
-//! rows are padded with zeros to a multiple of [`LANES`] columns (the padding columns are
-//! computed and never stored): SBUF rows are 64 KiB apart, so walking a column group down the
-//! partitions would map every row to the same few cache sets, and each row is read front to
-//! back once instead. Each group of [`W`] columns (the last group one vector of [`LANES`]
-//! when no more than that is left: a batch of 360 computes 368 columns, not 384) is then
-//! swept by blocks of [`MB`] output rows (the last block narrower): `2 · MB` accumulators
-//! (`MB` in a one-vector group), the stationary values broadcast, stored through a mask.
+//! Each group of [`W`] columns of the moving matrix (the last group one vector of [`LANES`]
+//! when no more than that is left: a batch of 360 computes 368 columns, not 384) is swept by
+//! blocks of [`MB`] output rows (the last block narrower): `2 · MB` accumulators (`MB` in a
+//! one-vector group), the stationary values broadcast, the moving rows loaded where they lie
+//! (the lanes past the matrix's last column masked off: they load zeros, are computed and never
+//! stored), the results stored through a mask. The moving matrix is not packed first: SBUF
+//! partitions are one cache line more than 64 KiB apart ([`super::super::partition_stride`]),
+//! so a group's rows fall in different cache sets and stay in L1 from one block of rows to the
+//! next, and the copy cost more than it saved (measured: the digits network's three matmuls
+//! about 5 % faster without it).
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _CMP_UNORD_Q, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_mask_cmp_ps_mask, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_mul_ps,
-    _mm512_set1_ps, _mm512_setzero_ps,
+    __m512, __mmask16, _CMP_UNORD_Q, _mm512_add_ps, _mm512_fmadd_ps, _mm512_mask_cmp_ps_mask,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
 use super::{KC, Layout, at};
@@ -35,56 +36,43 @@ const fn lane_mask(lanes: usize) -> __mmask16 {
     }
 }
 
-/// Copies the `k` × `n` moving matrix at `place` of `mov` into `pack`, row by row, as a
-/// contiguous `k` × `⌈n / LANES⌉ · LANES` matrix (see the module doc; the padding columns are zeros);
-/// its row length, `None` when a row does not lie in `mov`.
-#[inline]
-fn pack(
-    mov: &[f32],
-    place: (usize, usize),
-    (k, n): (usize, usize),
-    pack: &mut Vec<f32>,
-) -> Option<usize> {
-    let width = n.div_ceil(LANES).checked_mul(LANES)?;
-    let need = k.checked_mul(width)?;
-    // Grown only (every element is written below before it is read).
-    if pack.len() < need {
-        pack.resize(need, 0.0);
-    }
-    for (kk, dst) in pack.chunks_exact_mut(width.max(1)).take(k).enumerate() {
-        let start = at(place, kk, 0)?;
-        let (head, zeros) = dst.split_at_mut(n);
-        head.copy_from_slice(mov.get(start..start.checked_add(n)?)?);
-        zeros.fill(0.0);
-    }
-    Some(width)
-}
-
 /// The `R` × `V · LANES` chains at rows `m0..` of `stat` over the `V` vectors of columns
-/// from `n0` of the packed `k` × `width` matrix `packed`: each its own chain over `k` in
-/// order, from +0.
+/// from `n0` of the `k` × `n` moving matrix at `(start, stride)` of `mov`, read where it lies
+/// (`width` ≤ `V · LANES` of those columns; the lanes past them load zeros and are never
+/// stored): each its own chain over `k` in order, from +0.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn block<const R: usize, const V: usize>(
     stat: &[f32],
     (start, stride): (usize, usize),
     m0: usize,
-    (packed, width, n0): (&[f32], usize, usize),
+    (mov, place, k): (&[f32], (usize, usize), usize),
+    (n0, width): (usize, usize),
 ) -> [[__m512; V]; R] {
     let mut acc = [[_mm512_setzero_ps(); V]; R];
-    let mut at = start.saturating_add(m0);
-    for row in packed.chunks_exact(width.max(1)) {
-        // Every row was checked by `gemm` and `pack`: the `else` is never taken.
+    // Vector `h` loads the lanes of columns `16 · h ..` below `width` (none when there are
+    // none): computed once, outside the loop.
+    let mut masks = [0; V];
+    for (h, mask) in masks.iter_mut().enumerate() {
+        *mask = lane_mask(width.saturating_sub(h * LANES));
+    }
+    let mut at_stat = start.saturating_add(m0);
+    let mut at_mov = place.0.saturating_add(n0);
+    for _ in 0..k {
+        // Every row was checked by `gemm`: the `else` is never taken. (No closure here: a
+        // call in this loop would spill the accumulators.)
         let (Some(a), Some(b)) = (
-            stat.get(at..).and_then(|a| a.first_chunk::<R>()),
-            row.get(n0..n0 + V * LANES),
+            stat.get(at_stat..).and_then(<[f32]>::first_chunk::<R>),
+            mov.get(at_mov..at_mov.saturating_add(width)),
         ) else {
             break;
         };
         let mut bv = [_mm512_setzero_ps(); V];
-        for (v, b) in bv.iter_mut().zip(b.chunks_exact(LANES)) {
-            // SAFETY: `b` holds `LANES` = 16 f32, the values loaded.
-            *v = unsafe { _mm512_loadu_ps(b.as_ptr()) };
+        for ((v, &mask), h) in bv.iter_mut().zip(&masks).zip(0..) {
+            // SAFETY: the mask enables the lanes `i` with `16 · h + i < width = b.len()`,
+            // all inside `b` (the others are not read and load as zeros; the pointer is
+            // only formed, with `wrapping_add`, never read outside `b`).
+            *v = unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().wrapping_add(h * LANES)) };
         }
         for (acc, &a) in acc.iter_mut().zip(a) {
             let a = _mm512_set1_ps(a);
@@ -92,7 +80,8 @@ fn block<const R: usize, const V: usize>(
                 *acc = _mm512_fmadd_ps(a, b, *acc);
             }
         }
-        at = at.saturating_add(stride);
+        at_stat = at_stat.saturating_add(stride);
+        at_mov = at_mov.saturating_add(place.1);
     }
     acc
 }
@@ -148,11 +137,11 @@ fn rows<const R: usize, const V: usize>(
     stat: &[f32],
     l: Layout,
     (m0, n0, width): (usize, usize, usize),
-    packed: (&[f32], usize),
+    (mov, k): (&[f32], usize),
     out: &mut [f32],
     accumulate: bool,
 ) -> __mmask16 {
-    let acc = block::<R, V>(stat, l.stat, m0, (packed.0, packed.1, n0));
+    let acc = block::<R, V>(stat, l.stat, m0, (mov, l.mov, k), (n0, width));
     store::<R, V>(&acc, l.out, (m0, n0, width), out, accumulate)
 }
 
@@ -188,9 +177,8 @@ fn group<const V: usize>(
         }
 }
 
-/// [`super::gemm`] for `k` ≤ [`KC`] on AVX-512F, `pack_buffer` the buffer of the packed moving
-/// matrix (grown to `k · ⌈n / 16⌉ · 16` values; it allocates only to grow). The caller checked that
-/// every row of `stat` and `mov` lies in its slice.
+/// [`super::gemm`] for `k` ≤ [`KC`] on AVX-512F (it allocates nothing). The caller checked
+/// that every row of `stat` and `mov` lies in its slice.
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
@@ -202,19 +190,12 @@ pub(super) unsafe fn body(
     l: Layout,
     out: &mut [f32],
     accumulate: bool,
-    pack_buffer: &mut Vec<f32>,
 ) -> bool {
     if k > KC {
         // Not a shape of this kernel (the caller never asks): nothing is stored.
         return false;
     }
-    let Some(row) = pack(mov, l.mov, (k, n), pack_buffer) else {
-        return false;
-    };
-    let Some(packed) = pack_buffer.get(..k * row) else {
-        return false;
-    };
-    let panel = (packed, row);
+    let panel = (mov, k);
     let mut non_finite: __mmask16 = 0;
     for n0 in (0..n).step_by(W) {
         let width = (n - n0).min(W);

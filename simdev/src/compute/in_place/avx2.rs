@@ -7,8 +7,9 @@
 
 use std::arch::x86_64::{
     __m256, _CMP_UNORD_Q, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_loadu_ps,
-    _mm256_max_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+    _mm256_max_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_or_ps, _mm256_permute2f128_ps,
+    _mm256_set1_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps,
+    _mm256_unpacklo_ps,
 };
 
 use shared::isa::ActFunc;
@@ -26,12 +27,15 @@ fn any_nan(acc: __m256) -> bool {
     _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(acc, acc)) != 0
 }
 
-/// `acc + y · 0`: stays ±0 while every `y` is finite, becomes a NaN for good at the first
-/// NaN or infinity.
+/// The bits of `acc` or those of `y · 0`: `y · 0` is ±0 for a finite `y` and a NaN for a NaN
+/// or an infinity, so `acc` stays ±0 while every `y` is finite and becomes a NaN (all exponent
+/// bits and a mantissa bit set) for good at the first NaN or infinity. A bitwise or, not an
+/// addition: a pass checks every vector into one `acc`, and the chain then waits one cycle per
+/// vector, not an addition's latency.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn check(acc: __m256, y: __m256) -> __m256 {
-    _mm256_add_ps(acc, _mm256_mul_ps(y, _mm256_setzero_ps()))
+    _mm256_or_ps(acc, _mm256_mul_ps(y, _mm256_setzero_ps()))
 }
 
 /// The 8 × 8 transpose of `r` (row `i` of the result is column `i` of `r`).
