@@ -9,77 +9,49 @@
 //! cannot provide is an allocation failure, as `vec![0; len]` would be. The price: an NC that
 //! computes holds its whole SBUF (8 MiB) and PSUM (2 MiB) in memory once it touches them,
 //! where small pages held only the pages touched.
+//!
+//! The mapping (`memmap2`) reserves one huge page more than the buffer needs and the buffer
+//! starts at the first 2 MiB boundary inside it; the slack before and after is never touched,
+//! so it costs address space only.
 
 use std::alloc::{Layout, handle_alloc_error};
-use std::ptr::NonNull;
+
+use memmap2::{Advice, MmapMut};
 
 /// A huge page.
 const HUGE: usize = 2 << 20;
 
 /// `len` zeroed bytes of their own anonymous mapping (see the module doc), unmapped on drop.
+///
+/// # Invariants
+/// `offset + len <= map.len()`, `offset` is where the mapping crosses its first `HUGE`
+/// boundary, and `len > 0`.
 pub(super) struct Pages {
-    /// The first byte, `HUGE`-aligned.
-    ptr: NonNull<u8>,
-    /// Bytes the slice covers (> 0).
+    map: MmapMut,
+    offset: usize,
     len: usize,
-    /// Bytes mapped from `ptr` (`len` rounded up to `HUGE`).
-    mapped: usize,
 }
-
-// SAFETY: `Pages` owns its mapping exclusively (like a `Box<[u8]>`): moving it to another
-// thread moves that ownership.
-unsafe impl Send for Pages {}
-// SAFETY: as above: a shared reference gives only `&[u8]`.
-unsafe impl Sync for Pages {}
 
 impl Pages {
     /// `len` zeroed bytes (`len` is at least one byte: an empty buffer is rounded to one).
     pub(super) fn zeroed(len: usize) -> Self {
         let len = len.max(1);
-        let fail = || handle_alloc_error(Layout::array::<u8>(len).unwrap_or(Layout::new::<u8>()));
-        let Some((mapped, reserve)) = len
+        let fail =
+            || -> ! { handle_alloc_error(Layout::array::<u8>(len).unwrap_or(Layout::new::<u8>())) };
+        let Some((huge_len, reserve)) = len
             .checked_next_multiple_of(HUGE)
             .and_then(|m| Some((m, m.checked_add(HUGE)?)))
         else {
             fail()
         };
-        // SAFETY: a fresh private anonymous mapping at an address the kernel chooses: it
-        // touches no existing memory.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserve,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+        let Ok(map) = MmapMut::map_anon(reserve) else {
+            fail()
         };
-        if base == libc::MAP_FAILED {
-            fail();
-        }
-        let base = base.cast::<u8>();
-        // The slack before the first huge-page boundary and after `mapped` bytes from it.
-        let head = (base as usize).next_multiple_of(HUGE) - base as usize;
-        let tail = reserve - head - mapped;
-        // SAFETY: `head + mapped + tail == reserve`: every range below lies in the mapping
-        // just made, which nothing else uses; the middle `mapped` bytes stay mapped. The
-        // advice is only advice: refused, the pages stay small.
-        let ptr = unsafe {
-            let ptr = base.add(head);
-            if head > 0 {
-                libc::munmap(base.cast(), head);
-            }
-            if tail > 0 {
-                libc::munmap(ptr.add(mapped).cast(), tail);
-            }
-            libc::madvise(ptr.cast(), mapped, libc::MADV_HUGEPAGE);
-            ptr
-        };
-        match NonNull::new(ptr) {
-            Some(ptr) => Self { ptr, len, mapped },
-            None => fail(),
-        }
+        let at = map.as_ptr() as usize;
+        let offset = at.next_multiple_of(HUGE) - at;
+        // Only advice: refused (THP disabled), the pages stay small.
+        let _ = map.advise_range(Advice::HugePage, offset, huge_len);
+        Self { map, offset, len }
     }
 }
 
@@ -94,23 +66,17 @@ impl Clone for Pages {
 impl std::ops::Deref for Pages {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` ≤ `mapped` bytes (zeroed by the kernel, written
-        // only through `deref_mut` since) for as long as `self` lives.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // Always `Some` (the type's invariant); the empty slice is never seen.
+        self.map
+            .get(self.offset..self.offset + self.len)
+            .unwrap_or_default()
     }
 }
 
 impl std::ops::DerefMut for Pages {
     fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as for `deref`; `&mut self` makes the slice the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for Pages {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + mapped` is the mapping `zeroed` kept, no longer referenced.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        let range = self.offset..self.offset + self.len;
+        self.map.get_mut(range).unwrap_or_default()
     }
 }
 
