@@ -93,6 +93,24 @@ impl ComputeState {
     }
 }
 
+/// A matmul operand: `Ok(true)` when it is an fp32 SBUF tile, read where it lies; `Ok(false)`
+/// once gathered into `into` as `len` values; the gather's error; `None` (not covered) when
+/// the gather gave another number of values.
+fn in_place_or_gathered(
+    state: &mut ComputeState,
+    t: &Tile,
+    into: &mut Vec<f32>,
+    len: usize,
+) -> Option<Result<bool, ExecError>> {
+    if t.space == Space::Sbuf && place(t, usize::MAX).is_some() {
+        return Some(Ok(true));
+    }
+    if let Err(e) = state.gather_into(t, into) {
+        return Some(Err(e));
+    }
+    (into.len() == len).then_some(Ok(false))
+}
+
 /// `Matmul` of operands read where they lie (fp32 SBUF tiles) or gathered (into `s.a` the
 /// stationary, `s.b` the moving) straight into its fp32 PSUM `dst`, without a result buffer or
 /// a scatter; whether a value stored is not finite. `None`: not covered (see the module doc).
@@ -111,29 +129,18 @@ pub(super) fn matmul(
         idx(stationary.elems),
         idx(moving.elems),
     );
-    // The stationary operand where it lies when it is an fp32 SBUF tile too (its K-loop
-    // steps from partition to partition: on huge pages, see `pages`, that costs no TLB
-    // misses), else gathered.
-    let stat_direct = stationary.space == Space::Sbuf && place(stationary, usize::MAX).is_some();
-    if !stat_direct {
-        if let Err(e) = state.gather_into(stationary, &mut s.a) {
-            return Some(Err(e));
-        }
-        if s.a.len() != k * m {
-            return None;
-        }
-    }
-    // The moving operand where it lies when it is an fp32 SBUF tile (the kernel reads its
-    // rows in place, or packs its columns group by group below AVX-512), else gathered.
-    let direct = moving.space == Space::Sbuf && place(moving, usize::MAX).is_some();
-    if !direct {
-        if let Err(e) = state.gather_into(moving, &mut s.b) {
-            return Some(Err(e));
-        }
-        if s.b.len() != k * n {
-            return None;
-        }
-    }
+    // Each operand where it lies when it is an fp32 SBUF tile, else gathered. The stationary
+    // operand's K-loop steps from partition to partition (on huge pages, see `pages`, that
+    // costs no TLB misses); the kernel reads the moving operand's rows in place, or packs its
+    // columns group by group below AVX-512.
+    let stat_direct = match in_place_or_gathered(state, stationary, &mut s.a, k * m)? {
+        Ok(direct) => direct,
+        Err(e) => return Some(Err(e)),
+    };
+    let direct = match in_place_or_gathered(state, moving, &mut s.b, k * n)? {
+        Ok(direct) => direct,
+        Err(e) => return Some(Err(e)),
+    };
     let (sbuf, psum) = state.split(Space::Sbuf, Space::Psum)?;
     let out = place(dst, psum.len())?;
     let (mov, at_mov) = if direct {

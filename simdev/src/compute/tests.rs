@@ -31,6 +31,23 @@ fn ok(state: &mut ComputeState, engine: Engine, inst: &Instruction) -> Effect {
     run(state, engine, inst).unwrap_or_else(|e| panic!("{inst:?}: {e}"))
 }
 
+/// Random small integers (exact in fp32) written to `stat_t` and `mov_t`, then `inst` (a
+/// matmul of the two) run; returns their product by the reference.
+fn random_matmul(
+    s: &mut ComputeState,
+    rng: &mut Rng,
+    (stat_t, mov_t): (Tile, Tile),
+    inst: &Instruction,
+) -> Vec<f32> {
+    let stat = rng.ints(n(&stat_t), 8);
+    let mov = rng.ints(n(&mov_t), 8);
+    put(s, stat_t, &stat);
+    put(s, mov_t, &mov);
+    ok(s, Engine::Pe, inst);
+    let (k, m, nn) = (stat_t.partitions, stat_t.elems, mov_t.elems);
+    reference_matmul(&stat, &mov, idx(k), idx(m), idx(nn))
+}
+
 fn refused(engine: Engine, inst: &Instruction) -> String {
     let op = inst.op().unwrap();
     match decode(engine, op, inst) {
@@ -96,20 +113,16 @@ fn matmul_with_k_128_and_accumulation() {
     let stat_t = Tile::sbuf(0, k, 0, m);
     let mov_t = Tile::sbuf(0, k, 4096, nn);
     let dst = Tile::psum(64, m, 0, nn);
-    let stat = rng.ints(n(&stat_t), 8);
-    let mov = rng.ints(n(&mov_t), 8);
-    put(&mut s, stat_t, &stat);
-    put(&mut s, mov_t, &mov);
-    ok(&mut s, Engine::Pe, &matmul(dst, stat_t, mov_t));
-    let first = reference_matmul(&stat, &mov, idx(k), idx(m), idx(nn));
+    let first = random_matmul(
+        &mut s,
+        &mut rng,
+        (stat_t, mov_t),
+        &matmul(dst, stat_t, mov_t),
+    );
     assert_eq!(get(&mut s, dst), first);
     // A second product accumulated on top.
-    let stat2 = rng.ints(n(&stat_t), 8);
-    let mov2 = rng.ints(n(&mov_t), 8);
-    put(&mut s, stat_t, &stat2);
-    put(&mut s, mov_t, &mov2);
-    ok(&mut s, Engine::Pe, &matmul(dst, stat_t, mov_t).accumulate());
-    let second = reference_matmul(&stat2, &mov2, idx(k), idx(m), idx(nn));
+    let accumulate = matmul(dst, stat_t, mov_t).accumulate();
+    let second = random_matmul(&mut s, &mut rng, (stat_t, mov_t), &accumulate);
     let sum: Vec<f32> = first.iter().zip(&second).map(|(a, b)| a + b).collect();
     assert_eq!(get(&mut s, dst), sum);
     // Fractions: close to the plain loop.
@@ -845,16 +858,16 @@ fn a_matmul_of_sbuf_fp32_operands_gathers_neither() {
     let stat_t = Tile::sbuf(3, k, 4100, m);
     let mov_t = Tile::sbuf(3, k, 200, nn);
     let dst = Tile::psum(1, m, 8, nn);
-    let stat = rng.ints(n(&stat_t), 8);
-    let mov = rng.ints(n(&mov_t), 8);
-    put(&mut s, stat_t, &stat);
-    put(&mut s, mov_t, &mov);
-    ok(&mut s, Engine::Pe, &matmul(dst, stat_t, mov_t));
+    let want = random_matmul(
+        &mut s,
+        &mut rng,
+        (stat_t, mov_t),
+        &matmul(dst, stat_t, mov_t),
+    );
     assert!(
         s.scratch.a.is_empty(),
         "the stationary operand was gathered"
     );
     assert!(s.scratch.b.is_empty(), "the moving operand was gathered");
-    let want = reference_matmul(&stat, &mov, idx(k), idx(m), idx(nn));
     assert_eq!(get(&mut s, dst), want);
 }
