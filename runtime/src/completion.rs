@@ -60,7 +60,7 @@
 //! running the execution, so nothing more can be queued behind it.
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -634,6 +634,31 @@ impl CompletionEngine for NqEngine {
             within: Some(Self::IDLE_WATCH),
         })
     }
+
+    /// Whether nothing of `info` (never stepped) is posted yet on an NC of it that reports
+    /// through `wake`'s eventfd: its notification there is posted later, and that write makes
+    /// the drained fd readable. Reads the NQ's phase word only, as
+    /// [`CompletionEngine::progress_posted`] does; an NC that lost its device or holds an early
+    /// entry counts as posted (a step would find it at once).
+    fn progress_shows_on(&self, _vnc: u32, info: &ExecInfo<ExecRequest>, wake: &Wake<'_>) -> bool {
+        let req = &info.request;
+        let n = req.num_tpbs.min(MAX_TPBS_PER_VNC);
+        (0..n).any(|i| {
+            !req.done[i]
+                && self.nc_reader(req.ncs[i]).is_some_and(|nc| {
+                    nc.notify_fd
+                        .as_ref()
+                        .is_some_and(|fd| fd.as_raw_fd() == wake.fd.as_raw_fd())
+                        && {
+                            let r = nc
+                                .reader
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            !r.lost && r.early.is_empty() && !r.has_posted()
+                        }
+                })
+        })
+    }
 }
 
 impl NqEngine {
@@ -861,6 +886,41 @@ mod tests {
             engine.progress_one_step(0, &mut info(0)),
             Progress::Error(NrtStatus::HwError)
         );
+    }
+
+    /// The idle watch's test for a request released after the watch's fd was drained: covered
+    /// while nothing of it is posted on the NC reporting through that fd; not once its entry
+    /// is posted (the write that said so may have been drained), nor when another reader
+    /// holds its entry early, nor for a watch on another fd.
+    #[test]
+    fn a_request_shows_on_the_idle_watch_only_while_nothing_of_it_is_posted_there() {
+        let (engine, w, _fd) = engine_with_notify_fd();
+        let mut first = info(0);
+        post(&w, 8, 0, 0, 0);
+        assert_eq!(
+            engine.progress_one_step(0, &mut first),
+            Progress::Done(NrtStatus::Success)
+        );
+        let wake = engine
+            .idle_wake(0, &first)
+            .expect("a watch on NC 3's eventfd");
+        let next = info(1);
+        assert!(engine.progress_shows_on(0, &next, &wake), "nothing posted");
+        let other = nix::sys::eventfd::EventFd::new().unwrap();
+        let elsewhere = Wake {
+            fd: other.as_fd(),
+            within: None,
+        };
+        assert!(
+            !engine.progress_shows_on(0, &next, &elsewhere),
+            "its NC does not report through that fd"
+        );
+        post(&w, 8, 1, 1, 0);
+        assert!(!engine.progress_shows_on(0, &next, &wake), "posted");
+        // Another reader drains it: held early for the harvest, still not covered.
+        engine.drain_for_dma_errors(3);
+        assert!(!engine.reader(3).unwrap().lock().unwrap().early.is_empty());
+        assert!(!engine.progress_shows_on(0, &next, &wake), "held early");
     }
 
     fn info(compute_idx: u32) -> ExecInfo<ExecRequest> {

@@ -1309,6 +1309,146 @@ fn a_burst_never_steps_a_released_request_before_its_has_work_efd_write() {
     workers.destroy();
 }
 
+/// What a [`Racing`] engine runs in its `idle_wake`, before the drain: the submitter that the
+/// completion woke, running before the worker's step ends.
+type RaceHook = Box<dyn FnOnce() + Send>;
+
+/// [`Posting`]'s engine with an idle watch on its eventfd (drained there, as the
+/// notification-queue engine drains the NC's eventfd) and a hook run in `idle_wake` just
+/// before the drain; [`CompletionEngine::progress_shows_on`] is "nothing posted yet".
+struct Racing {
+    efd: Arc<nix::sys::eventfd::EventFd>,
+    posted: AtomicU64,
+    progress_calls: AtomicU64,
+    hook: Mutex<Option<RaceHook>>,
+}
+
+impl std::fmt::Debug for Racing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Racing")
+            .field("posted", &self.posted)
+            .field("progress_calls", &self.progress_calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompletionEngine for Racing {
+    type Request = u64;
+
+    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<u64>) -> Progress {
+        self.progress_calls.fetch_add(1, Ordering::Relaxed);
+        let _ = self.efd.read();
+        match self
+            .posted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        {
+            Ok(_) => Progress::Done(NrtStatus::Success),
+            Err(_) => Progress::InFlight,
+        }
+    }
+
+    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        Some(super::Wake {
+            fd: self.efd.as_fd(),
+            within: None,
+        })
+    }
+
+    fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        if let Some(hook) = self.hook.lock().unwrap().take() {
+            hook();
+        }
+        let _ = self.efd.read();
+        Some(super::Wake {
+            fd: self.efd.as_fd(),
+            within: None,
+        })
+    }
+
+    fn progress_posted(&self, _vnc: u32, _info: &ExecInfo<u64>) -> bool {
+        self.posted.load(Ordering::Acquire) > 0
+    }
+
+    fn progress_shows_on(&self, _vnc: u32, _info: &ExecInfo<u64>, _wake: &super::Wake<'_>) -> bool {
+        self.posted.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A worker over one XU of a [`Racing`] engine whose first request, posted, completes at its
+/// first step; while that step ends, `race` runs with the XU (the submitter woken by the
+/// completion). Returns once the first request completed, with the request `race` submitted.
+fn racing(
+    race: impl FnOnce(&Racing, &Xu<Racing>) -> SeqId + Send + 'static,
+) -> (Arc<Racing>, Arc<Xu<Racing>>, XuWorkers, SeqId) {
+    let engine = Arc::new(Racing {
+        efd: nonblocking_efd(),
+        posted: AtomicU64::new(1),
+        progress_calls: AtomicU64::new(0),
+        hook: Mutex::new(None),
+    });
+    let xu = typed(engine.clone(), XuType::Compute, 0, 0, 4);
+    let next = Arc::new(Mutex::new(None));
+    let (weak_xu, weak_engine, slot) = (Arc::downgrade(&xu), Arc::downgrade(&engine), next.clone());
+    *engine.hook.lock().unwrap() = Some(Box::new(move || {
+        let (xu, engine) = (weak_xu.upgrade().unwrap(), weak_engine.upgrade().unwrap());
+        *slot.lock().unwrap() = Some(race(&engine, &xu));
+    }));
+    let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
+    let (first, _) = submit(&*xu, 1).unwrap();
+    wait_until("the first request", || xu.is_completed(first));
+    let next = next.lock().unwrap().expect("the race ran");
+    (engine, xu, workers, next)
+}
+
+/// The idle watch covers a request released while its predecessor's step was still ending —
+/// the submitter, woken by the completion, ran first (on one busy CPU it usually does): the
+/// request is stepped first at its notification, once, not at once on its `has_work_efd`
+/// count to be found in flight and waited for on the same fd. (The worker before stepped it
+/// at once: two steps and an extra `epoll_wait` per execution for 40 % of back-to-back sync
+/// executions on simdev.)
+#[test]
+fn a_request_released_while_the_last_one_completes_is_stepped_first_at_its_notification() {
+    let (engine, xu, workers, next) = racing(|_, xu| submit(xu, 1).unwrap().0);
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        engine.progress_calls.load(Ordering::Relaxed),
+        1,
+        "the next request was stepped before its notification"
+    );
+    assert!(!xu.is_completed(next));
+    assert_eq!(xu.has_work_count_for_test(), 1, "its count is kept");
+    engine.posted.store(1, Ordering::Release);
+    engine.efd.write(1).unwrap();
+    wait_until("the next request", || xu.is_completed(next));
+    assert_eq!(
+        engine.progress_calls.load(Ordering::Relaxed),
+        2,
+        "one step for the next request"
+    );
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
+/// ... but not one whose notification was posted before the watch's fd was drained: that
+/// write is gone, and a watch (here without a deadline) would wait for it forever. It is
+/// harvested at once (a worker that entered the watch for any request released meanwhile
+/// never completes it).
+#[test]
+fn a_request_released_and_posted_before_the_idle_drain_is_harvested_at_once() {
+    let (engine, xu, workers, next) = racing(|engine, xu| {
+        let (next, _) = submit(xu, 1).unwrap();
+        engine.posted.store(1, Ordering::Release);
+        engine.efd.write(1).unwrap();
+        next
+    });
+    wait_until("the request posted before the drain", || {
+        xu.is_completed(next)
+    });
+    assert_eq!(engine.progress_calls.load(Ordering::Relaxed), 2);
+    assert_eq!(xu.has_work_count_for_test(), 0);
+    workers.destroy();
+}
+
 /// Fairness across a vNC's XUs: a harvest burst is bounded by `MAX_BURST`. Two XUs of one
 /// worker wait on the same wake fd with everything posted — 40 requests on the first, 1 on
 /// the second; the one wake-up resumes the first (a burst) and then the second, whose request

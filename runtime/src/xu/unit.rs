@@ -113,15 +113,33 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// After EXECUTE request `info` completed and left no released request behind (called
-    /// before its pop; the worker enters the watch only if none was released meanwhile):
-    /// where the progress of the next request of this vNC will show (the notification
-    /// eventfd the request completed through, on simdev), with `within` bounding how long the
-    /// worker watches it instead of `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a
-    /// request that makes no progress there (a STOP, a step past on a degraded XU, a request
-    /// whose notification never comes) is first stepped. `None` (the default): the worker
-    /// watches `has_work_efd` at once.
+    /// before its pop; a request released meanwhile is covered by the watch only if
+    /// [`CompletionEngine::progress_shows_on`] says so): where the progress of the next request
+    /// of this vNC will show (the notification eventfd the request completed through, on
+    /// simdev), drained, with `within` bounding how long the worker watches it instead of
+    /// `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a request that
+    /// makes no progress there (a STOP, a step past on a degraded XU, a request whose
+    /// notification never comes) is first stepped. `None` (the default): the worker watches
+    /// `has_work_efd` at once.
     fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<Self::Request>) -> Option<Wake<'_>> {
         None
+    }
+
+    /// Whether the progress of EXECUTE request `info` — released after the idle watch `wake`
+    /// was drained ([`CompletionEngine::idle_wake`]), never stepped — will still make `wake`'s
+    /// fd readable: nothing of it is posted yet where the fd reports, so its posting comes
+    /// after the drain and writes the fd again. Judged without a system call. Then the worker
+    /// enters the watch instead of stepping `info` at once on its `has_work_efd` count (a step
+    /// that would find it in flight: on a shared CPU, the submitter woken by the completion
+    /// often runs before the worker has left its step). A wrong `true` loses the wake-up for
+    /// the watch's `within`; `false` (the default) steps `info` on its count.
+    fn progress_shows_on(
+        &self,
+        _vnc: u32,
+        _info: &ExecInfo<Self::Request>,
+        _wake: &Wake<'_>,
+    ) -> bool {
+        false
     }
 
     /// Whether a step of in-flight EXECUTE request `info` would find progress to harvest now
@@ -801,9 +819,23 @@ impl<E: CompletionEngine> Xu<E> {
             .flatten();
         drop(info); // free the work item before reporting, as the seed does
         self.report_complete(&mut consumer, status_cell, exec_status);
-        match idle {
-            Some(wake) if consumer.worker_peek_current_exec().is_none() => StepOutcome::Idle(wake),
-            _ => StepOutcome::Ready,
+        // A request released since the snapshot (its submitter, woken by this completion, ran
+        // before this step ended) is left to the watch when its progress will still show there
+        // — stepped now it would be found in flight, then waited for on the same fd.
+        let Some(wake) = idle else {
+            return StepOutcome::Ready;
+        };
+        let engine = &*self.engine;
+        let vnc = self.vnc;
+        let covered = consumer
+            .worker_with_item(|next| {
+                next.kind == ExecKind::Execute && engine.progress_shows_on(vnc, next, &wake)
+            })
+            .unwrap_or(consumer.worker_peek_current_exec().is_none());
+        if covered {
+            StepOutcome::Idle(wake)
+        } else {
+            StepOutcome::Ready
         }
     }
 

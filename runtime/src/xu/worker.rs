@@ -25,7 +25,10 @@
 //! before the device has even seen the doorbell. The `has_work_efd` count is untouched (one
 //! write per submit, one read per completion, seed 004); a request that makes no progress on the
 //! fd (a STOP, a step past on a degraded XU, a lost notification) is stepped when the watch
-//! ends, at most `within` later.
+//! ends, at most `within` later. A request released while the completing step was still
+//! ending (its submitter, woken by that completion, ran first) is left to the watch too when
+//! nothing of it is posted yet where the watch looks (the engine's `progress_shows_on`); one
+//! already posted there is stepped at once (the watch's fd was drained: that write is gone).
 //!
 //! # Harvest bursts
 //! A step that completed a request and left more released ([`StepOutcome::Ready`]) is followed
