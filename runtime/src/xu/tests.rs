@@ -1313,21 +1313,18 @@ fn a_burst_never_steps_a_released_request_before_its_has_work_efd_write() {
 /// completion woke, running before the worker's step ends.
 type RaceHook = Box<dyn FnOnce() + Send>;
 
-/// [`Posting`]'s engine with an idle watch on its eventfd (drained there, as the
+/// A [`Posting`] engine with an idle watch on its eventfd (drained there, as the
 /// notification-queue engine drains the NC's eventfd) and a hook run in `idle_wake` just
 /// before the drain; [`CompletionEngine::progress_shows_on`] is "nothing posted yet".
 struct Racing {
-    efd: Arc<nix::sys::eventfd::EventFd>,
-    posted: AtomicU64,
-    progress_calls: AtomicU64,
+    inner: Arc<Posting>,
     hook: Mutex<Option<RaceHook>>,
 }
 
 impl std::fmt::Debug for Racing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Racing")
-            .field("posted", &self.posted)
-            .field("progress_calls", &self.progress_calls)
+            .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
 }
@@ -1335,42 +1332,31 @@ impl std::fmt::Debug for Racing {
 impl CompletionEngine for Racing {
     type Request = u64;
 
-    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<u64>) -> Progress {
-        self.progress_calls.fetch_add(1, Ordering::Relaxed);
-        let _ = self.efd.read();
-        match self
-            .posted
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-        {
-            Ok(_) => Progress::Done(NrtStatus::Success),
-            Err(_) => Progress::InFlight,
-        }
+    fn progress_one_step(&self, vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
+        self.inner.progress_one_step(vnc, info)
     }
 
-    fn wake_on(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
-        Some(super::Wake {
-            fd: self.efd.as_fd(),
-            within: None,
-        })
+    fn wake_on(&self, vnc: u32, info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
+        self.inner.wake_on(vnc, info)
     }
 
     fn idle_wake(&self, _vnc: u32, _info: &ExecInfo<u64>) -> Option<super::Wake<'_>> {
         if let Some(hook) = self.hook.lock().unwrap().take() {
             hook();
         }
-        let _ = self.efd.read();
+        let _ = self.inner.efd.read();
         Some(super::Wake {
-            fd: self.efd.as_fd(),
+            fd: self.inner.efd.as_fd(),
             within: None,
         })
     }
 
-    fn progress_posted(&self, _vnc: u32, _info: &ExecInfo<u64>) -> bool {
-        self.posted.load(Ordering::Acquire) > 0
+    fn progress_posted(&self, vnc: u32, info: &ExecInfo<u64>) -> bool {
+        self.inner.progress_posted(vnc, info)
     }
 
     fn progress_shows_on(&self, _vnc: u32, _info: &ExecInfo<u64>, _wake: &super::Wake<'_>) -> bool {
-        self.posted.load(Ordering::Acquire) == 0
+        self.inner.posted.load(Ordering::Acquire) == 0
     }
 }
 
@@ -1378,26 +1364,27 @@ impl CompletionEngine for Racing {
 /// first step; while that step ends, `race` runs with the XU (the submitter woken by the
 /// completion). Returns once the first request completed, with the request `race` submitted.
 fn racing(
-    race: impl FnOnce(&Racing, &Xu<Racing>) -> SeqId + Send + 'static,
-) -> (Arc<Racing>, Arc<Xu<Racing>>, XuWorkers, SeqId) {
+    race: impl FnOnce(&Posting, &Xu<Racing>) -> SeqId + Send + 'static,
+) -> (Arc<Posting>, Arc<Xu<Racing>>, XuWorkers, SeqId) {
+    let posting = Posting::new(nonblocking_efd(), Arc::default(), 'a');
+    posting.posted.store(1, Ordering::Release);
     let engine = Arc::new(Racing {
-        efd: nonblocking_efd(),
-        posted: AtomicU64::new(1),
-        progress_calls: AtomicU64::new(0),
+        inner: posting.clone(),
         hook: Mutex::new(None),
     });
     let xu = typed(engine.clone(), XuType::Compute, 0, 0, 4);
     let next = Arc::new(Mutex::new(None));
-    let (weak_xu, weak_engine, slot) = (Arc::downgrade(&xu), Arc::downgrade(&engine), next.clone());
+    let (weak_xu, weak_posting, slot) =
+        (Arc::downgrade(&xu), Arc::downgrade(&posting), next.clone());
     *engine.hook.lock().unwrap() = Some(Box::new(move || {
-        let (xu, engine) = (weak_xu.upgrade().unwrap(), weak_engine.upgrade().unwrap());
-        *slot.lock().unwrap() = Some(race(&engine, &xu));
+        let (xu, posting) = (weak_xu.upgrade().unwrap(), weak_posting.upgrade().unwrap());
+        *slot.lock().unwrap() = Some(race(&posting, &xu));
     }));
     let workers = XuWorkers::start(&[vec![xu.clone() as Arc<dyn ExecutionUnit>]]).unwrap();
     let (first, _) = submit(&*xu, 1).unwrap();
     wait_until("the first request", || xu.is_completed(first));
     let next = next.lock().unwrap().expect("the race ran");
-    (engine, xu, workers, next)
+    (posting, xu, workers, next)
 }
 
 /// The idle watch covers a request released while its predecessor's step was still ending —
