@@ -125,10 +125,11 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Whether the progress of EXECUTE request `info` — released after the idle watch `wake`
-    /// was drained ([`CompletionEngine::idle_wake`]), never stepped — will still make `wake`'s
-    /// fd readable: nothing of it is posted yet where the fd reports, so its posting comes
-    /// after the drain and writes the fd again. Judged without a system call. Then the worker
+    /// Whether the progress of EXECUTE request `info` — released while the step that chose
+    /// the idle watch `wake` ([`CompletionEngine::idle_wake`], which drained its fd) was
+    /// ending, never stepped — will still make `wake`'s fd readable: nothing of it is posted
+    /// yet where the fd reports. Asked after the drain, so a posting not seen here comes after
+    /// the drain and writes the fd again. Judged without a system call. Then the worker
     /// enters the watch instead of stepping `info` at once on its `has_work_efd` count (a step
     /// that would find it in flight: on a shared CPU, the submitter woken by the completion
     /// often runs before the worker has left its step). A wrong `true` loses the wake-up for
