@@ -832,7 +832,7 @@ impl<E: CompletionEngine> Xu<E> {
             .worker_with_item(|next| {
                 next.kind == ExecKind::Execute && engine.progress_shows_on(vnc, next, &wake)
             })
-            .unwrap_or(consumer.worker_peek_current_exec().is_none());
+            .unwrap_or_else(|| consumer.worker_peek_current_exec().is_none());
         if covered {
             StepOutcome::Idle(wake)
         } else {
