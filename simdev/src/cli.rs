@@ -87,9 +87,10 @@ pub struct Args {
     /// worker is killed and the execution fails [default: 30s].
     #[arg(long = "reference-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub reference_timeout: Option<Duration>,
-    /// Scheduling policy of simdev's threads: `batch` (SCHED_BATCH: a device thread woken by a
-    /// doorbell never preempts the host thread that rang it; it runs on an idle CPU, when that
-    /// thread blocks, or at the next tick) or `normal` (SCHED_OTHER).
+    /// Scheduling policy of simdev's threads: `batch` (SCHED_BATCH with the shortest time
+    /// slice, 100 us: a device thread woken by a doorbell never preempts the host thread that
+    /// rang it; it runs on an idle CPU, when that thread blocks — before the other threads
+    /// waiting — or at the next tick) or `normal` (SCHED_OTHER, the default slice).
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = ThreadPolicy::Batch)]
     pub sched: ThreadPolicy,
 }

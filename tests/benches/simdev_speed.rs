@@ -30,8 +30,8 @@
 //!
 //! Run: `cargo bench -p tests --bench simdev_speed` (under a minute); add `-- --unpinned` to
 //! let the scheduler place everything on every CPU, and `-- --sched normal` to run simdev's
-//! threads with Linux's default policy instead of simdev's default `SCHED_BATCH`
-//! (`simdev::sched`). Figures are printed, not asserted.
+//! threads with Linux's default policy and slice instead of simdev's default (`SCHED_BATCH`
+//! with a 100 us slice, `simdev::sched`). Figures are printed, not asserted.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -586,9 +586,10 @@ fn main() {
         "simdev speed (issue 17): this process, its threads, the floor's peer and simdev (pid {}, \
          counting allocator, threads {}) {}; release build",
         sim.pid(),
-        sched.map_or("SCHED_BATCH (simdev's default)".into(), |p| format!(
-            "--sched {p}"
-        )),
+        sched.map_or(
+            "SCHED_BATCH, 100 us slice (simdev's default)".into(),
+            |p| format!("--sched {p}")
+        ),
         if pinned {
             let cpu = nix::sched::sched_getcpu().map_or("?".into(), |c| c.to_string());
             format!("all pinned to CPU {cpu}")

@@ -670,31 +670,44 @@ fn a_client_of_another_uid_is_refused() {
     assert_eq!(stdout.trim(), "ready");
 }
 
-/// `(thread name, Linux scheduling policy)` of every thread of process `pid`, from
-/// `/proc/<pid>/task/<tid>/stat` (the policy is field 41; the name, in parentheses, may hold
-/// spaces, so fields are counted after its closing parenthesis).
-fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+/// `(thread name, Linux scheduling policy, time slice in ns)` of every thread of process
+/// `pid`, from `/proc/<pid>/task/<tid>/stat` (the policy is field 41; the name, in
+/// parentheses, may hold spaces, so fields are counted after its closing parenthesis) and
+/// `/proc/<pid>/task/<tid>/sched` (`se.slice`; `None` on a kernel that does not show it).
+fn thread_policies(pid: u32) -> Vec<(String, u32, Option<u64>)> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let Ok(stat) = std::fs::read_to_string(task.unwrap().path().join("stat")) else {
+        let task = task.unwrap().path();
+        let Ok(stat) = std::fs::read_to_string(task.join("stat")) else {
             continue; // the thread exited meanwhile
         };
         let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
         let name = stat[open + 1..close].to_owned();
         // After ")": field 3 (state) is the first, so field 41 is the 39th.
         let policy = stat[close + 1..].split_whitespace().nth(38).unwrap();
-        out.push((name, policy.parse().unwrap()));
+        out.push((name, policy.parse().unwrap(), slice_ns(&task.join("sched"))));
     }
     out
+}
+
+/// The `se.slice` line of a `/proc/.../sched` file.
+fn slice_ns(sched: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(sched).ok()?;
+    let line = text.lines().find(|l| l.starts_with("se.slice"))?;
+    line.rsplit(':').next()?.trim().parse().ok()
 }
 
 #[test]
 fn simdev_threads_never_preempt_the_host_by_default_and_keep_the_default_policy_on_request() {
     const SCHED_OTHER: u32 = 0;
     const SCHED_BATCH: u32 = 3;
-    for (args, policy) in [
-        (&[][..], SCHED_BATCH),
-        (&["--sched", "normal"][..], SCHED_OTHER),
+    // The kernel's default slice: this test thread's.
+    let default_slice = slice_ns(std::path::Path::new("/proc/thread-self/sched"));
+    let device_slice = simdev::sched::kernel_grants_custom_slices()
+        .then(|| u64::try_from(simdev::sched::DEVICE_SLICE.as_nanos()).unwrap());
+    for (args, policy, slice) in [
+        (&[][..], SCHED_BATCH, device_slice),
+        (&["--sched", "normal"][..], SCHED_OTHER, default_slice),
     ] {
         let sim = start_simdev(&[&["--hbm", HBM][..], args].concat());
         let dev = connect(&sim);
@@ -706,12 +719,21 @@ fn simdev_threads_never_preempt_the_host_by_default_and_keep_the_default_policy_
         assert!(
             threads
                 .iter()
-                .any(|(name, _)| name.starts_with("simdev-conn")),
+                .any(|(name, _, _)| name.starts_with("simdev-conn")),
             "{threads:?}"
         );
         assert!(
-            threads.iter().all(|&(_, p)| p == policy),
+            threads.iter().all(|&(_, p, _)| p == policy),
             "{args:?}: every simdev thread has policy {policy}: {threads:?}"
         );
+        // Where the kernel shows slices (and, for the device's, grants custom ones).
+        if let Some(slice) = slice {
+            assert!(
+                threads
+                    .iter()
+                    .all(|&(_, _, s)| s.is_none_or(|s| s == slice)),
+                "{args:?}: every simdev thread has a slice of {slice} ns: {threads:?}"
+            );
+        }
     }
 }
