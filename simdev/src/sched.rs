@@ -76,17 +76,7 @@ impl ThreadPolicy {
         let slice_ns = self
             .slice()
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        let attr = libc::sched_attr {
-            size: u32::try_from(std::mem::size_of::<libc::sched_attr>()).unwrap_or(u32::MAX),
-            sched_policy: self.linux_policy().unsigned_abs(),
-            sched_flags: 0,
-            sched_nice: 0,
-            sched_priority: 0,
-            // For a fair policy, the requested slice (0: the default).
-            sched_runtime: slice_ns,
-            sched_deadline: 0,
-            sched_period: 0,
-        };
+        let attr = sched_attr(self.linux_policy().unsigned_abs(), slice_ns);
         // SAFETY: `attr` is an initialised `sched_attr` whose `size` field is its own size; it
         // outlives the call, which only reads it. Pid 0 names the calling thread; flags 0.
         let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0u32) };
@@ -108,6 +98,21 @@ impl ThreadPolicy {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+}
+
+/// A `sched_attr` of `policy` at nice 0 and, for a fair policy, a slice of `slice_ns` (0: the
+/// kernel's default); its `size` is its own.
+fn sched_attr(policy: u32, slice_ns: u64) -> libc::sched_attr {
+    libc::sched_attr {
+        size: u32::try_from(std::mem::size_of::<libc::sched_attr>()).unwrap_or(u32::MAX),
+        sched_policy: policy,
+        sched_flags: 0,
+        sched_nice: 0,
+        sched_priority: 0,
+        sched_runtime: slice_ns,
+        sched_deadline: 0,
+        sched_period: 0,
     }
 }
 
@@ -139,17 +144,8 @@ mod tests {
     /// The slice of the calling thread (`sched_getattr`'s `sched_runtime` for a fair policy;
     /// 0 where the kernel reports none).
     fn current_slice() -> Duration {
-        let mut attr = libc::sched_attr {
-            size: 0,
-            sched_policy: 0,
-            sched_flags: 0,
-            sched_nice: 0,
-            sched_priority: 0,
-            sched_runtime: 0,
-            sched_deadline: 0,
-            sched_period: 0,
-        };
-        let size = u32::try_from(std::mem::size_of::<libc::sched_attr>()).unwrap();
+        let mut attr = sched_attr(0, 0);
+        let size = attr.size;
         // SAFETY: `attr` is a writable `sched_attr` of `size` bytes that outlives the call; pid 0
         // names the calling thread; flags 0.
         let rc = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &raw mut attr, size, 0u32) };
