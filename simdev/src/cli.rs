@@ -1,6 +1,7 @@
 //! The `simdev` command line: `simdev [--socket PATH] [--arch trn1|inf2|trn2] [--ncs N]
 //! [--hbm SIZE] [--allow-uid UID]... [--trace FILE] [--reference FILE.neff=MODULE.py:FUNCTION]...
-//! [--reference-timeout DURATION] [--sched batch|normal]`, plus the bindings of the environment variable
+//! [--reference-timeout DURATION] [--sched batch|normal] [--receive io-uring|recvmmsg]`, plus the bindings
+//! of the environment variable
 //! `NEURON_SIMDEV_REFERENCE` ([`crate::reference`]).
 //!
 //! [`main_with_args`] is the whole program, callable from any binary: the `nrt` tool
@@ -21,6 +22,7 @@ use crate::dma::error_chain;
 use crate::reference::{BindingSpec, ENV_REFERENCE};
 use crate::sched::ThreadPolicy;
 use crate::server::{SimdevError, run};
+use crate::uring::ReceivePath;
 
 /// The exit status after an injected DeviceLost fault.
 pub const EXIT_DEVICE_LOST: u8 = 3;
@@ -93,6 +95,12 @@ pub struct Args {
     /// waiting — or at the next tick) or `normal` (SCHED_OTHER, the default slice).
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = ThreadPolicy::Batch)]
     pub sched: ThreadPolicy,
+    /// How a connection thread receives its client's messages: `io-uring` (where the kernel
+    /// allows it: the notification eventfd writes of the executions it ran and the wait for
+    /// the next message in one system call, so the woken client never preempts it in between)
+    /// or `recvmmsg` (the writes, then the wait).
+    #[arg(long, value_enum, value_name = "PATH", default_value_t = ReceivePath::IoUring)]
+    pub receive: ReceivePath,
 }
 
 /// Checks a `--reference` binding's syntax (the files are read when the device is built).
@@ -138,6 +146,7 @@ impl Args {
             references: self.reference.clone(),
             reference_timeout: self.reference_timeout.unwrap_or(DEFAULT_REFERENCE_TIMEOUT),
             thread_policy: self.sched,
+            receive: self.receive,
         }
     }
 
@@ -280,6 +289,10 @@ mod tests {
         let normal = parse(&["simdev", "--sched", "normal"]).unwrap();
         assert_eq!(normal.thread_policy, ThreadPolicy::Normal);
         assert!(parse(&["simdev", "--sched", "fifo"]).is_err());
+        assert_eq!(trn1.receive, ReceivePath::IoUring, "io_uring by default");
+        let recvmmsg = parse(&["simdev", "--receive", "recvmmsg"]).unwrap();
+        assert_eq!(recvmmsg.receive, ReceivePath::Recvmmsg);
+        assert!(parse(&["simdev", "--receive", "epoll"]).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use shared::address_map::{AddressMap, Arch, CHUNK_GRANULE};
 use thiserror::Error;
 
 use crate::sched::ThreadPolicy;
+use crate::uring::ReceivePath;
 
 /// Most NCs one simdev emulates, whatever the arch (trn2's count).
 pub const MAX_NCS: u32 = 8;
@@ -40,6 +41,10 @@ pub struct Config {
     /// The scheduling policy of simdev's threads when it runs as a process ([`crate::run`]);
     /// an in-process [`crate::Device`] leaves its caller's threads alone.
     pub thread_policy: ThreadPolicy,
+    /// How connection threads receive their client's messages: io_uring where the kernel
+    /// allows it (the batch's notification writes and the wait in one system call), or
+    /// `recvmmsg` ([`crate::uring`]).
+    pub receive: ReceivePath,
 }
 
 /// [`Config::reference_timeout`] by default.
@@ -59,6 +64,7 @@ impl Default for Config {
             references: Vec::new(),
             reference_timeout: DEFAULT_REFERENCE_TIMEOUT,
             thread_policy: ThreadPolicy::default(),
+            receive: ReceivePath::default(),
         }
     }
 }

@@ -62,6 +62,7 @@ pub mod server;
 pub mod shape_only;
 pub mod timing;
 pub mod trace;
+pub mod uring;
 
 pub use client::ClientId;
 pub use config::Config;

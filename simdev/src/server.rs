@@ -6,8 +6,12 @@
 //! as [`ErrorKind::BadMessage`]; fds a client sends are closed), answers each in order through
 //! [`Device::handle`] with one `sendmsg` carrying the reply's fds as `SCM_RIGHTS`, and sends
 //! nothing for posted requests. The notification eventfd is written once per NC per batch
-//! (before any reply, and before the thread sleeps again), not once per execution. When the connection ends for any reason (EOF, reset, the
-//! process killed) the device reclaims everything the client owned.
+//! (before any reply, and before the thread sleeps again), not once per execution. Where the
+//! kernel gives one (`--receive io-uring`, the default), the thread receives through an
+//! io_uring instead ([`crate::uring`]): the same batches, with the batch's eventfd writes
+//! submitted in the same system call as the wait for the next message, so that the client's
+//! woken worker does not preempt the thread between the two. When the connection ends for any
+//! reason (EOF, reset, the process killed) the device reclaims everything the client owned.
 //!
 //! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a
 //! DeviceLost notification on every claimed NC, shuts every connection down (clients see EOF),
@@ -43,8 +47,9 @@ use thiserror::Error;
 use crate::client::{ClientId, Peer};
 use crate::config::{Config, ConfigError, format_bytes};
 use crate::counters::CountersLine;
-use crate::device::{DeferredSignals, Device};
+use crate::device::{DeferredSignals, Device, PendingSignals};
 use crate::dma::error_chain;
+use crate::uring::{ReceivePath, ReceiveRing};
 
 /// Pending connections the listener queues.
 const BACKLOG: i32 = 128;
@@ -215,6 +220,8 @@ pub struct Server {
     listener: OwnedFd,
     socket_file: SharedSocketFile,
     allow_uids: Arc<[u32]>,
+    /// How connection threads receive ([`Config::receive`]).
+    receive: ReceivePath,
     stop: StopHandle,
     connections: Connections,
     /// An injected DeviceLost fault fired.
@@ -305,6 +312,7 @@ impl Server {
             listener,
             socket_file,
             allow_uids: config.allow_uids.clone().into(),
+            receive: config.receive,
             stop,
             connections: Arc::default(),
             lost,
@@ -414,6 +422,7 @@ impl Server {
         };
         let device = Arc::clone(&self.device);
         let allow = Arc::clone(&self.allow_uids);
+        let receive = self.receive;
         let connections = Arc::clone(&self.connections);
         let mut table = self
             .connections
@@ -422,7 +431,7 @@ impl Server {
         let thread = std::thread::Builder::new()
             .name(format!("simdev-conn-{id}"))
             .spawn(move || {
-                serve_connection(&device, &socket, &allow);
+                serve_connection(&device, &socket, &allow, receive);
                 drop(socket);
                 connections
                     .lock()
@@ -543,7 +552,7 @@ impl Session {
 }
 
 /// Serves one connection until it ends, then reclaims its client.
-fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
+fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32], receive: ReceivePath) {
     let peer = match getsockopt(socket, sockopt::PeerCredentials) {
         Ok(creds) => creds,
         Err(e) => {
@@ -576,7 +585,7 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32]) {
     };
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
     let mut session = Session::new(client);
-    let mut buffers = Buffers::new();
+    let mut buffers = Buffers::for_connection(socket, receive);
     while serve_batch(device, socket, &mut session, &mut buffers).is_continue() {}
     device.disconnect(client);
 }
@@ -635,6 +644,7 @@ fn serve_batch(
             }
         }
     }
+    buffers.pending = signals.end_unwritten();
     ControlFlow::Continue(())
 }
 
@@ -653,6 +663,11 @@ struct Buffers {
     received: [Received; BATCH],
     /// The encoded reply ([`MAX_MSG_SIZE`] bytes).
     send: Box<[u8; MAX_MSG_SIZE]>,
+    /// The last batch's deferred notification eventfd writes, written by the next receive:
+    /// with the wait, through `ring`, or before `recvmmsg`.
+    pending: PendingSignals,
+    /// The connection's io_uring ([`crate::uring`]); `None`: `recvmmsg`.
+    ring: Option<ReceiveRing>,
 }
 
 impl Buffers {
@@ -662,7 +677,22 @@ impl Buffers {
             headers: MultiHeaders::preallocate(BATCH, None),
             received: [Received::default(); BATCH],
             send: Box::new([0; MAX_MSG_SIZE]),
+            pending: PendingSignals::default(),
+            ring: None,
         }
+    }
+
+    /// Buffers for a connection's thread: with a [`ReceiveRing`] on `socket` when `path` asks
+    /// for one and the kernel allows it.
+    fn for_connection(socket: &OwnedFd, path: ReceivePath) -> Self {
+        let mut buffers = Self::new();
+        if path == ReceivePath::IoUring {
+            match ReceiveRing::new(socket.as_fd()) {
+                Ok(ring) => buffers.ring = Some(ring),
+                Err(e) => tracing::debug!("no io_uring for a connection ({e}): recvmmsg"),
+            }
+        }
+        buffers
     }
 }
 
@@ -684,6 +714,39 @@ impl Received {
 
 /// Receives the waiting messages into `buffers.batch` (blocking for the first): how many.
 fn receive_batch(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<usize> {
+    if let Some(ring) = buffers.ring.as_mut() {
+        let Buffers {
+            batch,
+            received,
+            pending,
+            ..
+        } = buffers;
+        let mut submitted = false;
+        let mut count = 0;
+        let mut fds = pending.fds().inspect(|_| submitted = true);
+        let result = ring.receive(&mut fds, BATCH, &mut |message| {
+            let len = message.payload.len();
+            if let (Some(slot), Some(info)) = (batch.get_mut(count), received.get_mut(count)) {
+                slot[..len].copy_from_slice(message.payload);
+                *info = Received {
+                    len,
+                    truncated: message.truncated,
+                    fds_dropped: message.fds_dropped,
+                };
+                count += 1;
+            }
+        });
+        drop(fds);
+        // Submitted with the wait: done. Not (messages were waiting): written now, before
+        // the batch runs, as `recvmmsg`'s path does.
+        if submitted {
+            pending.written_elsewhere();
+        } else {
+            pending.write();
+        }
+        return result.map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+    }
+    buffers.pending.write();
     let mut slices = buffers.batch.each_mut().map(|b| [IoSliceMut::new(b)]);
     let results = recvmmsg(
         socket.as_raw_fd(),
@@ -896,6 +959,7 @@ mod tests {
 
     use crate::config::Config;
     use crate::device::Device;
+    use crate::uring::ReceivePath;
 
     fn encoded(request: &Request) -> Vec<u8> {
         let mut buf = vec![0u8; MAX_MSG_SIZE];
@@ -916,9 +980,15 @@ mod tests {
         Arc::new(Device::new(&Config::default()).unwrap())
     }
 
+    /// Both receive paths: each test below runs on each (io_uring falls back to `recvmmsg`
+    /// where the kernel gives none, as a connection does).
+    const PATHS: [ReceivePath; 2] = [ReceivePath::Recvmmsg, ReceivePath::IoUring];
+
     /// A device, a connected socketpair (client end, server end) and the server end's session
-    /// and buffers, as a connection thread holds them.
-    fn connection() -> (
+    /// and buffers for `path`, as a connection thread holds them.
+    fn connection(
+        path: ReceivePath,
+    ) -> (
         Arc<Device>,
         std::os::fd::OwnedFd,
         std::os::fd::OwnedFd,
@@ -935,7 +1005,8 @@ mod tests {
         )
         .unwrap();
         let session = super::Session::new(dev.connect(7));
-        (dev, client_end, server_end, session, super::Buffers::new())
+        let buffers = super::Buffers::for_connection(&server_end, path);
+        (dev, client_end, server_end, session, buffers)
     }
 
     /// A request sent on one end of a socketpair, received and answered by [`super::serve_batch`]
@@ -943,9 +1014,15 @@ mod tests {
     /// receive buffer, its control data and the reply's encoding are the connection's.
     #[test]
     fn serving_a_doorbell_or_a_register_request_allocates_nothing() {
+        for path in PATHS {
+            serving_allocates_nothing(path);
+        }
+    }
+
+    fn serving_allocates_nothing(path: ReceivePath) {
         use std::os::fd::AsFd;
 
-        let (dev, client_end, server_end, mut session, mut buffers) = connection();
+        let (dev, client_end, server_end, mut session, mut buffers) = connection(path);
         let mut answer = vec![0u8; MAX_MSG_SIZE];
         let mut exchange = |request: &Request, counted: bool| {
             let bytes = encoded(request);
@@ -1011,16 +1088,22 @@ mod tests {
             Some(Reply::Value(2)),
             "the requests took effect"
         );
-        assert_eq!(total, 0, "150 requests served");
+        assert_eq!(total, 0, "150 requests served ({path:?})");
     }
 
     /// The requests waiting on a connection are received with one `recvmmsg` and answered in
     /// order by one `serve_batch` call: three posted increments, then a read that sees them.
     #[test]
     fn the_waiting_requests_are_served_as_one_batch_in_order() {
+        for path in PATHS {
+            waiting_requests_are_one_batch(path);
+        }
+    }
+
+    fn waiting_requests_are_one_batch(path: ReceivePath) {
         use std::os::fd::AsFd;
 
-        let (dev, client_end, server_end, mut session, mut buffers) = connection();
+        let (dev, client_end, server_end, mut session, mut buffers) = connection(path);
         let mut answer = vec![0u8; MAX_MSG_SIZE];
         let mut replies = |expected: usize| {
             let mut got = Vec::new();

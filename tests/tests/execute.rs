@@ -785,3 +785,65 @@ fn a_sync_execute_binds_in_sync_mode_so_its_tensors_stay_readable_in_flight() {
     assert!(out == pattern(64, 5));
     rig.rt.close();
 }
+
+/// Whether this kernel gives simdev's connections an io_uring ([`simdev::uring`]).
+fn kernel_gives_io_uring() -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (_client, server) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    simdev::uring::ReceiveRing::new(std::os::fd::AsFd::as_fd(&server)).is_ok()
+}
+
+/// How many of process `pid`'s fds are io_urings.
+fn io_urings_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy() == "anon_inode:[io_uring]")
+        .count()
+}
+
+/// Both ways a connection thread receives (`--receive`): its io_uring (the batch's
+/// notification writes submitted with the wait for the next doorbell) and `recvmmsg` (the
+/// writes, then the wait) run sync executions one by one and async ones 16 in flight, every
+/// output checked — the pipelined ones exercise a batch of doorbells received at once and
+/// their deferred signals. The connection holds an io_uring on the first path only (where the
+/// kernel gives one).
+#[test]
+fn both_receive_paths_run_sync_and_pipelined_executions_each_checked() {
+    const IN_FLIGHT: usize = 16;
+    for (path, urings) in [
+        ("io-uring", usize::from(kernel_gives_io_uring())),
+        ("recvmmsg", 0),
+    ] {
+        let sim = start_simdev(&["--hbm", "64M", "--receive", path]);
+        let rt = Runtime::init(Arc::new(connect(&sim)), RuntimeConfig::default()).expect("init");
+        let m = load(&rt, &identity(256), 0);
+        assert_eq!(io_urings_of(sim.pid()), urings, "{path}");
+        run_checked(&rt, m, 256, Placement::Device { vnc: 0 }, 500);
+        let slots: Vec<_> = (0..IN_FLIGHT)
+            .map(|_| io(&rt, 256, Placement::Device { vnc: 0 }))
+            .collect();
+        for round in 0..20u32 {
+            let mut pending = Vec::new();
+            for (k, (i, _, ins, outs)) in slots.iter().enumerate() {
+                let seed = round * 100 + u32::try_from(k).unwrap();
+                i.write(&pattern(256, seed), 0).unwrap();
+                pending.push(rt.execute_schedule(m, ins, outs).unwrap());
+            }
+            for (k, request) in pending.iter().enumerate() {
+                assert_eq!(rt.wait(request).unwrap(), NrtStatus::Success, "{path}");
+                let mut out = vec![0u8; 256];
+                slots[k].1.read(&mut out, 0).unwrap();
+                let seed = round * 100 + u32::try_from(k).unwrap();
+                assert!(out == pattern(256, seed), "{path}: round {round}, slot {k}");
+            }
+        }
+        rt.close();
+    }
+}

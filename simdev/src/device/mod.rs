@@ -77,7 +77,7 @@ use crate::trace::{self, DEFAULT_MAX_EVENTS, Tracer};
 mod dispatch;
 mod dma_run;
 mod notifications;
-pub use notifications::DeferredSignals;
+pub use notifications::{DeferredSignals, PendingSignals};
 mod ownership;
 pub mod sequencer;
 #[cfg(test)]

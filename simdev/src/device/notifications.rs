@@ -9,6 +9,9 @@
 //! the "look again" write waits, and it is written before the thread answers anything or sleeps
 //! for its next message. With 16 executions queued back to back the client is woken once per
 //! batch instead of once per execution. Other threads (the sequencer thread) signal at once.
+//! A connection thread ends its batch's scope with [`DeferredSignals::end_unwritten`] and
+//! submits the writes with its wait for the next message ([`crate::uring`]), or writes them
+//! just before it ([`PendingSignals`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -62,6 +65,66 @@ impl DeferredSignals {
     /// Writes every signal deferred so far (the scope goes on deferring).
     pub fn flush(&self) {
         flush_pending();
+    }
+}
+
+/// Notification eventfd writes taken out of a [`DeferredSignals`] scope unwritten
+/// ([`DeferredSignals::end_unwritten`]), for the connection thread to submit with its wait for
+/// the next message ([`crate::uring`]). Holds the claims, so the eventfds stay open until then.
+/// None is lost: what is still held when it drops is written then.
+#[derive(Debug, Default)]
+pub struct PendingSignals {
+    claims: [Option<Arc<Claim>>; DEFERRED_CLAIMS],
+}
+
+impl PendingSignals {
+    /// The eventfds to write, one per NC claim.
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.claims
+            .iter()
+            .flatten()
+            .map(|c| c.registers.eventfd_raw())
+    }
+
+    /// Writes every eventfd now; none is pending after.
+    pub fn write(&mut self) {
+        for claim in self.claims.iter_mut().filter_map(Option::take) {
+            claim.registers.signal();
+        }
+    }
+
+    /// Forgets them: the caller has had every eventfd of [`PendingSignals::fds`] written (an
+    /// io_uring write submitted).
+    pub fn written_elsewhere(&mut self) {
+        self.claims = [const { None }; DEFERRED_CLAIMS];
+    }
+
+    /// Whether none is pending.
+    pub fn is_empty(&self) -> bool {
+        self.claims.iter().all(Option::is_none)
+    }
+}
+
+impl Drop for PendingSignals {
+    fn drop(&mut self) {
+        self.write();
+    }
+}
+
+impl DeferredSignals {
+    /// Ends this thread's deferral (the outermost scope: a connection thread's batch) without
+    /// writing: the signals deferred so far are returned for the caller to write.
+    pub fn end_unwritten(self) -> PendingSignals {
+        let mut out = PendingSignals::default();
+        PENDING.with(|p| {
+            if let Some(p) = p.borrow_mut().as_mut() {
+                std::mem::swap(&mut out.claims, &mut p.claims);
+            }
+            *p.borrow_mut() = None;
+        });
+        // Its drop would flush and end the deferral: both done.
+        std::mem::forget(self);
+        out
     }
 }
 
