@@ -31,7 +31,9 @@
 //! Run: `cargo bench -p tests --bench simdev_speed` (under a minute); add `-- --unpinned` to
 //! let the scheduler place everything on every CPU, and `-- --sched normal` to run simdev's
 //! threads with Linux's default policy and slice instead of simdev's default (`SCHED_BATCH`
-//! with a 100 us slice, `simdev::sched`). Figures are printed, not asserted.
+//! with a 100 us slice, `simdev::sched`), and `-- --receive recvmmsg` to have its connection
+//! thread write its notification eventfds and then wait in `recvmmsg` instead of both in one
+//! io_uring call (`simdev::uring`). Figures are printed, not asserted.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -560,13 +562,18 @@ fn main() {
     }
     // `--sched POLICY`: simdev's thread policy (its own default when absent).
     let args: Vec<String> = std::env::args().collect();
-    let sched = args
-        .iter()
-        .position(|a| a == "--sched")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str);
+    let option = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let sched = option("--sched");
+    // `--receive PATH`: how simdev's connection thread receives (its default when absent).
+    let receive = option("--receive");
     let mut simdev_args = vec!["--hbm", "256M"];
     simdev_args.extend(sched.iter().flat_map(|p| ["--sched", *p]));
+    simdev_args.extend(receive.iter().flat_map(|p| ["--receive", *p]));
     let mut sim = CountedSimdev::spawn(
         Path::new(env!("CARGO_BIN_EXE_counted-simdev")),
         &simdev_args,
@@ -584,11 +591,15 @@ fn main() {
     .unwrap();
     println!(
         "simdev speed (issue 17): this process, its threads, the floor's peer and simdev (pid {}, \
-         counting allocator, threads {}) {}; release build",
+         counting allocator, threads {}, receiving {}) {}; release build",
         sim.pid(),
         sched.map_or(
             "SCHED_BATCH, 100 us slice (simdev's default)".into(),
             |p| format!("--sched {p}")
+        ),
+        receive.map_or(
+            "through io_uring where the kernel allows (simdev's default)".into(),
+            |p| { format!("--receive {p}") }
         ),
         if pinned {
             let cpu = nix::sched::sched_getcpu().map_or("?".into(), |c| c.to_string());
