@@ -22,7 +22,8 @@
 //!    `inline_executions` and `sequencer_handoffs`), for identity sync, digits batch 1 and
 //!    async 16. Target: 0 allocations, every execution inline (at most one hand-off). Beside
 //!    them, the runtime's XU worker steps per execution (`tpb_xu_step` calls: 1 when each
-//!    request is first stepped at its notification).
+//!    request is first stepped at its notification), its `epoll_wait` returns, and how often
+//!    simdev's threads were preempted (involuntary context switches, from `/proc`).
 //!
 //! Everything — this process, its threads, the floor's peer and simdev (the `counted-simdev`
 //! binary) — runs on one CPU, the first it may run on (`tests::bench::pin_to_one_cpu`; children
@@ -517,24 +518,31 @@ fn simdev_costs(
          counted in the simdev process)"
     );
     println!(
-        "  {:<36} {:>12} {:>12} {:>18} {:>12} {:>14} {:>13}",
+        "  {:<36} {:>12} {:>12} {:>18} {:>12} {:>14} {:>13} {:>10}",
         "",
         "allocations",
         "executions",
         "inline_executions",
         "handoffs",
         "worker steps",
-        "epoll waits"
+        "epoll waits",
+        "preempted"
     );
     for (name, (c, (steps, waits))) in &costs {
         println!(
-            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2} {steps:>14.2} {waits:>13.2}",
+            "  {name:<36} {:>12.2} {:>12.2} {:>18.2} {:>12.2} {steps:>14.2} {waits:>13.2} {:>10.2}",
             c.per_call(c.allocations),
             c.per_call(c.executions),
             c.per_call(c.inline_executions),
             c.per_call(c.sequencer_handoffs),
+            c.per_call(c.preemptions),
         );
     }
+    println!(
+        "  (preempted: simdev's involuntary context switches, from /proc: with --receive \
+         recvmmsg its connection thread is preempted by the woken worker between its \
+         notification write and its wait)"
+    );
     let all_zero = costs.iter().all(|(_, (c, _))| c.allocations == 0);
     let all_inline = costs
         .iter()

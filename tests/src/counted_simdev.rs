@@ -202,6 +202,23 @@ impl CountedSimdev {
         self.child.id()
     }
 
+    /// Times the simdev process's threads were preempted so far: the sum of their
+    /// `nonvoluntary_ctxt_switches` (`/proc/<pid>/task/*/status`; 0 where `/proc` says nothing).
+    pub fn preemptions(&self) -> u64 {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
+            return 0;
+        };
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+            .filter_map(|status| {
+                let line = status
+                    .lines()
+                    .find(|l| l.starts_with("nonvoluntary_ctxt_switches"))?;
+                line.rsplit(':').next()?.trim().parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     /// simdev's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("simdev.log")).unwrap_or_default()
@@ -323,6 +340,8 @@ pub struct SimdevCost {
     pub inline_executions: u64,
     /// Executions handed to the NC's sequencer thread.
     pub sequencer_handoffs: u64,
+    /// Times simdev's threads were preempted (involuntary context switches) during the run.
+    pub preemptions: u64,
 }
 
 impl SimdevCost {
@@ -345,7 +364,9 @@ impl SimdevCost {
         let c0 = counters(dev)?;
         sim.wait_quiescent().map_err(|e| e.to_string())?;
         let a0 = sim.allocations().map_err(|e| e.to_string())?;
+        let p0 = sim.preemptions();
         run();
+        let p1 = sim.preemptions();
         sim.wait_quiescent().map_err(|e| e.to_string())?;
         let a1 = sim.allocations().map_err(|e| e.to_string())?;
         let c1 = counters(dev)?;
@@ -355,6 +376,7 @@ impl SimdevCost {
             executions: c1.executions - c0.executions,
             inline_executions: c1.inline_executions - c0.inline_executions,
             sequencer_handoffs: c1.sequencer_handoffs - c0.sequencer_handoffs,
+            preemptions: p1.saturating_sub(p0),
         })
     }
 
