@@ -7,10 +7,11 @@
 //! [`Device::handle`] with one `sendmsg` carrying the reply's fds as `SCM_RIGHTS`, and sends
 //! nothing for posted requests. The notification eventfd is written once per NC per batch
 //! (before any reply, and before the thread sleeps again), not once per execution. Where the
-//! kernel gives one (`--receive io-uring`, the default), the thread receives through an
-//! io_uring instead ([`crate::uring`]): the same batches, with the batch's eventfd writes
-//! submitted in the same system call as the wait for the next message, so that the client's
-//! woken worker does not preempt the thread between the two. When the connection ends for any
+//! kernel gives one (`--receive io-uring`, the default), the thread waits for the message
+//! that follows a lone one (a sync execution's doorbell) through an io_uring instead
+//! ([`crate::uring`]): the batch's eventfd writes are submitted in the same system call as the
+//! wait, so that the client's woken worker does not preempt the thread between the two. A
+//! client streaming messages is read with `recvmmsg` batches as before. When the connection ends for any
 //! reason (EOF, reset, the process killed) the device reclaims everything the client owned.
 //!
 //! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a

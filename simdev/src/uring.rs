@@ -20,7 +20,9 @@
 //! thread enters the kernel to wait, so a wake-up delivers every message that is waiting, as
 //! `recvmmsg` does. [`ReceiveRing::receive`] first hands out the completions already posted;
 //! only when there are none does it submit the eventfd writes (`CQE_SKIP_SUCCESS`: a write
-//! that succeeded posts nothing) and wait for one completion.
+//! that succeeded posts nothing) and wait for one completion. The server waits here after a
+//! lone message; a client streaming messages is read with `recvmmsg`, whose batches cost less
+//! per message than a completion each.
 //!
 //! The socket may also be read directly (`recvmmsg`) while the receive is armed: its
 //! receives run only inside this thread's waits on the ring, so they take only messages that
