@@ -7,11 +7,10 @@
 //! [`Device::handle`] with one `sendmsg` carrying the reply's fds as `SCM_RIGHTS`, and sends
 //! nothing for posted requests. The notification eventfd is written once per NC per batch
 //! (before any reply, and before the thread sleeps again), not once per execution. Where the
-//! kernel gives one (`--receive io-uring`, the default), the thread waits for the message
-//! that follows a lone one (a sync execution's doorbell) through an io_uring instead
-//! ([`crate::uring`]): the batch's eventfd writes are submitted in the same system call as the
-//! wait, so that the client's woken worker does not preempt the thread between the two. A
-//! client streaming messages is read with `recvmmsg` batches as before. When the connection ends for any
+//! kernel gives one (`--receive io-uring`, the default), the thread receives through an
+//! io_uring instead ([`crate::uring`]): the same batches, with the batch's eventfd writes
+//! submitted in the same system call as the wait for the next message, so that the client's
+//! woken worker does not preempt the thread between the two. When the connection ends for any
 //! reason (EOF, reset, the process killed) the device reclaims everything the client owned.
 //!
 //! Stopping ([`StopHandle::stop`], SIGINT/SIGTERM in [`run`]) removes the socket, posts a
@@ -669,8 +668,6 @@ struct Buffers {
     pending: PendingSignals,
     /// The connection's io_uring ([`crate::uring`]); `None`: `recvmmsg`.
     ring: Option<ReceiveRing>,
-    /// Messages the last receive took.
-    last_batch: usize,
 }
 
 impl Buffers {
@@ -682,7 +679,6 @@ impl Buffers {
             send: Box::new([0; MAX_MSG_SIZE]),
             pending: PendingSignals::default(),
             ring: None,
-            last_batch: 0,
         }
     }
 
@@ -717,18 +713,8 @@ impl Received {
 }
 
 /// Receives the waiting messages into `buffers.batch` (blocking for the first): how many.
-///
-/// With a ring, the wait goes through it after a batch of one message (a client ringing one
-/// doorbell and waiting for its notification: the case where the woken worker would preempt
-/// this thread between its eventfd write and `recvmmsg`) and while it holds received messages.
-/// After a batch of several (a client streaming doorbells) the next is taken with `recvmmsg`,
-/// whose batches cost less per message; the ring's armed receive then sees only what arrives
-/// after, in order.
 fn receive_batch(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<usize> {
-    let streaming = buffers.last_batch > 1;
-    if let Some(ring) = buffers.ring.as_mut()
-        && (!streaming || ring.holds_messages())
-    {
+    if let Some(ring) = buffers.ring.as_mut() {
         let Buffers {
             batch,
             received,
@@ -758,7 +744,6 @@ fn receive_batch(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<usize> 
         } else {
             pending.write();
         }
-        buffers.last_batch = count;
         return result.map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
     }
     buffers.pending.write();
@@ -779,7 +764,6 @@ fn receive_batch(socket: &OwnedFd, buffers: &mut Buffers) -> nix::Result<usize> 
         };
         count += 1;
     }
-    buffers.last_batch = count;
     Ok(count)
 }
 
@@ -1155,86 +1139,6 @@ mod tests {
         // The peer's close ends the connection.
         drop(client_end);
         assert!(super::serve_batch(&dev, &server_end, &mut session, &mut buffers).is_break());
-    }
-
-    /// A connection alternates between receiving through its ring (after a lone message)
-    /// and `recvmmsg` (after a batch of several): messages keep their order across the
-    /// switches. Rounds of increments each end with a read, more of them waiting than one
-    /// batch takes, then lone requests, then a stream again: every read sees exactly the
-    /// increments sent before it.
-    #[test]
-    fn requests_keep_their_order_across_the_ring_and_recvmmsg() {
-        for path in PATHS {
-            order_across_receive_paths(path);
-        }
-    }
-
-    fn order_across_receive_paths(path: ReceivePath) {
-        use std::os::fd::AsFd;
-
-        let (dev, client_end, server_end, mut session, mut buffers) = connection(path);
-        let send = |request: &Request| {
-            shared::fd_passing::send_with_fds(client_end.as_fd(), &encoded(request), &[]).unwrap();
-        };
-        let mut answer = vec![0u8; MAX_MSG_SIZE];
-        let mut next_reply = || {
-            let r = shared::fd_passing::recv_with_fds(
-                client_end.as_fd(),
-                &mut answer,
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-            )
-            .ok()?;
-            Some(protocol::decode::<Reply>(&answer[..r.len]).unwrap())
-        };
-        let mut serve = |replies: usize| {
-            let mut got = Vec::new();
-            while got.len() < replies {
-                assert!(
-                    super::serve_batch(&dev, &server_end, &mut session, &mut buffers).is_continue()
-                );
-                got.extend(std::iter::from_fn(&mut next_reply));
-            }
-            got
-        };
-        send(&Request::Hello {
-            version: PROTOCOL_VERSION,
-        });
-        assert!(matches!(serve(1)[..], [Reply::Hello { .. }]));
-        send(&Request::ClaimNc { nc: 0 });
-        assert_eq!(serve(1), [Reply::NcClaimed { nc: 0 }]);
-        let increment = Request::SemaphoreIncrement {
-            nc: 0,
-            index: 5,
-            value: 1,
-        };
-        let read = Request::SemaphoreRead { nc: 0, index: 5 };
-        let mut sent = 0;
-        let mut expected = Vec::new();
-        // A stream: 3 rounds of 11 increments and a read (36 messages waiting at once).
-        for _ in 0..3 {
-            for _ in 0..11 {
-                send(&increment);
-            }
-            sent += 11;
-            send(&read);
-            expected.push(Reply::Value(sent));
-        }
-        assert_eq!(serve(3), expected, "{path:?}: a stream");
-        // Lone requests, then a stream again.
-        for lone in 0..4 {
-            send(&read);
-            assert_eq!(serve(1), [Reply::Value(sent)], "{path:?}: lone read {lone}");
-        }
-        expected.clear();
-        for _ in 0..2 {
-            for _ in 0..20 {
-                send(&increment);
-            }
-            sent += 20;
-            send(&read);
-            expected.push(Reply::Value(sent));
-        }
-        assert_eq!(serve(2), expected, "{path:?}: a stream after lone requests");
     }
 
     #[test]

@@ -20,14 +20,7 @@
 //! thread enters the kernel to wait, so a wake-up delivers every message that is waiting, as
 //! `recvmmsg` does. [`ReceiveRing::receive`] first hands out the completions already posted;
 //! only when there are none does it submit the eventfd writes (`CQE_SKIP_SUCCESS`: a write
-//! that succeeded posts nothing) and wait for one completion. The server waits here after a
-//! lone message; a client streaming messages is read with `recvmmsg`, whose batches cost less
-//! per message than a completion each.
-//!
-//! The socket may also be read directly (`recvmmsg`) while the receive is armed: its
-//! receives run only inside this thread's waits on the ring, so they take only messages that
-//! arrived after what was read directly, and completions already posted
-//! ([`ReceiveRing::holds_messages`]) hold messages older than what the socket holds.
+//! that succeeded posts nothing) and wait for one completion.
 //!
 //! Messages keep `recvmmsg`'s rules: a message longer than [`MAX_MSG_SIZE`] is flagged
 //! truncated (`MSG_TRUNC`), fds a client sends are closed by the kernel (no control buffer:
@@ -256,13 +249,6 @@ impl ReceiveRing {
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// Whether completions are posted that [`ReceiveRing::receive`] would hand out without
-    /// waiting: received messages, older than any the socket still holds, so a caller that
-    /// also reads the socket itself (`recvmmsg`) must take these first.
-    pub fn holds_messages(&mut self) -> bool {
-        self.failed.is_some() || !self.ring.completion().is_empty()
     }
 
     /// Arms the multishot receive.
