@@ -591,12 +591,13 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32], recei
 }
 
 /// Receives the messages of `session`'s connection that are waiting (at least one, at most
-/// [`BATCH`], one `recvmmsg`) and answers each in order; `Break` when the connection ends (EOF,
-/// an error, a refused handshake). The notification eventfd writes of the executions the batch
-/// runs inline are deferred ([`DeferredSignals`]): written once per NC before any reply is
-/// sent and when the batch ends, so a client with many executions queued is woken once per
-/// batch rather than once per execution. Allocates nothing of its own: the messages and their
-/// replies go through `buffers`.
+/// [`BATCH`], one `recvmmsg` or one wait on the connection's ring) and answers each in order;
+/// `Break` when the connection ends (EOF, an error, a refused handshake). The notification
+/// eventfd writes of the executions the batch runs inline are deferred ([`DeferredSignals`]):
+/// written once per NC before any reply is sent, and the rest by the next receive, before it
+/// sleeps (with its wait, through the ring), so a client with many executions queued is woken
+/// once per batch rather than once per execution. Allocates nothing of its own: the messages
+/// and their replies go through `buffers`.
 fn serve_batch(
     device: &Device,
     socket: &OwnedFd,
