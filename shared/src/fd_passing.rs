@@ -37,6 +37,20 @@ impl Received {
     }
 }
 
+/// A connected pair of close-on-exec `SOCK_SEQPACKET` Unix sockets, the control socket's kind:
+/// for a process talking to a child it starts, or a test standing in for both ends.
+///
+/// # Errors
+/// `socketpair(2)`'s error (out of fds).
+pub fn seqpacket_pair() -> nix::Result<(OwnedFd, OwnedFd)> {
+    nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+}
+
 /// Sends `data` as one message on `socket`, with `fds` attached as `SCM_RIGHTS` (no control
 /// data when `fds` is empty). Never raises `SIGPIPE` (`MSG_NOSIGNAL`); a send interrupted by a
 /// signal (`EINTR`, nothing sent) is retried. Returns the bytes sent.
@@ -132,18 +146,10 @@ mod tests {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsFd;
 
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-
     use super::*;
 
     fn pair() -> (OwnedFd, OwnedFd) {
-        socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap()
+        seqpacket_pair().unwrap()
     }
 
     #[test]

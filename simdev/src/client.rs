@@ -178,16 +178,8 @@ mod tests {
         assert!(cut.chars().all(|c| c == 'é'));
     }
 
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-
     fn pair() -> (OwnedFd, OwnedFd) {
-        socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap()
+        shared::fd_passing::seqpacket_pair().unwrap()
     }
 
     #[test]

@@ -996,15 +996,8 @@ mod tests {
         super::Session,
         super::Buffers,
     ) {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         let dev = device();
-        let (client_end, server_end) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
+        let (client_end, server_end) = shared::fd_passing::seqpacket_pair().unwrap();
         let session = super::Session::new(dev.connect(7));
         let buffers = super::Buffers::for_connection(&server_end, path);
         (dev, client_end, server_end, session, buffers)

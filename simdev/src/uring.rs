@@ -375,7 +375,6 @@ mod tests {
 
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::eventfd::{EfdFlags, EventFd};
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
     use shared::fd_passing::send_with_fds;
     use shared::protocol::MAX_MSG_SIZE;
 
@@ -383,13 +382,7 @@ mod tests {
 
     /// A connected SOCK_SEQPACKET pair (client end, server end), as simdev's connections are.
     fn pair() -> (OwnedFd, OwnedFd) {
-        socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap()
+        shared::fd_passing::seqpacket_pair().unwrap()
     }
 
     /// A ring on `socket`; `None` (and a note) where the kernel offers no io_uring, where

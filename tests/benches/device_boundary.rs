@@ -16,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, MsgFlags};
 use runtime::backend::sim::SimDevice;
 use runtime::backend::{Device, DmaQueueId};
 use runtime::dma::DmaQueue;
@@ -37,13 +37,7 @@ fn summarize(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
 }
 
 fn seqpacket_ping_pong_floor(iterations: usize) -> Vec<Duration> {
-    let (a, b) = socket::socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .unwrap();
+    let (a, b) = shared::fd_passing::seqpacket_pair().unwrap();
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 16];
         loop {

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, MsgFlags};
 use shared::SharedChunk;
 use shared::notification::NotificationEntry;
 use zerocopy::IntoBytes;
@@ -183,13 +183,8 @@ impl CompositeFloor {
     /// # Errors
     /// A message naming the step that failed.
     pub fn start(program: &Path, message_len: usize) -> Result<Self, String> {
-        let (mine, theirs) = socket::socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| format!("socketpair: {e}"))?;
+        let (mine, theirs) =
+            shared::fd_passing::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
         let memfd =
             nix::sys::memfd::memfd_create(c"ipc-floor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
                 .map_err(|e| format!("memfd_create: {e}"))?;

@@ -788,14 +788,7 @@ fn a_sync_execute_binds_in_sync_mode_so_its_tensors_stay_readable_in_flight() {
 
 /// Whether this kernel gives simdev's connections an io_uring ([`simdev::uring`]).
 fn kernel_gives_io_uring() -> bool {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-    let (_client, server) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .unwrap();
+    let (_client, server) = shared::fd_passing::seqpacket_pair().unwrap();
     simdev::uring::ReceiveRing::new(std::os::fd::AsFd::as_fd(&server)).is_ok()
 }
 

@@ -23,9 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockType, setsockopt, socketpair, sockopt,
-};
+use nix::sys::socket::{MsgFlags, setsockopt, sockopt};
 use nix::sys::time::TimeVal;
 use serde_json::{Value, json};
 use shared::fd_passing::{recv_with_fds, send_with_fds};
@@ -124,13 +122,8 @@ impl WorkerSlot {
 
     fn start(&mut self) -> Result<&Worker, String> {
         if self.worker.is_none() {
-            let (ours, theirs) = socketpair(
-                AddressFamily::Unix,
-                SockType::SeqPacket,
-                None,
-                SockFlag::SOCK_CLOEXEC,
-            )
-            .map_err(|e| format!("socketpair for the reference worker: {e}"))?;
+            let (ours, theirs) = shared::fd_passing::seqpacket_pair()
+                .map_err(|e| format!("socketpair for the reference worker: {e}"))?;
             let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_owned());
             let stdout = std::io::stderr()
                 .as_fd()

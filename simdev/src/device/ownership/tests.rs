@@ -112,14 +112,7 @@ fn claims_are_exclusive_and_repeatable_by_the_owner() {
 /// A client connected with a checkable [`Peer`] on one end of a socket pair; dropping the
 /// returned end is the process dying (the kernel closes its sockets before it can be reaped).
 fn peer_client(dev: &Device) -> (Client<'_>, std::os::fd::OwnedFd) {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .unwrap();
+    let (ours, theirs) = shared::fd_passing::seqpacket_pair().unwrap();
     let id = dev.connect_peer(crate::client::Peer::new(std::process::id(), ours));
     (Client { dev, id }, theirs)
 }
