@@ -213,9 +213,9 @@ impl Registers {
     }
 
     /// The notification eventfd, for a write submitted with a connection thread's wait
-    /// ([`crate::uring`]); it stays open as long as these registers.
-    pub fn eventfd_raw(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.eventfd)
+    /// ([`crate::uring`]).
+    pub fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.eventfd)
     }
 
     /// Writes 1 to the notification eventfd (after a notification was posted). A full counter

@@ -41,7 +41,7 @@
 //! the receive) before they are freed.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::types::{BufRingEntry, Fd, RecvMsgOut};
@@ -119,7 +119,8 @@ pub struct ReceiveRing {
     msghdr: Box<libc::msghdr>,
     /// Buffers handed back so far (the ring's tail).
     tail: u16,
-    socket: RawFd,
+    /// The connection's socket (a dup: the receive armed on it cannot outlive it).
+    socket: OwnedFd,
     /// The multishot receive is armed (its last completion had `IORING_CQE_F_MORE`).
     armed: bool,
     /// A receive failure taken while messages were handed out, returned by the next call.
@@ -136,8 +137,7 @@ impl std::fmt::Debug for ReceiveRing {
 }
 
 impl ReceiveRing {
-    /// An io_uring for `socket` with its buffer ring registered. The caller keeps `socket` open
-    /// as long as the ring lives.
+    /// An io_uring for `socket` (which it dups) with its buffer ring registered.
     ///
     /// # Errors
     /// The kernel's refusal to set up the ring or register its buffers.
@@ -158,7 +158,7 @@ impl ReceiveRing {
             base,
             msghdr,
             tail: 0,
-            socket: socket.as_raw_fd(),
+            socket: socket.try_clone_to_owned()?,
             armed: false,
             failed: None,
         };
@@ -218,7 +218,7 @@ impl ReceiveRing {
     /// connection ends).
     pub fn receive(
         &mut self,
-        signals: &mut dyn Iterator<Item = RawFd>,
+        signals: &mut dyn Iterator<Item = BorrowedFd<'_>>,
         max: usize,
         take: &mut dyn FnMut(Message<'_>),
     ) -> io::Result<usize> {
@@ -234,7 +234,7 @@ impl ReceiveRing {
                 self.arm()?;
             }
             for fd in &mut *signals {
-                let write = opcode::Write::new(Fd(fd), (&raw const ONE).cast(), 8)
+                let write = opcode::Write::new(Fd(fd.as_raw_fd()), (&raw const ONE).cast(), 8)
                     .offset(u64::MAX)
                     .build()
                     .flags(squeue::Flags::SKIP_SUCCESS)
@@ -253,11 +253,14 @@ impl ReceiveRing {
 
     /// Arms the multishot receive.
     fn arm(&mut self) -> io::Result<()> {
-        let receive =
-            opcode::RecvMsgMulti::new(Fd(self.socket), &raw const *self.msghdr, BUFFER_GROUP)
-                .flags(libc::MSG_CMSG_CLOEXEC as u32)
-                .build()
-                .user_data(RECEIVE);
+        let receive = opcode::RecvMsgMulti::new(
+            Fd(self.socket.as_raw_fd()),
+            &raw const *self.msghdr,
+            BUFFER_GROUP,
+        )
+        .flags(libc::MSG_CMSG_CLOEXEC as u32)
+        .build()
+        .user_data(RECEIVE);
         self.push(&receive)?;
         self.armed = true;
         Ok(())
@@ -267,10 +270,10 @@ impl ReceiveRing {
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: what the entry points at outlives the operation: the receive's `msghdr`
-            // and buffers are owned by `self` (dropped after the ring, which cancels it), the
-            // writes read the `static` ONE, and the socket and eventfds stay open as long as the
-            // caller's connection and claims, the kernel holding its own file references once
-            // the entry is submitted.
+            // and buffers are owned by `self` (dropped after the ring, which cancels it) and
+            // the writes read the `static` ONE. Its fds are `self`'s socket and the caller's
+            // borrowed eventfds, submitted within the call that borrows them; once submitted the
+            // kernel holds its own file references.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
@@ -370,7 +373,7 @@ impl ReceiveRing {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
     use std::time::Duration;
 
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -400,7 +403,7 @@ mod tests {
     /// What one `receive` handed out: payloads with their (truncated, fds_dropped) flags.
     type Got = Vec<(Vec<u8>, bool, bool)>;
 
-    fn receive(ring: &mut ReceiveRing, signals: &[i32], max: usize) -> Got {
+    fn receive(ring: &mut ReceiveRing, signals: &[BorrowedFd<'_>], max: usize) -> Got {
         let mut got = Vec::new();
         let mut signals = signals.iter().copied();
         let n = ring
@@ -474,7 +477,8 @@ mod tests {
             return;
         };
         let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).unwrap();
-        let fd = efd.as_fd().as_raw_fd();
+        // The same eventfd, for this thread to signal while the client thread watches it.
+        let signal = efd.as_fd().try_clone_to_owned().unwrap();
         let client_thread = std::thread::spawn(move || {
             let mut fds = [PollFd::new(efd.as_fd(), PollFlags::POLLIN)];
             let timeout = PollTimeout::try_from(Duration::from_secs(10)).unwrap();
@@ -486,7 +490,7 @@ mod tests {
             // The client end stays open (its close would be a second message).
             (client, efd.read().unwrap())
         });
-        let got = receive(&mut ring, &[fd, fd], 16);
+        let got = receive(&mut ring, &[signal.as_fd(), signal.as_fd()], 16);
         assert_eq!(got, [(b"signalled".to_vec(), false, false)]);
         let (_client, count) = client_thread.join().unwrap();
         assert_eq!(count, 2, "each signal wrote 1");

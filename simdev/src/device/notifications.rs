@@ -79,11 +79,8 @@ pub struct PendingSignals {
 
 impl PendingSignals {
     /// The eventfds to write, one per NC claim.
-    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
-        self.claims
-            .iter()
-            .flatten()
-            .map(|c| c.registers.eventfd_raw())
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> + '_ {
+        self.claims.iter().flatten().map(|c| c.registers.eventfd())
     }
 
     /// Writes every eventfd now; none is pending after.
