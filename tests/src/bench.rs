@@ -79,6 +79,61 @@ pub fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
     sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
+/// CPU time a process has spent so far, all its threads, as the kernel accounts it
+/// (`/proc/<pid>/stat`'s `utime` and `stime`: sampled at the scheduler tick, so meaningful
+/// summed over runs of many ticks, not per call).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    /// In user space.
+    pub user: Duration,
+    /// In the kernel (system calls, the wake-ups and context switches they cause).
+    pub system: Duration,
+}
+
+impl CpuTime {
+    /// `pid`'s CPU time so far (`None` for this process); `None` where `/proc` cannot say.
+    pub fn of(pid: Option<u32>) -> Option<Self> {
+        let path = pid.map_or("/proc/self/stat".into(), |p| format!("/proc/{p}/stat"));
+        let stat = std::fs::read_to_string(path).ok()?;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+        Self::from_stat(&stat, u64::try_from(hz).ok()?)
+    }
+
+    /// Parses a `/proc/<pid>/stat` line whose clock ticks are `1/hz` s.
+    fn from_stat(stat: &str, hz: u64) -> Option<Self> {
+        // The fields after the command name, which is in parentheses and may itself hold
+        // spaces and parentheses: state is field 3, utime 14 and stime 15.
+        let mut after = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+        let user: u64 = after.nth(11)?.parse().ok()?;
+        let system: u64 = after.next()?.parse().ok()?;
+        let hz = (hz > 0).then_some(hz)?;
+        let ticks = |t: u64| Duration::from_nanos(t.saturating_mul(1_000_000_000) / hz);
+        Some(Self {
+            user: ticks(user),
+            system: ticks(system),
+        })
+    }
+
+    /// The time spent between `earlier` and `self`.
+    #[must_use]
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+        }
+    }
+}
+
+impl std::ops::Add for CpuTime {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self {
+            user: self.user + other.user,
+            system: self.system + other.system,
+        }
+    }
+}
+
 /// Microseconds of a duration.
 pub fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
@@ -155,5 +210,50 @@ impl IdentityIo {
             inputs,
             outputs,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_reads_utime_and_stime_after_a_command_name_with_spaces_and_parentheses() {
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3 0";
+        let t = CpuTime::from_stat(stat, 100).expect("a well-formed line");
+        assert_eq!(t.user, Duration::from_millis(2_500));
+        assert_eq!(t.system, Duration::from_millis(370));
+        assert_eq!(
+            CpuTime::from_stat("4242 (x) S 1 2", 100),
+            None,
+            "too few fields"
+        );
+        assert_eq!(CpuTime::from_stat(stat, 0), None, "no tick rate");
+        let later = CpuTime {
+            user: Duration::from_secs(3),
+            system: Duration::from_millis(300),
+        };
+        let spent = later.since(t);
+        assert_eq!(spent.user, Duration::from_millis(500));
+        assert_eq!(spent.system, Duration::ZERO, "saturates, never wraps");
+    }
+
+    #[test]
+    fn cpu_time_of_this_process_grows_while_it_computes() {
+        let start = CpuTime::of(None).expect("/proc/self/stat");
+        let mut x = 0u64;
+        // Tick-sampled: spin until the kernel has charged at least one tick (a bound far
+        // beyond any tick, only so that a broken reader fails instead of hanging).
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while CpuTime::of(None).expect("/proc/self/stat").since(start) == CpuTime::default() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "no CPU time charged in 60 s"
+            );
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_add(i));
+            }
+        }
+        assert!(CpuTime::of(Some(std::process::id())).is_some());
     }
 }
