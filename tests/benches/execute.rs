@@ -41,8 +41,11 @@ fn doorbell_floor(dev: &SimDevice, nc: u32, n: usize) -> Vec<Duration> {
             let before = window.load_u32(pa, Ordering::Acquire).unwrap();
             let t = Instant::now();
             dev.semaphore_increment(nc, 5, 1).unwrap();
+            // Yield, not spin: everything here shares one CPU, and simdev's threads are
+            // SCHED_BATCH by default, which never preempt a running thread on wake-up — a spinning
+            // waiter would keep simdev off the CPU until the next scheduler tick (4 ms at HZ=250).
             while window.load_u32(pa, Ordering::Acquire).unwrap() == before {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             t.elapsed()
         })
