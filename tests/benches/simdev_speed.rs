@@ -16,7 +16,9 @@
 //!    `nrt bench --async 16`) vs pipelined posted doorbells to the same simdev over the same
 //!    connection: N `SemaphoreIncrement`s of semaphore 7 of NC 1 (claimed by the same client;
 //!    no program is loaded there, so nothing starts), then one `SemaphoreRead` as a barrier.
-//!    Target executions/s >= 0.5 x doorbells/s.
+//!    Target executions/s >= 0.5 x doorbells/s. Then where the time goes: both processes'
+//!    CPU time per execution and per doorbell, split user/kernel (`/proc`, over one long run
+//!    of each), and the ratio the kernel's share alone would allow.
 //! 5. simdev's own heap allocations per execution (counted inside the simdev process:
 //!    `tests::counted_simdev`) and its thread hand-offs (its per-NC counters
 //!    `inline_executions` and `sequencer_handoffs`), for identity sync, digits batch 1 and
