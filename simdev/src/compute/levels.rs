@@ -61,9 +61,11 @@ fn placed(v: &[f32], (rows, cols): (usize, usize), (start, stride): (usize, usiz
 }
 
 /// The kernel at every level with FMA against AVX2+FMA over random shapes (the edges of every
-/// block size: `m` and `n` not multiples of 8 and 32, `k` up to 128), strided layouts, NaN,
-/// ±∞ and −0 operands, accumulating and overwriting; the fillers between and after the
-/// output's rows are untouched, and the non-finite answer is a scan of the output.
+/// block size: `m` and `n` not multiples of the blocks' rows and columns, `k` up to 128), then
+/// every height of rows (1 to 50: each block height and every leftover below it) on panels of
+/// each width (1 to 4 vectors, full and partial, and several panels), strided layouts, NaN, ±∞
+/// and −0 operands, accumulating and overwriting; the fillers between and after the output's
+/// rows are untouched, and the non-finite answer is a scan of the output.
 #[test]
 fn gemm_kernels_compute_the_same_bits_at_every_level() {
     let levels: Vec<Level> = simd::supported()
@@ -75,10 +77,17 @@ fn gemm_kernels_compute_the_same_bits_at_every_level() {
         return;
     }
     let mut rng = Rng(41);
-    for case in 0..200 {
-        let k = 1 + below(&mut rng, 128);
-        let m = 1 + below(&mut rng, if case % 5 == 0 { 128 } else { 20 });
-        let n = 1 + below(&mut rng, if case % 7 == 0 { 400 } else { 70 });
+    let widths = [1, 16, 17, 32, 33, 48, 49, 63, 64, 65, 136];
+    let swept: Vec<(usize, usize)> = (1..=50).flat_map(|m| widths.map(|n| (m, n))).collect();
+    for case in 0..200 + swept.len() {
+        let (k, m, n) = match case.checked_sub(200) {
+            None => (
+                1 + below(&mut rng, 128),
+                1 + below(&mut rng, if case % 5 == 0 { 128 } else { 20 }),
+                1 + below(&mut rng, if case % 7 == 0 { 400 } else { 70 }),
+            ),
+            Some(i) => (1 + below(&mut rng, 24), swept[i].0, swept[i].1),
+        };
         let gap = |rng: &mut Rng| if case % 2 == 0 { 0 } else { below(rng, 9) };
         let l = gemm::Layout {
             stat: (gap(&mut rng), m + gap(&mut rng)),

@@ -2,16 +2,24 @@
 //! kernel (each output one fused multiply-add chain over `k` in order from +0, then the
 //! finish of [`super::finish`]), 16 lanes at a time.
 //!
-//! Each group of [`W`] columns of the moving matrix (the last group one vector of [`LANES`]
-//! when no more than that is left: a batch of 360 computes 368 columns, not 384) is swept by
-//! blocks of [`MB`] output rows (the last block narrower): `2 · MB` accumulators (`MB` in a
-//! one-vector group), the stationary values broadcast, the moving rows loaded where they lie
-//! (the lanes past the matrix's last column masked off: they load zeros, are computed and never
-//! stored), the results stored through a mask. The moving matrix is not packed first: SBUF
-//! partitions are one cache line more than 64 KiB apart ([`super::super::partition_stride`]),
-//! so a group's rows fall in different cache sets and stay in L1 from one block of rows to the
-//! next, and the copy cost more than it saved (measured: the digits network's three matmuls
-//! about 5 % faster without it).
+//! The moving matrix is swept by panels of [`PANEL_VECTORS`] vectors (64 columns; the last
+//! panel as many vectors as its columns need: a batch of 360 computes 5 panels of 64 and one of
+//! 48, not 384 columns), each panel by blocks of output rows sized so that a block keeps
+//! [`ACCUMULATORS`] vector registers accumulating (6 rows of 4 vectors, 8 of 3, 12 of 2, 24 of
+//! 1; the last rows of a panel by 8, 4, 2 and 1). Per step of `k` a block loads its vectors of
+//! the moving row and broadcasts one stationary value per row, each broadcast feeding every
+//! vector of its row: the wider the panel, the fewer broadcasts per fused multiply-add. On
+//! Zen 4 (whose 512-bit operations occupy both vector pipes) 8 rows of 2 vectors — one
+//! broadcast per two FMAs — ran the digits MLP's 64 × 64 × 360 layer at 0.87x the GEMM
+//! crate's AVX2 kernel, 6 rows of 4 at 0.90x (`cargo bench -p tests --bench matmul`, medians
+//! of six interleaved runs; the other shapes there within the noise).
+//!
+//! The lanes past the matrix's last column are masked off: they load zeros, are computed and
+//! never stored; the results are stored through a mask. The moving matrix is not packed first:
+//! SBUF partitions are one cache line more than 64 KiB apart
+//! ([`super::super::partition_stride`]), so a panel's rows fall in different cache sets and
+//! stay in L1 from one block of rows to the next, and the copy cost more than it saved
+//! (measured: the digits network's three matmuls about 5 % faster without it).
 
 use std::arch::x86_64::{
     __m512, __mmask16, _CMP_UNORD_Q, _mm512_add_ps, _mm512_fmadd_ps, _mm512_mask_cmp_ps_mask,
@@ -22,10 +30,13 @@ use super::{KC, Layout, at};
 
 /// Lanes of a vector.
 const LANES: usize = 16;
-/// Columns of a panel: two 16-lane vectors.
-const W: usize = 2 * LANES;
-/// Output rows computed together (`2 · MB` = 16 of the 32 vector registers accumulate).
-const MB: usize = 8;
+/// Vectors of columns of a full panel.
+const PANEL_VECTORS: usize = 4;
+/// Columns of a full panel.
+const PANEL: usize = PANEL_VECTORS * LANES;
+/// Vector registers a block of rows accumulates in: `rows · vectors` of the 32 (the others
+/// hold the moving row's vectors and the broadcast stationary value).
+const ACCUMULATORS: usize = 24;
 
 /// Lanes `0..lanes` (at most 16) of a vector.
 const fn lane_mask(lanes: usize) -> __mmask16 {
@@ -130,7 +141,7 @@ fn store<const R: usize, const V: usize>(
     non_finite
 }
 
-/// The `R` rows from `m0` of one group of `V` vectors of the panel's columns.
+/// The `R` rows from `m0` of the `V` vectors of a panel's columns.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn rows<const R: usize, const V: usize>(
@@ -145,36 +156,42 @@ fn rows<const R: usize, const V: usize>(
     store::<R, V>(&acc, l.out, (m0, n0, width), out, accumulate)
 }
 
-/// Every block of rows of the group of `V` vectors of columns from `n0` (`width` of them
-/// stored): by [`MB`], then the rest at once.
+/// Every block of rows of the panel of `V` vectors of columns from `n0` (`width` of them
+/// stored): by `M` (`M · V` = [`ACCUMULATORS`]), then the last rows by 8, 4, 2 and 1.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn group<const V: usize>(
+fn panel<const V: usize, const M: usize>(
     stat: &[f32],
     (m, l): (usize, Layout),
     (n0, width): (usize, usize),
-    panel: (&[f32], usize),
+    mov: (&[f32], usize),
     out: &mut [f32],
     accumulate: bool,
 ) -> __mmask16 {
+    const { assert!(M * V == ACCUMULATORS) };
     let mut non_finite: __mmask16 = 0;
     let mut m0 = 0;
-    while m0 + MB <= m {
-        non_finite |= rows::<MB, V>(stat, l, (m0, n0, width), panel, out, accumulate);
-        m0 += MB;
+    while m0 + M <= m {
+        non_finite |= rows::<M, V>(stat, l, (m0, n0, width), mov, out, accumulate);
+        m0 += M;
     }
-    let place = (m0, n0, width);
+    // The last rows (fewer than `M`) by 8, 4, 2 and 1.
+    while M > 8 && m0 + 8 <= m {
+        non_finite |= rows::<8, V>(stat, l, (m0, n0, width), mov, out, accumulate);
+        m0 += 8;
+    }
+    if m0 + 4 <= m {
+        non_finite |= rows::<4, V>(stat, l, (m0, n0, width), mov, out, accumulate);
+        m0 += 4;
+    }
+    if m0 + 2 <= m {
+        non_finite |= rows::<2, V>(stat, l, (m0, n0, width), mov, out, accumulate);
+        m0 += 2;
+    }
+    if m0 < m {
+        non_finite |= rows::<1, V>(stat, l, (m0, n0, width), mov, out, accumulate);
+    }
     non_finite
-        | match m - m0 {
-            0 => 0,
-            1 => rows::<1, V>(stat, l, place, panel, out, accumulate),
-            2 => rows::<2, V>(stat, l, place, panel, out, accumulate),
-            3 => rows::<3, V>(stat, l, place, panel, out, accumulate),
-            4 => rows::<4, V>(stat, l, place, panel, out, accumulate),
-            5 => rows::<5, V>(stat, l, place, panel, out, accumulate),
-            6 => rows::<6, V>(stat, l, place, panel, out, accumulate),
-            _ => rows::<7, V>(stat, l, place, panel, out, accumulate),
-        }
 }
 
 /// [`super::gemm`] for `k` ≤ [`KC`] on AVX-512F (it allocates nothing). The caller checked
@@ -195,14 +212,16 @@ pub(super) unsafe fn body(
         // Not a shape of this kernel (the caller never asks): nothing is stored.
         return false;
     }
-    let panel = (mov, k);
+    let mov = (mov, k);
     let mut non_finite: __mmask16 = 0;
-    for n0 in (0..n).step_by(W) {
-        let width = (n - n0).min(W);
-        non_finite |= if width > LANES {
-            group::<2>(stat, (m, l), (n0, width), panel, out, accumulate)
-        } else {
-            group::<1>(stat, (m, l), (n0, width), panel, out, accumulate)
+    for n0 in (0..n).step_by(PANEL) {
+        let width = (n - n0).min(PANEL);
+        let shape = (m, l);
+        non_finite |= match width.div_ceil(LANES) {
+            4 => panel::<4, 6>(stat, shape, (n0, width), mov, out, accumulate),
+            3 => panel::<3, 8>(stat, shape, (n0, width), mov, out, accumulate),
+            2 => panel::<2, 12>(stat, shape, (n0, width), mov, out, accumulate),
+            _ => panel::<1, 24>(stat, shape, (n0, width), mov, out, accumulate),
         };
     }
     non_finite != 0
