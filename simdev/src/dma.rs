@@ -35,7 +35,7 @@ use thiserror::Error;
 
 use crate::client::ClientId;
 use crate::counters::{Counters, bump};
-use crate::memory::{Chunk, ChunkCache};
+use crate::memory::{CacheSlot, Chunk, ChunkCache};
 use crate::registers::RegisterWriteError;
 
 /// Default [`Budget`] per doorbell, in descriptor pairs.
@@ -650,10 +650,50 @@ struct DmaQueue {
     in_flight: bool,
 }
 
+/// Pairs completed, bytes moved and register writes made, added to the [`Counters`] when
+/// dropped: one atomic add per counter for a run of pairs instead of three per pair (a locked
+/// add waits for the copy's stores to drain).
+struct Tally<'a> {
+    counters: &'a Counters,
+    descriptors: u64,
+    bytes: u64,
+    register_writes: u64,
+}
+
+impl<'a> Tally<'a> {
+    fn new(counters: &'a Counters) -> Self {
+        Self {
+            counters,
+            descriptors: 0,
+            bytes: 0,
+            register_writes: 0,
+        }
+    }
+
+    /// Counts one completed pair of `len` bytes, a register write when `register`.
+    fn pair(&mut self, len: u32, register: bool) {
+        self.descriptors += 1;
+        self.bytes += u64::from(len);
+        self.register_writes += u64::from(register);
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        if self.descriptors > 0 {
+            bump(&self.counters.dma_descriptors, self.descriptors);
+            bump(&self.counters.dma_bytes, self.bytes);
+        }
+        if self.register_writes > 0 {
+            bump(&self.counters.register_writes, self.register_writes);
+        }
+    }
+}
+
 /// Where a checked pair's bytes come from.
-enum Source {
-    /// Client memory.
-    Memory { chunk: Arc<Chunk>, pa: u64 },
+enum Source<'c> {
+    /// Client memory (a chunk lent by the queues' [`ChunkCache`]).
+    Memory { chunk: &'c Chunk, pa: u64 },
     /// One SBUF partition of an NC the client owns.
     Sbuf {
         nc: u32,
@@ -662,7 +702,7 @@ enum Source {
     },
 }
 
-impl Source {
+impl Source<'_> {
     /// Reads the source bytes into `out` (the pair's length).
     #[inline]
     fn read_into(&self, out: &mut [u8], bus: &impl Bus) -> Result<(), Fault> {
@@ -713,22 +753,22 @@ impl Source {
 }
 
 /// What a checked pair will do.
-enum Action {
+enum Action<'c> {
     Copy {
-        src: Source,
-        dst: Arc<Chunk>,
+        src: Source<'c>,
+        dst: &'c Chunk,
         dst_pa: u64,
     },
     Dmem {
         nc: u32,
         offset: u64,
-        src: Source,
+        src: Source<'c>,
     },
     Sbuf {
         nc: u32,
         partition: u32,
         offset: u64,
-        src: Source,
+        src: Source<'c>,
     },
     Register {
         reg: Register,
@@ -952,6 +992,8 @@ impl DmaQueues {
         let Ok(index) = self.index(engine, queue) else {
             return Outcome::Idle;
         };
+        // Counted once when this call returns, not with an atomic add per pair.
+        let mut tally = Tally::new(counters);
         loop {
             let Some(q) = self.slots.get(index).and_then(Option::as_ref) else {
                 return Outcome::Idle;
@@ -1046,7 +1088,7 @@ impl DmaQueues {
                 return Outcome::Aborted(self.stop(index, engine, queue, &fault, counters));
             }
             budget.charge(len);
-            self.complete(index, len, register, counters);
+            self.complete(index, len, register, &mut tally);
         }
     }
 
@@ -1149,11 +1191,7 @@ impl DmaQueues {
             q.tx.step_head();
             q.rx.step_head();
         }
-        bump(&counters.dma_descriptors, 1);
-        bump(&counters.dma_bytes, u64::from(len));
-        if register {
-            bump(&counters.register_writes, 1);
-        }
+        Tally::new(counters).pair(len, register);
     }
 
     /// Stops a queue on `fault` found outside [`DmaQueues::process`] (the sequencer's fetch):
@@ -1203,7 +1241,7 @@ impl DmaQueues {
         q.in_flight = false;
         match result {
             Ok(()) => {
-                self.complete(index, 4, true, counters);
+                self.complete(index, 4, true, &mut Tally::new(counters));
                 None
             }
             Err(fault) => Some(self.stop(index, engine, queue, &fault, counters)),
@@ -1241,16 +1279,12 @@ impl DmaQueues {
     }
 
     /// Advances both heads of the queue at `index` past a completed pair of `len` bytes.
-    fn complete(&mut self, index: usize, len: u32, register: bool, counters: &Counters) {
+    fn complete(&mut self, index: usize, len: u32, register: bool, tally: &mut Tally<'_>) {
         if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
             q.tx.advance();
             q.rx.advance();
         }
-        bump(&counters.dma_descriptors, 1);
-        bump(&counters.dma_bytes, u64::from(len));
-        if register {
-            bump(&counters.register_writes, 1);
-        }
+        tally.pair(len, register);
     }
 
     /// Stops the queue at `index` on `fault`.
@@ -1286,20 +1320,24 @@ impl DmaQueues {
 }
 
 /// Reads and checks the pair `ahead` slots past the heads of `q` (with the ring ids of the
-/// pass those slots are on); resolves both sides, through `cache`.
-fn check_pair_at(
+/// pass those slots are on); resolves both sides through `cache`, which lends their chunks
+/// (no reference count is touched per pair).
+fn check_pair_at<'c>(
     map: &AddressMap,
-    cache: &mut ChunkCache,
+    cache: &'c mut ChunkCache,
     q: &DmaQueue,
     ahead: u32,
     bus: &impl Bus,
-) -> Result<(Action, u32), Fault> {
+) -> Result<(Action<'c>, u32), Fault> {
     let (tx_index, tx_ring_id) = q.tx.slot(ahead);
     let (rx_index, rx_ring_id) = q.rx.slot(ahead);
     let tx = q.tx.read(tx_index)?.decode_tx(tx_ring_id)?;
     let rx = q.rx.read(rx_index)?.decode_rx(rx_ring_id)?;
     check_pair(&tx, &rx)?;
     let len = tx.len;
+    // Both sides are looked up at one generation: the source's slot then stays cached through
+    // the destination's lookup (`ChunkCache`'s invariant), and both are lent together.
+    let generation = bus.memory_generation();
     let src = if let Some((nc, partition, offset)) = map.decode_sbuf(tx.src, u64::from(len)) {
         if !bus.owns_nc(nc) {
             return Err(Fault::ForeignSbuf {
@@ -1308,21 +1346,22 @@ fn check_pair_at(
                 nc,
             });
         }
-        Source::Sbuf {
+        Place::Sbuf(Source::Sbuf {
             nc,
             partition,
             offset,
-        }
+        })
     } else if map.register_range().contains(&tx.src) {
         return Err(Fault::RegisterSource { pa: tx.src });
     } else {
         // let-else, not `ok_or`: the fault (a `Drop` type) is built only on the error path.
-        let Some(chunk) = resolve(cache, bus, tx.src, len_usize(len)) else {
+        let Some(slot) = find(cache, bus, generation, tx.src, len_usize(len)) else {
             return Err(Fault::SourceOutOfBounds { pa: tx.src, len });
         };
-        Source::Memory { chunk, pa: tx.src }
+        Place::Memory { slot, pa: tx.src }
     };
     if let Some((nc, offset)) = map.decode_dmem(rx.dst, u64::from(len)) {
+        let src = src.lend(cache, len)?;
         return Ok((Action::Dmem { nc, offset, src }, len));
     }
     if let Some((nc, partition, offset)) = map.decode_sbuf(rx.dst, u64::from(len)) {
@@ -1333,6 +1372,7 @@ fn check_pair_at(
                 nc,
             });
         }
+        let src = src.lend(cache, len)?;
         return Ok((
             Action::Sbuf {
                 nc,
@@ -1350,15 +1390,19 @@ fn check_pair_at(
         if len != 4 {
             return Err(Fault::RegisterLength { pa: rx.dst, len });
         }
-        let value = src.read_word(bus)?;
+        let value = src.lend(cache, len)?.read_word(bus)?;
         return Ok((Action::Register { reg, value }, len));
     }
-    let Some(dst) = resolve(cache, bus, rx.dst, len_usize(len)) else {
+    let Some(dst) = find(cache, bus, generation, rx.dst, len_usize(len)) else {
+        return Err(Fault::DestinationOutOfBounds { pa: rx.dst, len });
+    };
+    let cache: &'c ChunkCache = cache;
+    let Some(dst) = cache.lend(dst) else {
         return Err(Fault::DestinationOutOfBounds { pa: rx.dst, len });
     };
     Ok((
         Action::Copy {
-            src,
+            src: src.lend(cache, len)?,
             dst,
             dst_pa: rx.dst,
         },
@@ -1366,11 +1410,39 @@ fn check_pair_at(
     ))
 }
 
-/// The client's chunk holding `pa..pa+len`, from `cache` or else [`Bus::resolve`].
-fn resolve(cache: &mut ChunkCache, bus: &impl Bus, pa: u64, len: usize) -> Option<Arc<Chunk>> {
-    cache.resolve(bus.memory_generation(), bus.client(), pa, len, || {
-        bus.resolve(pa, len)
-    })
+/// A checked pair's source before its chunk is lent: SBUF, or the cache slot of a chunk.
+enum Place {
+    Sbuf(Source<'static>),
+    Memory { slot: CacheSlot, pa: u64 },
+}
+
+impl Place {
+    /// The source, its chunk lent by `cache` (a pair of `len` bytes).
+    ///
+    /// # Errors
+    /// [`Fault::SourceOutOfBounds`] should the slot no longer hold a chunk, which
+    /// [`check_pair_at`]'s two lookups at one generation rule out.
+    fn lend(self, cache: &ChunkCache, len: u32) -> Result<Source<'_>, Fault> {
+        match self {
+            Self::Sbuf(sbuf) => Ok(sbuf),
+            Self::Memory { slot, pa } => match cache.lend(slot) {
+                Some(chunk) => Ok(Source::Memory { chunk, pa }),
+                None => Err(Fault::SourceOutOfBounds { pa, len }),
+            },
+        }
+    }
+}
+
+/// The cache slot of the client's chunk holding `pa..pa+len` at `generation`, from `cache`
+/// or else [`Bus::resolve`].
+fn find(
+    cache: &mut ChunkCache,
+    bus: &impl Bus,
+    generation: u64,
+    pa: u64,
+    len: usize,
+) -> Option<CacheSlot> {
+    cache.find(generation, bus.client(), pa, len, || bus.resolve(pa, len))
 }
 
 /// A descriptor length (at most 65536) as a `usize`.

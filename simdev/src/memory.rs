@@ -274,7 +274,9 @@ pub const CHUNK_CACHE_SLOTS: usize = 16;
 /// still at `generation` (no allocation or free since: the chunk is still live and nothing
 /// else was placed in its range), for the chunk's own client, and when the chunk holds the
 /// whole range: exactly what [`AddressSpace::resolve`] would answer then. Any other lookup
-/// searches; a generation change empties the cache.
+/// searches; a generation change empties the cache. A miss never fills the slot of the lookup
+/// before it, so the answers of two lookups in a row at one generation stay cached together
+/// ([`ChunkCache::find`], [`ChunkCache::lend`]).
 #[derive(Debug, Default)]
 pub struct ChunkCache {
     generation: u64,
@@ -313,11 +315,33 @@ impl ChunkCache {
         search: impl FnOnce() -> Option<Arc<Chunk>>,
     ) -> Option<&Arc<Chunk>> {
         let at = self.find(generation, owner, pa, len, search)?;
-        self.chunks.get(at)?.as_ref()
+        self.lend(at)
     }
 
-    /// The slot holding the answer of [`ChunkCache::resolve`], filled by `search` on a miss.
-    fn find(
+    /// The chunk in `slot`: the answer of the [`ChunkCache::find`] that named it while at most
+    /// one more lookup at the same generation has been made since (a DMA pair's source and
+    /// destination are lent together). `None` only for a slot that lookups have since reused.
+    #[inline]
+    pub fn lend(&self, slot: CacheSlot) -> Option<&Arc<Chunk>> {
+        self.chunks.get(slot.0)?.as_ref()
+    }
+
+    /// [`ChunkCache::resolve`] as the slot holding its answer (filled by `search` on a miss),
+    /// for [`ChunkCache::lend`].
+    pub fn find(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<CacheSlot> {
+        self.find_at(generation, owner, pa, len, search)
+            .map(CacheSlot)
+    }
+
+    /// [`ChunkCache::find`] as an index into `chunks`.
+    fn find_at(
         &mut self,
         generation: u64,
         owner: ClientId,
@@ -348,8 +372,14 @@ impl ChunkCache {
         }
         let chunk = search()?;
         // Labelled with the generation read before the search: a change during the search
-        // empties the cache at the next lookup.
-        let at = self.next;
+        // empties the cache at the next lookup. Never into the slot of the lookup before,
+        // which may still be lent beside this one's answer.
+        let at =
+            if self.next == self.last && self.chunks.get(self.last).is_some_and(Option::is_some) {
+                (self.next + 1) % CHUNK_CACHE_SLOTS
+            } else {
+                self.next
+            };
         if let Some(slot) = self.chunks.get_mut(at) {
             *slot = Some(chunk);
         }
@@ -358,6 +388,10 @@ impl ChunkCache {
         Some(at)
     }
 }
+
+/// A slot of a [`ChunkCache`] that a lookup answered from, to [`ChunkCache::lend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheSlot(usize);
 
 /// All chunks of the device and the allocators of its regions.
 ///
@@ -769,5 +803,40 @@ mod tests {
         );
         let hit = resolve(&mut cache, &mem, B, b.pa(), 16).unwrap();
         assert!(Arc::ptr_eq(&hit, &b), "the new chunk, never the freed one");
+    }
+
+    /// A DMA pair lends its source's and destination's chunks together: the destination's
+    /// miss must not fill the source's slot, even when the round robin comes round to it.
+    #[test]
+    fn a_miss_never_fills_the_slot_of_the_lookup_before_it() {
+        let mut mem = space();
+        let generation = mem.generation().get();
+        let chunks: Vec<_> = (0..=CHUNK_CACHE_SLOTS)
+            .map(|_| mem.allocate(A, Region::Host, 4096, 0).unwrap())
+            .collect();
+        let mut cache = ChunkCache::default();
+        let find = |cache: &mut ChunkCache, c: &Arc<Chunk>| {
+            cache
+                .find(generation, A, c.pa(), 16, || {
+                    mem.resolve(A, c.pa(), 16).ok()
+                })
+                .unwrap()
+        };
+        // Fill every slot (the round robin back at slot 0), then hit slot 0: the next miss
+        // would fill it.
+        for c in &chunks[..CHUNK_CACHE_SLOTS] {
+            find(&mut cache, c);
+        }
+        let src = find(&mut cache, &chunks[0]);
+        let dst = find(&mut cache, &chunks[CHUNK_CACHE_SLOTS]);
+        assert_ne!(src, dst);
+        assert!(
+            Arc::ptr_eq(cache.lend(src).unwrap(), &chunks[0]),
+            "the source stays lent"
+        );
+        assert!(Arc::ptr_eq(
+            cache.lend(dst).unwrap(),
+            &chunks[CHUNK_CACHE_SLOTS]
+        ));
     }
 }
