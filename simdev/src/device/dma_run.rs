@@ -4,15 +4,17 @@
 //! the DMA). A tail increment written into another NC's register is applied after the first
 //! NC's lock is released ([`Outcome::Deferred`]).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
 use shared::address_map::Register;
 use shared::notification::{NotificationKind, error_flags};
 use shared::sequencer::SEM_INFERENCE_START;
 use shared::udma::Direction;
 
+use crate::compute::ComputeState;
 use crate::dma::{Abort, Budget, Bus, Deferred, DmaQueueId, Fault, Outcome, RegisterWrite};
 use crate::memory::Chunk;
 
@@ -71,15 +73,13 @@ impl Core {
             let mut state = lock(&nc.state);
             loop {
                 let mark = self.tracer.enabled().then(|| DmaMark::take(self, nc));
-                let mut bus = ClientBus {
-                    device: self,
-                    client,
-                    worklist,
-                };
-                let outcome =
+                let outcome = {
+                    // Dropped (letting go of any SBUF it holds) before anything else locks.
+                    let mut bus = ClientBus::for_run(self, client, worklist);
                     state
                         .queues
-                        .process(id.engine, id.queue, &mut bus, budget, &nc.counters);
+                        .process(id.engine, id.queue, &mut bus, budget, &nc.counters)
+                };
                 let done = match outcome {
                     Outcome::Idle => true,
                     Outcome::Aborted(abort) => {
@@ -219,14 +219,89 @@ fn schedule(worklist: &mut VecDeque<DmaQueueId>, queue: DmaQueueId) {
 }
 
 /// One client's view of the device for its DMA.
+///
+/// # Lock order
+/// A bus made [`ClientBus::for_run`] keeps the SBUF lock (`Nc::compute`) of the NC its last
+/// pair copied to or from, for the next pair of the same run: one lock per run of SBUF pairs
+/// instead of one per pair (whose locked instructions wait for the copy's stores to drain).
+/// It holds at most one NC's, and lets it go before it takes any other lock (resolving a
+/// chunk, a register or DMEM write, another NC's SBUF) and when dropped, so the locks are
+/// taken in the same order as by a bus that locks per pair ([`ClientBus::new`]).
 pub(super) struct ClientBus<'a> {
-    pub(super) device: &'a Core,
-    pub(super) client: ClientId,
-    pub(super) worklist: &'a mut VecDeque<DmaQueueId>,
+    device: &'a Core,
+    client: ClientId,
+    worklist: &'a mut VecDeque<DmaQueueId>,
+    /// Whether SBUF stays locked from one pair to the next.
+    keep: bool,
+    held: Cell<Option<HeldSbuf<'a>>>,
+}
+
+/// The locked SBUF (compute state) of NC `nc`.
+struct HeldSbuf<'a> {
+    nc: u32,
+    compute: MutexGuard<'a, ComputeState>,
+}
+
+impl<'a> ClientBus<'a> {
+    /// A bus that locks SBUF for each access.
+    pub(super) fn new(
+        device: &'a Core,
+        client: ClientId,
+        worklist: &'a mut VecDeque<DmaQueueId>,
+    ) -> Self {
+        Self {
+            device,
+            client,
+            worklist,
+            keep: false,
+            held: Cell::new(None),
+        }
+    }
+
+    /// A bus for one [`crate::dma::DmaQueues::process`] run, keeping SBUF locked from one pair
+    /// to the next (see [`ClientBus`]'s lock order); drop it when the run returns.
+    pub(super) fn for_run(
+        device: &'a Core,
+        client: ClientId,
+        worklist: &'a mut VecDeque<DmaQueueId>,
+    ) -> Self {
+        Self {
+            keep: true,
+            ..Self::new(device, client, worklist)
+        }
+    }
+
+    /// The SBUF of `n` (NC `nc`), locked: the one held if it is `n`'s, else (letting a held one
+    /// go first) newly locked.
+    fn sbuf(&self, n: &'a Nc, nc: u32) -> HeldSbuf<'a> {
+        match self.held.take() {
+            Some(held) if held.nc == nc => held,
+            other => {
+                drop(other);
+                HeldSbuf {
+                    nc,
+                    compute: lock(&n.compute),
+                }
+            }
+        }
+    }
+
+    /// Keeps `held` for the next pair, when this bus keeps SBUF locked.
+    fn keep(&self, held: HeldSbuf<'a>) {
+        if self.keep {
+            self.held.set(Some(held));
+        }
+    }
+
+    /// Lets go of a held SBUF lock (before another lock is taken).
+    fn release(&self) {
+        drop(self.held.take());
+    }
 }
 
 impl Bus for ClientBus<'_> {
     fn resolve(&self, pa: u64, len: usize) -> Option<Arc<Chunk>> {
+        self.release();
         read(&self.device.memory).resolve(self.client, pa, len).ok()
     }
 
@@ -239,6 +314,7 @@ impl Bus for ClientBus<'_> {
     }
 
     fn write_register(&mut self, reg: Register, value: u32) -> Result<RegisterWrite, Fault> {
+        self.release();
         let nc = match reg {
             Register::Event { nc, .. }
             | Register::SemaphoreRead { nc, .. }
@@ -277,6 +353,7 @@ impl Bus for ClientBus<'_> {
     }
 
     fn write_dmem(&mut self, nc: u32, offset: u64, data: &[u8]) -> Result<(), Fault> {
+        self.release();
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
         let pa = self.device.map.dmem_address(nc, offset);
         let foreign = || Fault::ForeignDmem { pa, len, nc };
@@ -307,11 +384,13 @@ impl Bus for ClientBus<'_> {
         read: impl FnOnce(&[u8]) -> Result<T, Fault>,
     ) -> Result<T, Fault> {
         let n = self.sbuf_nc(nc, partition, offset, len)?;
-        let compute = lock(&n.compute);
-        match compute.sbuf_bytes(partition, offset, len) {
+        let held = self.sbuf(n, nc);
+        let result = match held.compute.sbuf_bytes(partition, offset, len) {
             Some(bytes) => read(bytes),
             None => Err(self.sbuf_fault(nc, partition, offset, len)),
-        }
+        };
+        self.keep(held);
+        result
     }
 
     fn with_sbuf_mut(
@@ -321,11 +400,13 @@ impl Bus for ClientBus<'_> {
         write: impl FnOnce(&mut [u8]) -> Result<(), Fault>,
     ) -> Result<(), Fault> {
         let n = self.sbuf_nc(nc, partition, offset, len)?;
-        let mut compute = lock(&n.compute);
-        match compute.sbuf_bytes_mut(partition, offset, len) {
+        let mut held = self.sbuf(n, nc);
+        let result = match held.compute.sbuf_bytes_mut(partition, offset, len) {
             Some(slot) => write(slot),
             None => Err(self.sbuf_fault(nc, partition, offset, len)),
-        }
+        };
+        self.keep(held);
+        result
     }
 
     fn schedule(&mut self, queue: DmaQueueId) {
@@ -333,7 +414,7 @@ impl Bus for ClientBus<'_> {
     }
 }
 
-impl ClientBus<'_> {
+impl<'a> ClientBus<'a> {
     fn sbuf_fault(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Fault {
         Fault::ForeignSbuf {
             pa: self.device.map.sbuf_address(nc, partition, offset),
@@ -343,7 +424,7 @@ impl ClientBus<'_> {
     }
 
     /// NC `nc`, when the client owns it.
-    fn sbuf_nc(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Result<&Nc, Fault> {
+    fn sbuf_nc(&self, nc: u32, partition: u32, offset: u64, len: usize) -> Result<&'a Nc, Fault> {
         self.device
             .nc_ref(nc)
             .filter(|n| self.device.owned_by(n, self.client))

@@ -403,3 +403,55 @@ fn a_self_re_arming_queue_is_stopped_by_the_doorbell_budget() {
         "{reason}"
     );
 }
+
+/// A run's bus keeps one NC's SBUF locked from pair to pair and lets it go before any other
+/// lock (a chunk's resolution, a register or DMEM write, another NC's SBUF) and when dropped;
+/// a per-access bus never keeps it.
+#[test]
+fn a_run_bus_holds_one_sbuf_lock_and_lets_it_go_before_any_other_lock() {
+    use crate::dma::Bus;
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    a.claim(0);
+    a.claim(1);
+    let host = a.alloc(MemLocation::Host, 4 * KIB);
+    let core = &dev.core;
+    let held = |nc: usize| core.ncs[nc].compute.try_lock().is_err();
+    let write = |bus: &mut ClientBus<'_>, nc: u32| {
+        bus.with_sbuf_mut((nc, 3, 16), 8, |slot| {
+            slot.copy_from_slice(&[7; 8]);
+            Ok(())
+        })
+        .unwrap();
+    };
+    let read = |bus: &ClientBus<'_>, nc: u32| {
+        bus.with_sbuf((nc, 3, 16), 8, |bytes| Ok(bytes.to_vec()))
+            .unwrap()
+    };
+    let mut worklist = VecDeque::new();
+    let mut bus = ClientBus::for_run(core, a.id, &mut worklist);
+    write(&mut bus, 0);
+    assert!(held(0), "kept for the next pair");
+    assert_eq!(read(&bus, 0), [7; 8], "the held lock serves the next pair");
+    assert!(held(0));
+    assert!(bus.resolve(host.pa, 16).is_some());
+    assert!(!held(0), "let go before the address space's lock");
+    write(&mut bus, 0);
+    read(&bus, 1);
+    assert!(!held(0) && held(1), "one NC's at a time");
+    let reg = Register::SemaphoreIncrement { nc: 1, index: 9 };
+    bus.write_register(reg, 1).unwrap();
+    assert!(!held(1), "let go before a register write");
+    write(&mut bus, 1);
+    bus.write_dmem(1, 0, &[1, 2, 3, 4]).unwrap();
+    assert!(!held(1), "let go before the DMEM's lock");
+    write(&mut bus, 1);
+    drop(bus);
+    assert!(!held(1), "let go when the run ends");
+
+    let mut bus = ClientBus::new(core, a.id, &mut worklist);
+    write(&mut bus, 0);
+    assert!(!held(0), "a per-access bus keeps nothing");
+    assert_eq!(read(&bus, 0), [7; 8]);
+    assert!(!held(0));
+}

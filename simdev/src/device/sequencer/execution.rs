@@ -695,11 +695,7 @@ impl Core {
             }
             let m = self.stage_batch(nc, &mut state, work, at)?;
             let mut worklist = VecDeque::new();
-            let bus = ClientBus {
-                device: self,
-                client,
-                worklist: &mut worklist,
-            };
+            let bus = ClientBus::new(self, client, &mut worklist);
             // Pairs 1–3 are consumed: the chain starts at the heads.
             let cc = m > 0
                 && state
@@ -781,11 +777,7 @@ impl Core {
         let trailer;
         {
             let mut worklist = VecDeque::new();
-            let bus = ClientBus {
-                device: self,
-                client: work.claim.client,
-                worklist: &mut worklist,
-            };
+            let bus = ClientBus::new(self, work.claim.client, &mut worklist);
             for k in 0..BATCH_HEAD_PAIRS {
                 match state.queues.peek(engine, queue, k, &bus) {
                     Ok(pair) => pairs.push(pair),
