@@ -336,25 +336,12 @@ impl ChunkCache {
         len: usize,
         search: impl FnOnce() -> Option<Arc<Chunk>>,
     ) -> Option<CacheSlot> {
-        self.find_at(generation, owner, pa, len, search)
-            .map(CacheSlot)
-    }
-
-    /// [`ChunkCache::find`] as an index into `chunks`.
-    fn find_at(
-        &mut self,
-        generation: u64,
-        owner: ClientId,
-        pa: u64,
-        len: usize,
-        search: impl FnOnce() -> Option<Arc<Chunk>>,
-    ) -> Option<usize> {
         if generation == self.generation {
             let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
             if let Some(Some(chunk)) = self.chunks.get(self.last)
                 && holds(chunk)
             {
-                return Some(self.last);
+                return Some(CacheSlot(self.last));
             }
             let hit = self
                 .chunks
@@ -362,7 +349,7 @@ impl ChunkCache {
                 .position(|slot| slot.as_ref().is_some_and(holds));
             if let Some(at) = hit {
                 self.last = at;
-                return Some(at);
+                return Some(CacheSlot(at));
             }
         } else {
             *self = Self {
@@ -385,7 +372,7 @@ impl ChunkCache {
         }
         self.last = at;
         self.next = (at + 1) % CHUNK_CACHE_SLOTS;
-        Some(at)
+        Some(CacheSlot(at))
     }
 }
 
