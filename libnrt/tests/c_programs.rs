@@ -595,6 +595,33 @@ fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
     });
     let stdout = assert_ran(&o, "README program", "output starts 7 7 7 7");
     assert!(stdout.contains("input  input: 512 bytes"), "{stdout}");
+
+    // Its error paths return from `main` without `nrt_close`: the private simdev's directory
+    // (socket and log) is removed all the same, as after a clean close.
+    let bad_model = prefix.path().join("not_a_model.nrtm");
+    std::fs::write(&bad_model, b"not a model").unwrap();
+    for (model, status) in [(identity_model(), 0), (bad_model, 1)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let o = run({
+            let mut c = Command::new(&exe);
+            c.arg(&model).env("TMPDIR", tmp.path());
+            c
+        });
+        assert_eq!(
+            o.status.code(),
+            Some(status),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "exit status {status}: left behind in TMPDIR: {left:?}"
+        );
+    }
 }
 
 #[test]

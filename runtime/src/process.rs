@@ -48,6 +48,14 @@ pub fn id() -> u32 {
     pid
 }
 
+/// Has `hook` run when this process exits through `exit(3)` (returning from `main`
+/// included; not on a signal or `_exit`); whether it was registered.
+pub fn on_exit(hook: extern "C" fn()) -> bool {
+    // SAFETY: `atexit` only records the pointer; `hook` is an `extern "C" fn`, which lives as
+    // long as the program.
+    unsafe { libc::atexit(hook) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
