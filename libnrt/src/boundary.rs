@@ -77,6 +77,11 @@ fn run<T>(name: &'static str, f: impl FnOnce() -> Result<T, NrtError>) -> Result
             tracing::debug!(target: "nrt", "{name}: {} ({})", e.message, e.status.name());
             Err(e.status)
         }
+        // The status's name once: many messages name it already.
+        Ok(Err(e)) if e.message.contains(e.status.name()) => {
+            tracing::error!(target: "nrt", "{name}: {}", e.message);
+            Err(e.status)
+        }
         Ok(Err(e)) => {
             tracing::error!(target: "nrt", "{name}: {} ({})", e.message, e.status.name());
             Err(e.status)

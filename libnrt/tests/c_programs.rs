@@ -789,3 +789,45 @@ fn a_real_neff_with_a_reference_bound_gives_x_at_y_to_a_c_program() {
         "neff executions 10 outputs matmul-checked",
     );
 }
+
+#[test]
+fn a_failed_execution_on_a_private_simdev_shows_simdevs_reason_in_the_programs_stderr() {
+    // The private simdev's log is a file in a directory removed with it; the reason of a
+    // failed execution (here a reference that raises) must still reach the user's stderr,
+    // at libnrt's default level (errors), before the program's own report of the 1004.
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["neff.c"], "neff", true);
+    let neff = crate_dir().join("../scenarios/data/neff/matmul_small.neff");
+    let module = prefix.dir.path().join("refuses.py");
+    std::fs::write(
+        &module,
+        "def matmul(x, y):\n    raise RuntimeError('the reference refuses: kaboom-9')\n",
+    )
+    .unwrap();
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(&neff)
+            .args(["1", "matmul"])
+            .env("NEURON_SIMDEV_ARCH", "trn2")
+            .env("NEURON_LOGICAL_NC_CONFIG", "2")
+            .env(
+                "NEURON_SIMDEV_REFERENCE",
+                format!("{}={}:matmul", neff.display(), module.display()),
+            );
+        c
+    });
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "stderr:\n{stderr}");
+    let reason = stderr
+        .find("RuntimeError: the reference refuses: kaboom-9")
+        .unwrap_or_else(|| panic!("simdev's reason is not in stderr:\n{stderr}"));
+    let report = stderr
+        .find("nrt_execute(model, inputs, outputs) returned 1004")
+        .unwrap_or_else(|| panic!("the program's report is not in stderr:\n{stderr}"));
+    assert!(reason < report, "the reason comes first:\n{stderr}");
+    assert!(
+        stderr.contains("refuses.py:matmul"),
+        "the reference is named:\n{stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "no colour sequences:\n{stderr}");
+}

@@ -58,6 +58,14 @@
 //!
 //! A timeout (`NEURON_RT_EXEC_TIMEOUT`) is NRT_TIMEOUT (5) and fatal: the NC may still be
 //! running the execution, so nothing more can be queued behind it.
+//!
+//! # Why an execution failed
+//! The status is all the notification says. An execution that ends with any status but
+//! NRT_SUCCESS has the engine pass on what the device logged since the last such look
+//! ([`Device::take_device_log`](crate::backend::Device::take_device_log), given by
+//! [`NqEngine::with_device_log`]) as error lines of target `simdev` in this process's log: a
+//! private simdev's log is otherwise a file removed with it, and the reason of a failed
+//! execution (a reference's exception, a DMA abort, a golden file's mismatch) is there.
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -288,6 +296,8 @@ pub struct NqEngine {
     timeline: Arc<crate::trace::Timeline>,
     /// DmaQueueError notifications, routed to the queue they name.
     dma_errors: DmaQueueErrors,
+    /// Whose log a failed execution passes on (see the module doc).
+    device_log: Option<Arc<dyn crate::backend::Device>>,
 }
 
 impl NqEngine {
@@ -317,6 +327,25 @@ impl NqEngine {
             trace: Arc::new(SysTrace::new(Vec::new())),
             timeline: Arc::new(crate::trace::Timeline::disabled()),
             dma_errors: DmaQueueErrors::default(),
+            device_log: None,
+        }
+    }
+
+    /// Passes on `device`'s log lines when an execution fails (see the module doc).
+    #[must_use]
+    pub fn with_device_log(mut self, device: Arc<dyn crate::backend::Device>) -> Self {
+        self.device_log = Some(device);
+        self
+    }
+
+    /// A failed execution's explanation: what the device logged since the last look, as error
+    /// lines naming the logical core (the device's lines name the NC and the execution).
+    fn pass_on_device_log(&self, vnc: u32) {
+        let Some(device) = &self.device_log else {
+            return;
+        };
+        for line in device.take_device_log() {
+            tracing::error!(target: "simdev", vnc, "{line}");
         }
     }
 
@@ -570,6 +599,9 @@ impl CompletionEngine for NqEngine {
         let start = self.timeline.now();
         let p = self.progress(vnc, info);
         if let Progress::Done(s) | Progress::Error(s) = p {
+            if s != NrtStatus::Success {
+                self.pass_on_device_log(vnc);
+            }
             self.trace.record_execution(vnc, info, s);
             if start.is_some() {
                 let ids = crate::trace::ExecIds {

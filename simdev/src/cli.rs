@@ -217,6 +217,8 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a private simdev's stderr is its log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let env = std::env::var(ENV_REFERENCE).ok();
     match run(args.config_with_env(env.as_deref())) {

@@ -436,6 +436,15 @@ pub trait Device: Send + Sync + std::fmt::Debug {
             backend: self.backend_name(),
         })
     }
+
+    /// What the device logged at warn or error level since the last call, where only this
+    /// process would show it: a private simdev's log is a file in a directory removed with
+    /// it, so the runtime passes its lines on to its own log when an execution fails. Empty
+    /// for a shared simdev and the Neuron driver, whose logs are their own (simdev's stderr,
+    /// the kernel log).
+    fn take_device_log(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// One batch of device trace events ([`Device::trace_drain`]).

@@ -771,6 +771,14 @@ impl Device for SimDevice {
             other => Err(unexpected(op, &other)),
         }
     }
+
+    /// A private simdev's new warn and error lines; nothing for a shared simdev (its log is
+    /// its own stderr, where its operator reads it).
+    fn take_device_log(&self) -> Vec<String> {
+        self.child
+            .as_ref()
+            .map_or_else(Vec::new, PrivateSimdev::take_log)
+    }
 }
 
 /// How to start a simdev process: a program and the arguments that precede simdev's own
@@ -798,6 +806,8 @@ pub struct PrivateSimdev {
     dir: Option<tempfile::TempDir>,
     /// The process that started simdev: the only one that stops it.
     spawner: u32,
+    /// What of `simdev.log` was passed on ([`PrivateSimdev::take_log`]).
+    log: Mutex<log_tail::LogTail>,
 }
 
 impl PrivateSimdev {
@@ -864,6 +874,7 @@ impl PrivateSimdev {
             socket,
             dir: Some(dir),
             spawner,
+            log: Mutex::new(log_tail::LogTail::new(log_path.clone())),
         };
         match ready {
             Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
@@ -894,6 +905,15 @@ impl PrivateSimdev {
     /// The child's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// What simdev logged at warn or error level since the last call (see [`log_tail`]): the
+    /// reason of a failed execution, which would otherwise stay in `simdev.log`.
+    pub fn take_log(&self) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// The directory holding the socket and `simdev.log`.
@@ -983,6 +1003,8 @@ impl Drop for PrivateSimdev {
         self.stop();
     }
 }
+
+mod log_tail;
 
 #[cfg(test)]
 mod tests;
