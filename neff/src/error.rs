@@ -7,13 +7,15 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum NeffError {
     /// The file is shorter than the 1024-byte header.
-    #[error("NEFF file is {len} bytes, shorter than its 1024-byte header")]
+    #[error("not a NEFF: the file is {len} bytes, shorter than a NEFF's 1024-byte header")]
     TooShort {
         /// File length.
         len: usize,
     },
     /// `header_size` is not 1024.
-    #[error("NEFF header_size is {found}, not 1024")]
+    #[error(
+        "not a NEFF: header_size (bytes 0x8..0x10, little-endian) reads {found}, where a NEFF has 1024"
+    )]
     HeaderSize {
         /// The header's value.
         found: u64,

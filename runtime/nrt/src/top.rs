@@ -219,6 +219,12 @@ fn is_quit(ev: &Event) -> bool {
 }
 
 fn run(args: &TopArgs, source: &mut dyn Source) -> std::io::Result<()> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        return Err(std::io::Error::other(
+            "needs a terminal, and its output is not one (`nrt monitor` prints the same \
+             figures as one JSON document per period)",
+        ));
+    }
     let stop = stop_signal();
     let mut hw = HwReader::from_env();
     let mut prev = sample(source);

@@ -210,7 +210,11 @@ fn damaged_files_exit_non_zero_naming_the_problem() {
         ),
         (
             write("short.neff", &small[..100]),
-            "shorter than its 1024-byte header",
+            "not a NEFF: the file is 100 bytes, shorter than a NEFF's 1024-byte header",
+        ),
+        (
+            write("text.neff", &[b"# a README, not a NEFF\n".as_slice(); 64].concat()),
+            "not a NEFF: header_size (bytes 0x8..0x10, little-endian) reads ",
         ),
         (write("gzip.neff", &bad_gzip), "not valid gzip"),
         (write("v3.neff", &v3), "version 3.0 is not supported"),

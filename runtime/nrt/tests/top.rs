@@ -305,3 +305,24 @@ fn top_shows_two_runtime_processes_cores_and_their_figures_update() {
     assert_eq!(exit_status(&after), Some(0), "{after}");
     assert!(!tmux.alternate_on(), "the alternate screen was left");
 }
+
+#[test]
+fn top_without_a_terminal_says_so_and_writes_nothing_to_stdout() {
+    // Needs no tmux: stdout is a pipe here.
+    let out = Command::new(common::nrt_bin())
+        .args(["top", "--period", "200ms"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("nrt runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no screen control: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("nrt top: needs a terminal") && stderr.contains("nrt monitor"),
+        "{stderr}"
+    );
+}
