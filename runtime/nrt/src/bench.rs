@@ -1089,7 +1089,10 @@ fn run_neff(
     if matches!(source, Some(NeffOutputs::Reference | NeffOutputs::Mixed)) {
         r.reference = bound_reference(rt.device().as_ref(), &neff);
         if let (Some(label), Some(note)) = (&r.reference, &mut r.note) {
-            *note = format!("reference: {label} — {note}");
+            // "reference: simdev computed ..." becomes "reference ref.py:f: simdev computed ...".
+            if let Some((kind, rest)) = note.split_once(": ") {
+                *note = format!("{kind} {label}: {rest}");
+            }
         }
     }
     Ok(r)

@@ -213,7 +213,10 @@ fn damaged_files_exit_non_zero_naming_the_problem() {
             "not a NEFF: the file is 100 bytes, shorter than a NEFF's 1024-byte header",
         ),
         (
-            write("text.neff", &[b"# a README, not a NEFF\n".as_slice(); 64].concat()),
+            write(
+                "text.neff",
+                &[b"# a README, not a NEFF\n".as_slice(); 64].concat(),
+            ),
             "not a NEFF: header_size (bytes 0x8..0x10, little-endian) reads ",
         ),
         (write("gzip.neff", &bad_gzip), "not valid gzip"),

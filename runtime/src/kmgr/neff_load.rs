@@ -266,10 +266,20 @@ pub fn plan<'a>(
     let lnc_size = neff.header.lnc_size.max(1) as usize;
     if sg_count != vnc.ncs.len() || lnc_size != vnc.ncs.len() {
         let nc_word = if vnc.ncs.len() == 1 { "NC" } else { "NCs" };
+        // What to change: LNC=2 exists on trn2 only.
+        let remedy = if lnc_size == 2 && info.arch != shared::Arch::Trn2 {
+            "; LNC=2 needs a trn2 (for a private simdev, NEURON_SIMDEV_ARCH=trn2) with \
+             NEURON_LOGICAL_NC_CONFIG=2"
+                .to_string()
+        } else if sg_count == lnc_size && (1..=2).contains(&lnc_size) {
+            format!("; set NEURON_LOGICAL_NC_CONFIG={lnc_size}")
+        } else {
+            String::new()
+        };
         return Err(NrtError::new(
             NrtStatus::Invalid,
             format!(
-                "NEFF {name:?} needs LNC={lnc_size} ({sg_count} subgraphs), logical core {} has {} {nc_word} (NEURON_LOGICAL_NC_CONFIG={} on {})",
+                "NEFF {name:?} needs LNC={lnc_size} ({sg_count} subgraphs), logical core {} has {} {nc_word} (NEURON_LOGICAL_NC_CONFIG={} on {}){remedy}",
                 vnc.vnc,
                 vnc.ncs.len(),
                 vnc.ncs.len(),

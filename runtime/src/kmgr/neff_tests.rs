@@ -328,8 +328,15 @@ fn an_lnc2_neff_is_refused_on_a_core_of_one_nc_naming_both() {
         let before = stats(&rig);
         let e = rt.load(&neff_bytes("matmul_small"), 0).unwrap_err();
         assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        let remedy = match arch {
+            Arch::Trn2 => "set NEURON_LOGICAL_NC_CONFIG=2",
+            _ => {
+                "LNC=2 needs a trn2 (for a private simdev, NEURON_SIMDEV_ARCH=trn2) with \
+                 NEURON_LOGICAL_NC_CONFIG=2"
+            }
+        };
         let want = format!(
-            "NEFF \"file.neff\" needs LNC=2 (2 subgraphs), logical core 0 has 1 NC (NEURON_LOGICAL_NC_CONFIG=1 on {})",
+            "NEFF \"file.neff\" needs LNC=2 (2 subgraphs), logical core 0 has 1 NC (NEURON_LOGICAL_NC_CONFIG=1 on {}); {remedy}",
             arch.name()
         );
         assert_eq!(e.message, want);

@@ -51,7 +51,7 @@ impl Runner<'_> {
         let d = &self.sc.device;
         let mut v: Vec<std::ffi::OsString> = vec![
             "--arch".into(),
-            d.arch.clone().into(),
+            d.arch.name().into(),
             "--hbm".into(),
             d.hbm.clone().into(),
         ];

@@ -57,9 +57,10 @@ pub struct Scenario {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceSpec {
-    /// `trn1` (default), `inf2` or `trn2`.
-    #[serde(default = "default_arch")]
-    pub arch: String,
+    /// `trn1` (default), `inf2` or `trn2`: any other name is refused with the file, not
+    /// when simdev starts.
+    #[serde(default = "default_arch", deserialize_with = "arch")]
+    pub arch: shared::Arch,
     /// NCs (default: the arch's count).
     pub ncs: Option<u32>,
     /// HBM per NC, as simdev's `--hbm` takes it (default `64M`).
@@ -91,8 +92,15 @@ impl Default for DeviceSpec {
     }
 }
 
-fn default_arch() -> String {
-    "trn1".into()
+fn default_arch() -> shared::Arch {
+    shared::Arch::Trn1
+}
+
+/// `arch` by its name.
+fn arch<'de, D: Deserializer<'de>>(d: D) -> Result<shared::Arch, D::Error> {
+    let name = String::deserialize(d)?;
+    shared::Arch::parse(&name)
+        .ok_or_else(|| D::Error::custom(format!("unknown arch {name:?}: trn1, inf2 or trn2")))
 }
 
 fn default_hbm() -> String {
@@ -546,6 +554,18 @@ mod tests {
         assert_eq!(parse_status("timeout"), Ok(NrtStatus::Timeout));
         assert_eq!(parse_status("101"), Ok(NrtStatus::ExecUnitUnrecoverable));
         assert!(parse_status("NRT_NOPE").is_err());
+    }
+
+    #[test]
+    fn an_unknown_arch_is_refused_with_its_line() {
+        let e = parse("[device]\narch = \"trn3\"\n").unwrap_err();
+        assert!(
+            e.contains("line 2") && e.contains("unknown arch \"trn3\": trn1, inf2 or trn2"),
+            "{e}"
+        );
+        let s = parse("[device]\narch = \"inf2\"\n").unwrap();
+        assert_eq!(s.device.arch, shared::Arch::Inf2);
+        assert_eq!(parse("").unwrap().device.arch, shared::Arch::Trn1);
     }
 
     #[test]
