@@ -38,8 +38,8 @@ impl LogTail {
     }
 
     /// The warn and error lines written since the last call: the latest [`MAX_LINES`], after
-    /// one line counting what was left out, if anything was. Empty when the file cannot be read (it is gone with its
-    /// directory, or was never written).
+    /// one line counting what was left out, if anything was. Empty when the file cannot be
+    /// read (it is gone with its directory, or was never written).
     pub fn take(&mut self) -> Vec<String> {
         let Ok(mut file) = File::open(&self.path) else {
             return Vec::new();
@@ -93,32 +93,35 @@ impl LogTail {
 /// `line` as it is passed on: `None` for an empty line or one below warn level.
 fn keep(line: &str) -> Option<String> {
     let line = strip_ansi(line);
-    let line = line.trim_end();
+    let line = line.trim();
     if line.is_empty() {
         return None;
     }
-    let mut words = line.split_whitespace();
-    let (Some(stamp), Some(level)) = (words.next(), words.next()) else {
+    let Some((stamp, after_stamp)) = line.split_once(char::is_whitespace) else {
         return Some(line.to_string());
     };
     let is_stamp = stamp.len() >= 20
-        && stamp.as_bytes()[..4].iter().all(u8::is_ascii_digit)
-        && stamp.as_bytes()[10] == b'T'
+        && stamp.bytes().take(4).all(|b| b.is_ascii_digit())
+        && stamp.as_bytes().get(10) == Some(&b'T')
         && stamp.ends_with('Z');
     if !is_stamp {
         return Some(line.to_string());
     }
+    let (level, rest) = after_stamp
+        .trim_start()
+        .split_once(char::is_whitespace)
+        .unwrap_or((after_stamp.trim_start(), ""));
     match level {
         "TRACE" | "DEBUG" | "INFO" => None,
         "WARN" | "ERROR" => {
-            let rest = line[stamp.len()..].trim_start()[level.len()..].trim_start();
+            let rest = rest.trim_start();
             // The target (a module path of simdev's, after any span names) says nothing
             // to the user; the message names the NC and the execution itself.
             let message = match rest.split_once(": ") {
                 Some((target, message)) if !target.contains(' ') => message,
                 _ => rest,
             };
-            Some(message.to_string())
+            Some(message.to_string()).filter(|m| !m.is_empty())
         }
         _ => Some(line.to_string()),
     }
@@ -146,6 +149,7 @@ fn strip_ansi(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::io::Write;
 
     fn append(path: &std::path::Path, text: &str) {
@@ -184,6 +188,21 @@ mod tests {
             Some("Traceback (most recent call last):")
         );
         assert_eq!(keep("   "), None);
+        // Anything else, however odd, is kept or skipped without a panic.
+        assert_eq!(
+            keep("  2026-12-03T08:52:56.625288Z  WARN  é: ü").as_deref(),
+            Some("ü")
+        );
+        assert_eq!(keep("2026-12-03T08:52:56.625288Z ERROR"), None);
+        assert_eq!(
+            keep("2026-12-03T08:52:56.625288Z").as_deref(),
+            Some("2026-12-03T08:52:56.625288Z")
+        );
+        assert_eq!(
+            keep("ééééééééééééééééééééééé x").as_deref(),
+            Some("ééééééééééééééééééééééé x")
+        );
+        assert_eq!(keep("\u{1b}[").as_deref(), None);
     }
 
     #[test]
@@ -251,5 +270,45 @@ mod tests {
             "x\n2026-12-03T08:00:00.000000Z ERROR simdev: after\n",
         );
         assert_eq!(tail.take(), ["x", "after"]);
+    }
+
+    proptest! {
+        #[test]
+        fn any_line_is_kept_or_skipped_without_a_panic_or_an_escape(line in "(\\PC|\u{1b}| ){0,80}") {
+            if let Some(kept) = keep(&line) {
+                prop_assert!(!kept.contains('\u{1b}'), "an escape in {:?}", kept);
+                prop_assert!(!kept.is_empty());
+            }
+        }
+
+        #[test]
+        fn every_whole_line_is_taken_once_however_the_writes_split_it(
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    "[a-z ]{0,20}",
+                    "(ERROR|WARN|INFO) [a-z]{1,8}: [a-z ]{0,20}"
+                        .prop_map(|l| format!("2026-12-03T08:00:00.000000Z {l}")),
+                ],
+                0..20,
+            ),
+            cuts in proptest::collection::vec(0usize..400, 0..8),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("simdev.log");
+            std::fs::write(&path, "").unwrap();
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.push(text.len());
+            cuts.sort_unstable();
+            let mut tail = LogTail::new(path.clone());
+            let (mut got, mut from) = (Vec::new(), 0);
+            for cut in cuts {
+                append(&path, &text[from..cut]);
+                from = cut;
+                got.extend(tail.take());
+            }
+            let want: Vec<String> = lines.iter().filter_map(|l| keep(l)).collect();
+            prop_assert_eq!(got, want);
+        }
     }
 }
