@@ -533,7 +533,7 @@ impl NqEngine {
             req.done[i] = true;
             req.flags[i] = e.error_flags;
             *info_resp = crate::metrics::TpbResponse {
-                device_ns: e.device_ts_ns,
+                device_ts_ns: e.device_ts_ns,
                 nc_ns: e.nc_ts_ns,
                 error_flags: e.error_flags,
             };
@@ -570,7 +570,7 @@ impl NqEngine {
                         req.done[i] = true;
                         req.flags[i] = e.error_flags;
                         *info_resp = crate::metrics::TpbResponse {
-                            device_ns: e.device_ts_ns,
+                            device_ts_ns: e.device_ts_ns,
                             nc_ns: e.nc_ts_ns,
                             error_flags: e.error_flags,
                         };
@@ -1121,7 +1121,7 @@ mod tests {
             engine.progress_one_step(0, &mut second),
             Progress::Done(NrtStatus::Success)
         );
-        assert_eq!(second.resp[0].device_ns, 1000);
+        assert_eq!(second.resp[0].device_ts_ns, 1000);
     }
 
     #[test]
@@ -1146,7 +1146,7 @@ mod tests {
             Progress::Done(NrtStatus::Success),
             "the held entry"
         );
-        assert_eq!(second.resp[0].device_ns, 1000);
+        assert_eq!(second.resp[0].device_ts_ns, 1000);
     }
 
     #[test]

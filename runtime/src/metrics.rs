@@ -91,12 +91,23 @@ impl NcMetrics {
 /// One execution's result on one TPB, as the completion engine fills it (`infer_resp_t`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TpbResponse {
-    /// Device time of the execution, ns.
-    pub device_ns: u64,
-    /// NC busy time of the execution, ns.
+    /// The notification's device timestamp (`device_ts_ns`), ns: when the device wrote it, on
+    /// simdev's clock (since simdev started). The system trace places device events with it;
+    /// it is a point in time, not a latency.
+    pub device_ts_ns: u64,
+    /// NC busy time of the execution (the notification's `nc_ts_ns`), ns.
     pub nc_ns: u64,
     /// Infer-error flag bits (bit i = flag index i).
     pub error_flags: u32,
+}
+
+impl TpbResponse {
+    /// The execution's device latency, ns (seed 004's `dev_lat`, neuron-monitor's
+    /// `device_latency`). The notification carries one duration, the NC's busy time for the
+    /// execution; the device latency is that duration (on simdev they are the same figure).
+    pub const fn device_latency_ns(&self) -> u64 {
+        self.nc_ns
+    }
 }
 
 /// The runtime's metrics: the seed's per-TPB counters plus the datastore's per-core and
@@ -165,7 +176,7 @@ impl Metrics {
         let mut device_ns = 0;
         for (nc, r) in tpbs.iter().zip(resp) {
             s.record_tpb(*nc, status, e2e_us, r);
-            device_ns = device_ns.max(r.device_ns);
+            device_ns = device_ns.max(r.device_latency_ns());
         }
         s.record_core(vnc, status, e2e, device_ns);
         if let Some(slot) = model_slot {
@@ -221,7 +232,7 @@ mod tests {
     fn record_updates_all_three_groups() {
         let m = Metrics::new(2);
         let resp = TpbResponse {
-            device_ns: 5_000,
+            device_ts_ns: 5_000,
             nc_ns: 3_000,
             error_flags: 1 << 6,
         };
@@ -229,7 +240,8 @@ mod tests {
         let s = m.snapshot(1).unwrap();
         assert_eq!(s.executions_with(NrtStatus::ExecOob), 1);
         assert_eq!(s.error_stats, [0, 1, 0, 0]);
-        assert_eq!((s.e2e.last_us, s.device.last_us, s.nc.last_us), (42, 5, 3));
+        // The device latency is the busy time; the timestamp is no latency.
+        assert_eq!((s.e2e.last_us, s.device.last_us, s.nc.last_us), (42, 3, 3));
         assert_eq!(m.snapshot(0).unwrap().executions(), 0);
         assert!(m.snapshot(2).is_none());
     }

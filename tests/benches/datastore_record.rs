@@ -16,7 +16,7 @@ const CALLS: u32 = 2_000_000;
 
 fn per_call(metrics: &Metrics, slot: Option<runtime::datastore::ModelSlot>) -> f64 {
     let resp = [TpbResponse {
-        device_ns: 30_000,
+        device_ts_ns: 30_000,
         nc_ns: 25_000,
         error_flags: 0,
     }; 2];

@@ -83,6 +83,16 @@ fn a_child_runtimes_counts_are_read_and_a_sigkilled_writer_turns_stale() {
         core.total_latency.min_ns > 0 && core.total_latency.max_ns >= core.total_latency.min_ns
     );
     assert_eq!(core.device_latency.count, N);
+    // The device's part of an execution lies inside its end-to-end time (simdev times the
+    // execution after the doorbell; the runtime stops the clock after the notification): a
+    // duration, never the notification's timestamp (simdev's age).
+    assert!(
+        core.device_latency.max_ns <= core.total_latency.max_ns
+            && core.device_latency.sum_ns <= core.total_latency.sum_ns,
+        "device (max, sum) {:?} vs total {:?}",
+        (core.device_latency.max_ns, core.device_latency.sum_ns),
+        (core.total_latency.max_ns, core.total_latency.sum_ns)
+    );
     assert_eq!(core.tpbs[0].nc, 1);
     assert_eq!(
         core.tpbs[0].exec_stats[exec_stat_ordinal(NrtStatus::Success)],

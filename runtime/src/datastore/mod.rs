@@ -392,7 +392,7 @@ impl Datastore {
         }
         r.add(offsets::TPB_BUSY_NS, resp.nc_ns);
         r.latency(offsets::TPB_E2E, e2e_us);
-        r.latency(offsets::TPB_DEVICE, resp.device_ns / 1000);
+        r.latency(offsets::TPB_DEVICE, resp.device_latency_ns() / 1000);
         r.latency(offsets::TPB_NC_BUSY, resp.nc_ns / 1000);
         r.hist(offsets::TPB_NC_LATENCY, resp.nc_ns);
     }

@@ -50,12 +50,12 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     let slot = ds.model_loaded(11, 1, "mlp", 4096).unwrap();
     let resp = [
         TpbResponse {
-            device_ns: 20_000,
+            device_ts_ns: 20_000,
             nc_ns: 15_000,
             error_flags: 1 << 7,
         },
         TpbResponse {
-            device_ns: 30_000,
+            device_ts_ns: 30_000,
             nc_ns: 25_000,
             error_flags: 0,
         },
@@ -107,8 +107,8 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert_eq!((h.min_ns, h.max_ns), (100_000, 2_000_000));
     assert_eq!(h.buckets[bucket_of(100_000)], 3);
     assert_eq!(h.buckets[bucket_of(2_000_000)], 1);
-    // The slower TPB's device time.
-    assert_eq!(c1.device_latency.min_ns, 30_000);
+    // The slower TPB's device latency: its busy time (not its notification's timestamp).
+    assert_eq!(c1.device_latency.min_ns, 25_000);
     assert_eq!(c1.device_latency.count, 4);
     assert_eq!(c1.memory.get(MemKind::Tensors), 800);
     assert_eq!(c1.memory.get(MemKind::ModelCode), 300);
@@ -124,7 +124,7 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert_eq!(c1.busy_ns(), 4 * 25_000);
     let m = metrics.snapshot(7).unwrap();
     assert_eq!(m.executions(), 4);
-    assert_eq!((m.e2e.count, m.e2e.max_us, m.device.last_us), (4, 2000, 30));
+    assert_eq!((m.e2e.count, m.e2e.max_us, m.device.last_us), (4, 2000, 25));
     assert_eq!(
         metrics.snapshot(0).unwrap().executions(),
         0,

@@ -472,7 +472,7 @@ impl SysTrace {
             submit_ns: self.ns(info.submission_ts.min(staged)),
             start_ns: self.ns(staged),
             end_ns: self.ns(end),
-            device_ts_ns: info.resp[0].device_ns,
+            device_ts_ns: info.resp[0].device_ts_ns,
             device_busy_ns: info.resp[0].nc_ns,
             status,
         };

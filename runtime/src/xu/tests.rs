@@ -44,7 +44,7 @@ impl CompletionEngine for Script {
 
     fn progress_one_step(&self, _vnc: u32, info: &mut ExecInfo<u64>) -> Progress {
         self.progress_calls.fetch_add(1, Ordering::Relaxed);
-        info.resp[0].device_ns = 2_000;
+        info.resp[0].nc_ns = 2_000;
         self.outcomes
             .lock()
             .unwrap()
