@@ -7,13 +7,22 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use runtime::NrtError;
 use shared::NrtStatus;
 
-/// Installs a stderr logger filtered by `NEURON_RT_LOG_LEVEL` (default: errors only), unless
-/// the process already has one.
+/// Installs a stderr logger filtered by `NEURON_RT_LOG_LEVEL` (libnrt's level names, or
+/// `tracing` directives; default: errors only), unless the process already has one. A value
+/// that is neither is said on stderr, and errors are logged.
 fn init_logging() {
+    use tracing_subscriber::EnvFilter;
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+        let filter = match std::env::var("NEURON_RT_LOG_LEVEL") {
+            Ok(v) if !v.trim().is_empty() => runtime::config::log_directive(&v)
+                .and_then(|d| EnvFilter::try_new(&d).map_err(|e| format!("{v:?}: {e}")))
+                .unwrap_or_else(|e| {
+                    eprintln!("libnrt: {e}; logging errors only");
+                    EnvFilter::new("error")
+                }),
+            _ => EnvFilter::new("error"),
+        };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)

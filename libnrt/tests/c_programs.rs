@@ -104,8 +104,11 @@ fn run(mut cmd: Command) -> Output {
         .env("NEURON_RT_BACKEND", "sim")
         .env_remove("NEURON_SIMDEV_SOCKET")
         .env_remove("NEURON_RT_VISIBLE_CORES")
-        .env_remove("NEURON_RT_NUM_CORES")
-        .env("NEURON_RT_LOG_LEVEL", "error");
+        .env_remove("NEURON_RT_NUM_CORES");
+    // Errors are logged, unless the test sets the level itself.
+    if !cmd.get_envs().any(|(k, _)| k == "NEURON_RT_LOG_LEVEL") {
+        cmd.env("NEURON_RT_LOG_LEVEL", "error");
+    }
     cmd.output().expect("run the program")
 }
 
@@ -188,6 +191,33 @@ fn every_status_gate_answers_from_c() {
         stderr.contains("is a tensor set handle, not a tensor"),
         "{stderr}"
     );
+    // NEURON_RT_LOG_LEVEL takes libnrt's level names in any case; QUIET silences, and a value
+    // that is no level is said and errors are still logged.
+    for (level, logged) in [
+        ("WARNING", true),
+        ("warn", true),
+        ("Info", true),
+        ("QUIET", false),
+        ("bogus", true),
+    ] {
+        let o = run({
+            let mut c = Command::new(&exe);
+            c.arg(identity_model()).env("NEURON_RT_LOG_LEVEL", level);
+            c
+        });
+        assert_ran(&o, "gates", "GATES OK");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            stderr.contains("already freed"),
+            logged,
+            "NEURON_RT_LOG_LEVEL={level}:\n{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("NEURON_RT_LOG_LEVEL=\"bogus\" is not a level"),
+            level == "bogus",
+            "NEURON_RT_LOG_LEVEL={level}:\n{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -186,6 +186,34 @@ pub fn parse_numerical_errors_verbosity(value: &str) -> Result<bool, String> {
     }
 }
 
+/// `NEURON_RT_LOG_LEVEL` as a `tracing` filter directive. libnrt's names — ERROR, WARN or
+/// WARNING, INFO, DEBUG, TRACE, and QUIET for nothing — in any case become that level for
+/// everything; a value with `=` is a `tracing` directive list (`runtime=debug,simdev=info`),
+/// passed on as it is.
+///
+/// # Errors
+/// Any other value, with a message naming the names taken: `tracing` would read a bare word
+/// as a target and silence every other line, errors included.
+pub fn log_directive(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    let level = match v.to_ascii_lowercase().as_str() {
+        "error" => "error",
+        "warn" | "warning" => "warn",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        "quiet" | "off" => "off",
+        _ if v.contains('=') => return Ok(v.to_string()),
+        _ => {
+            return Err(format!(
+                "NEURON_RT_LOG_LEVEL={value:?} is not a level: ERROR, WARN (or WARNING), INFO, \
+                 DEBUG, TRACE or QUIET, or tracing directives such as runtime=debug"
+            ));
+        }
+    };
+    Ok(level.to_string())
+}
+
 fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
     match value.to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
@@ -550,5 +578,27 @@ mod tests {
                 .to_string();
             assert!(e.contains("must be 1 or 2"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn log_levels_take_libnrts_names_in_any_case_and_refuse_a_bare_word() {
+        for (v, want) in [
+            ("ERROR", "error"),
+            ("WARNING", "warn"),
+            ("warning", "warn"),
+            ("Warn", "warn"),
+            (" INFO ", "info"),
+            ("debug", "debug"),
+            ("TRACE", "trace"),
+            ("QUIET", "off"),
+            ("runtime=debug,simdev=info", "runtime=debug,simdev=info"),
+        ] {
+            assert_eq!(log_directive(v).as_deref(), Ok(want), "{v}");
+        }
+        let e = log_directive("bogus").unwrap_err();
+        assert!(
+            e.contains("\"bogus\" is not a level") && e.contains("WARNING"),
+            "{e}"
+        );
     }
 }

@@ -177,10 +177,27 @@ fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
     runtime::backend::open(&opts)
 }
 
+/// The log filter: `NEURON_RT_LOG_LEVEL` (libnrt's level names, or `tracing` directives), else
+/// `RUST_LOG`, else `default`. A value that is neither is said on stderr and `default` used.
+pub(crate) fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    match std::env::var("NEURON_RT_LOG_LEVEL") {
+        Ok(v) if !v.trim().is_empty() => match runtime::config::log_directive(&v) {
+            Ok(d) => EnvFilter::try_new(&d).unwrap_or_else(|e| {
+                eprintln!("nrt: NEURON_RT_LOG_LEVEL={v:?}: {e}; logging at {default}");
+                EnvFilter::new(default)
+            }),
+            Err(e) => {
+                eprintln!("nrt: {e}; logging at {default}");
+                EnvFilter::new(default)
+            }
+        },
+        _ => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
+    }
+}
+
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = log_filter("warn");
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

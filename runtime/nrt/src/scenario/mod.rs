@@ -60,9 +60,7 @@ pub fn init_tracing(cmd: &ScenarioCommand) {
         ScenarioCommand::Run { .. } => "off",
         _ => "warn",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_RT_LOG_LEVEL")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = crate::log_filter(default);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
