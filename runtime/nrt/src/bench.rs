@@ -20,7 +20,7 @@ use runtime::builder::digits::{self, CLASSES, Digits, FEATURES};
 use runtime::config::RuntimeConfig;
 use runtime::{Device, DeviceError, ModelHandle, Placement, Runtime, Tensor, TensorSet};
 use serde::Serialize;
-use shared::model::Target;
+use shared::model::{DType, Target};
 use shared::protocol::NcCounters;
 
 /// What to run.
@@ -897,7 +897,7 @@ pub(crate) fn neff_core(
             .tensor_allocate(Placement::Device { vnc }, io.size, &io.name)
             .map_err(|e| format!("allocating {:?} ({} bytes): {e}", io.name, io.size))?;
         if is_input {
-            fill_random(&t, seed ^ fnv(&io.name))?;
+            fill_random(&t, io.dtype, seed ^ fnv(&io.name))?;
             ins.add(&io.name, &t);
         } else {
             outs.add(&io.name, &t);
@@ -925,7 +925,7 @@ pub(crate) fn fill_neff_inputs(neff: &neff::Neff, c: &Core, seed: u64) -> Result
             .find(|(n, _)| *n == io.name)
             .map(|(_, t)| t)
             .ok_or_else(|| format!("no tensor {:?}", io.name))?;
-        fill_random(t, seed ^ fnv(&io.name))?;
+        fill_random(t, io.dtype, seed ^ fnv(&io.name))?;
     }
     Ok(())
 }
@@ -936,10 +936,11 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
-/// Writes seeded random bytes into `t`, 1 MiB at a time. Inputs larger than 64 MiB get random
-/// bytes in their first and last MiB only and stay untouched (sparse) in between: a 4 GiB input
-/// costs 2 MiB of memory, and the shape-only function reads only the first and last 4 KiB.
-fn fill_random(t: &Tensor, seed: u64) -> Result<(), String> {
+/// Writes seeded random elements of `dtype` into `t` ([`finite_floats`] for a float type, random
+/// bytes else), 1 MiB at a time. Inputs larger than 64 MiB get random elements in their first
+/// and last MiB only and stay untouched (sparse) in between: a 4 GiB input costs 2 MiB of
+/// memory, and the shape-only function reads only the first and last 4 KiB.
+fn fill_random(t: &Tensor, dtype: DType, seed: u64) -> Result<(), String> {
     const PIECE: u64 = 1 << 20;
     let size = t.size();
     let ranges = if size > 64 * PIECE {
@@ -953,11 +954,48 @@ fn fill_random(t: &Tensor, seed: u64) -> Result<(), String> {
             let n = (r.end - off).min(PIECE);
             let mut buf = vec![0u8; usize::try_from(n).unwrap_or(0)];
             shared::neff_program::shape_only::fill(seed, off, &mut buf);
+            finite_floats(dtype, &mut buf);
             t.write(&buf, off).map_err(|e| e.to_string())?;
             off += n;
         }
     }
     Ok(())
+}
+
+/// Turns random bytes into random finite numbers of float type `dtype` (other types are left
+/// as they are): each element keeps a random sign and mantissa, and its exponent is set to one
+/// of the four just below and at the bias, so every value is normal (or, for fp8 e3m4, at
+/// least finite) with magnitude in [1/8, 2). Raw random bits would make about one fp16 or
+/// fp8 element in thirty NaN or infinite, and every output that reads one NaN too: a golden
+/// file of NaNs catches no wrong answer. `buf` starts on an element boundary.
+pub(crate) fn finite_floats(dtype: DType, buf: &mut [u8]) {
+    let Some((bits, man_bits, bias)) = float_layout(dtype) else {
+        return;
+    };
+    let width = bits as usize / 8;
+    for e in buf.chunks_exact_mut(width) {
+        let mut r = [0u8; 8];
+        r[..width].copy_from_slice(e);
+        let r = u64::from_le_bytes(r);
+        let sign = r & 1;
+        let exponent = bias - ((r >> 1) & 3);
+        let mantissa = (r >> 3) & ((1 << man_bits) - 1);
+        let v = sign << (bits - 1) | exponent << man_bits | mantissa;
+        e.copy_from_slice(&v.to_le_bytes()[..width]);
+    }
+}
+
+/// A float type's (bits, mantissa bits, exponent bias); `None` for other types.
+fn float_layout(dtype: DType) -> Option<(u32, u32, u64)> {
+    Some(match dtype {
+        DType::F32 | DType::Fp32r => (32, 23, 127),
+        DType::Bf16 => (16, 7, 127),
+        DType::F16 => (16, 10, 15),
+        DType::Fp8E4 => (8, 3, 7),
+        DType::Fp8E5 => (8, 2, 15),
+        DType::Fp8E3 => (8, 4, 3),
+        _ => return None,
+    })
 }
 
 /// What the shape-only outputs of `c`'s inputs must be (first and last 4 KiB of each input feed
@@ -1167,6 +1205,44 @@ pub fn print(r: &BenchReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_float_inputs_are_finite_normal_and_well_scaled() {
+        for dtype in DType::ALL {
+            let mut buf: Vec<u8> = (0..4096u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0])
+                .collect();
+            let before = buf.clone();
+            finite_floats(dtype, &mut buf);
+            let Some((bits, man_bits, bias)) = float_layout(dtype) else {
+                assert_eq!(buf, before, "{dtype:?} is left as random bytes");
+                continue;
+            };
+            let width = bits as usize / 8;
+            let exp_mask = (1u64 << (bits - 1 - man_bits)) - 1;
+            let mut signs = [0; 2];
+            for e in buf.chunks_exact(width) {
+                let mut r = [0u8; 8];
+                r[..width].copy_from_slice(e);
+                let v = u64::from_le_bytes(r);
+                let exponent = (v >> man_bits) & exp_mask;
+                assert!(
+                    (bias - 3..=bias).contains(&exponent) && exponent != exp_mask,
+                    "{dtype:?}: exponent {exponent} of {v:#x}"
+                );
+                signs[usize::from(v >> (bits - 1) == 1)] += 1;
+            }
+            assert!(signs[0] > 0 && signs[1] > 0, "{dtype:?}: both signs");
+        }
+        let mut f32s: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7).to_le_bytes()[0])
+            .collect();
+        finite_floats(DType::F32, &mut f32s);
+        for e in f32s.chunks_exact(4) {
+            let x = f32::from_le_bytes(e.try_into().unwrap()).abs();
+            assert!((0.125..2.0).contains(&x), "{x}");
+        }
+    }
 
     /// Counters of `executions`, `errors` of them failed, `shape_only` of the rest shape-only and
     /// the others reference-backed.

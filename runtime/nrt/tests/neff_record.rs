@@ -87,6 +87,18 @@ fn record_writes_10_executions_of_every_tensor_with_shape_only_outputs() {
         );
         let x = file.tensor(&format!("{k}/in/x")).unwrap().data().to_vec();
         assert_ne!(x, previous_x, "execution {k} has its own inputs");
+        // Random fp16 inputs are numbers: no NaN, no infinity (exponent field all ones), no
+        // zero or subnormal (exponent field 0) — a golden file of NaNs would catch nothing.
+        for name in &inputs {
+            let data = file.tensor(&format!("{k}/in/{name}")).unwrap().data();
+            for h in data.chunks_exact(2) {
+                let exponent = (u16::from_le_bytes([h[0], h[1]]) >> 10) & 0x1f;
+                assert!(
+                    (1..0x1f).contains(&exponent),
+                    "execution {k} input {name}: fp16 {h:02x?} is not a normal number"
+                );
+            }
+        }
         previous_x = x;
     }
     // simdev opens it as the NEFF's golden reference and replays every execution exactly.
