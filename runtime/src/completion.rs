@@ -339,13 +339,13 @@ impl NqEngine {
     }
 
     /// A failed execution's explanation: what the device logged since the last look, as error
-    /// lines naming the logical core (the device's lines name the NC and the execution).
-    fn pass_on_device_log(&self, vnc: u32) {
+    /// lines of target `simdev` (the device's lines name the NC and the execution).
+    fn pass_on_device_log(&self) {
         let Some(device) = &self.device_log else {
             return;
         };
         for line in device.take_device_log() {
-            tracing::error!(target: "simdev", vnc, "{line}");
+            tracing::error!(target: "simdev", "{line}");
         }
     }
 
@@ -600,7 +600,7 @@ impl CompletionEngine for NqEngine {
         let p = self.progress(vnc, info);
         if let Progress::Done(s) | Progress::Error(s) = p {
             if s != NrtStatus::Success {
-                self.pass_on_device_log(vnc);
+                self.pass_on_device_log();
             }
             self.trace.record_execution(vnc, info, s);
             if start.is_some() {

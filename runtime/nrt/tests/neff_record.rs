@@ -221,3 +221,28 @@ fn record_refuses_tensors_a_golden_file_cannot_hold_whole() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--executions must be at least 1"));
 }
+
+#[test]
+fn record_into_a_missing_directory_names_the_path_and_the_os_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("absent").join("g.safetensors");
+    let o = nrt(
+        &[
+            "neff",
+            "record",
+            &neff_path("matmul_small"),
+            "--out",
+            out.to_str().unwrap(),
+            "--executions",
+            "1",
+        ],
+        &LNC2,
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: No such file or directory", out.display()))
+            && !stderr.contains("IoError"),
+        "{stderr}"
+    );
+}

@@ -195,8 +195,6 @@ struct Execution {
 /// A golden file opened against its NEFF: recorded executions indexed by input content hash.
 #[derive(Debug)]
 pub struct Golden {
-    /// The file, for messages.
-    file: String,
     /// The whole file.
     bytes: Vec<u8>,
     /// The NEFF's inputs in DGE-table order.
@@ -356,7 +354,6 @@ impl Golden {
             by_hash.entry(h.value()).or_default().push(k);
         }
         Ok(Self {
-            file,
             bytes,
             inputs,
             outputs,
@@ -540,9 +537,9 @@ impl Golden {
         let (_, k, i, at) = best.unwrap_or_default();
         let name = self.inputs.get(i).map_or("", |d| d.name.as_str());
         let size = self.inputs.get(i).map_or(0, |d| d.size);
+        // The caller names the reference (the file) before this.
         Ok(format!(
-            "golden reference {}: no recorded execution has these inputs; closest is execution {k}: input {name:?} differs first at byte {at} of {size}",
-            self.file
+            "no recorded execution has these inputs; closest is execution {k}: input {name:?} differs first at byte {at} of {size}"
         ))
     }
 }
@@ -641,8 +638,11 @@ pub fn write(
     executions: &[Recorded],
 ) -> Result<u64, String> {
     let (views, metadata) = views(neff, source, executions)?;
-    safetensors::serialize_to_file(views, &Some(metadata), path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    safetensors::serialize_to_file(views, &Some(metadata), path).map_err(|e| match e {
+        // safetensors shows an I/O error as its Debug form.
+        safetensors::SafeTensorError::IoError(io) => format!("{}: {io}", path.display()),
+        e => format!("{}: {e}", path.display()),
+    })?;
     std::fs::metadata(path)
         .map(|m| m.len())
         .map_err(|e| format!("{}: {e}", path.display()))
