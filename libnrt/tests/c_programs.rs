@@ -627,14 +627,17 @@ fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
     assert!(stdout.contains("input  input: 512 bytes"), "{stdout}");
 
     // Its error paths return from `main` without `nrt_close`: the private simdev's directory
-    // (socket and log) is removed all the same, as after a clean close.
+    // (socket and log) and the datastore file are removed all the same, as after a clean close.
     let bad_model = prefix.path().join("not_a_model.nrtm");
     std::fs::write(&bad_model, b"not a model").unwrap();
     for (model, status) in [(identity_model(), 0), (bad_model, 1)] {
         let tmp = tempfile::tempdir().unwrap();
         let o = run({
             let mut c = Command::new(&exe);
-            c.arg(&model).env("TMPDIR", tmp.path());
+            c.arg(&model)
+                .env("TMPDIR", tmp.path())
+                .env("NEURON_RT_DATASTORE_DIR", tmp.path())
+                .env_remove("NEURON_RT_DATASTORE");
             c
         });
         assert_eq!(

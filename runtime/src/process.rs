@@ -1,4 +1,4 @@
-//! This process's pid, cached.
+//! This process's pid, cached; and what it removes when it exits.
 //!
 //! Every device call and every tensor access checks that it runs in the process that
 //! initialised the runtime (a forked child must call `nrt_init` itself), so reading the pid
@@ -54,6 +54,54 @@ pub fn on_exit(hook: extern "C" fn()) -> bool {
     // SAFETY: `atexit` only records the pointer; `hook` is an `extern "C" fn`, which lives as
     // long as the program.
     unsafe { libc::atexit(hook) == 0 }
+}
+
+/// Files to remove at `exit`: (the process that made each, its path).
+static EXIT_FILES: std::sync::Mutex<Vec<(u32, std::path::PathBuf)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Registers [`remove_files_at_exit`] once.
+static EXIT_FILES_HOOK: Once = Once::new();
+
+/// Has `path`, a file this process made and removes when it is done with it, removed at `exit`
+/// as well, should the process exit first (a C program returning from `main` without
+/// `nrt_close`). [`forget_at_exit`] takes it back once it is removed.
+pub fn remove_at_exit(path: &std::path::Path) {
+    exit_files().push((id(), path.to_path_buf()));
+    EXIT_FILES_HOOK.call_once(|| {
+        if !on_exit(remove_files_at_exit) {
+            tracing::warn!("atexit failed: an exit without nrt_close leaves the datastore file");
+        }
+    });
+}
+
+/// `path` is removed (or handed on): [`remove_at_exit`] no longer removes it.
+pub fn forget_at_exit(path: &std::path::Path) {
+    let me = id();
+    exit_files().retain(|(pid, p)| *pid != me || p != path);
+}
+
+fn exit_files() -> std::sync::MutexGuard<'static, Vec<(u32, std::path::PathBuf)>> {
+    EXIT_FILES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The exit hook of [`remove_at_exit`]: removes this process's registered files. Never
+/// unwinds into `exit`; does nothing while another thread holds the list, and leaves the
+/// files of another process (the parent of a forked child) alone.
+extern "C" fn remove_files_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let mut files = match EXIT_FILES.try_lock() {
+            Ok(files) => files,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let me = id();
+        for (_, path) in files.extract_if(.., |(pid, _)| *pid == me) {
+            let _ = std::fs::remove_file(path);
+        }
+    });
 }
 
 #[cfg(test)]

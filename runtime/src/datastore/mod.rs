@@ -194,6 +194,7 @@ impl Datastore {
                 let path = dir.join(name);
                 match std::fs::hard_link(&tmp, &path) {
                     Ok(()) => {
+                        crate::process::remove_at_exit(&path);
                         ds.path = Some(path);
                         return Ok(ds);
                     }
@@ -558,11 +559,13 @@ impl Datastore {
             STATE_CLOSED,
             Ordering::Release,
         );
-        if let Some(p) = &self.path
-            && let Err(e) = std::fs::remove_file(p)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
+        if let Some(p) = &self.path {
+            if let Err(e) = std::fs::remove_file(p)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
+            }
+            crate::process::forget_at_exit(p);
         }
     }
 }
