@@ -204,8 +204,9 @@ pub struct Stats {
     pub rounds: u64,
     /// Times the execution parked waiting for the outside world.
     pub parks: u64,
-    /// Compute instructions that wrote a NaN or an infinity (the execution's notification
-    /// carries [`error_flags::NUMERICAL`] when this is not 0).
+    /// Compute instructions that wrote a NaN or an infinity — for a NEFF run by a reference,
+    /// outputs that hold one (the execution's notification carries
+    /// [`error_flags::NUMERICAL`] when this is not 0).
     pub non_finite: u64,
 }
 

@@ -319,6 +319,12 @@ pub fn run(addresses: [u64; 5], host: &mut impl Host) -> Result<Stats, Stop> {
             host.run_reference(&binding, &tensors)
                 .map_err(Stop::generic)?;
             host.moved(tensors.iter().map(|t| t.size).sum());
+            // A NaN or an infinity in an output is a numerical error, as an engine's is.
+            for t in tensors.iter().filter(|t| !t.input) {
+                if t.has_non_finite().map_err(Stop::generic)? {
+                    stats.non_finite += 1;
+                }
+            }
         }
         return Ok(stats);
     }

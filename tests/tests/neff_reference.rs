@@ -527,3 +527,62 @@ fn the_environment_binds_a_reference_as_the_command_line_does() {
     rt.unload(h).unwrap();
     rt.close();
 }
+
+#[test]
+fn a_nan_in_a_references_output_is_a_numerical_error_when_they_are_reported() {
+    // As an engine's NaN: the notification carries NUMERICAL, which the runtime reports as
+    // NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003) when asked to (NEURON_FAIL_ON_NAN /
+    // NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical) and as a success otherwise; the outputs
+    // are delivered either way.
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(
+        dir.path(),
+        "nan.py",
+        "import numpy as np\n\
+         def matmul(x, y):\n    \
+             r = (x @ y).astype(x.dtype)\n    \
+             if x[0, 0] == 7:\n        \
+                 r[1, 2] = np.nan\n    \
+             return {\"output0\": r}\n",
+    );
+    let spec = binding("matmul_small", &m, "matmul");
+    for report in [true, false] {
+        let sim = start_simdev(&["--arch", "trn2", "--hbm", "1G", "--reference", &spec]);
+        let cfg = RuntimeConfig {
+            lnc: 2,
+            exec_timeout: Duration::from_secs(60),
+            report_numerical_errors: report,
+            ..RuntimeConfig::default()
+        };
+        let rt = Runtime::init(Arc::new(connect(&sim)), cfg).unwrap();
+        let h = rt
+            .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+            .unwrap();
+        let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+        for sentinel in [false, true, false] {
+            let (mut x, y) = (values(128 * 256, 1, 0), values(256 * 128, 2, 0));
+            if sentinel {
+                x[0] = f16::from_f32(7.0);
+            }
+            t.x.write(&bytes(&x), 0).unwrap();
+            t.y.write(&bytes(&y), 0).unwrap();
+            let r = rt.execute(h, &t.ins, &t.outs);
+            let mut out = vec![0u8; 32768];
+            t.out.read(&mut out, 0).unwrap();
+            let out = halves(&out);
+            if sentinel && report {
+                let err = r.unwrap_err();
+                assert_eq!(err.status, NrtStatus::ExecCompletedWithNumErr, "{err}");
+            } else {
+                r.unwrap_or_else(|e| panic!("report {report} sentinel {sentinel}: {e}"));
+            }
+            assert_eq!(
+                out[128 + 2].is_nan(),
+                sentinel,
+                "report {report} sentinel {sentinel}: the output is delivered"
+            );
+        }
+        rt.unload(h).unwrap();
+        rt.close();
+    }
+}

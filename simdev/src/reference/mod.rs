@@ -17,7 +17,9 @@
 //! streams (still charged to the latency model) and the DGE table are checked. The DGE
 //! table's inputs and outputs (in table order) are matched to the binding's I/O (count and
 //! sizes must agree) and passed as [`BoundTensor`]s. Faults, the latency model and the
-//! notification are unchanged; the trace names the reference instead of "shape-only".
+//! notification are unchanged; the trace names the reference instead of "shape-only". An
+//! output that holds a NaN or an infinity ([`BoundTensor::has_non_finite`]) makes the
+//! execution a numerical error, as an engine's write of one does.
 //!
 //! **LNC=2**: only subgraph 0 runs the reference, which writes whole outputs; the other
 //! subgraphs write nothing (their share of each output is covered by subgraph 0).
@@ -108,6 +110,54 @@ pub struct Binding {
     pub reference: Reference,
     /// How reports name it: `"ref_matmul.py:matmul"`, or the golden file's name.
     pub label: Arc<str>,
+}
+
+impl BoundTensor {
+    /// Whether the tensor holds a NaN or an infinity: a float value whose exponent field is
+    /// all ones (IEEE fp32, fp16, bf16, fp8 e5m2 and, by the same rule, fp8 e3m4), or, for
+    /// fp8 e4m3 (OCP "fn": no infinity), the NaN pattern `S.1111.111`. Integer types never do.
+    /// Read in 64 KiB pieces.
+    ///
+    /// # Errors
+    /// The tensor's bytes cannot be read from its chunk.
+    pub fn has_non_finite(&self) -> Result<bool, String> {
+        let (width, is_special): (usize, fn(u64) -> bool) = match self.dtype {
+            DType::F32 | DType::Fp32r => (4, |v| v & 0x7f80_0000 == 0x7f80_0000),
+            DType::F16 => (2, |v| v & 0x7c00 == 0x7c00),
+            DType::Bf16 => (2, |v| v & 0x7f80 == 0x7f80),
+            DType::Fp8E5 => (1, |v| v & 0x7c == 0x7c),
+            DType::Fp8E3 => (1, |v| v & 0x70 == 0x70),
+            DType::Fp8E4 => (1, |v| v & 0x7f == 0x7f),
+            _ => return Ok(false),
+        };
+        const PIECE: u64 = 64 * 1024;
+        let mut buf = vec![0u8; usize::try_from(PIECE.min(self.size)).unwrap_or(0)];
+        let mut done = 0;
+        while done < self.size {
+            let n = usize::try_from((self.size - done).min(PIECE)).unwrap_or(0);
+            let piece = &mut buf[..n];
+            self.chunk
+                .memory()
+                .read(
+                    self.chunk
+                        .pa()
+                        .saturating_add(self.offset)
+                        .saturating_add(done),
+                    piece,
+                )
+                .map_err(|e| format!("reading output {:?}: {e}", self.name))?;
+            let found = piece.chunks_exact(width).any(|e| {
+                let mut v = [0u8; 8];
+                v[..width].copy_from_slice(e);
+                is_special(u64::from_le_bytes(v))
+            });
+            if found {
+                return Ok(true);
+            }
+            done += n as u64;
+        }
+        Ok(false)
+    }
 }
 
 /// One binding's text, split: `FILE.neff=MODULE.py:FUNCTION` or `FILE.neff=GOLDEN.safetensors`.

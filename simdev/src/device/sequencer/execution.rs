@@ -464,7 +464,7 @@ impl Core {
             Ok(Progress::Done(stats)) if stats.non_finite > 0 => {
                 tracing::warn!(
                     "NC {} execution {compute_idx} done with a numerical error: {} compute \
-                     instructions wrote a NaN or an infinity",
+                     instructions (or reference outputs) wrote a NaN or an infinity",
                     nc.index,
                     stats.non_finite
                 );
