@@ -370,14 +370,31 @@ impl FaultEntry {
     }
 }
 
-/// A status: a name (`"NRT_TIMEOUT"`, `"TIMEOUT"`) or a number (`5`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+/// A status: a name (`"NRT_TIMEOUT"`, `"TIMEOUT"`) or a number (`5`); one that names no
+/// NRT_STATUS is refused when the file is read.
+#[derive(Clone, Debug)]
 pub enum StatusSel {
     /// A number.
     Code(u32),
     /// A name.
     Name(String),
+}
+
+impl<'de> Deserialize<'de> for StatusSel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Code(u32),
+            Name(String),
+        }
+        let sel = match Raw::deserialize(d)? {
+            Raw::Code(c) => Self::Code(c),
+            Raw::Name(n) => Self::Name(n),
+        };
+        sel.status().map_err(D::Error::custom)?;
+        Ok(sel)
+    }
 }
 
 impl StatusSel {
@@ -523,13 +540,45 @@ fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Step>, D::Error> {
 /// `threads`, expected `ms``). Those come without a line: toml would point at the first entry
 /// of the list, not at the one that failed.
 pub fn parse(text: &str) -> Result<Scenario, String> {
-    toml::from_str(text).map_err(|e| {
+    let scenario: Scenario = toml::from_str(text).map_err(|e| {
         if names_its_entry(e.message()) {
             e.message().to_string()
         } else {
             e.to_string()
         }
-    })
+    })?;
+    scenario.check_faults()?;
+    Ok(scenario)
+}
+
+impl Scenario {
+    /// Every fault — of `[[faults]]` and of `fault` steps — as simdev would be asked to arm
+    /// it: its kind, its keys and its NC (below the device's NC count), before anything runs.
+    fn check_faults(&self) -> Result<(), String> {
+        let ncs = self
+            .device
+            .ncs
+            .unwrap_or_else(|| self.device.arch.default_nc_count());
+        let check = |f: &FaultEntry| -> Result<(), String> {
+            f.spec(self.device.seed)?;
+            match f.nc {
+                Some(nc) if nc >= ncs => Err(format!(
+                    "nc = {nc}, but the device has {ncs} NCs ({} by [device])",
+                    self.device.arch.name()
+                )),
+                _ => Ok(()),
+            }
+        };
+        for (i, f) in self.faults.iter().enumerate() {
+            check(f).map_err(|e| format!("fault {}: {e}", i + 1))?;
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Action::Fault(f) = &step.action {
+                check(f).map_err(|e| format!("step {} (fault): {e}", i + 1))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether an error message starts as [`named_list`] starts it (`step 3 `, `expect 1:`).
@@ -554,6 +603,34 @@ mod tests {
         assert_eq!(parse_status("timeout"), Ok(NrtStatus::Timeout));
         assert_eq!(parse_status("101"), Ok(NrtStatus::ExecUnitUnrecoverable));
         assert!(parse_status("NRT_NOPE").is_err());
+    }
+
+    #[test]
+    fn unknown_statuses_and_faults_that_cannot_be_armed_are_refused_when_read() {
+        let e = parse("[[steps]]\naction = \"init\"\nexpect = \"NRT_SUCCES\"\n").unwrap_err();
+        assert!(
+            e.contains("\"NRT_SUCCES\" is not an NRT_STATUS name"),
+            "{e}"
+        );
+        let e = parse("[[faults]]\nkind = \"dma_abrot\"\nat_execution = 1\n").unwrap_err();
+        assert!(
+            e.starts_with("fault 1: fault kind \"dma_abrot\" is not one of"),
+            "{e}"
+        );
+        let e = parse("[[faults]]\nkind = \"dma_abort\"\n").unwrap_err();
+        assert!(e.starts_with("fault 1: "), "{e}");
+        let e = parse("[[faults]]\nkind = \"dma_abort\"\nnc = 7\nat_execution = 1\n").unwrap_err();
+        assert_eq!(
+            e,
+            "fault 1: nc = 7, but the device has 2 NCs (trn1 by [device])"
+        );
+        let e = parse(
+            "[[steps]]\naction = \"sleep\"\nms = 1\n[[steps]]\naction = \"fault\"\nkind = \"x\"\nat_execution = 1\n",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("step 2 (fault): fault kind \"x\""), "{e}");
+        parse("[device]\narch = \"trn2\"\n[[faults]]\nkind = \"dma_abort\"\nnc = 7\nat_execution = 1\n")
+            .unwrap();
     }
 
     #[test]
