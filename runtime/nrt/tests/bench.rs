@@ -381,6 +381,16 @@ fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
         e.contains("needs LNC=2") && e.contains("set NEURON_LOGICAL_NC_CONFIG=2"),
         "{e}"
     );
+    // An arch that does not exist is refused by name before any simdev starts.
+    let e = nrt_fails(
+        &["bench", "--iterations", "1"],
+        &[("NEURON_SIMDEV_ARCH", "trn9")],
+    );
+    assert!(
+        e.contains("NEURON_SIMDEV_ARCH=\"trn9\" is not one of trn1, inf2, trn2")
+            && !e.contains("--help"),
+        "{e}"
+    );
     // On a trn1 simdev it names the arch to ask for too.
     let e = nrt_fails(&["bench", "--neff", &small, "--iterations", "1"], &[]);
     assert!(

@@ -81,7 +81,7 @@ impl OpenOptions {
     /// `NEURON_SIMDEV_BIN`, `NEURON_SIMDEV_ARCH`.
     ///
     /// # Errors
-    /// A bad `NEURON_RT_BACKEND` value.
+    /// A bad `NEURON_RT_BACKEND` or `NEURON_SIMDEV_ARCH` value.
     pub fn from_env() -> Result<Self, DeviceError> {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
         let kind = match std::env::var("NEURON_RT_BACKEND") {
@@ -90,6 +90,16 @@ impl OpenOptions {
         };
         let mut simdev_args = Vec::new();
         if let Some(arch) = var("NEURON_SIMDEV_ARCH") {
+            // Refused here, by name, rather than by the simdev it would start.
+            let known = arch.to_str().and_then(shared::Arch::parse);
+            if known.is_none() {
+                return Err(DeviceError::Config {
+                    message: format!(
+                        "NEURON_SIMDEV_ARCH={:?} is not one of trn1, inf2, trn2",
+                        arch.to_string_lossy()
+                    ),
+                });
+            }
             simdev_args.extend([OsString::from("--arch"), arch]);
         }
         Ok(Self {
