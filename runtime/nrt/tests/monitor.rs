@@ -397,9 +397,14 @@ fn bad_options_are_refused_with_a_reason() {
 
 /// `GET path` over plain HTTP/1.0; returns the status line, headers and body.
 fn http_get(port: u16, path: &str) -> (String, String, String) {
+    http(port, "GET", path)
+}
+
+/// (status line, lower-cased headers, body) of `method path`.
+fn http(port: u16, method: &str, path: &str) -> (String, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").expect("a header block");
@@ -478,4 +483,16 @@ fn prometheus_scrape_is_valid_exposition_with_the_counters() {
 
     let (status, _, _) = http_get(port, "/other");
     assert!(status.contains(" 404"), "{status}");
+    // HEAD answers as GET without the body; another method on /metrics is 405, naming GET.
+    let (status, headers, body) = http(port, "HEAD", "/metrics");
+    assert!(
+        status.contains(" 200") && headers.contains("content-type: text/plain; version=0.0.4"),
+        "{status}\n{headers}"
+    );
+    assert!(body.is_empty(), "{body}");
+    let (status, headers, _) = http(port, "POST", "/metrics");
+    assert!(
+        status.contains(" 405") && headers.contains("allow: get, head"),
+        "{status}\n{headers}"
+    );
 }

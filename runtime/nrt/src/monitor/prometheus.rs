@@ -346,7 +346,8 @@ pub fn bind_addr(addr: &str, allow_remote: bool) -> Result<SocketAddr, AddrError
 /// The exposition served, replaced once per period.
 pub type Shared = Arc<Mutex<String>>;
 
-/// Serves `GET /metrics` on `addr` from a thread; returns the bound address.
+/// Serves `GET /metrics` (and `HEAD`; another method is 405) on `addr` from a thread; returns
+/// the bound address.
 ///
 /// # Errors
 /// The bind's error.
@@ -362,18 +363,31 @@ pub fn serve(addr: SocketAddr, page: Shared) -> Result<SocketAddr, String> {
         .name("prometheus".into())
         .spawn(move || {
             for request in server.incoming_requests() {
-                let response = if request.method() == &tiny_http::Method::Get
-                    && request.url().split('?').next() == Some("/metrics")
-                {
-                    let body = page.lock().map(|p| p.clone()).unwrap_or_default();
-                    let mut response = tiny_http::Response::from_string(body);
-                    if let Some(h) = &content_type {
-                        response.add_header(h.clone());
+                use tiny_http::Method;
+                let metrics = request.url().split('?').next() == Some("/metrics");
+                let response = match request.method() {
+                    // tiny_http sends a HEAD response's headers only.
+                    Method::Get | Method::Head if metrics => {
+                        let body = page.lock().map(|p| p.clone()).unwrap_or_default();
+                        let mut response = tiny_http::Response::from_string(body);
+                        if let Some(h) = &content_type {
+                            response.add_header(h.clone());
+                        }
+                        response
                     }
-                    response
-                } else {
-                    tiny_http::Response::from_string("not found: try GET /metrics\n")
-                        .with_status_code(404)
+                    _ if metrics => {
+                        let mut response =
+                            tiny_http::Response::from_string("method not allowed: GET /metrics\n")
+                                .with_status_code(405);
+                        if let Ok(h) =
+                            tiny_http::Header::from_bytes(&b"Allow"[..], &b"GET, HEAD"[..])
+                        {
+                            response.add_header(h);
+                        }
+                        response
+                    }
+                    _ => tiny_http::Response::from_string("not found: try GET /metrics\n")
+                        .with_status_code(404),
                 };
                 let _ = request.respond(response);
             }
