@@ -187,10 +187,21 @@ fn check_set(
 ) -> Result<(), NrtError> {
     for spec in specs {
         let t = set.get(&spec.name).map_err(|_| {
+            // A misspelt name is the usual cause: say what the set holds instead.
+            let strays: Vec<&str> = set
+                .iter()
+                .map(|(name, _)| name)
+                .filter(|name| !specs.iter().any(|s| s.name == *name))
+                .collect();
+            let strays = if strays.is_empty() {
+                String::new()
+            } else {
+                format!("; the set holds {strays:?}, which the model has no {kind} of")
+            };
             NrtError::new(
                 NrtStatus::Invalid,
                 format!(
-                    "{kind} tensor {:?} of model {:?} is not bound",
+                    "{kind} tensor {:?} of model {:?} is not bound{strays}",
                     spec.name,
                     model.name()
                 ),

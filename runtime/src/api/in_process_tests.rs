@@ -129,3 +129,25 @@ fn the_runtimes_own_queues_are_its_runtime_memory_and_not_the_vnc_memory_stats()
         "a logical core of two NCs holds both NCs' queues"
     );
 }
+
+#[test]
+fn an_unbound_tensor_is_named_with_the_names_the_set_holds_instead() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let m = load(&rt, &identity(64), 0);
+    let (i, _o, _, outs) = io(&rt, 64);
+    let mut misspelt = TensorSet::new();
+    misspelt.add("inptu", &i);
+    let e = rt.execute(m, &misspelt, &outs).unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid);
+    assert!(
+        e.message.ends_with(
+            "input tensor \"input\" of model \"identity\" is not bound; the set holds \
+             [\"inptu\"], which the model has no input of"
+        ),
+        "{}",
+        e.message
+    );
+    drop((i, misspelt, outs));
+    rt.close();
+}
