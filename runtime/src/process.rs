@@ -56,50 +56,87 @@ pub fn on_exit(hook: extern "C" fn()) -> bool {
     unsafe { libc::atexit(hook) == 0 }
 }
 
-/// Files to remove at `exit`: (the process that made each, its path).
-static EXIT_FILES: std::sync::Mutex<Vec<(u32, std::path::PathBuf)>> =
-    std::sync::Mutex::new(Vec::new());
+/// What this process leaves behind if it exits before cleaning up after itself (a C program
+/// returning from `main` without `nrt_close`), undone at `exit` by [`undo_at_exit`]'s hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leftover {
+    /// A file it made (the datastore file).
+    File(std::path::PathBuf),
+    /// A child it started (a private simdev, which `PR_SET_PDEATHSIG` kills but which removes
+    /// nothing then) and the directory the child works in: the child is killed and reaped,
+    /// the directory removed.
+    Child {
+        /// The child's pid.
+        pid: u32,
+        /// Its directory.
+        dir: std::path::PathBuf,
+    },
+}
 
-/// Registers [`remove_files_at_exit`] once.
-static EXIT_FILES_HOOK: Once = Once::new();
+impl Leftover {
+    /// Undoes it (best effort: nothing is reported at exit).
+    fn undo(&self) {
+        match self {
+            Self::File(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            Self::Child { pid, dir } => {
+                if let Ok(pid) = i32::try_from(*pid) {
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(pid, None);
+                }
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
 
-/// Has `path`, a file this process made and removes when it is done with it, removed at `exit`
-/// as well, should the process exit first (a C program returning from `main` without
-/// `nrt_close`). [`forget_at_exit`] takes it back once it is removed.
-pub fn remove_at_exit(path: &std::path::Path) {
-    exit_files().push((id(), path.to_path_buf()));
-    EXIT_FILES_HOOK.call_once(|| {
-        if !on_exit(remove_files_at_exit) {
-            tracing::warn!("atexit failed: an exit without nrt_close leaves the datastore file");
+/// What the exit hook undoes: (the process that left it, what).
+static LEFTOVERS: std::sync::Mutex<Vec<(u32, Leftover)>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers [`undo_leftovers_at_exit`] once.
+static LEFTOVERS_HOOK: Once = Once::new();
+
+/// Has `leftover` undone at `exit`, should this process exit before it cleans up after itself;
+/// [`forget_at_exit`] takes it back once it has.
+pub fn undo_at_exit(leftover: Leftover) {
+    leftovers().push((id(), leftover));
+    LEFTOVERS_HOOK.call_once(|| {
+        if !on_exit(undo_leftovers_at_exit) {
+            tracing::warn!(
+                "atexit failed: an exit without nrt_close leaves the datastore file and a \
+                 private simdev's directory"
+            );
         }
     });
 }
 
-/// `path` is removed (or handed on): [`remove_at_exit`] no longer removes it.
-pub fn forget_at_exit(path: &std::path::Path) {
+/// `leftover` is cleaned up (or handed on): the exit hook no longer undoes it.
+pub fn forget_at_exit(leftover: &Leftover) {
     let me = id();
-    exit_files().retain(|(pid, p)| *pid != me || p != path);
+    leftovers().retain(|(pid, l)| *pid != me || l != leftover);
 }
 
-fn exit_files() -> std::sync::MutexGuard<'static, Vec<(u32, std::path::PathBuf)>> {
-    EXIT_FILES
+fn leftovers() -> std::sync::MutexGuard<'static, Vec<(u32, Leftover)>> {
+    LEFTOVERS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The exit hook of [`remove_at_exit`]: removes this process's registered files. Never
-/// unwinds into `exit`; does nothing while another thread holds the list, and leaves the
-/// files of another process (the parent of a forked child) alone.
-extern "C" fn remove_files_at_exit() {
+/// The exit hook of [`undo_at_exit`]: undoes what this process left. Never unwinds into
+/// `exit`; does nothing while another thread holds the list (it is starting or stopping
+/// something), and leaves what another process left alone (the parent of a forked child).
+extern "C" fn undo_leftovers_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let mut files = match EXIT_FILES.try_lock() {
-            Ok(files) => files,
+        let mut list = match LEFTOVERS.try_lock() {
+            Ok(list) => list,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
         let me = id();
-        for (_, path) in files.extract_if(.., |(pid, _)| *pid == me) {
-            let _ = std::fs::remove_file(path);
+        for (_, leftover) in list.extract_if(.., |(pid, _)| *pid == me) {
+            leftover.undo();
         }
     });
 }

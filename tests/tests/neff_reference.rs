@@ -351,6 +351,27 @@ def exits(x, y):
 /// with 1004 and `messages` in simdev's log (a `tracing::error!` line naming the reference),
 /// then simdev keeps serving: the next executions (a fresh worker where the old one was
 /// killed) compute `x @ y`.
+/// Execution `e` (x with the test's sentinel, 7 at `x[0, 0]`, when `sentinel`): its result,
+/// output0 read back, and x @ y.
+fn run_with_sentinel(
+    rt: &Runtime,
+    h: runtime::ModelHandle,
+    t: &tests::matmul_neff::MatmulIo,
+    e: u64,
+    sentinel: bool,
+) -> (runtime::NrtResult<()>, Vec<f16>, Vec<f32>) {
+    let (mut x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
+    if sentinel {
+        x[0] = f16::from_f32(7.0);
+    }
+    t.x.write(&bytes(&x), 0).unwrap();
+    t.y.write(&bytes(&y), 0).unwrap();
+    let r = rt.execute(h, &t.ins, &t.outs);
+    let mut out = vec![0u8; 32768];
+    t.out.read(&mut out, 0).unwrap();
+    (r, halves(&out), matmul_f32(&x, &y))
+}
+
 fn misbehaving(function: &str, messages: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let m = module(dir.path(), "bad.py", MISBEHAVING);
@@ -363,18 +384,7 @@ fn misbehaving(function: &str, messages: &[&str]) {
         .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
         .unwrap();
     let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
-    let run = |e: u64, sentinel: bool| {
-        let (mut x, y) = (values(128 * 256, 1, e), values(256 * 128, 2, e));
-        if sentinel {
-            x[0] = f16::from_f32(7.0);
-        }
-        t.x.write(&bytes(&x), 0).unwrap();
-        t.y.write(&bytes(&y), 0).unwrap();
-        let r = rt.execute(h, &t.ins, &t.outs);
-        let mut out = vec![0u8; 32768];
-        t.out.read(&mut out, 0).unwrap();
-        (r, halves(&out), matmul_f32(&x, &y))
-    };
+    let run = |e: u64, sentinel: bool| run_with_sentinel(&rt, h, &t, e, sentinel);
     let (r, _, _) = run(0, false);
     r.unwrap();
     for e in 1..3 {
@@ -560,16 +570,7 @@ fn a_nan_in_a_references_output_is_a_numerical_error_when_they_are_reported() {
             .unwrap();
         let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
         for sentinel in [false, true, false] {
-            let (mut x, y) = (values(128 * 256, 1, 0), values(256 * 128, 2, 0));
-            if sentinel {
-                x[0] = f16::from_f32(7.0);
-            }
-            t.x.write(&bytes(&x), 0).unwrap();
-            t.y.write(&bytes(&y), 0).unwrap();
-            let r = rt.execute(h, &t.ins, &t.outs);
-            let mut out = vec![0u8; 32768];
-            t.out.read(&mut out, 0).unwrap();
-            let out = halves(&out);
+            let (r, out, _) = run_with_sentinel(&rt, h, &t, 0, sentinel);
             if sentinel && report {
                 let err = r.unwrap_err();
                 assert_eq!(err.status, NrtStatus::ExecCompletedWithNumErr, "{err}");

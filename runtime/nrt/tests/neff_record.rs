@@ -30,6 +30,13 @@ fn nrt(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("nrt runs")
 }
 
+/// `nrt neff record NEFF --out OUT [extra...]` at LNC=2 on a private trn2 simdev.
+fn record(neff: &str, out: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec!["neff", "record", neff, "--out", out.to_str().unwrap()];
+    args.extend(extra);
+    nrt(&args, &LNC2)
+}
+
 const LNC2: [(&str, &str); 2] = [
     ("NEURON_SIMDEV_ARCH", "trn2"),
     ("NEURON_LOGICAL_NC_CONFIG", "2"),
@@ -40,10 +47,7 @@ fn record_writes_10_executions_of_every_tensor_with_shape_only_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("matmul_small.safetensors");
     let small = neff_path("matmul_small");
-    let o = nrt(
-        &["neff", "record", &small, "--out", out.to_str().unwrap()],
-        &LNC2,
-    );
+    let o = record(&small, &out, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("10 executions recorded"),
@@ -189,16 +193,7 @@ impl Replay {
 fn record_refuses_tensors_a_golden_file_cannot_hold_whole() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("large.safetensors");
-    let o = nrt(
-        &[
-            "neff",
-            "record",
-            &neff_path("matmul_large"),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &LNC2,
-    );
+    let o = record(&neff_path("matmul_large"), &out, &[]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -206,18 +201,7 @@ fn record_refuses_tensors_a_golden_file_cannot_hold_whole() {
         "{err}"
     );
     assert!(!out.exists(), "nothing written");
-    let o = nrt(
-        &[
-            "neff",
-            "record",
-            &neff_path("matmul_small"),
-            "--out",
-            out.to_str().unwrap(),
-            "--executions",
-            "0",
-        ],
-        &LNC2,
-    );
+    let o = record(&neff_path("matmul_small"), &out, &["--executions", "0"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--executions must be at least 1"));
 }
@@ -226,18 +210,7 @@ fn record_refuses_tensors_a_golden_file_cannot_hold_whole() {
 fn record_into_a_missing_directory_names_the_path_and_the_os_error() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("absent").join("g.safetensors");
-    let o = nrt(
-        &[
-            "neff",
-            "record",
-            &neff_path("matmul_small"),
-            "--out",
-            out.to_str().unwrap(),
-            "--executions",
-            "1",
-        ],
-        &LNC2,
-    );
+    let o = record(&neff_path("matmul_small"), &out, &["--executions", "1"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{stderr}");
     assert!(

@@ -49,6 +49,7 @@ use super::{
     Allocation, ClaimedNc, Device, DeviceError, DmaQueueId, DmaRings, MemHandle, NotificationQueue,
     check_queue, check_range,
 };
+use crate::process::Leftover;
 
 /// How long [`PrivateSimdev::spawn`] waits for the child to listen.
 pub const SIMDEV_START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -797,7 +798,7 @@ pub struct SimdevCommand {
 /// SIGTERM, waits up to 2 s, then SIGKILLs; the child also gets SIGKILL if this process dies
 /// (`PR_SET_PDEATHSIG`), so no simdev outlives its parent. A process that exits without
 /// dropping it (a C program returning from `main` before `nrt_close`) has the child killed and
-/// the directory removed by an exit hook ([`stop_private_simdevs_at_exit`]).
+/// the directory removed by an exit hook ([`crate::process::undo_at_exit`]).
 #[derive(Debug)]
 pub struct PrivateSimdev {
     child: Child,
@@ -808,6 +809,8 @@ pub struct PrivateSimdev {
     spawner: u32,
     /// What of `simdev.log` was passed on ([`PrivateSimdev::take_log`]).
     log: Mutex<log_tail::LogTail>,
+    /// The child and its directory, as the exit hook knows them.
+    leftover: Leftover,
 }
 
 impl PrivateSimdev {
@@ -856,18 +859,11 @@ impl PrivateSimdev {
             for _ in lines {}
         });
         let spawner = crate::process::id();
-        live_simdevs().push(LiveSimdev {
-            spawner,
+        let leftover = Leftover::Child {
             pid: child.id(),
             dir: dir.path().to_path_buf(),
-        });
-        EXIT_HOOK.call_once(|| {
-            if !crate::process::on_exit(stop_private_simdevs_at_exit) {
-                tracing::warn!(
-                    "atexit failed: an exit without nrt_close leaves simdev's directory"
-                );
-            }
-        });
+        };
+        crate::process::undo_at_exit(leftover.clone());
         let ready = rx.recv_timeout(SIMDEV_START_TIMEOUT);
         let mut this = PrivateSimdev {
             child,
@@ -875,6 +871,7 @@ impl PrivateSimdev {
             dir: Some(dir),
             spawner,
             log: Mutex::new(log_tail::LogTail::new(log_path.clone())),
+            leftover,
         };
         match ready {
             Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
@@ -932,8 +929,7 @@ impl PrivateSimdev {
             std::mem::forget(self.dir.take());
             return;
         }
-        let pid = self.child.id();
-        live_simdevs().retain(|s| s.pid != pid);
+        crate::process::forget_at_exit(&self.leftover);
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
@@ -953,49 +949,6 @@ impl PrivateSimdev {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A private simdev this process started and has not stopped.
-struct LiveSimdev {
-    spawner: u32,
-    pid: u32,
-    dir: PathBuf,
-}
-
-/// The private simdevs of this process that are not stopped, for the exit hook.
-static LIVE_SIMDEVS: Mutex<Vec<LiveSimdev>> = Mutex::new(Vec::new());
-
-/// Registers [`stop_private_simdevs_at_exit`] once.
-static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
-
-fn live_simdevs() -> std::sync::MutexGuard<'static, Vec<LiveSimdev>> {
-    LIVE_SIMDEVS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The exit hook: a process that exits without stopping its private simdevs (no `nrt_close`
-/// before `exit`) would leave their directories behind, since a child killed by
-/// `PR_SET_PDEATHSIG` removes nothing. Kills and reaps each child this process started and
-/// removes its directory. Never unwinds into `exit`; does nothing while another thread holds
-/// the list (it is starting or stopping a simdev), or in a forked child (not the spawner).
-extern "C" fn stop_private_simdevs_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        let mut live = match LIVE_SIMDEVS.try_lock() {
-            Ok(live) => live,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        let me = crate::process::id();
-        for simdev in live.drain(..).filter(|s| s.spawner == me) {
-            if let Ok(pid) = i32::try_from(simdev.pid) {
-                let pid = nix::unistd::Pid::from_raw(pid);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                let _ = nix::sys::wait::waitpid(pid, None);
-            }
-            let _ = std::fs::remove_dir_all(&simdev.dir);
-        }
-    });
 }
 
 impl Drop for PrivateSimdev {

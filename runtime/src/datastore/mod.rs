@@ -47,6 +47,7 @@ use shared::{MemError, SharedChunk};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::metrics::{TpbResponse, exec_stat_ordinal};
+use crate::process::Leftover;
 pub use reader::{ReadError, read_file, remove_stale, scan, scan_detailed};
 use snapshot::{HIST_BUCKETS, MemKind, bucket_of};
 
@@ -194,7 +195,7 @@ impl Datastore {
                 let path = dir.join(name);
                 match std::fs::hard_link(&tmp, &path) {
                     Ok(()) => {
-                        crate::process::remove_at_exit(&path);
+                        crate::process::undo_at_exit(Leftover::File(path.clone()));
                         ds.path = Some(path);
                         return Ok(ds);
                     }
@@ -565,7 +566,7 @@ impl Datastore {
             {
                 tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
             }
-            crate::process::forget_at_exit(p);
+            crate::process::forget_at_exit(&Leftover::File(p.clone()));
         }
     }
 }
