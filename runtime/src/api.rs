@@ -403,16 +403,14 @@ impl Runtime {
     pub fn init(device: Arc<dyn Device>, config: RuntimeConfig) -> NrtResult<Self> {
         let info = device.info();
         let nc_count = info.nc_count;
-        let lnc = config.lnc.max(1);
-        if lnc == 2 && info.arch != shared::Arch::Trn2 {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
-                    info.arch.name()
-                ),
-            ));
-        }
+        let lnc = config
+            .lnc_on(info.arch)
+            .map_err(|m| status_err(NrtStatus::Invalid, m))?;
+        // The runtime's config holds what it runs with: `None` (libnrt's default) resolved.
+        let config = RuntimeConfig {
+            lnc: Some(lnc),
+            ..config
+        };
         let logical = nc_count / lnc;
         let selection = config
             .select_vncs(logical)
@@ -618,6 +616,13 @@ impl Runtime {
     /// The configuration read at init.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
+    }
+
+    /// Physical NCs per logical core: `NEURON_LOGICAL_NC_CONFIG`, or the device's default
+    /// (2 on trn2, 1 elsewhere) when it was unset.
+    #[must_use]
+    pub fn lnc(&self) -> u32 {
+        self.config.lnc.unwrap_or(1).max(1)
     }
 
     /// The sync path's wait budget (seed 000 §6 NOTE; [`RuntimeConfig::wait_budget`] for the
@@ -1887,12 +1892,15 @@ pub mod nrt {
     /// A bad configuration; no device.
     pub fn total_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
         if let Some(rt) = initialized() {
-            return Ok(rt.device().info().nc_count / rt.config().lnc.max(1));
+            return Ok(rt.device().info().nc_count / rt.lnc());
         }
         let config =
             RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
-        let (ncs, _) = probe_device(opts)?;
-        Ok(ncs / config.lnc.max(1))
+        let (ncs, arch) = probe_device(opts)?;
+        let lnc = config
+            .lnc_on(arch)
+            .map_err(|m| NrtError::new(NrtStatus::Invalid, m))?;
+        Ok(ncs / lnc)
     }
 
     /// `nrt_get_visible_vnc_count`: logical cores this process has (after `init`) or would

@@ -7,7 +7,7 @@
 //! | `NEURON_RT_NUM_CORES` | reserve N *free* logical cores, the runtime choosing (0 = all) |
 //! | `NEURON_RT_RESET_CORES` | reset each reserved NC at init (default 1; 0 skips) |
 //! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
-//! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default 1 here (libnrt defaults to 2 on Trn2) |
+//! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default libnrt's: 2 on trn2, 1 elsewhere ([`RuntimeConfig::lnc_on`]) |
 //! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (`async_pool`) with that many executions in flight per logical core, at most 63 |
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
 //! | `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY` | `critical`: report NaN/Inf results as NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003); `none` (default, as libnrt since 2.25): the execution returns success. The outputs are delivered either way |
@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use shared::NrtStatus;
+use shared::{Arch, NrtStatus};
 
 /// Parsed configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,8 +39,10 @@ pub struct RuntimeConfig {
     pub funtime: bool,
     /// Slots of each vNC's XU queue.
     pub xu_capacity: usize,
-    /// Physical NCs per logical core (`NEURON_LOGICAL_NC_CONFIG`): 1 or 2.
-    pub lnc: u32,
+    /// Physical NCs per logical core (`NEURON_LOGICAL_NC_CONFIG`): 1 or 2; `None` (unset) is the
+    /// device's default, known once the device is ([`RuntimeConfig::lnc_on`]). A runtime's
+    /// own config holds the resolved value.
+    pub lnc: Option<u32>,
     /// Report numerical errors as NRT_EXEC_COMPLETED_WITH_NUM_ERR
     /// (`NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` or `NEURON_FAIL_ON_NAN=1`); off by
     /// default, as in libnrt since 2.25.
@@ -86,7 +88,7 @@ impl Default for RuntimeConfig {
             skip_config_optimization: true,
             funtime: false,
             xu_capacity: 16,
-            lnc: 1,
+            lnc: None,
             report_numerical_errors: false,
             reset_cores: true,
             validate_hash: false,
@@ -226,7 +228,36 @@ fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// libnrt's logical-core size on a device of `arch` when `NEURON_LOGICAL_NC_CONFIG` is unset:
+/// 2 on trn2 (one logical core is a pair of physical NCs), 1 elsewhere (nrt-api.md §3).
+#[must_use]
+pub const fn default_lnc(arch: Arch) -> u32 {
+    match arch {
+        Arch::Trn2 => 2,
+        Arch::Inf2 | Arch::Trn1 => 1,
+    }
+}
+
 impl RuntimeConfig {
+    /// Physical NCs per logical core on a device of `arch`: `NEURON_LOGICAL_NC_CONFIG`'s value,
+    /// else [`default_lnc`].
+    ///
+    /// # Errors
+    /// LNC=2 asked of a device that is not trn2 (the message names its arch); an LNC that is
+    /// neither 1 nor 2.
+    pub fn lnc_on(&self, arch: Arch) -> Result<u32, String> {
+        match self.lnc {
+            None => Ok(default_lnc(arch)),
+            Some(1) => Ok(1),
+            Some(2) if arch == Arch::Trn2 => Ok(2),
+            Some(2) => Err(format!(
+                "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
+                arch.name()
+            )),
+            Some(other) => Err(format!("NEURON_LOGICAL_NC_CONFIG={other}: must be 1 or 2")),
+        }
+    }
+
     /// Reads the variables above from the environment.
     ///
     /// # Errors
@@ -298,8 +329,8 @@ impl RuntimeConfig {
         }
         if let Some(v) = get("NEURON_LOGICAL_NC_CONFIG").filter(|v| !v.trim().is_empty()) {
             c.lnc = match v.trim() {
-                "1" => 1,
-                "2" => 2,
+                "1" => Some(1),
+                "2" => Some(2),
                 _ => return Err(err("NEURON_LOGICAL_NC_CONFIG", &v, "must be 1 or 2".into())),
             };
         }
@@ -568,10 +599,45 @@ mod tests {
     }
 
     #[test]
+    fn the_logical_core_size_defaults_to_libnrts_per_arch_and_lnc_2_needs_trn2() {
+        let unset = RuntimeConfig::default();
+        assert_eq!(unset.lnc_on(Arch::Trn2), Ok(2));
+        assert_eq!(unset.lnc_on(Arch::Trn1), Ok(1));
+        assert_eq!(unset.lnc_on(Arch::Inf2), Ok(1));
+        let one = RuntimeConfig {
+            lnc: Some(1),
+            ..RuntimeConfig::default()
+        };
+        assert_eq!(one.lnc_on(Arch::Trn2), Ok(1));
+        let two = RuntimeConfig {
+            lnc: Some(2),
+            ..RuntimeConfig::default()
+        };
+        assert_eq!(two.lnc_on(Arch::Trn2), Ok(2));
+        let e = two.lnc_on(Arch::Trn1).unwrap_err();
+        assert!(
+            e.contains("needs a trn2 device") && e.contains("trn1"),
+            "{e}"
+        );
+        let three = RuntimeConfig {
+            lnc: Some(3),
+            ..RuntimeConfig::default()
+        };
+        assert!(three.lnc_on(Arch::Trn2).unwrap_err().contains("1 or 2"));
+    }
+
+    #[test]
     fn logical_nc_config_is_1_or_2() {
-        assert_eq!(cfg(&[]).unwrap().lnc, 1);
-        assert_eq!(cfg(&[("NEURON_LOGICAL_NC_CONFIG", "2")]).unwrap().lnc, 2);
-        assert_eq!(cfg(&[("NEURON_LOGICAL_NC_CONFIG", " 1 ")]).unwrap().lnc, 1);
+        assert_eq!(cfg(&[]).unwrap().lnc, None);
+        assert_eq!(cfg(&[("NEURON_LOGICAL_NC_CONFIG", "")]).unwrap().lnc, None);
+        assert_eq!(
+            cfg(&[("NEURON_LOGICAL_NC_CONFIG", "2")]).unwrap().lnc,
+            Some(2)
+        );
+        assert_eq!(
+            cfg(&[("NEURON_LOGICAL_NC_CONFIG", " 1 ")]).unwrap().lnc,
+            Some(1)
+        );
         for bad in ["0", "3", "two"] {
             let e = cfg(&[("NEURON_LOGICAL_NC_CONFIG", bad)])
                 .unwrap_err()

@@ -23,7 +23,7 @@ fn runtime(
     let sim = start_simdev(&["--arch", arch, "--hbm", "64M"]);
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
-        lnc,
+        lnc: Some(lnc),
         exec_timeout: Duration::from_secs(20),
         ..RuntimeConfig::default()
     };
@@ -97,7 +97,7 @@ fn lnc2_is_refused_off_trn2() {
     let e = Runtime::init(
         Arc::new(connect(&sim)),
         RuntimeConfig {
-            lnc: 2,
+            lnc: Some(2),
             ..RuntimeConfig::default()
         },
     )
@@ -117,7 +117,7 @@ fn lnc2_arms_every_nc_before_firing_any_doorbell() {
     let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
     let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(20),
         ..RuntimeConfig::default()
     };
@@ -181,7 +181,7 @@ fn the_collectives_chain_is_built_once_and_runs_only_on_a_switch_on_the_first_nc
     let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
     let dev = Arc::new(InterposedDevice::new(Box::new(connect(&sim))));
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(20),
         ..RuntimeConfig::default()
     };

@@ -18,7 +18,7 @@ fn an_lnc2_timeout_names_the_physical_nc_whose_notification_is_missing() {
     let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_millis(300),
         ..RuntimeConfig::default()
     };

@@ -36,7 +36,7 @@ fn runtime(
     let sim = start_simdev(&args);
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
-        lnc,
+        lnc: Some(lnc),
         exec_timeout: Duration::from_secs(30),
         ..RuntimeConfig::default()
     };

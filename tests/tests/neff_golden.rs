@@ -48,7 +48,7 @@ fn a_golden_file_replays_its_recorded_outputs_and_names_the_closest_for_a_new_in
     let sim = start_simdev(&["--arch", "trn2", "--hbm", "1G", "--reference", &spec]);
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(30),
         ..RuntimeConfig::default()
     };

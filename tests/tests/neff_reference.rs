@@ -35,7 +35,7 @@ fn runtime(args: &[&str], hbm: Option<&str>) -> (Runtime, runtime::backend::sim:
     let sim = start_simdev(&all);
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(60),
         ..RuntimeConfig::default()
     };
@@ -521,7 +521,7 @@ fn the_environment_binds_a_reference_as_the_command_line_does() {
     assert!(line.contains("simdev listening on"), "{line}");
     let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
     let cfg = RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(60),
         ..RuntimeConfig::default()
     };
@@ -559,7 +559,7 @@ fn a_nan_in_a_references_output_is_a_numerical_error_when_they_are_reported() {
     for report in [true, false] {
         let sim = start_simdev(&["--arch", "trn2", "--hbm", "1G", "--reference", &spec]);
         let cfg = RuntimeConfig {
-            lnc: 2,
+            lnc: Some(2),
             exec_timeout: Duration::from_secs(60),
             report_numerical_errors: report,
             ..RuntimeConfig::default()

@@ -35,10 +35,16 @@ fn neuron(sim: &PrivateSimdev) -> Neuron {
 }
 
 fn runtime_on(dev: &Arc<Neuron>) -> Runtime {
+    runtime_with(dev, None)
+}
+
+/// A runtime on `dev` at `NEURON_LOGICAL_NC_CONFIG` `lnc` (`None`: unset, the device's default).
+fn runtime_with(dev: &Arc<Neuron>, lnc: Option<u32>) -> Runtime {
     Runtime::init(
         dev.clone(),
         RuntimeConfig {
             exec_timeout: Duration::from_secs(20),
+            lnc,
             ..RuntimeConfig::default()
         },
     )
@@ -434,9 +440,13 @@ fn trn2_eight_ncs_two_per_hbm_stack_run_identity() {
     let sim = start_simdev(&["--arch", "trn2", "--hbm", "64M"]);
     let dev = Arc::new(neuron(&sim));
     assert_eq!(dev.info().nc_count, 8);
-    // nrt_init allocates on every NC: MEM_ALLOC_V2 carries dram_channel nc / 2, which the shim
-    // checks against the NC.
+    // Unset, the logical core of a trn2 is two NCs (libnrt's default): 4 logical cores.
     let rt = runtime_on(&dev);
+    assert_eq!((rt.lnc(), rt.visible_vnc_count()), (2, 4));
+    rt.close();
+    // nrt_init allocates on every NC: MEM_ALLOC_V2 carries dram_channel nc / 2, which the shim
+    // checks against the NC. At LNC=1 logical core 5 is NC 5.
+    let rt = runtime_with(&dev, Some(1));
     let m = load(&rt, &identity(4096));
     let far = rt
         .tensor_allocate(Placement::Device { vnc: 5 }, 4096, "on NC 5, HBM stack 2")

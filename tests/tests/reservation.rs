@@ -72,7 +72,7 @@ fn with_lnc2_a_half_busy_logical_core_is_skipped_and_given_back() {
     let rt = init(
         &sim,
         RuntimeConfig {
-            lnc: 2,
+            lnc: Some(2),
             ..config(1, None)
         },
     )

@@ -187,7 +187,7 @@ fn with_lnc_2_one_logical_core_process_holds_both_ncs_tracks_and_events() {
     let rt = Runtime::init(
         Arc::new(connect(&sim)),
         RuntimeConfig {
-            lnc: 2,
+            lnc: Some(2),
             exec_timeout: Duration::from_secs(20),
             trace_file: Some(path.clone()),
             ..RuntimeConfig::default()

@@ -408,20 +408,19 @@ pub fn run(
         config.trace_file = Some(path.clone());
     }
     let dev = open().map_err(|e| crate::error_chain(&e))?;
-    let arch = dev.info().arch;
-    if config.lnc == 2 && arch != shared::Arch::Trn2 {
+    let lnc = config.lnc_on(dev.info().arch)?;
+    if opts.neff.is_none() && opts.model == "digits" && opts.batch < lnc {
         return Err(format!(
-            "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
-            arch.name()
+            "--batch {} is too small for NEURON_LOGICAL_NC_CONFIG={lnc}{}: each execution's rows are split over the {lnc} physical NCs of a logical core; use --batch {lnc} or more",
+            opts.batch,
+            if config.lnc.is_none() {
+                " (the device's default)"
+            } else {
+                ""
+            },
         ));
     }
-    if opts.neff.is_none() && opts.model == "digits" && opts.batch < config.lnc {
-        return Err(format!(
-            "--batch {} is too small for NEURON_LOGICAL_NC_CONFIG={}: each execution's rows are split over the {} physical NCs of a logical core; use --batch {} or more",
-            opts.batch, config.lnc, config.lnc, config.lnc
-        ));
-    }
-    let logical = dev.info().nc_count / config.lnc.max(1);
+    let logical = dev.info().nc_count / lnc;
     if config.visible_cores.is_none() {
         if opts.ncs > logical {
             return Err(format!(
@@ -625,7 +624,7 @@ fn run_digits(
 ) -> Result<BenchReport, String> {
     let data = Digits::load(&digits::default_path())?;
     let batch = opts.batch;
-    let lnc = rt.config().lnc.max(1);
+    let lnc = rt.lnc();
     let model = data
         .mlp()
         .build_split(batch, lnc)
@@ -830,7 +829,7 @@ fn identity_samples(
     if opts.bytes == 0 {
         return Err("--bytes must be at least 1".into());
     }
-    let model = if rt.config().lnc > 1 {
+    let model = if rt.lnc() > 1 {
         runtime::builder::identity_split(opts.bytes.max(2))
     } else {
         runtime::builder::identity(opts.bytes)

@@ -136,18 +136,14 @@ pub fn processes(clients: &[ClientSummary], lnc: u32) -> Vec<NeuronProcess> {
         .collect()
 }
 
-/// The device as neuron-ls describes it, at logical-core config `lnc`.
+/// The device as neuron-ls describes it, at the logical-core config `config` gives it (its
+/// `NEURON_LOGICAL_NC_CONFIG`, else the device's default: 2 on trn2, 1 elsewhere).
 ///
 /// # Errors
 /// An LNC the device's arch does not have (2 off trn2), naming both.
-pub fn describe(dev: &dyn Device, lnc: u32) -> Result<Vec<NeuronDevice>, String> {
+pub fn describe(dev: &dyn Device, config: &RuntimeConfig) -> Result<Vec<NeuronDevice>, String> {
     let info = dev.info();
-    if lnc == 2 && info.arch != shared::Arch::Trn2 {
-        return Err(format!(
-            "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this device is {}",
-            info.arch.name()
-        ));
-    }
+    let lnc = config.lnc_on(info.arch)?;
     let simulated = dev.backend_name() == "sim";
     let clients = match dev.processes() {
         Ok(list) => list,
@@ -196,14 +192,12 @@ pub fn describe(dev: &dyn Device, lnc: u32) -> Result<Vec<NeuronDevice>, String>
     }])
 }
 
-/// The logical-core config `nrt ls` reports: the environment's, as the runtime reads it.
+/// The configuration `nrt ls` reports at: the environment's, as the runtime reads it.
 ///
 /// # Errors
-/// A malformed `NEURON_LOGICAL_NC_CONFIG`.
-pub fn configured_lnc() -> Result<u32, String> {
-    RuntimeConfig::from_env()
-        .map(|c| c.lnc)
-        .map_err(|e| crate::error_chain(&e))
+/// A malformed variable (`NEURON_LOGICAL_NC_CONFIG`, ...).
+pub fn configured() -> Result<RuntimeConfig, String> {
+    RuntimeConfig::from_env().map_err(|e| crate::error_chain(&e))
 }
 
 fn human_bytes(bytes: u64) -> String {

@@ -244,8 +244,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let devices = match ls::configured_lnc().and_then(|lnc| ls::describe(dev.as_ref(), lnc))
-            {
+            let devices = match ls::configured().and_then(|c| ls::describe(dev.as_ref(), &c)) {
                 Ok(devices) => devices,
                 Err(e) => {
                     eprintln!("nrt ls: {e}");

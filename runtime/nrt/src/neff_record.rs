@@ -76,12 +76,7 @@ pub fn record(file: &Path, out: &Path, executions: u32, seed: u64) -> Result<Rec
         );
     }
     let dev = crate::open_device().map_err(|e| crate::error_chain(&e))?;
-    if config.lnc == 2 && dev.info().arch != shared::Arch::Trn2 {
-        return Err(format!(
-            "NEURON_LOGICAL_NC_CONFIG=2 needs a trn2 device; this one is {}",
-            dev.info().arch.name()
-        ));
-    }
+    config.lnc_on(dev.info().arch)?;
     if config.visible_cores.is_none() {
         config.num_cores = 1;
     }

@@ -136,11 +136,24 @@ fn ls_at_lnc_2_counts_logical_cores() {
         100_000_000,
         &[("NEURON_LOGICAL_NC_CONFIG", "2")],
     );
-    let devices = ls_listing(sim.socket(), &[a.pid()], &lnc2);
-    let d = &devices[0];
-    assert_eq!((d.nc_count, d.logical_neuroncore_config), (4, 2));
-    assert_eq!(d.neuroncore_ids, vec![0, 1, 2, 3]);
-    assert_eq!(d.memory_size, 8 * 64 * 1024 * 1024);
+    // Set, or unset (on trn2 libnrt's default is 2): the same listing.
+    for env in [&lnc2[..], &[]] {
+        let devices = ls_listing(sim.socket(), &[a.pid()], env);
+        let d = &devices[0];
+        assert_eq!((d.nc_count, d.logical_neuroncore_config), (4, 2), "{env:?}");
+        assert_eq!(d.neuroncore_ids, vec![0, 1, 2, 3]);
+        assert_eq!(d.memory_size, 8 * 64 * 1024 * 1024);
+    }
+    // LNC=1 asked for: eight logical cores.
+    let devices = ls_listing(
+        sim.socket(),
+        &[a.pid()],
+        &[("NEURON_LOGICAL_NC_CONFIG", "1")],
+    );
+    assert_eq!(
+        (devices[0].nc_count, devices[0].logical_neuroncore_config),
+        (8, 1)
+    );
     // On trn1, LNC=2 does not exist: refused, naming both.
     let trn1 = start_simdev(&["--arch", "trn1", "--hbm", "64M"]);
     let out = nrt_command(trn1.socket())

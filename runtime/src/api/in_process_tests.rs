@@ -44,7 +44,7 @@ fn execute_copies_each_input_to_its_output_and_close_returns_everything() {
 fn lnc2_rings_each_tpb_of_the_logical_core_once_in_order() {
     let rig = Rig::with(shared::Arch::Trn2, 4);
     let rt = rig.runtime(RuntimeConfig {
-        lnc: 2,
+        lnc: Some(2),
         exec_timeout: Duration::from_secs(10),
         ..RuntimeConfig::default()
     });
@@ -102,7 +102,7 @@ fn the_runtimes_own_queues_are_its_runtime_memory_and_not_the_vnc_memory_stats()
     let runtime_memory = |arch, ncs, lnc| {
         let rig = Rig::with(arch, ncs);
         let rt = rig.runtime(RuntimeConfig {
-            lnc,
+            lnc: Some(lnc),
             ..RuntimeConfig::default()
         });
         let snap = rt.datastore().snapshot();

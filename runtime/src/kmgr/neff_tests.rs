@@ -35,7 +35,7 @@ fn parsed(name: &str) -> neff::Neff {
 
 fn config(lnc: u32) -> RuntimeConfig {
     RuntimeConfig {
-        lnc,
+        lnc: Some(lnc),
         exec_timeout: Duration::from_secs(10),
         ..RuntimeConfig::default()
     }

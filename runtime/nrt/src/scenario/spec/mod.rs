@@ -180,9 +180,10 @@ pub struct RuntimeSpec {
     /// `NEURON_RT_NUM_CORES` (0 = all).
     #[serde(default)]
     pub num_cores: u32,
-    /// `NEURON_LOGICAL_NC_CONFIG`: 1 or 2.
-    #[serde(default = "one")]
-    pub lnc: u32,
+    /// `NEURON_LOGICAL_NC_CONFIG`: 1 or 2; unset, the device's default (2 on trn2, 1
+    /// elsewhere, as libnrt).
+    #[serde(default)]
+    pub lnc: Option<u32>,
     /// `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` (> 0: the implicit async pool).
     #[serde(default)]
     pub async_max_inflight: u32,
@@ -204,7 +205,7 @@ impl Default for RuntimeSpec {
             exec_timeout: default_timeout(),
             visible_cores: None,
             num_cores: 0,
-            lnc: 1,
+            lnc: None,
             async_max_inflight: 0,
             xu_capacity: default_xu_capacity(),
             skip_config_optimization: true,
@@ -215,10 +216,6 @@ impl Default for RuntimeSpec {
 
 fn yes() -> bool {
     true
-}
-
-fn one() -> u32 {
-    1
 }
 
 fn default_timeout() -> f64 {
