@@ -189,15 +189,20 @@ pub fn hash_matches(bytes: &[u8]) -> bool {
 /// Checks the header's hash against the payload.
 ///
 /// # Errors
-/// [`NeffError::HashMismatch`] with both digests in hex.
+/// [`NeffError::HashMismatch`] with both digests in hex, in digest byte order (as `md5sum`
+/// prints the payload's), and whether the field's 16 bytes after the digest are not zero.
 pub fn check_hash(header: &NeffHeader, payload: &[u8]) -> Result<(), NeffError> {
-    let field = hash_field(payload);
-    if header.hash == field {
+    if header.hash == hash_field(payload) {
         Ok(())
     } else {
+        let tail = header.hash.get(16..).unwrap_or_default();
+        let mut stored = hex(&header.stored_md5());
+        if tail.iter().any(|&b| b != 0) {
+            stored.push_str(&format!(" (and {} after it where zeros belong)", hex(tail)));
+        }
         Err(NeffError::HashMismatch {
-            stored: hex(&header.hash),
-            computed: hex(&field),
+            stored,
+            computed: hex(&payload_md5(payload)),
         })
     }
 }
