@@ -173,6 +173,15 @@ fn matmul_small_with_the_example_reference_computes_x_at_y_sync_and_async() {
             &format!("async execution {e}"),
         );
     }
+    // `ps` shows the worker by name, not its whole embedded script.
+    let workers = children(sim.pid());
+    assert_eq!(workers.len(), 1, "one reference worker: {workers:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", workers[0])).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        cmdline.trim_end().ends_with("simdev-reference-worker") && cmdline.len() < 300,
+        "{cmdline}"
+    );
     drop(t);
     rt.unload(h).unwrap();
     rt.close();

@@ -33,6 +33,16 @@ use super::BoundTensor;
 /// The worker's source, embedded so an installed simdev needs no repository checkout.
 pub const WORKER_SOURCE: &str = include_str!("../../python/neff_reference_worker.py");
 
+/// The worker's `-c` program: runs [`WORKER_SOURCE`], taken out of the environment (so its
+/// own children do not inherit it), as `__main__` under the script's file name.
+const WORKER_BOOTSTRAP: &str = "import os; exec(compile(os.environ.pop('SIMDEV_REFERENCE_WORKER_SOURCE'), 'neff_reference_worker.py', 'exec'))";
+
+/// The variable [`WORKER_BOOTSTRAP`] reads the source from.
+const WORKER_SOURCE_VAR: &str = "SIMDEV_REFERENCE_WORKER_SOURCE";
+
+/// The worker's `sys.argv[1]`: what `ps` shows after the bootstrap.
+const WORKER_NAME: &str = "simdev-reference-worker";
+
 /// Environment variable naming the Python interpreter (default `python3`).
 pub const ENV_PYTHON: &str = "NEURON_SIMDEV_PYTHON";
 
@@ -129,10 +139,14 @@ impl WorkerSlot {
                 .as_fd()
                 .try_clone_to_owned()
                 .map_err(|e| format!("dup stderr for the reference worker: {e}"))?;
+            // The source comes through the environment, so `ps` shows a short bootstrap and
+            // the worker's name instead of the whole script; tracebacks name the file.
             let child = Command::new(&python)
                 .arg("-u")
                 .arg("-c")
-                .arg(WORKER_SOURCE)
+                .arg(WORKER_BOOTSTRAP)
+                .arg(WORKER_NAME)
+                .env(WORKER_SOURCE_VAR, WORKER_SOURCE)
                 .stdin(Stdio::from(theirs))
                 .stdout(Stdio::from(stdout))
                 .spawn()
