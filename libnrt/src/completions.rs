@@ -262,17 +262,20 @@ impl Relay {
 /// Signals (and drops) every registration matching `which` whose sequence id has completed,
 /// after settling: the completions are read first, so every request signalled has its status
 /// published (it is published before the request shows as completed) and its `ret` written.
-/// A registration the runtime no longer knows (closed) is dropped unsignalled.
+/// With no runtime to ask (`nrt_close` is draining it) the registrations stay, for [`reset`];
+/// one whose id the runtime does not know is dropped unsignalled.
 fn fire_completed(regs: &mut Vec<(SeqId, OwnedFd)>, which: impl Fn(SeqId) -> bool) {
-    let rt = crate::rt().ok();
+    let Ok(rt) = crate::rt() else {
+        return;
+    };
     let mut due = Vec::new();
     let mut i = 0;
     while i < regs.len() {
         let seq = regs[i].0;
-        match (which(seq), rt.as_ref().map(|rt| rt.is_completed(seq))) {
-            (false, _) | (true, Some(Ok(false))) => i += 1,
-            (true, Some(Ok(true))) => due.push(regs.swap_remove(i).1),
-            (true, _) => drop(regs.swap_remove(i)),
+        match (which(seq), rt.is_completed(seq)) {
+            (false, _) | (true, Ok(false)) => i += 1,
+            (true, Ok(true)) => due.push(regs.swap_remove(i).1),
+            (true, Err(_)) => drop(regs.swap_remove(i)),
         }
     }
     if !due.is_empty() {
@@ -394,16 +397,30 @@ pub fn register_xu(
     Ok(())
 }
 
-/// At `nrt_close` (after the runtime drained): writes every published `ret`, then drops every
-/// watch and registration (the caller's eventfds are not signalled; their duplicates close).
-pub fn reset() {
+/// At `nrt_close`, after the runtime closed: writes every published `ret`, passes on what the
+/// relay has not yet (each XU's completions since its last wake, to the caller's XU eventfd),
+/// then drops every watch and registration, their duplicates closing.
+///
+/// `drained`: the runtime completed every accepted request before it closed
+/// ([`runtime::nrt::Closed::Drained`]), so every request registered for by sequence id has
+/// completed and its eventfd is signalled now. Otherwise (calls still ran at close's deadline)
+/// the registrations are dropped unsignalled and requests whose status is not published keep
+/// their `ret` unwritten (close said so in its error).
+pub fn reset(drained: bool) {
     settle();
     if let Some(Ok(r)) = RELAY.get() {
         let mut st = lock(&r.state);
         for (_, w) in st.xus.drain() {
             let _ = r.epoll.delete(&w.efd);
+            if let (Ok(count), Some(fd)) = (w.efd.read(), &w.caller) {
+                signal(fd, count);
+            }
         }
-        st.seq_regs.clear();
+        for (_, fd) in st.seq_regs.drain(..) {
+            if drained {
+                signal(&fd, 1);
+            }
+        }
     }
     lock(&PENDING).0.clear();
 }

@@ -89,9 +89,13 @@ pub unsafe extern "C" fn nrt_init(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
-        nrt::close();
-        // The runtime drained its requests: write their `ret`, drop the eventfd relay's state.
-        crate::completions::reset();
+        // The runtime drained its requests: write their `ret`, pass on their completions, drop
+        // the eventfd relay's state. A forked child's relay state is its parent's: untouched.
+        match nrt::close() {
+            nrt::Closed::Drained => crate::completions::reset(true),
+            nrt::Closed::Abandoned => crate::completions::reset(false),
+            nrt::Closed::Inherited => {}
+        }
         Ok(())
     });
 }

@@ -693,6 +693,28 @@ fn explicit_async_from_c_fills_polls_waits_on_eventfds_and_refuses_bad_input() {
 }
 
 #[test]
+fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["close_in_flight.c"],
+        "close_in_flight",
+        true,
+    );
+    let model = identity_model_of(&prefix, 4 << 20);
+    for (mode, marker) in [("fds", "CLOSE FDS OK"), ("threads", "CLOSE THREADS OK")] {
+        let o = run({
+            let mut c = Command::new(&exe);
+            c.arg(&model).arg(mode);
+            c
+        });
+        println!("{}", assert_ran(&o, mode, marker));
+    }
+}
+
+#[test]
 fn the_serving_pattern_runs_from_c_with_two_requests_in_flight() {
     let prefix = Prefix::new();
     let exe = compile(&prefix, "cc", "c11", &["serving.c"], "serving", true);

@@ -1705,6 +1705,7 @@ impl Runtime {
 /// called in this process; `close` there leaves the inherited runtime alone.
 pub mod nrt {
     use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
 
     use shared::NrtStatus;
 
@@ -1795,24 +1796,83 @@ pub mod nrt {
 
     /// `nrt_close`: closes the runtime; a second call is harmless. In a process forked after
     /// the parent's `init` (and before its own), it changes nothing.
-    pub fn close() {
+    ///
+    /// Calls in progress on other threads when it is called (each holds the runtime for its
+    /// duration; calls made after it answer NRT_CLOSED) are waited for — a request one of them
+    /// schedules is accepted and drained like any other — for at most the execution timeout
+    /// (at most an hour) and [`CLOSE_GRACE`] more (a sync execution ends within its timeout).
+    ///
+    /// Says how it ended ([`Closed`]).
+    pub fn close() -> Closed {
         let mut st = STATE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let State::Initialized(rt) = &*st
             && rt.check_process().is_err()
         {
-            return;
+            return Closed::Inherited;
         }
         let prev = std::mem::replace(&mut *st, State::Closed(crate::process::id()));
         drop(st);
-        if let State::Initialized(rt) = prev {
-            match Arc::try_unwrap(rt) {
-                Ok(rt) => rt.close(),
-                Err(_) => tracing::warn!(
-                    "nrt_close while calls are in progress; resources are released when they return"
-                ),
+        let State::Initialized(rt) = prev else {
+            return Closed::Drained;
+        };
+        // An execution timeout of hours is not waited for in full.
+        let budget = rt.config().exec_timeout.min(Duration::from_secs(3600)) + CLOSE_GRACE;
+        let deadline = Instant::now() + budget;
+        match wait_for_calls(rt, deadline) {
+            Ok(rt) => {
+                rt.close();
+                Closed::Drained
             }
+            Err(calls) => {
+                tracing::error!(
+                    calls,
+                    "nrt_close: {calls} call(s) on other threads still in progress after the execution timeout; the runtime is released when they return, and requests they scheduled may never complete"
+                );
+                Closed::Abandoned
+            }
+        }
+    }
+
+    /// How [`close`] ended.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Closed {
+        /// Closed (now or before; or never initialised): every accepted request completed and
+        /// its status is published, every resource released.
+        Drained,
+        /// Calls on other threads still ran at the deadline: the runtime is released when they
+        /// return; requests not completed by then may never be.
+        Abandoned,
+        /// In a process forked after the parent's `init`: nothing changed (the runtime, its
+        /// threads and its eventfds are the parent's).
+        Inherited,
+    }
+
+    /// What [`close`] waits beyond the execution timeout for calls in progress.
+    pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+    /// `rt` alone (every call in progress returned), or, at `deadline`, how many calls still
+    /// hold it.
+    fn wait_for_calls(mut rt: Arc<Runtime>, deadline: Instant) -> Result<Runtime, usize> {
+        let mut said = false;
+        loop {
+            rt = match Arc::try_unwrap(rt) {
+                Ok(rt) => return Ok(rt),
+                Err(rt) => rt,
+            };
+            let calls = Arc::strong_count(&rt) - 1;
+            if Instant::now() >= deadline {
+                return Err(calls);
+            }
+            if !said {
+                tracing::info!(
+                    calls,
+                    "nrt_close waits for the calls in progress on other threads"
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 

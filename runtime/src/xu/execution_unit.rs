@@ -171,7 +171,8 @@ pub(crate) mod sealed {
 
 /// `tpb_xu_shutdown` over XUs of every type: flags every XU, drains in-flight work, schedules a
 /// STOP on each, drains again. Later submits get NRT_CLOSED; a poisoned XU keeps answering 101.
-/// Needs the workers running.
+/// Needs the workers running. A registered XU completion eventfd counts the caller's requests
+/// drained here but not the STOP (the runtime's own): it is dropped before the STOP.
 pub fn shutdown(xus: &[std::sync::Arc<dyn ExecutionUnit>]) {
     let key = WorkerKey::new();
     for xu in xus {
@@ -180,6 +181,11 @@ pub fn shutdown(xus: &[std::sync::Arc<dyn ExecutionUnit>]) {
     let t0 = Instant::now();
     for xu in xus {
         xu.wait_exec_queue_empty(key, t0);
+    }
+    for xu in xus {
+        if let Err(rc) = xu.register_xu_completion(None) {
+            tracing::warn!(xu = xu.xu_id().raw(), %rc, "dropping the XU completion eventfd");
+        }
     }
     for xu in xus {
         if let Err(rc) = xu.schedule_stop(key) {
