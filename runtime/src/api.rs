@@ -494,7 +494,7 @@ impl Runtime {
         };
         let engine = Arc::new(
             NqEngine::new(readers)
-                .with_device_log(device.clone())
+                .with_device(device.clone())
                 .with_numerical_errors(config.report_numerical_errors)
                 .with_sys_trace(trace.clone())
                 .with_timeline(timeline.clone()),

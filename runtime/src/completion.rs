@@ -11,7 +11,10 @@
 //! notification of an execution that already timed out and is discarded — never credited to a
 //! later one; one with a newer index (a later execution finished while this one's notification
 //! is late) is held until its own execution asks for it ([`EARLY_LIMIT`] of them at most). A
-//! `DeviceLost` entry fails the execution (fatal).
+//! `DeviceLost` entry fails the execution (fatal). A device that goes without posting one (a
+//! killed simdev) is noticed by a reader that finds nothing posted: it asks the device whether
+//! it hung up ([`crate::backend::Device::hung_up`]), at most once per [`HANGUP_CHECK`], and a
+//! hang-up counts as a `DeviceLost` entry.
 //!
 //! # Other readers of the NQ: DMA queue errors
 //! The NQ also carries `DmaQueueError` entries: a DMA queue stopped outside an execution (a
@@ -102,6 +105,11 @@ pub const EARLY_LIMIT: usize = 4096;
 /// slice, well inside the shutdown drain's 100 ms poll.
 pub const POLL_SLICE: Duration = Duration::from_millis(20);
 
+/// How often a reader that finds nothing posted asks the device whether it hung up
+/// ([`crate::backend::Device::hung_up`]): a killed simdev posts no DeviceLost entry, and its
+/// executions would otherwise wait out their timeout.
+pub const HANGUP_CHECK: Duration = POLL_SLICE;
+
 /// The scheduler tick of `CONFIG_HZ=100`, the slowest common kernel configuration.
 pub const LONGEST_TICK: Duration = Duration::from_millis(10);
 
@@ -146,8 +154,10 @@ pub struct NqReader {
     /// (possible when the device posts one late), or that another reader drained, held until
     /// their turn.
     early: Vec<NotificationEntry>,
-    /// A DeviceLost entry was read: the device is gone (sticky).
+    /// A DeviceLost entry was read, or the device hung up: it is gone (sticky).
     lost: bool,
+    /// When the device may next be asked whether it hung up ([`HANGUP_CHECK`]).
+    next_hangup_check: Option<Instant>,
 }
 
 impl NqReader {
@@ -160,6 +170,7 @@ impl NqReader {
             stale: 0,
             early: Vec::new(),
             lost: false,
+            next_hangup_check: None,
         }
     }
 
@@ -296,8 +307,9 @@ pub struct NqEngine {
     timeline: Arc<crate::trace::Timeline>,
     /// DmaQueueError notifications, routed to the queue they name.
     dma_errors: DmaQueueErrors,
-    /// Whose log a failed execution passes on (see the module doc).
-    device_log: Option<Arc<dyn crate::backend::Device>>,
+    /// The device: whose log a failed execution passes on (see the module doc), and whether
+    /// it hung up.
+    device: Option<Arc<dyn crate::backend::Device>>,
 }
 
 impl NqEngine {
@@ -327,21 +339,46 @@ impl NqEngine {
             trace: Arc::new(SysTrace::new(Vec::new())),
             timeline: Arc::new(crate::trace::Timeline::disabled()),
             dma_errors: DmaQueueErrors::default(),
-            device_log: None,
+            device: None,
         }
     }
 
-    /// Passes on `device`'s log lines when an execution fails (see the module doc).
+    /// Passes on `device`'s log lines when an execution fails (see the module doc), and asks
+    /// it whether it hung up when a reader finds nothing ([`HANGUP_CHECK`]).
     #[must_use]
-    pub fn with_device_log(mut self, device: Arc<dyn crate::backend::Device>) -> Self {
-        self.device_log = Some(device);
+    pub fn with_device(mut self, device: Arc<dyn crate::backend::Device>) -> Self {
+        self.device = Some(device);
         self
+    }
+
+    /// Marks `r` (NC `nc`'s reader, which found nothing posted) lost if the device hung up,
+    /// asking at most once per [`HANGUP_CHECK`]; returns whether `r` is lost.
+    fn check_hangup(&self, nc: u32, r: &mut NqReader) -> bool {
+        let Some(device) = &self.device else {
+            return r.lost;
+        };
+        if r.lost {
+            return true;
+        }
+        let now = Instant::now();
+        if r.next_hangup_check.is_some_and(|t| now < t) {
+            return false;
+        }
+        r.next_hangup_check = Some(now + HANGUP_CHECK);
+        if device.hung_up() {
+            tracing::error!(
+                nc,
+                "the device is gone: its connection hung up (simdev exited or was killed)"
+            );
+            r.lost = true;
+        }
+        r.lost
     }
 
     /// A failed execution's explanation: what the device logged since the last look, as error
     /// lines of target `simdev` (the device's lines name the NC and the execution).
     fn pass_on_device_log(&self) {
-        let Some(device) = &self.device_log else {
+        let Some(device) = &self.device else {
             return;
         };
         for line in device.take_device_log() {
@@ -468,7 +505,7 @@ impl NqEngine {
         if held && let Some(fd) = r.notify_fd.as_ref() {
             let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
         }
-        r.lost
+        r.lost || (!held && self.check_hangup(nc, &mut r))
     }
 
     /// NC `nc`'s notification eventfd (simdev; `None` on silicon): what a step waiting for
@@ -585,6 +622,10 @@ impl NqEngine {
                 Some(NotificationKind::DmaQueueError) => self.route_dma_error(nc, &e),
                 None => tracing::warn!(nc, kind = e.kind, "unknown notification kind"),
             }
+        }
+        if !req.done[i] && self.check_hangup(nc, &mut r) {
+            req.done[i] = true;
+            req.flags[i] = error_flags::DEVICE_LOST;
         }
         None
     }

@@ -445,6 +445,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn take_device_log(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// Whether the device is gone without having said so (simdev killed: its connection hung
+    /// up, so no DeviceLost notification will ever come). One non-blocking system call at
+    /// most; false for a device that reports its loss itself (the Neuron driver).
+    fn hung_up(&self) -> bool {
+        false
+    }
 }
 
 /// One batch of device trace events ([`Device::trace_drain`]).

@@ -775,6 +775,24 @@ impl Device for SimDevice {
 
     /// A private simdev's new warn and error lines; nothing for a shared simdev (its log is
     /// its own stderr, where its operator reads it).
+    /// The connection hung up (`POLLHUP`/`POLLERR` on its socket, polled without waiting: a
+    /// `SOCK_SEQPACKET` socket whose peer closed is shut down both ways): simdev exited or was
+    /// killed.
+    fn hung_up(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        match &self.link {
+            Link::Socket { fd, .. } => {
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::empty())];
+                matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+                    && fds[0]
+                        .revents()
+                        .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+            }
+            #[cfg(any(test, feature = "test-support"))]
+            Link::InProcess(_) => false,
+        }
+    }
+
     fn take_device_log(&self) -> Vec<String> {
         self.child
             .as_ref()
