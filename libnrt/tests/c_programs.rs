@@ -859,30 +859,42 @@ fn a_failed_execution_on_a_private_simdev_shows_simdevs_reason_in_the_programs_s
         "def matmul(x, y):\n    raise RuntimeError('the reference refuses: kaboom-9')\n",
     )
     .unwrap();
-    let o = run({
-        let mut c = Command::new(&exe);
-        c.arg(&neff)
-            .args(["1", "matmul"])
-            .env("NEURON_SIMDEV_ARCH", "trn2")
-            .env("NEURON_LOGICAL_NC_CONFIG", "2")
-            .env(
-                "NEURON_SIMDEV_REFERENCE",
-                format!("{}={}:matmul", neff.display(), module.display()),
-            );
-        c
-    });
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "stderr:\n{stderr}");
-    let reason = stderr
-        .find("RuntimeError: the reference refuses: kaboom-9")
-        .unwrap_or_else(|| panic!("simdev's reason is not in stderr:\n{stderr}"));
-    let report = stderr
-        .find("nrt_execute(model, inputs, outputs) returned 1004")
-        .unwrap_or_else(|| panic!("the program's report is not in stderr:\n{stderr}"));
-    assert!(reason < report, "the reason comes first:\n{stderr}");
-    assert!(
-        stderr.contains("refuses.py:matmul"),
-        "the reference is named:\n{stderr}"
-    );
-    assert!(!stderr.contains('\u{1b}'), "no colour sequences:\n{stderr}");
+    for mode in ["sync", "async"] {
+        let o = run({
+            let mut c = Command::new(&exe);
+            c.arg(&neff)
+                .args(["1", "matmul"])
+                .args((mode == "async").then_some("async"))
+                .env("NEURON_SIMDEV_ARCH", "trn2")
+                .env(
+                    "NEURON_SIMDEV_REFERENCE",
+                    format!("{}={}:matmul", neff.display(), module.display()),
+                );
+            c
+        });
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{mode}: stderr:\n{stderr}");
+        let reason = stderr
+            .find("RuntimeError: the reference refuses: kaboom-9")
+            .unwrap_or_else(|| panic!("{mode}: simdev's reason is not in stderr:\n{stderr}"));
+        let report = stderr
+            .find("execute(model, inputs, outputs, argc == 5) returned 1004")
+            .unwrap_or_else(|| panic!("{mode}: the program's report is not in stderr:\n{stderr}"));
+        assert!(reason < report, "{mode}: the reason comes first:\n{stderr}");
+        assert!(
+            stderr.contains("refuses.py:matmul"),
+            "{mode}: the reference is named:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "{mode}: no colour sequences:\n{stderr}"
+        );
+        // An async caller gets only a status: the runtime names the execution that failed.
+        if mode == "async" {
+            let named = stderr
+                .find("async execution of model \"file.neff\" on logical core 0 (sequence id 0x1000000000001) ended with NRT_EXEC_COMPLETED_WITH_ERR")
+                .unwrap_or_else(|| panic!("the failed execution is not named:\n{stderr}"));
+            assert!(named < report, "before the program's report:\n{stderr}");
+        }
+    }
 }

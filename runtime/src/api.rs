@@ -1090,7 +1090,8 @@ impl Runtime {
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let info = self.work_item(m, resources);
+        let mut info = self.work_item(m, resources);
+        info.sync_exec = false;
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
         let stage =
@@ -1219,7 +1220,8 @@ impl Runtime {
         self.timeline.pend(SpanKind::Bind, span);
         let resources = resources?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let info = self.work_item(m, resources);
+        let mut info = self.work_item(m, resources);
+        info.sync_exec = false;
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
         let stage =
@@ -1349,6 +1351,7 @@ impl Runtime {
         let hold = UseHold::on(inputs.iter().chain(outputs.iter()).map(|(_, t)| t));
         let namer = hold.namer();
         let seq_id = self.funnel(&m, resources, move |xu, mut info, stage, doorbell| {
+            info.sync_exec = false;
             info.request.hold = Some(hold);
             xu.schedule_request(info, Some(cell), stage, doorbell)
         })?;

@@ -161,6 +161,13 @@ pub struct ExecResources {
     home: Option<Arc<LoadedModel>>,
 }
 
+impl ExecResources {
+    /// The model the resources were bound for.
+    pub(crate) fn model(&self) -> Option<&Arc<LoadedModel>> {
+        self.home.as_ref()
+    }
+}
+
 impl Drop for ExecResources {
     fn drop(&mut self) {
         // kmgr_exec_resources_free: release the tensors, hand the tracker back to the model.

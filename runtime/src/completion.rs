@@ -631,6 +631,24 @@ impl NqEngine {
     }
 }
 
+/// An asynchronous execution's failure, named: its caller gets only a status (a sync caller
+/// gets the error itself from `execute`).
+fn log_async_failure(vnc: u32, req: &ExecRequest, status: NrtStatus) {
+    let model = req
+        .resources
+        .as_ref()
+        .and_then(ExecResources::model)
+        .map_or_else(|| "?".to_owned(), |m| format!("{:?}", m.name()));
+    let seq = req
+        .hold
+        .as_ref()
+        .and_then(crate::tensor::UseHold::seq_id)
+        .map_or_else(String::new, |s| format!(" (sequence id {:#x})", s.raw()));
+    tracing::error!(
+        "async execution of model {model} on logical core {vnc}{seq} ended with {status}"
+    );
+}
+
 impl CompletionEngine for NqEngine {
     type Request = ExecRequest;
 
@@ -642,6 +660,9 @@ impl CompletionEngine for NqEngine {
         if let Progress::Done(s) | Progress::Error(s) = p {
             if s != NrtStatus::Success {
                 self.pass_on_device_log();
+                if !info.sync_exec {
+                    log_async_failure(vnc, &info.request, s);
+                }
             }
             self.trace.record_execution(vnc, info, s);
             if start.is_some() {

@@ -115,6 +115,14 @@ impl UseHold {
     pub(crate) fn namer(&self) -> HoldNamer {
         HoldNamer(self.0.clone())
     }
+
+    /// The sequence id of the request holding the tensors, once named.
+    pub(crate) fn seq_id(&self) -> Option<shared::ids::SeqId> {
+        match self.0.load(Ordering::Acquire) {
+            HOLD_SCHEDULING | HOLD_DONE => None,
+            raw => Some(shared::ids::SeqId::from_raw(raw)),
+        }
+    }
 }
 
 impl Drop for UseHold {

@@ -6,15 +6,34 @@
  * function of the inputs (shared::neff_program::shape_only), written out again here in C; with
  * a reference bound (NEURON_SIMDEV_REFERENCE=...=ref_matmul.py:matmul) simdev computes the real
  * numbers, and the output is checked against x @ y computed here from the float16 inputs.
- * Usage: neff FILE.neff EXECUTIONS shape-only|matmul
+ * Usage: neff FILE.neff EXECUTIONS shape-only|matmul [async]
  *        (env: NEURON_SIMDEV_ARCH=trn2 NEURON_LOGICAL_NC_CONFIG=2)
+ * With `async` each execution is scheduled with nrta_execute_schedule and polled to completion
+ * with nrta_is_completed; a failed one's ret is reported as nrt_execute's would be.
  */
 #include <stdint.h>
 #include <string.h>
 
 #include "nrt/nrt.h"
+#include "nrt/nrt_async.h"
 #include "nrt/nrt_experimental.h"
 #include "common.h"
+
+/* One execution: nrt_execute, or (async) scheduled and polled to completion. */
+static NRT_STATUS execute(nrt_model_t *model, nrt_tensor_set_t *inputs,
+                          nrt_tensor_set_t *outputs, int async) {
+    NRT_STATUS ret = NRT_FAILURE;
+    nrta_seq_t seq;
+    bool done = false;
+    if (!async) {
+        return nrt_execute(model, inputs, outputs);
+    }
+    CHECK(nrta_execute_schedule(model, inputs, outputs, 0, &ret, &seq));
+    while (!done) {
+        CHECK(nrta_is_completed(seq, &done));
+    }
+    return ret;
+}
 
 #define EDGE 4096u
 #define MAX_IO 8
@@ -93,7 +112,7 @@ int main(int argc, char **argv) {
     uint64_t n_io;
     int matmul;
 
-    ASSERT(argc == 4);
+    ASSERT(argc == 4 || (argc == 5 && strcmp(argv[4], "async") == 0));
     executions = atol(argv[2]);
     matmul = strcmp(argv[3], "matmul") == 0;
     ASSERT(matmul || strcmp(argv[3], "shape-only") == 0);
@@ -150,7 +169,7 @@ int main(int argc, char **argv) {
             seed = fnv(seed, buffers[i], edge);
             seed = fnv(seed, buffers[i] + n - edge, edge);
         }
-        CHECK(nrt_execute(model, inputs, outputs));
+        CHECK(execute(model, inputs, outputs, argc == 5));
         CHECK(nrt_tensor_read(tensors[2], buffers[2], 0, info->tensor_array[2].size));
         if (matmul) {
             /* output0[128,128] = x[128,256] @ y[256,128]: within float16's rounding. */
