@@ -45,11 +45,11 @@ typedef uint64_t nrta_seq_t;
 /** The XU id part of a sequence id. */
 #define NRTA_SEQ_GET_XU_ID(seq) ((uint64_t)(seq) >> 48)
 
-/** Schedules a copy of `size` bytes from `buf` (copied before returning) to byte `offset` of `tensor` on TENSOR_OP queue `queue` of core `lnc_idx`. */
+/** Schedules a copy of `size` bytes from `buf` (copied before returning) to byte `offset` of `tensor` on TENSOR_OP queue `queue` of core `lnc_idx`, whose DMA engines move it (`tensor` may be on any core). */
 NRT_STATUS nrta_tensor_write(nrt_tensor_t *tensor, const void *buf, uint64_t offset, uint64_t size,
                              int lnc_idx, int queue, NRT_STATUS *ret, nrta_seq_t *req_sequence);
 
-/** Schedules a copy of `size` bytes from byte `offset` of `tensor` to `buf` on TENSOR_OP queue `queue` of core `lnc_idx`. */
+/** Schedules a copy of `size` bytes from byte `offset` of `tensor` to `buf` on TENSOR_OP queue `queue` of core `lnc_idx`, whose DMA engines move it (`tensor` may be on any core). */
 NRT_STATUS nrta_tensor_read(void *buf, nrt_tensor_t *tensor, uint64_t offset, uint64_t size,
                             int lnc_idx, int queue, NRT_STATUS *ret, nrta_seq_t *req_sequence);
 

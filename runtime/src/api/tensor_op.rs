@@ -198,15 +198,16 @@ impl Runtime {
             })
     }
 
-    /// Checks that `t` (the request's `role`) is a device tensor of this runtime on logical
-    /// core `lnc` and that `offset + size` lies within it; returns the device PA at `offset`.
+    /// Checks that `t` (the request's `role`) is a device tensor of this runtime — on logical
+    /// core `lnc` when that is `Some` (a copy stays on one core) — and that `offset + size`
+    /// lies within it; returns the device PA at `offset`.
     fn tensor_op_span(
         &self,
         role: &str,
         t: &Tensor,
         offset: u64,
         size: u64,
-        lnc: u32,
+        lnc: Option<u32>,
     ) -> NrtResult<u64> {
         let name = t.name();
         let Placement::Device { vnc } = t.placement() else {
@@ -222,7 +223,9 @@ impl Runtime {
                 self.id
             )));
         }
-        if vnc != lnc {
+        if let Some(lnc) = lnc
+            && vnc != lnc
+        {
             return Err(invalid(format!(
                 "{role} tensor {name:?} is on logical core {vnc}, the request is for logical core {lnc}"
             )));
@@ -325,7 +328,9 @@ impl Runtime {
 
     /// The checks a tensor write and read share, in order: the process, the queue index, the
     /// logical core, the size, and `size` bytes at `offset` of `tensor` (the `what` side of the
-    /// transfer) on that core. Returns the queue, the core and the device PA of the span.
+    /// transfer). The tensor may be on any logical core of this runtime: `lnc_idx` chooses the
+    /// DMA engines (and the queue) that move the bytes, which reach the whole device's HBM
+    /// (nrt-api.md §2.10). Returns the queue, the core and the device PA of the span.
     fn host_transfer_target(
         &self,
         what: &'static str,
@@ -339,7 +344,7 @@ impl Runtime {
         let queue = Self::tensor_op_queue(queue)?;
         let lnc = self.tensor_op_lnc(lnc_idx)?;
         Self::check_size(size)?;
-        let pa = self.tensor_op_span(what, tensor, offset, size, lnc)?;
+        let pa = self.tensor_op_span(what, tensor, offset, size, None)?;
         Ok((queue, lnc, pa))
     }
 
@@ -446,9 +451,9 @@ impl Runtime {
                 )));
             }
         };
-        let src_pa = self.tensor_op_span("source", src, src_offset, size, lnc)?;
+        let src_pa = self.tensor_op_span("source", src, src_offset, size, Some(lnc))?;
         let dst_pa = self
-            .tensor_op_span("destination", dst, dst_offset, size, lnc)
+            .tensor_op_span("destination", dst, dst_offset, size, Some(lnc))
             .map_err(|mut e| {
                 if matches!(dst.placement(), Placement::Device { vnc } if vnc != lnc) {
                     e.message = format!(

@@ -461,12 +461,25 @@ fn a_copy_across_logical_cores_is_refused() {
         "{e}"
     );
     assert!(e.message.contains("\"b\" is on logical core 1"), "{e}");
-    let e = rt.tensor_write_schedule(&b, &[1; 8], 0, 0, 0).unwrap_err();
-    assert!(
-        e.message
-            .contains("\"b\" is on logical core 1, the request is for logical core 0"),
-        "{e}"
-    );
+    rt.close();
+}
+
+#[test]
+fn lnc_idx_chooses_the_dma_engines_of_a_read_or_write_whatever_core_the_tensor_is_on() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let b = device_tensor(&rt, 1, 64, "b");
+    let data: Vec<u8> = (0..64).map(|i| i * 3 + 1).collect();
+    // Written through logical core 0's queue, read back through core 1's and core 0's.
+    let w = rt.tensor_write_schedule(&b, &data, 0, 0, 0).unwrap();
+    assert_eq!(w.seq_id().xu_id().vnc_id(), 0, "core 0's TENSOR_OP XU");
+    assert_eq!(rt.wait(&w).unwrap(), NrtStatus::Success);
+    for lnc in [1, 0] {
+        let dest = ReadBuffer::new(64).unwrap();
+        let r = rt.tensor_read_schedule(&dest, &b, 0, 64, lnc, 1).unwrap();
+        assert_eq!(rt.wait(&r).unwrap(), NrtStatus::Success);
+        assert_eq!(dest.to_vec().unwrap(), data, "read through core {lnc}");
+    }
     rt.close();
 }
 
