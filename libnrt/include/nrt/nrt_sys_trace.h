@@ -21,8 +21,10 @@
  *  - "execute": one model execution. `model_id`, `model` (its name while loaded, else null),
  *    `seq_id` (its nrta_seq_t; under the implicit asynchronous mode the callback's job id),
  *    `seq_num`, `compute_idx`, `physical_ncs`, `submit_ns` (call bound), `start_ns` (doorbell
- *    about to ring), `end_ns` (completion harvested), `device_ts_ns`, `device_busy_ns`,
- *    `status` (e.g. "NRT_SUCCESS") and `status_code`; submit_ns <= start_ns <= end_ns.
+ *    about to ring), `end_ns` (completion harvested), `device_ts_ns` (the device's own clock
+ *    when it posted the completion: not the host clock above and not comparable with it; on
+ *    simdev, nanoseconds since simdev started), `device_busy_ns` (the device's time executing
+ *    it), `status` (e.g. "NRT_SUCCESS") and `status_code`; submit_ns <= start_ns <= end_ns.
  *  - "tensor_op": one nrta_tensor_read/write/copy. `op` ("read", "write" or "copy"), `seq_id`,
  *    `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
  * Fetching removes the returned events from the rings; stopping keeps them fetchable.

@@ -48,7 +48,8 @@
 //!   `compute_idx`, `physical_ncs`, `submit_ns` (the call was bound and its work item made),
 //!   `start_ns` (staged, doorbell about to ring: the device may start from here), `end_ns` (the
 //!   runtime harvested its completion), `device_ts_ns` and `device_busy_ns` (the device's clock
-//!   at the notification and its execution time, from the main NC's notification), `status`
+//!   at the notification — its own, not comparable with the host times; simdev's counts from
+//!   its start — and its execution time, from the main NC's notification), `status`
 //!   (name, `"NRT_SUCCESS"`) and `status_code` (its number). `submit_ns <= start_ns <= end_ns`.
 //! - `"tensor_op"`: one tensor operation. `op` (`"read"`, `"write"` or `"copy"`), `seq_id`,
 //!   `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
