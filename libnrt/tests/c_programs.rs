@@ -889,7 +889,13 @@ fn a_failed_execution_on_a_private_simdev_shows_simdevs_reason_in_the_programs_s
             !stderr.contains('\u{1b}'),
             "{mode}: no colour sequences:\n{stderr}"
         );
-        // An async caller gets only a status: the runtime names the execution that failed.
+        // An async caller gets only a status: the runtime names the execution that failed
+        // (a sync caller's error names it already).
+        assert_eq!(
+            stderr.contains("async execution of model"),
+            mode == "async",
+            "{mode}:\n{stderr}"
+        );
         if mode == "async" {
             let named = stderr
                 .find("async execution of model \"file.neff\" on logical core 0 (sequence id 0x1000000000001) ended with NRT_EXEC_COMPLETED_WITH_ERR")

@@ -1020,10 +1020,15 @@ impl Runtime {
         match status {
             NrtStatus::Success => Ok(()),
             s => {
-                let detail = (s == NrtStatus::Timeout)
-                    .then(|| self.engine.timeout_detail(m.vnc()))
-                    .flatten()
-                    .map_or_else(String::new, |d| format!(": {d}"));
+                let detail = match s {
+                    NrtStatus::Timeout => self.engine.timeout_detail(m.vnc()),
+                    NrtStatus::HwError if self.device.hung_up() => Some(
+                        "the device is gone: its connection hung up (simdev exited or was killed)"
+                            .to_string(),
+                    ),
+                    _ => None,
+                }
+                .map_or_else(String::new, |d| format!(": {d}"));
                 Err(status_err(
                     s,
                     format!(
@@ -1057,7 +1062,8 @@ impl Runtime {
         info
     }
 
-    fn refusal(m: &LoadedModel, s: NrtStatus) -> NrtError {
+    /// The funnel's refusal `s`; `why`: what the stage or the doorbell said when one failed.
+    fn refusal(m: &LoadedModel, s: NrtStatus, why: Option<String>) -> NrtError {
         let msg = match s {
             NrtStatus::ExecUnitUnrecoverable => format!(
                 "logical core {} is degraded by an earlier fatal error",
@@ -1068,7 +1074,10 @@ impl Runtime {
                 "the execution queue of logical core {} is full; nothing was scheduled",
                 m.vnc()
             ),
-            s => format!("submitting to logical core {}: {s}", m.vnc()),
+            s => match why {
+                Some(why) => format!("submitting to logical core {}: {s}: {why}", m.vnc()),
+                None => format!("submitting to logical core {}: {s}", m.vnc()),
+            },
         };
         status_err(s, msg)
     }
@@ -1090,15 +1099,17 @@ impl Runtime {
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let mut info = self.work_item(m, resources);
-        info.sync_exec = false;
+        let info = self.work_item(m, resources);
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
+        // What a failing stage or doorbell said, for the refusal's message.
+        let why = std::cell::RefCell::new(None);
         let stage =
             |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
                 let span = self.timeline.now();
                 self.stage(m, info, model_switch, skip).map_err(|e| {
                     tracing::error!(error = %e, "stage failed");
+                    *why.borrow_mut() = Some(e.message);
                     e.status
                 })?;
                 info.request.deadline = Some(Instant::now() + timeout);
@@ -1114,11 +1125,15 @@ impl Runtime {
             };
         let doorbell = |_: &ExecInfo<ExecRequest>| {
             let span = self.timeline.now();
-            let r = kickoff_exec(self.device.as_ref(), ncs).map_err(|e| e.status);
+            let r = kickoff_exec(self.device.as_ref(), ncs).map_err(|e| {
+                *why.borrow_mut() = Some(e.message);
+                e.status
+            });
             self.timeline.pend(SpanKind::Doorbell, span);
             r
         };
-        f(xu, info, &stage, &doorbell).map_err(|s| Self::refusal(m, s))
+        let r = f(xu, info, &stage, &doorbell);
+        r.map_err(|s| Self::refusal(m, s, why.take()))
     }
 
     /// `kmgr_sync_exec`: schedules through the funnel — retrying NRT_QUEUE_FULL every 100 µs
@@ -1244,7 +1259,7 @@ impl Runtime {
         };
         let job = pool
             .post(m.vnc(), info, stage, doorbell)
-            .map_err(|s| Self::refusal(m, s))?;
+            .map_err(|s| Self::refusal(m, s, None))?;
         self.timeline.note_seq_id(job);
         Ok(job)
     }
