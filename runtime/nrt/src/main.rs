@@ -164,9 +164,22 @@ enum Command {
     },
 }
 
+/// How long an operator tool (`nrt ls`, `nrt monitor`, `nrt top`) waits for a running
+/// simdev's reply: no execution runs on a tool's connection, so a slow reply means a stopped
+/// or stuck simdev.
+pub(crate) const TOOL_CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Opens the device (starting a private simdev, as this very binary, when none is set up).
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
+    open_device_waiting(None)
+}
+
+/// [`open_device`] with control requests to a running simdev waiting at most `control_timeout`.
+fn open_device_waiting(
+    control_timeout: Option<std::time::Duration>,
+) -> Result<Box<dyn Device>, runtime::DeviceError> {
     let mut opts = OpenOptions::from_env()?;
+    opts.control_timeout = control_timeout;
     if let Ok(exe) = std::env::current_exe() {
         opts.simdev_command = Some(SimdevCommand {
             program: exe,
@@ -237,7 +250,7 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Ls { json } => {
-            let dev = match open_device() {
+            let dev = match open_device_waiting(Some(TOOL_CONTROL_TIMEOUT)) {
                 Ok(dev) => dev,
                 Err(e) => {
                     eprintln!("nrt ls: {}", error_chain(&e));

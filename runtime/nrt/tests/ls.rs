@@ -165,3 +165,36 @@ fn ls_at_lnc_2_counts_logical_cores() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("trn2") && err.contains("trn1"), "{err}");
 }
+
+#[test]
+fn ls_and_monitor_give_up_on_a_stopped_simdev_instead_of_hanging() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let sim = start_simdev(&["--hbm", "16M"]);
+    let pid = Pid::from_raw(i32::try_from(sim.pid()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let t = std::time::Instant::now();
+    let ls = nrt_command(sim.socket())
+        .args(["ls", "-j"])
+        .output()
+        .unwrap();
+    let monitor = nrt_command(sim.socket())
+        .args(["monitor", "--period", "100ms", "--count", "1"])
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let err = String::from_utf8_lossy(&ls.stderr);
+    assert!(!ls.status.success(), "{err}");
+    assert!(
+        err.contains("did not answer within 5s (is simdev stopped or stuck?)"),
+        "{err}"
+    );
+    // The monitor still writes its document, the hardware counters' error naming the cause.
+    let doc: serde_json::Value = serde_json::from_slice(&monitor.stdout).unwrap();
+    let hw_error = doc["system_data"]["neuron_hw_counters"]["error"]
+        .as_str()
+        .unwrap();
+    assert!(hw_error.contains("did not answer within 5s"), "{doc}");
+    assert!(took < Duration::from_secs(30), "both gave up ({took:?})");
+}

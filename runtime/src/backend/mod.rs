@@ -140,6 +140,17 @@ pub enum DeviceError {
         /// Operation.
         op: &'static str,
     },
+    /// The device did not answer a control request in time (simdev stopped, e.g. SIGSTOP, or
+    /// stuck): the connection is given up, every later request fails the same way.
+    #[error(
+        "{op}: the device did not answer within {waited:?} (is simdev stopped or stuck?); the connection is given up"
+    )]
+    NotResponding {
+        /// Operation.
+        op: &'static str,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
     /// The peer answered something the protocol does not allow here.
     #[error("{op}: protocol violation: {detail}")]
     Protocol {
@@ -219,6 +230,7 @@ impl DeviceError {
                 _ => NrtStatus::HwError,
             },
             Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
+            Self::NotResponding { .. } => NrtStatus::Timeout,
             Self::Config { .. } => NrtStatus::Invalid,
             Self::Io { .. }
             | Self::Protocol { .. }

@@ -61,6 +61,9 @@ pub struct OpenOptions {
     pub simdev_command: Option<SimdevCommand>,
     /// Options for a private simdev (e.g. `--arch trn2`).
     pub simdev_args: Vec<OsString>,
+    /// How long a control request to a running simdev waits for its reply (default
+    /// [`crate::backend::sim::CONTROL_TIMEOUT`]).
+    pub control_timeout: Option<std::time::Duration>,
 }
 
 impl Default for OpenOptions {
@@ -72,6 +75,7 @@ impl Default for OpenOptions {
             simdev_bin: None,
             simdev_command: None,
             simdev_args: Vec::new(),
+            control_timeout: None,
         }
     }
 }
@@ -145,7 +149,11 @@ impl OpenOptions {
 
 fn open_sim(opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
     if let Some(socket) = &opts.simdev_socket {
-        return Ok(Box::new(SimDevice::connect(socket)?));
+        return Ok(Box::new(SimDevice::connect_with_timeout(
+            socket,
+            opts.control_timeout
+                .unwrap_or(crate::backend::sim::CONTROL_TIMEOUT),
+        )?));
     }
     let Some(cmd) = opts.simdev_program() else {
         return Err(DeviceError::NoDevice {

@@ -62,7 +62,16 @@ const POSTED_MSG_SIZE: usize = 64;
 #[derive(Debug)]
 struct Exchange {
     buf: Box<[u8; MAX_MSG_SIZE]>,
+    /// A reply did not come within the control timeout: a late one would answer the wrong
+    /// request, so the connection is given up.
+    gave_up: Option<std::time::Duration>,
 }
+
+/// How long a control request (allocation, claim, query: not a doorbell) waits for simdev's
+/// reply before the connection is given up ([`DeviceError::NotResponding`]). simdev runs a
+/// connection's executions on its thread, so a reply may wait behind one: this outlasts any
+/// execution the default execution timeout allows.
+pub const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How messages reach simdev.
 enum Link {
@@ -96,6 +105,11 @@ pub struct SimDevice {
     socket: PathBuf,
     /// The process that opened the connection (the only one that may use it).
     owner: u32,
+    /// How long a control request waits for its reply ([`CONTROL_TIMEOUT`] by default).
+    control_timeout: std::time::Duration,
+    /// A control request went unanswered ([`DeviceError::NotResponding`]): the device counts
+    /// as hung up.
+    unresponsive: std::sync::atomic::AtomicBool,
     /// The private simdev this device started, stopped when the device is dropped. Declared
     /// last so the connection closes first.
     child: Option<PrivateSimdev>,
@@ -120,6 +134,20 @@ impl SimDevice {
     /// `Io` when nothing listens there (the message names the socket), `Remote` when simdev
     /// refuses (wrong protocol version, uid not allowed).
     pub fn connect(socket: &Path) -> Result<Self, DeviceError> {
+        Self::connect_with_timeout(socket, CONTROL_TIMEOUT)
+    }
+
+    /// [`SimDevice::connect`] with control requests (the handshake included) waiting at most
+    /// `control_timeout` for their replies: operator tools, which run no executions on their
+    /// connection, wait less than a runtime.
+    ///
+    /// # Errors
+    /// As [`SimDevice::connect`]; [`DeviceError::NotResponding`] when the handshake is not
+    /// answered in time.
+    pub fn connect_with_timeout(
+        socket: &Path,
+        control_timeout: std::time::Duration,
+    ) -> Result<Self, DeviceError> {
         let op = "connect to simdev";
         let fd = socket::socket(
             AddressFamily::Unix,
@@ -146,11 +174,14 @@ impl SimDevice {
                 fd,
                 exchange: Mutex::new(Exchange {
                     buf: Box::new([0; MAX_MSG_SIZE]),
+                    gave_up: None,
                 }),
             },
             info: placeholder_info(),
             socket: socket.to_owned(),
             owner: crate::process::id(),
+            control_timeout,
+            unresponsive: std::sync::atomic::AtomicBool::new(false),
             child: None,
         };
         dev.hello(PROTOCOL_VERSION)?;
@@ -182,6 +213,8 @@ impl SimDevice {
             info: placeholder_info(),
             socket: PathBuf::from("in-process"),
             owner: crate::process::id(),
+            control_timeout: CONTROL_TIMEOUT,
+            unresponsive: std::sync::atomic::AtomicBool::new(false),
             child: None,
         };
         dev.hello(version)?;
@@ -377,6 +410,9 @@ impl SimDevice {
         let mut ex = exchange
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(waited) = ex.gave_up {
+            return Err(DeviceError::NotResponding { op, waited });
+        }
         // A send can fail because simdev already answered and closed (a refused uid): the
         // answer may still be queued, so look for it before reporting the disconnect.
         let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
@@ -385,6 +421,20 @@ impl SimDevice {
                 return Err(e);
             }
             recv_flags |= MsgFlags::MSG_DONTWAIT;
+        } else if !self.reply_within(fd, self.control_timeout) {
+            ex.gave_up = Some(self.control_timeout);
+            self.unresponsive
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(
+                op,
+                socket = %self.socket.display(),
+                "simdev did not answer within {:?}; the connection is given up",
+                self.control_timeout
+            );
+            return Err(DeviceError::NotResponding {
+                op,
+                waited: self.control_timeout,
+            });
         }
         let received = fd_passing::recv_with_fds(fd.as_fd(), &mut ex.buf[..], recv_flags).map_err(
             |e| match e {
@@ -405,6 +455,24 @@ impl SimDevice {
             });
         }
         parse_reply(op, &ex.buf[..len], fds)
+    }
+
+    /// Whether `fd` becomes readable (a reply, or the peer hanging up) within `timeout`.
+    fn reply_within(&self, fd: &OwnedFd, timeout: std::time::Duration) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let ms = PollTimeout::try_from(i32::try_from(left.as_millis()).unwrap_or(i32::MAX))
+                .unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, ms) {
+                Ok(0) if left.is_zero() => return false,
+                Ok(0) | Err(nix::Error::EINTR) => {}
+                // Readable, hung up or failed: the receive says which.
+                Ok(_) | Err(_) => return true,
+            }
+        }
     }
 
     fn request_ok(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
@@ -780,6 +848,9 @@ impl Device for SimDevice {
     /// killed.
     fn hung_up(&self) -> bool {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        if self.unresponsive.load(std::sync::atomic::Ordering::Relaxed) {
+            return true;
+        }
         match &self.link {
             Link::Socket { fd, .. } => {
                 let mut fds = [PollFd::new(fd.as_fd(), PollFlags::empty())];

@@ -58,7 +58,7 @@ impl HwReader {
             };
         };
         if self.dev.is_none() {
-            match SimDevice::connect(socket) {
+            match SimDevice::connect_with_timeout(socket, crate::TOOL_CONTROL_TIMEOUT) {
                 Ok(d) => self.dev = Some(d),
                 Err(e) => {
                     return HwSample {
