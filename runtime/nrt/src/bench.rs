@@ -935,14 +935,33 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// Inputs larger than this are filled in their first and last MiB only ([`fill_random`]).
+pub(crate) const SPARSE_ABOVE: u64 = 64 << 20;
+
+/// What a report says of `neff`'s inputs that [`fill_random`] fills sparsely, if any.
+pub(crate) fn sparse_inputs_note(neff: &neff::Neff) -> Option<String> {
+    let sparse: Vec<String> = neff
+        .inputs
+        .iter()
+        .filter(|t| t.size > SPARSE_ABOVE)
+        .map(|t| format!("{:?} ({} MiB)", t.name, t.size >> 20))
+        .collect();
+    (!sparse.is_empty()).then(|| {
+        format!(
+            "inputs above 64 MiB get seeded random data in their first and last MiB only, zeros between: {}",
+            sparse.join(", ")
+        )
+    })
+}
+
 /// Writes seeded random elements of `dtype` into `t` ([`finite_floats`] for a float type, random
-/// bytes else), 1 MiB at a time. Inputs larger than 64 MiB get random elements in their first
+/// bytes else), 1 MiB at a time. Inputs larger than [`SPARSE_ABOVE`] get random elements in their first
 /// and last MiB only and stay untouched (sparse) in between: a 4 GiB input costs 2 MiB of
 /// memory, and the shape-only function reads only the first and last 4 KiB.
 fn fill_random(t: &Tensor, dtype: DType, seed: u64) -> Result<(), String> {
     const PIECE: u64 = 1 << 20;
     let size = t.size();
-    let ranges = if size > 64 * PIECE {
+    let ranges = if size > SPARSE_ABOVE {
         [0..PIECE, size - PIECE..size]
     } else {
         [0..size, size..size]
@@ -1131,6 +1150,12 @@ fn run_neff(
                 *note = format!("{kind} {label}: {rest}");
             }
         }
+    }
+    if let Some(sparse) = sparse_inputs_note(&neff) {
+        r.note = Some(match r.note.take() {
+            Some(note) => format!("{note}; {sparse}"),
+            None => sparse,
+        });
     }
     Ok(r)
 }

@@ -74,7 +74,8 @@ enum Command {
         /// Executions to time (default: one pass over the test set; identity and NEFF: 1000).
         #[arg(long)]
         iterations: Option<u32>,
-        /// Benchmark a NEFF file instead of --model: inputs filled with seeded random data, on
+        /// Benchmark a NEFF file instead of --model: inputs filled with seeded random data (an
+        /// input above 64 MiB in its first and last MiB only, as the report says), on
         /// simdev run shape-only (outputs are checked against the documented shape-only
         /// function of the inputs, not the model's numbers).
         #[arg(long, conflicts_with = "model")]

@@ -347,6 +347,7 @@ fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
         assert_eq!(r["model"], "matmul_small.neff", "{r}");
         assert_eq!(r["outputs"], "shape-only", "{r}");
         assert!(r["note"].as_str().unwrap().contains("shape-only"), "{r}");
+        assert!(!r["note"].as_str().unwrap().contains("above 64 MiB"), "{r}");
         assert_eq!(r["failures"].as_u64(), Some(0), "outputs checked: {r}");
         assert_eq!(r["executions"].as_u64(), Some(40), "{r}");
         assert_eq!(r["warmup"].as_u64(), Some(3), "{r}");
@@ -362,6 +363,20 @@ fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
         assert!(r["executions_per_second"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["load_seconds"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // matmul_large's 4 GiB input is filled sparsely, and the note says so (small's is not).
+    let large = neff("matmul_large");
+    let r = nrt_with(
+        &["bench", "--neff", &large, "--iterations", "1", "--json"],
+        &[("NEURON_SIMDEV_ARCH", "trn2")],
+    );
+    assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+    assert!(
+        r["note"]
+            .as_str()
+            .unwrap()
+            .contains("first and last MiB only, zeros between: \"y\" (4096 MiB)"),
+        "{r}"
+    );
     // The digits model is not shape-only.
     let r = nrt(&[
         "bench",
