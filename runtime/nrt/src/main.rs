@@ -362,8 +362,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Monitor(args) => monitor::main(&args, monitor::datastore_source()),
-        Command::Top(args) => top::main(&args, monitor::datastore_source()),
+        Command::Monitor(args) => monitor::main(&args, monitor::datastore_source(true)),
+        Command::Top(args) => top::main(&args, monitor::datastore_source(false)),
         Command::Simdev { args } => {
             simdev::cli::main_with_args(std::iter::once(OsString::from("simdev")).chain(args))
         }

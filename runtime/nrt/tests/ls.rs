@@ -198,3 +198,30 @@ fn ls_and_monitor_give_up_on_a_stopped_simdev_instead_of_hanging() {
     assert!(hw_error.contains("did not answer within 5s"), "{doc}");
     assert!(took < Duration::from_secs(30), "both gave up ({took:?})");
 }
+
+#[test]
+fn monitor_says_when_the_datastore_directory_or_a_file_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let garbage = dir.path().join("nrt-datastore-1");
+    std::fs::write(&garbage, b"garbage").unwrap();
+    for (at, said) in [
+        (missing.as_path(), "cannot be listed"),
+        (dir.path(), "is not a readable datastore"),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_nrt"))
+            .args(["monitor", "--count", "2", "--period", "50ms"])
+            .env("NEURON_RT_DATASTORE_DIR", at)
+            .env_remove("NEURON_SIMDEV_SOCKET")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert_eq!(
+            err.matches(said).count(),
+            1,
+            "said once, not per period:\n{err}"
+        );
+        assert!(err.contains(&at.display().to_string()), "{err}");
+    }
+}

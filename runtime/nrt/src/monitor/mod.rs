@@ -43,11 +43,46 @@ pub fn datastore_dir() -> PathBuf {
         .map_or_else(runtime::datastore::default_dir, PathBuf::from)
 }
 
-/// The real source: the datastores in [`datastore_dir`].
-pub fn datastore_source() -> impl Source {
+/// The real source: the datastores in [`datastore_dir`]. With `say` (`nrt monitor`; `nrt top`
+/// owns the terminal), a directory that cannot be listed and a file that cannot be read are
+/// said on stderr, each once, rather than shown as no runtime.
+pub fn datastore_source(say: bool) -> impl Source {
     let dir = datastore_dir();
-    // The one call site of the datastore reader.
-    move || runtime::datastore::scan(&dir)
+    let mut said = std::collections::HashSet::new();
+    move || {
+        // The one call site of the datastore reader.
+        let scanned = match runtime::datastore::scan_detailed(&dir) {
+            Ok(files) => files,
+            Err(e) => {
+                if say && said.insert(dir.clone()) {
+                    eprintln!(
+                        "nrt monitor: the datastore directory {} cannot be listed ({e}): no runtime can be shown; runtimes write there unless NEURON_RT_DATASTORE_DIR says otherwise",
+                        dir.display()
+                    );
+                }
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for (path, r) in scanned {
+            match r {
+                Ok(snapshot) => {
+                    said.remove(&path);
+                    out.push(snapshot);
+                }
+                Err(e) => {
+                    if say && said.insert(path.clone()) {
+                        eprintln!(
+                            "nrt monitor: {} is not a readable datastore ({e}): skipped",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|s| s.pid);
+        out
+    }
 }
 
 /// Takes a sample from `source` now.
