@@ -159,3 +159,50 @@ fn every_fault_kind_is_used_by_some_scenario() {
         );
     }
 }
+
+#[test]
+fn a_file_that_checks_nothing_a_bad_time_limit_and_a_multi_line_reason_each_fail_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let cases = [
+        (
+            write("nothing.toml", "description = \"no checks\"\n"),
+            "FAIL nothing file: at least one expectation",
+        ),
+        (
+            write(
+                "limit.toml",
+                "time_limit_s = 0\n[[steps]]\naction = \"sleep\"\nms = 1\n",
+            ),
+            "time_limit_s = 0: a time limit is a number of seconds above 0",
+        ),
+        (
+            write(
+                "hbm.toml",
+                "[device]\nhbm = \"lots\"\n[[steps]]\naction = \"sleep\"\nms = 1\n",
+            ),
+            "FAIL hbm setup: simdev starts",
+        ),
+    ];
+    for (file, said) in cases {
+        let (out, text) = nrt(&["scenario", "run"], &[file]);
+        assert!(!out.status.success(), "{text}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let fails: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+        assert_eq!(fails.len(), 1, "{text}");
+        assert!(fails[0].contains(said), "{text}");
+        // Every line of the report is a FAIL/PASS line, a file's verdict or the summary.
+        assert!(
+            stdout.lines().all(
+                |l| ["FAIL ", "PASS ", "FAILED ", "PASSED ", "scenario files: "]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+            ),
+            "{text}"
+        );
+    }
+}

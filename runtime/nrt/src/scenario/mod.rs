@@ -148,7 +148,7 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
         }
     };
     let name = sc.name.clone().unwrap_or(stem);
-    let limit = Duration::from_secs_f64(sc.time_limit_s.unwrap_or(60.0).max(1.0));
+    let limit = Duration::from_secs_f64(sc.time_limit_s.unwrap_or(60.0));
     // A scenario that hangs (a runtime bug) must not hang the suite: past its time limit the
     // watchdog reports it and ends the process (simdev and clients die with it).
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -159,7 +159,7 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
                 pass: false,
                 at: "time limit".into(),
                 expected: format!("the scenario finishes within {:.0} s", limit.as_secs_f64()),
-                seen: "it did not (a call hung); stopping".into(),
+                seen: "it did not (a step hung, or the limit is too short); stopping: the files after this one are not run".into(),
             };
             if json {
                 let r = FileReport {
@@ -182,8 +182,23 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
     let dir = path.parent().unwrap_or(Path::new(".")).to_owned();
     let mut runner = runner::Runner::new(&sc, &name, &dir, exe, !json);
     runner.run();
-    let outcomes = std::mem::replace(&mut runner.rec, Recorder::new(&name, false)).outcomes;
+    let mut outcomes = std::mem::replace(&mut runner.rec, Recorder::new(&name, false)).outcomes;
     drop(runner);
+    if outcomes.is_empty() {
+        // A file that checks nothing passes nothing: say why it fails.
+        let o = Outcome {
+            pass: false,
+            at: "file".into(),
+            expected:
+                "at least one expectation (a step's expect keys, a check step or an [[expect]])"
+                    .into(),
+            seen: "the scenario checks nothing".into(),
+        };
+        if !json {
+            println!("{}", report::line(&name, &o));
+        }
+        outcomes.push(o);
+    }
     let _ = done_tx.send(());
     let _ = watchdog.join();
     let fail_count = outcomes.iter().filter(|o| !o.pass).count();

@@ -89,11 +89,19 @@ impl Recorder {
 
 /// The text line of `o`.
 pub fn line(scenario: &str, o: &Outcome) -> String {
+    // One line per expectation, whatever a quoted message holds (clap's usage text, ...).
+    let one_line = |s: &str| {
+        s.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     format!(
         "{} {scenario} {}: {} — {}",
         if o.pass { "PASS" } else { "FAIL" },
         o.at,
-        o.expected,
-        o.seen
+        one_line(&o.expected),
+        one_line(&o.seen)
     )
 }

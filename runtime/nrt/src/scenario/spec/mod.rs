@@ -30,8 +30,8 @@ pub struct Scenario {
     pub name: Option<String>,
     /// What the scenario shows (for people; not checked).
     pub description: Option<String>,
-    /// Wall-clock limit for the whole scenario (default 60 s): past it the runner reports a
-    /// failure and exits.
+    /// Wall-clock limit for the whole scenario in seconds, above 0 (default 60): past it the
+    /// runner reports a failure and exits.
     pub time_limit_s: Option<f64>,
     /// The simulated device.
     #[serde(default)]
@@ -544,6 +544,13 @@ pub fn parse(text: &str) -> Result<Scenario, String> {
             e.to_string()
         }
     })?;
+    if let Some(t) = scenario.time_limit_s
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(format!(
+            "time_limit_s = {t}: a time limit is a number of seconds above 0"
+        ));
+    }
     scenario.check_faults()?;
     Ok(scenario)
 }
