@@ -302,11 +302,18 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_free_model_tensor_info(tensor_info: *mut c_void) -> u32 {
     boundary::status("nrt_free_model_tensor_info", || {
-        let removed = INFO_ARRAYS
+        let mut arrays = INFO_ARRAYS
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert_with(HashMap::new)
-            .remove(&(tensor_info as usize));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let removed = arrays
+            .as_mut()
+            .and_then(|a| a.remove(&(tensor_info as usize)));
+        if arrays.as_ref().is_some_and(HashMap::is_empty) {
+            // The table's memory goes with its last array: nothing of it is left at exit for a
+            // leak checker to call lost.
+            *arrays = None;
+        }
+        drop(arrays);
         match removed {
             Some(_) => Ok(()),
             None => Err(invalid(format!(

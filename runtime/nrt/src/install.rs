@@ -47,7 +47,12 @@ pub struct Installed {
     pub headers: PathBuf,
     /// `DIR/bin/simdev`.
     pub simdev: PathBuf,
+    /// `DIR/share/nrt/libnrt.supp`: valgrind suppressions for programs using the library.
+    pub suppressions: PathBuf,
 }
+
+/// What `valgrind --suppressions` needs for a leak check of a program using the library.
+const SUPPRESSIONS: &str = include_str!("../../../libnrt/valgrind/libnrt.supp");
 
 fn io_err(what: &Path, e: std::io::Error) -> String {
     format!("{}: {e}", what.display())
@@ -102,7 +107,8 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
     let lib_dir = prefix.join("lib");
     let include = prefix.join("include").join("nrt");
     let bin = prefix.join("bin");
-    for d in [&lib_dir, &include, &bin] {
+    let share = prefix.join("share").join("nrt");
+    for d in [&lib_dir, &include, &bin, &share] {
         std::fs::create_dir_all(d).map_err(|e| io_err(d, e))?;
     }
     let library = lib_dir.join("libnrt.so.1");
@@ -112,6 +118,8 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
         let path = include.join(name);
         std::fs::write(&path, text).map_err(|e| io_err(&path, e))?;
     }
+    let suppressions = share.join("libnrt.supp");
+    std::fs::write(&suppressions, SUPPRESSIONS).map_err(|e| io_err(&suppressions, e))?;
     replace_with_copy(&exe, &bin.join("nrt"))?;
     let simdev = bin.join("simdev");
     replace_with_link("nrt", &simdev)?;
@@ -119,6 +127,7 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
         library,
         headers: include,
         simdev,
+        suppressions,
     })
 }
 

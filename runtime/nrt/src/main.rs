@@ -355,6 +355,7 @@ fn main() -> ExitCode {
                 println!("library  {}", i.library.display());
                 println!("headers  {}", i.headers.display());
                 println!("simdev   {}", i.simdev.display());
+                println!("valgrind {} (--suppressions)", i.suppressions.display());
                 ExitCode::SUCCESS
             }
             Err(e) => {
