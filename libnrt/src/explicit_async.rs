@@ -283,3 +283,71 @@ pub unsafe extern "C" fn nrta_event_register_xu_completion(
         completions::register_xu(&rt, lnc, xu_type(xu)?, queue_index(queue)?, fd)
     })
 }
+
+/// Why no collective runs here (both collective entry points say it).
+const NO_COLLECTIVES: &str = "collectives are not simulated: simdev is one device with no collective engines (nrta_cc_prepare/nrta_cc_schedule are refused; a program using them builds, and fails here)";
+
+/// `nrta_cc_prepare`: refused after its arguments are checked (see [`NO_COLLECTIVES`]);
+/// `*cc_ctx` is left as it was.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrta_cc_prepare(
+    comm: *mut c_void,
+    input: *mut c_void,
+    output: *mut c_void,
+    dtype: u32,
+    op: u32,
+    cc_op: u32,
+    cc_ctx: *mut *mut c_void,
+) -> u32 {
+    boundary::status("nrta_cc_prepare", || {
+        rt()?;
+        for (p, what) in [(comm, "comm"), (input, "input"), (output, "output")] {
+            if p.is_null() {
+                return Err(invalid(format!("{what} is NULL")));
+            }
+        }
+        raw::check_out(cc_ctx, "cc_ctx")?;
+        if op > 3 {
+            return Err(invalid(format!("op {op} is not an nrt_op_type_t")));
+        }
+        if cc_op > 2 {
+            return Err(invalid(format!("cc_op {cc_op} is not an nrt_cc_op_type_t")));
+        }
+        Err(invalid(format!(
+            "{NO_COLLECTIVES} (cc_op {cc_op}, op {op}, dtype {dtype:#x})"
+        )))
+    })
+}
+
+/// `nrta_cc_schedule`: NRT_INVALID: no collective context is ever prepared here
+/// ([`nrta_cc_prepare`]); `ret` and `req_sequence` are left as they were.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrta_cc_schedule(
+    cc_ctx: *mut *mut c_void,
+    queue: i32,
+    ret: *mut u32,
+    req_sequence: *mut u64,
+) -> u32 {
+    boundary::status("nrta_cc_schedule", || {
+        rt()?;
+        if cc_ctx.is_null() {
+            return Err(invalid("cc_ctx is NULL"));
+        }
+        if queue != 0 {
+            return Err(invalid(format!(
+                "queue {queue} does not exist: collectives are scheduled on queue 0"
+            )));
+        }
+        RetPtr::new(ret)?;
+        raw::check_out(req_sequence, "req_sequence")?;
+        Err(invalid(format!(
+            "cc_ctx is not a context from nrta_cc_prepare: {NO_COLLECTIVES}"
+        )))
+    })
+}

@@ -111,6 +111,41 @@ typedef enum nrt_dtype {
     NRT_DTYPE_FP8_E5 = 0xF
 } nrt_dtype_t;
 
+/** Reduction of a collective operation. */
+typedef enum nrt_op_type {
+    NRT_OP_ADD = 0x0,
+    NRT_OP_FMA = 0x1,
+    NRT_OP_MAX = 0x2,
+    NRT_OP_MIN = 0x3,
+    NRT_OP_INVALID = 0xF
+} nrt_op_type_t;
+
+/** Collective communication operation. */
+typedef enum nrt_cc_op_type {
+    NRT_CC_ALLGATHER = 0,
+    NRT_CC_ALLREDUCE = 1,
+    NRT_CC_REDUCESCATTER = 2
+} nrt_cc_op_type_t;
+
+/** A prepared collective operation (nrta_cc_prepare). Opaque. */
+typedef struct nrt_cc_context nrt_cc_context_t;
+
+/** A collective's communicator: this rank's place in its replica group (32 bytes). */
+typedef struct nrt_cc_comm {
+    uint32_t *replica_group;    /**< The group's ranks. */
+    uint32_t rank;              /**< This rank. */
+    uint32_t rank_n;            /**< Ranks in the group. */
+    uint32_t ctx_device_id;     /**< This device's id among the context's devices. */
+    uint32_t ctx_device_count;  /**< Devices in the context. */
+    uint32_t vnc;               /**< The logical core. */
+} nrt_cc_comm_t;
+
+/** A list of tensors (16 bytes). */
+typedef struct nrt_tensor_list {
+    nrt_tensor_t **tensors;
+    size_t num_tensors;
+} nrt_tensor_list_t;
+
 /** The instance this process runs on (32 bytes; fields are only ever appended). */
 typedef struct nrt_instance_info {
     uint32_t family;            /**< An NRT_INSTANCE_* value. */

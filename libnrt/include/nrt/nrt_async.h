@@ -63,6 +63,18 @@ NRT_STATUS nrta_execute_schedule(nrt_model_t *model, const nrt_tensor_set_t *inp
                                  nrt_tensor_set_t *output, int queue, NRT_STATUS *ret,
                                  nrta_seq_t *req_sequence);
 
+/** Prepares a collective operation over `comm`'s replica group. simdev is one device with no
+ * collective engines: this library refuses it (NRT_INVALID, naming why) and writes nothing to
+ * `cc_ctx`, so a program that uses collectives builds and fails cleanly at run time. */
+NRT_STATUS nrta_cc_prepare(nrt_cc_comm_t *comm, nrt_tensor_list_t *input,
+                           nrt_tensor_list_t *output, nrt_dtype_t dtype, nrt_op_type_t op,
+                           nrt_cc_op_type_t cc_op, nrt_cc_context_t **cc_ctx);
+
+/** Schedules a prepared collective on the COLLECTIVES XU (`queue` must be 0). No context is
+ * ever prepared here (nrta_cc_prepare): NRT_INVALID. */
+NRT_STATUS nrta_cc_schedule(nrt_cc_context_t **cc_ctx, int queue, NRT_STATUS *ret,
+                            nrta_seq_t *req_sequence);
+
 /** Whether request `seq` has completed; NRT_INVALID for a sequence id of no XU. */
 NRT_STATUS nrta_is_completed(nrta_seq_t seq, bool *is_completed);
 

@@ -245,6 +245,23 @@ int main(int argc, char **argv) {
     ASSERT(pipe(pipe_fds) == 0);
     EXPECT(nrta_event_register_xu_completion(0, NRTA_XU_COMPUTE, 0, pipe_fds[1]), NRT_INVALID);
     EXPECT(nrta_event_register_seq_id_completion(seqs[0], pipe_fds[1]), NRT_INVALID);
+    {
+        /* Collectives build and are refused, naming why; nothing is written. */
+        uint32_t group[1] = {0};
+        nrt_cc_comm_t comm = {group, 0, 1, 0, 1, 0};
+        nrt_tensor_list_t list = {&in, 1};
+        nrt_cc_context_t *ctx = NULL;
+        NRT_STATUS cc_ret = UNWRITTEN;
+        EXPECT(nrta_cc_prepare(&comm, &list, &list, NRT_DTYPE_FLOAT32, NRT_OP_ADD,
+                               NRT_CC_ALLREDUCE, &ctx),
+               NRT_INVALID);
+        ASSERT(ctx == NULL);
+        EXPECT(nrta_cc_prepare(&comm, &list, &list, NRT_DTYPE_FLOAT32, NRT_OP_ADD,
+                               NRT_CC_ALLREDUCE, NULL),
+               NRT_INVALID);
+        EXPECT(nrta_cc_schedule(&ctx, 0, &cc_ret, &bogus), NRT_INVALID);
+        ASSERT(cc_ret == UNWRITTEN);
+    }
     /* Nothing changed: the queue still takes work, with the next sequence number. */
     CHECK(schedule());
     spin_until_completed(scheduled - 1);
