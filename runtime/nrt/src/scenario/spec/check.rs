@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn no_leaks_polls_three_seconds_by_default() {
         let sc =
-            parse("[[expect]]\nwhat = \"no_leaks\"\n[[expect]]\nwhat = \"counters\"\nnc = 0\n")
+            parse("[[expect]]\nwhat = \"no_leaks\"\n[[expect]]\nwhat = \"counters\"\nnc = 0\nexecutions = 1\n")
                 .unwrap();
         assert_eq!(sc.expect[0].within_s(), 3.0);
         assert_eq!(sc.expect[1].within_s(), 0.0);

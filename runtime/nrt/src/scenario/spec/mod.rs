@@ -330,6 +330,19 @@ impl FaultEntry {
         if self.at_copy_start.is_none() && (self.engine.is_some() || self.queue.is_some()) {
             return Err("engine and queue apply to at_copy_start faults".into());
         }
+        // What simdev refuses to arm, refused here, when the file is read.
+        if self.at_execution == Some(0) || self.at_copy_start == Some(0) {
+            return Err(format!(
+                "fault {}: at_execution and at_copy_start count from 1 (the first)",
+                self.kind
+            ));
+        }
+        if let Some(p) = self.per_million.filter(|&p| p > 1_000_000) {
+            return Err(format!(
+                "fault {}: per_million = {p}, but a probability is at most 1000000 (always)",
+                self.kind
+            ));
+        }
         let when = match (self.at_execution, self.per_million, self.at_copy_start) {
             (None, None, Some(n)) => FaultWhen::NthCopyStart {
                 engine: self
@@ -552,10 +565,42 @@ pub fn parse(text: &str) -> Result<Scenario, String> {
         ));
     }
     scenario.check_faults()?;
+    scenario.check_bounds()?;
     Ok(scenario)
 }
 
 impl Scenario {
+    /// Every counters and device_stats check names at least one bound: one naming none would
+    /// pass having checked nothing.
+    fn check_bounds(&self) -> Result<(), String> {
+        let empty = |c: &Check| match c {
+            Check::Counters(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
+            Check::DeviceStats(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
+            _ => false,
+        };
+        let why = "names no bound: give at least one (e.g. executions = 3)";
+        for (i, c) in self.expect.iter().enumerate() {
+            if empty(c) {
+                return Err(format!("expect {} ({}): {why}", i + 1, c.what()));
+            }
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Action::Check(cs) = &step.action {
+                for (j, c) in cs.check.iter().enumerate() {
+                    if empty(c) {
+                        return Err(format!(
+                            "step {} check {} ({}): {why}",
+                            i + 1,
+                            j + 1,
+                            c.what()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every fault — of `[[faults]]` and of `fault` steps — as simdev would be asked to arm
     /// it: its kind, its keys and its NC (below the device's NC count), before anything runs.
     fn check_faults(&self) -> Result<(), String> {
@@ -635,6 +680,23 @@ mod tests {
         assert!(e.starts_with("step 2 (fault): fault kind \"x\""), "{e}");
         parse("[device]\narch = \"trn2\"\n[[faults]]\nkind = \"dma_abort\"\nnc = 7\nat_execution = 1\n")
             .unwrap();
+        // What simdev would refuse to arm mid-run.
+        let e = parse("[[faults]]\nkind = \"dma_abort\"\nat_execution = 0\n").unwrap_err();
+        assert!(e.contains("count from 1"), "{e}");
+        let e =
+            parse("[[steps]]\naction = \"fault\"\nkind = \"numerical\"\nper_million = 2000000\n")
+                .unwrap_err();
+        assert!(
+            e.starts_with("step 1 (fault): ") && e.contains("at most 1000000"),
+            "{e}"
+        );
+        parse("[[faults]]\nkind = \"numerical\"\nper_million = 1000000\n").unwrap();
+        // A check naming no bound would pass having checked nothing.
+        let e = parse("[[expect]]\nwhat = \"counters\"\nnc = 0\n").unwrap_err();
+        assert!(e.starts_with("expect 1 (counters): names no bound"), "{e}");
+        let e = parse("[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"device_stats\"\n")
+            .unwrap_err();
+        assert!(e.starts_with("step 1 check 1 (device_stats)"), "{e}");
     }
 
     #[test]
