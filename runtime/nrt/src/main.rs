@@ -170,6 +170,19 @@ enum Command {
 /// or stuck simdev.
 pub(crate) const TOOL_CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// SIGINT, SIGTERM or SIGHUP (Ctrl-C, `timeout`, a CI job cancelled) ends a command that may
+/// have started a private simdev through `exit`, so the exit hook stops that simdev and removes
+/// its directory and the datastore file (a signal's default action would leave them). Exit
+/// status 130.
+fn exit_cleanly_on_signals() {
+    if let Err(e) = ctrlc::set_handler(|| {
+        eprintln!("nrt: interrupted; stopping");
+        std::process::exit(130);
+    }) {
+        tracing::warn!("installing the SIGINT/SIGTERM handler: {e}");
+    }
+}
+
 /// Opens the device (starting a private simdev, as this very binary, when none is set up).
 fn open_device() -> Result<Box<dyn Device>, runtime::DeviceError> {
     open_device_waiting(None)
@@ -248,6 +261,12 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Scenario { command } => scenario::init_tracing(command),
         _ => init_tracing(),
+    }
+    if matches!(
+        cli.command,
+        Command::Bench { .. } | Command::Neff { .. } | Command::Ls { .. }
+    ) {
+        exit_cleanly_on_signals();
     }
     match cli.command {
         Command::Ls { json } => {

@@ -452,3 +452,47 @@ fn bench_neff_with_a_reference_bound_through_the_environment_says_reference() {
     );
     assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
 }
+
+#[test]
+fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["bench", "--model", "identity", "--iterations", "100000000"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", tmp.path())
+        .env("NEURON_RT_DATASTORE_DIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let listed = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    };
+    // Running: its private simdev's directory and its datastore file exist.
+    let t = std::time::Instant::now();
+    while listed().len() < 2 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "{:?}",
+            listed()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(listed(), Vec::<String>::new(), "nothing left behind");
+}
