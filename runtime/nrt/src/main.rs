@@ -26,7 +26,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use runtime::backend::sim::SimdevCommand;
-use runtime::backend::{Device, OpenOptions};
+use runtime::backend::{BackendKind, Device, OpenOptions};
 
 mod bench;
 use bench::BenchOptions;
@@ -270,6 +270,32 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Ls { json } => {
+            // Like neuron-ls (and nrt monitor/top), ls never starts a device: on a host with
+            // none it lists none, so a tool summing nc_count counts no cores.
+            match OpenOptions::from_env() {
+                Ok(o)
+                    if o.simdev_socket.is_none()
+                        && (o.kind == BackendKind::Sim
+                            || (o.kind == BackendKind::Auto && !o.neuron_device.exists())) =>
+                {
+                    let why = format!(
+                        "no Neuron device: {} is absent and NEURON_SIMDEV_SOCKET is unset (nrt ls never starts a simdev; start one with `nrt simdev --socket S` and set NEURON_SIMDEV_SOCKET=S)",
+                        o.neuron_device.display()
+                    );
+                    if json {
+                        eprintln!("nrt ls: {why}");
+                        println!("[]");
+                    } else {
+                        println!("{why}");
+                    }
+                    return ExitCode::SUCCESS;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("nrt ls: {}", error_chain(&e));
+                    return ExitCode::FAILURE;
+                }
+            }
             let dev = match open_device_waiting(Some(TOOL_CONTROL_TIMEOUT)) {
                 Ok(dev) => dev,
                 Err(e) => {
