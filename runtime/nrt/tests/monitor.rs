@@ -131,7 +131,36 @@ struct UsageBreakdown {
 #[serde(deny_unknown_fields)]
 struct SystemData {
     neuron_hw_counters: HwCounters,
+    vcpu_usage: VcpuUsage,
     memory_info: MemoryInfo,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct VcpuUsage {
+    period: f64,
+    error: String,
+    average_usage: CpuUsage,
+    usage_data: BTreeMap<String, CpuUsage>,
+    context_switch_count: u64,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct CpuUsage {
+    user: f64,
+    nice: f64,
+    system: f64,
+    idle: f64,
+    io_wait: f64,
+    irq: f64,
+    soft_irq: f64,
+}
+
+impl CpuUsage {
+    fn sum(&self) -> f64 {
+        self.user + self.nice + self.system + self.idle + self.io_wait + self.irq + self.soft_irq
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -269,6 +298,15 @@ fn count_documents_one_per_period_in_neuron_monitors_schema() {
         assert!(!d.neuron_hardware_info.error.is_empty());
         assert!(!d.instance_info.error.is_empty());
         assert!(d.system_data.memory_info.memory_total_bytes > 0);
+        // The host's vCPUs over the period, each within 0..=100 % (steal is outside them).
+        let v = &d.system_data.vcpu_usage;
+        assert_eq!(v.error, "");
+        assert!(v.period > 0.0);
+        assert!(!v.usage_data.is_empty());
+        for u in std::iter::once(&v.average_usage).chain(v.usage_data.values()) {
+            assert!((0.0..=100.0 + 1e-9).contains(&u.sum()), "{u:?}");
+        }
+        let _ = v.context_switch_count;
     }
 }
 

@@ -160,6 +160,7 @@ pub fn main(args: &MonitorArgs, mut source: impl Source) -> ExitCode {
     };
     let stop = stop_signal();
     let mut hw = hw::HwReader::from_env();
+    let mut cpu_prev = schema::CpuTimes::read().unwrap_or_default();
     let first = sample(&mut source);
     if let Some(page) = &page {
         let text = prometheus::render(&collect(None, &first), &hw.read());
@@ -203,9 +204,15 @@ pub fn main(args: &MonitorArgs, mut source: impl Source) -> ExitCode {
                 *p = text;
             }
         }
+        let cpu_now = schema::CpuTimes::read();
+        let vcpu = schema::vcpu_usage(fig.period.as_secs_f64(), &cpu_prev, &cpu_now);
+        if let Ok(c) = cpu_now {
+            cpu_prev = c;
+        }
         let doc = schema::document(
             &fig,
             &hw_sample,
+            vcpu,
             schema::memory_info(fig.period.as_secs_f64()),
         );
         let mut out = std::io::stdout().lock();
@@ -290,7 +297,14 @@ mod tests {
 
     #[test]
     fn the_document_has_neuron_monitors_fields_and_figures() {
-        let doc = schema::document(&figures(), &hw(), schema::memory_info(1.0));
+        let cpu = schema::CpuTimes::parse(
+            "cpu  100 0 50 800 10 0 5 0 0 0\ncpu0 100 0 50 800 10 0 5 0 0 0\nctxt 7\n",
+        );
+        let later = schema::CpuTimes::parse(
+            "cpu  300 0 150 1265 10 0 5 35 0 0\ncpu0 300 0 150 1265 10 0 5 35 0 0\nctxt 107\n",
+        );
+        let vcpu = schema::vcpu_usage(1.0, &cpu, &Ok(later));
+        let doc = schema::document(&figures(), &hw(), vcpu, schema::memory_info(1.0));
         let v = serde_json::to_value(&doc).unwrap();
         let rt = &v["neuron_runtime_data"];
         assert_eq!(rt.as_array().map(Vec::len), Some(2));
@@ -385,6 +399,14 @@ mod tests {
                 .is_some_and(|e| !e.is_empty())
         );
         assert!(num(&v["system_data"]["memory_info"]["memory_total_bytes"]) > 0.0);
+        // vcpu_usage: percent of the period's jiffies (800 of them: 200 user, 100 system,
+        // 465 idle, 35 steal: steal counts in the total only), and the context switches in it.
+        let vcpu = &v["system_data"]["vcpu_usage"];
+        assert_eq!(num(&vcpu["average_usage"]["user"]), 25.0);
+        assert_eq!(num(&vcpu["average_usage"]["system"]), 12.5);
+        assert_eq!(num(&vcpu["usage_data"]["0"]["idle"]), 58.125);
+        assert_eq!(num(&vcpu["context_switch_count"]), 100.0);
+        assert_eq!(vcpu["error"], "");
     }
 
     #[test]
@@ -401,6 +423,7 @@ mod tests {
         let v = serde_json::to_value(schema::document(
             &idle,
             &HwSample::default(),
+            Default::default(),
             Default::default(),
         ))
         .unwrap();

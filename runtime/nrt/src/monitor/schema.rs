@@ -264,8 +264,147 @@ pub struct Subgraph {
 pub struct SystemData {
     /// simdev's per-NC counters.
     pub neuron_hw_counters: HwCounters,
+    /// Host CPU use over the period (`/proc/stat`).
+    pub vcpu_usage: VcpuUsage,
     /// Host memory (`/proc/meminfo`).
     pub memory_info: MemoryInfo,
+}
+
+/// `vcpu_usage`: the host's CPU time over the period, in percent, as neuron-monitor reports it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VcpuUsage {
+    /// Seconds since the previous reading.
+    pub period: f64,
+    /// "" or why `/proc/stat` could not be read.
+    pub error: String,
+    /// Every vCPU together.
+    pub average_usage: CpuUsage,
+    /// By vCPU index.
+    pub usage_data: BTreeMap<String, CpuUsage>,
+    /// Context switches in the period.
+    pub context_switch_count: u64,
+}
+
+/// One vCPU's (or all vCPUs') time by kind, percent of the period.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct CpuUsage {
+    /// User mode.
+    pub user: f64,
+    /// User mode at low priority.
+    pub nice: f64,
+    /// Kernel mode.
+    pub system: f64,
+    /// Idle.
+    pub idle: f64,
+    /// Idle waiting for I/O.
+    pub io_wait: f64,
+    /// Serving interrupts.
+    pub irq: f64,
+    /// Serving softirqs.
+    pub soft_irq: f64,
+}
+
+/// One reading of `/proc/stat`: jiffies by kind (user, nice, system, idle, iowait, irq,
+/// softirq; steal and the rest count in the total only), all vCPUs and each, and `ctxt`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    all: [u64; 8],
+    per_cpu: BTreeMap<u32, [u64; 8]>,
+    context_switches: u64,
+}
+
+impl CpuTimes {
+    /// Reads `/proc/stat`.
+    ///
+    /// # Errors
+    /// The file cannot be read.
+    pub fn read() -> std::io::Result<Self> {
+        std::fs::read_to_string("/proc/stat").map(|t| Self::parse(&t))
+    }
+
+    /// Parses `/proc/stat`'s text (lines it does not know are skipped). The eighth slot is the
+    /// sum of every field, the period's denominator.
+    pub fn parse(text: &str) -> Self {
+        let mut t = Self::default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let Some(key) = words.next() else { continue };
+            let numbers: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
+            if key == "ctxt" {
+                t.context_switches = numbers.first().copied().unwrap_or(0);
+                continue;
+            }
+            let Some(rest) = key.strip_prefix("cpu") else {
+                continue;
+            };
+            let mut v = [0u64; 8];
+            for (slot, n) in v.iter_mut().zip(&numbers).take(7) {
+                *slot = *n;
+            }
+            // user and nice include guest and guest_nice (fields 9 and 10): not counted twice.
+            v[7] = numbers
+                .iter()
+                .take(8)
+                .fold(0u64, |a, n| a.saturating_add(*n));
+            if rest.is_empty() {
+                t.all = v;
+            } else if let Ok(cpu) = rest.parse() {
+                t.per_cpu.insert(cpu, v);
+            }
+        }
+        t
+    }
+}
+
+fn usage(before: &[u64; 8], after: &[u64; 8]) -> CpuUsage {
+    let d = |i: usize| after[i].saturating_sub(before[i]) as f64;
+    let total = d(7);
+    let pct = |i: usize| {
+        if total > 0.0 {
+            100.0 * d(i) / total
+        } else {
+            0.0
+        }
+    };
+    CpuUsage {
+        user: pct(0),
+        nice: pct(1),
+        system: pct(2),
+        idle: pct(3),
+        io_wait: pct(4),
+        irq: pct(5),
+        soft_irq: pct(6),
+    }
+}
+
+/// The CPU use between two readings of `/proc/stat` (`after` an error: that error).
+pub fn vcpu_usage(period: f64, before: &CpuTimes, after: &std::io::Result<CpuTimes>) -> VcpuUsage {
+    let after = match after {
+        Ok(a) => a,
+        Err(e) => {
+            return VcpuUsage {
+                period,
+                error: format!("reading /proc/stat: {e}"),
+                ..VcpuUsage::default()
+            };
+        }
+    };
+    VcpuUsage {
+        period,
+        error: String::new(),
+        average_usage: usage(&before.all, &after.all),
+        usage_data: after
+            .per_cpu
+            .iter()
+            .map(|(cpu, a)| {
+                let b = before.per_cpu.get(cpu).copied().unwrap_or_default();
+                (cpu.to_string(), usage(&b, a))
+            })
+            .collect(),
+        context_switch_count: after
+            .context_switches
+            .saturating_sub(before.context_switches),
+    }
 }
 
 /// `neuron_hw_counters`: simdev's counters since it started, per device and NC.
@@ -470,7 +609,12 @@ fn runtime_data(p: &ProcessFigures) -> RuntimeData {
 }
 
 /// The document of one period.
-pub fn document(fig: &Figures, hw: &HwSample, memory: MemoryInfo) -> MonitorDocument {
+pub fn document(
+    fig: &Figures,
+    hw: &HwSample,
+    vcpu: VcpuUsage,
+    memory: MemoryInfo,
+) -> MonitorDocument {
     let period = fig.period.as_secs_f64();
     let lnc = fig.live().map(|p| p.lnc).max().unwrap_or(1).max(1);
     let neuron_devices = if hw.ncs.is_empty() {
@@ -511,6 +655,7 @@ pub fn document(fig: &Figures, hw: &HwSample, memory: MemoryInfo) -> MonitorDocu
                 error: hw.error.clone(),
                 neuron_devices,
             },
+            vcpu_usage: vcpu,
             memory_info: memory,
         },
         instance_info: InstanceInfo {
