@@ -304,6 +304,16 @@ mod tests {
             "cpu  300 0 150 1265 10 0 5 35 0 0\ncpu0 300 0 150 1265 10 0 5 35 0 0\nctxt 107\n",
         );
         let vcpu = schema::vcpu_usage(1.0, &cpu, &Ok(later));
+        // A counter that went back (iowait here) counts 0, and the kinds stay within 100 %.
+        let back = schema::vcpu_usage(
+            1.0,
+            &schema::CpuTimes::parse("cpu  0 0 0 100 50 0 0 0\n"),
+            &Ok(schema::CpuTimes::parse("cpu  0 0 0 200 20 0 0 0\n")),
+        );
+        assert_eq!(
+            (back.average_usage.idle, back.average_usage.io_wait),
+            (100.0, 0.0)
+        );
         let doc = schema::document(&figures(), &hw(), vcpu, schema::memory_info(1.0));
         let v = serde_json::to_value(&doc).unwrap();
         let rt = &v["neuron_runtime_data"];

@@ -305,7 +305,7 @@ pub struct CpuUsage {
 }
 
 /// One reading of `/proc/stat`: jiffies by kind (user, nice, system, idle, iowait, irq,
-/// softirq; steal and the rest count in the total only), all vCPUs and each, and `ctxt`.
+/// softirq, steal; steal counts in the total only), all vCPUs and each, and `ctxt`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CpuTimes {
     all: [u64; 8],
@@ -322,8 +322,7 @@ impl CpuTimes {
         std::fs::read_to_string("/proc/stat").map(|t| Self::parse(&t))
     }
 
-    /// Parses `/proc/stat`'s text (lines it does not know are skipped). The eighth slot is the
-    /// sum of every field, the period's denominator.
+    /// Parses `/proc/stat`'s text (lines it does not know are skipped).
     pub fn parse(text: &str) -> Self {
         let mut t = Self::default();
         for line in text.lines() {
@@ -337,15 +336,11 @@ impl CpuTimes {
             let Some(rest) = key.strip_prefix("cpu") else {
                 continue;
             };
+            // user and nice include guest and guest_nice (fields 9 and 10): not counted twice.
             let mut v = [0u64; 8];
-            for (slot, n) in v.iter_mut().zip(&numbers).take(7) {
+            for (slot, n) in v.iter_mut().zip(&numbers) {
                 *slot = *n;
             }
-            // user and nice include guest and guest_nice (fields 9 and 10): not counted twice.
-            v[7] = numbers
-                .iter()
-                .take(8)
-                .fold(0u64, |a, n| a.saturating_add(*n));
             if rest.is_empty() {
                 t.all = v;
             } else if let Ok(cpu) = rest.parse() {
@@ -357,8 +352,11 @@ impl CpuTimes {
 }
 
 fn usage(before: &[u64; 8], after: &[u64; 8]) -> CpuUsage {
+    // Each kind's growth; a counter that went back (a tickless CPU's idle or iowait is
+    // computed on the fly and may) grew by 0. The total is the sum of the growths, so the
+    // kinds never add up to more than 100 %.
     let d = |i: usize| after[i].saturating_sub(before[i]) as f64;
-    let total = d(7);
+    let total: f64 = (0..8).map(d).sum();
     let pct = |i: usize| {
         if total > 0.0 {
             100.0 * d(i) / total
