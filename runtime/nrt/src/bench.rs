@@ -360,6 +360,21 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// `--ncs` when it is not given: the logical cores the environment asks for, as libnrt reads
+/// it — `NEURON_RT_VISIBLE_CORES`'s count, else a non-zero `NEURON_RT_NUM_CORES` — else 1. (A
+/// malformed variable gives 1 here; [`run`] then refuses it by name.)
+pub fn default_ncs() -> u32 {
+    RuntimeConfig::from_env().map_or(1, |c| ncs_asked_by(&c))
+}
+
+fn ncs_asked_by(config: &RuntimeConfig) -> u32 {
+    match config.visible_cores {
+        Some((_, count)) => count,
+        None if config.num_cores > 0 => config.num_cores,
+        None => 1,
+    }
+}
+
 /// Runs the benchmark on the device `open` returns.
 ///
 /// # Errors
@@ -1229,6 +1244,35 @@ pub fn print(r: &BenchReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_ncs_the_bench_runs_on_the_cores_the_environment_asks_for() {
+        let asked = |vars: &[(&str, &str)]| {
+            let c = RuntimeConfig::from_lookup(|k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_string())
+            })
+            .unwrap();
+            ncs_asked_by(&c)
+        };
+        assert_eq!(asked(&[]), 1);
+        assert_eq!(asked(&[("NEURON_RT_NUM_CORES", "3")]), 3);
+        assert_eq!(
+            asked(&[("NEURON_RT_NUM_CORES", "0")]),
+            1,
+            "0 = all: not a count"
+        );
+        assert_eq!(asked(&[("NEURON_RT_VISIBLE_CORES", "1-2")]), 2);
+        assert_eq!(
+            asked(&[
+                ("NEURON_RT_VISIBLE_CORES", "4"),
+                ("NEURON_RT_NUM_CORES", "3")
+            ]),
+            1,
+            "VISIBLE_CORES wins, as in the runtime"
+        );
+    }
 
     #[test]
     fn random_float_inputs_are_finite_normal_and_well_scaled() {

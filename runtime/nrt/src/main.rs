@@ -86,9 +86,10 @@ enum Command {
         /// Seed of a NEFF's random inputs.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Logical cores to run on, one thread each.
-        #[arg(long, default_value_t = 1)]
-        ncs: u32,
+        /// Logical cores to run on, one thread each [default: as many as
+        /// NEURON_RT_VISIBLE_CORES names, else a non-zero NEURON_RT_NUM_CORES, else 1].
+        #[arg(long)]
+        ncs: Option<u32>,
         /// Keep N executions in flight per core through the explicit async API (0: synchronous).
         #[arg(long = "async", default_value_t = 0)]
         in_flight: u32,
@@ -347,7 +348,7 @@ fn main() -> ExitCode {
                 batch,
                 bytes,
                 iterations,
-                ncs,
+                ncs: ncs.unwrap_or_else(bench::default_ncs),
                 progress: !json,
                 trace: trace.as_ref().map(|p| {
                     std::env::current_dir()

@@ -91,6 +91,26 @@ fn bench_identity_checks_every_output() {
 }
 
 #[test]
+fn bench_without_ncs_runs_on_the_cores_neuron_rt_num_cores_asks_for() {
+    let args = [
+        "bench",
+        "--model",
+        "identity",
+        "--iterations",
+        "20",
+        "--json",
+    ];
+    let r = nrt_with(&args, &[("NEURON_RT_NUM_CORES", "2")]);
+    assert_eq!(r["nc_count"].as_u64(), Some(2), "{r}");
+    assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+    // The flag still wins.
+    let mut with_flag = args.to_vec();
+    with_flag.extend(["--ncs", "1"]);
+    let r = nrt_with(&with_flag, &[("NEURON_RT_NUM_CORES", "2")]);
+    assert_eq!(r["nc_count"].as_u64(), Some(1), "{r}");
+}
+
+#[test]
 fn bench_with_lnc_2_on_trn2_gives_the_same_results_as_lnc_1() {
     let args = ["bench", "--batch", "360", "--ncs", "2", "--json"];
     let lnc1 = nrt_with(&args, &[("NEURON_SIMDEV_ARCH", "trn2")]);
