@@ -27,14 +27,23 @@
 //! each caller eventfd registered for a sequence id of that XU that has now completed (each
 //! signalled once). The caller keeps ownership of its eventfds: the relay holds duplicates,
 //! closed after the signal or the deregistration; a descriptor that is not an eventfd is
-//! refused. `nrt_close` drops every registration ([`reset`]).
+//! refused. `nrt_close` drops every registration, stops the relay's thread and joins it
+//! ([`reset`]): no thread of this library outlives `nrt_close`, so a caller may `dlclose` it.
+//!
+//! The relay belongs to the process that started it. A child forked after its parent used the
+//! async API inherits the parent's epoll instance and eventfds (the same open files: a change
+//! to the epoll set would change the parent's) but not its thread; when that child, after its
+//! own `nrt_init`, schedules or registers, it leaves the inherited relay and the parent's
+//! pending requests untouched (leaked, as the runtime leaks its inherited state) and starts a
+//! relay of its own.
 //!
 //! The only `unsafe` is the write through `ret` ([`RetPtr`]) and the duplication of a caller's
 //! descriptor number ([`dup_eventfd`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -154,30 +163,75 @@ struct State {
 
 struct Relay {
     epoll: Epoll,
+    /// Written once by [`reset`]: the thread returns.
+    stop: EventFd,
     state: Mutex<State>,
 }
 
-/// The relay, once started (its thread runs for the rest of the process).
-static RELAY: OnceLock<Result<&'static Relay, String>> = OnceLock::new();
+/// The epoll token of [`Relay::stop`] (an XU's token is its 16-bit id).
+const STOP: u64 = u64::MAX;
 
-fn relay() -> Result<&'static Relay, NrtError> {
-    RELAY
-        .get_or_init(|| {
-            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-                .map_err(|e| format!("epoll_create1: {e}"))?;
-            let r: &'static Relay = Box::leak(Box::new(Relay {
-                epoll,
-                state: Mutex::new(State::default()),
-            }));
-            std::thread::Builder::new()
-                .name("nrt-completion-relay".into())
-                .spawn(move || r.run())
-                .map_err(|e| format!("spawning the completion relay: {e}"))?;
-            Ok(r)
-        })
-        .as_ref()
-        .copied()
-        .map_err(|e| NrtError::new(NrtStatus::Failure, e.clone()))
+/// The relay's thread, with the process that started it.
+struct Running {
+    relay: Arc<Relay>,
+    thread: JoinHandle<()>,
+    pid: u32,
+}
+
+/// The relay: started by the first request or registration of a process, stopped and joined
+/// by its `nrt_close`.
+static RELAY: Mutex<Option<Running>> = Mutex::new(None);
+
+fn failure(what: &str, e: Errno) -> NrtError {
+    NrtError::new(NrtStatus::Failure, format!("{what}: {e}"))
+}
+
+/// This process's relay, started if need be (see the module docs for a forked child's).
+fn relay() -> Result<Arc<Relay>, NrtError> {
+    let mut slot = lock(&RELAY);
+    let me = runtime::process::id();
+    match slot.take() {
+        Some(r) if r.pid == me => {
+            let relay = r.relay.clone();
+            *slot = Some(r);
+            return Ok(relay);
+        }
+        Some(inherited) => {
+            // The parent's: its epoll set and eventfds are the parent's open files and its
+            // thread is not in this process. Nothing of it may be dropped or changed here.
+            std::mem::forget(inherited);
+            std::mem::forget(std::mem::take(&mut lock(&PENDING).0));
+        }
+        None => {}
+    }
+    let epoll =
+        Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| failure("epoll_create1", e))?;
+    let stop = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)
+        .map_err(|e| failure("eventfd", e))?;
+    epoll
+        .add(&stop, EpollEvent::new(EpollFlags::EPOLLIN, STOP))
+        .map_err(|e| failure("epoll_ctl", e))?;
+    let relay = Arc::new(Relay {
+        epoll,
+        stop,
+        state: Mutex::new(State::default()),
+    });
+    let runs = relay.clone();
+    let thread = std::thread::Builder::new()
+        .name("nrt-completion-relay".into())
+        .spawn(move || runs.run())
+        .map_err(|e| {
+            NrtError::new(
+                NrtStatus::Failure,
+                format!("spawning the completion relay: {e}"),
+            )
+        })?;
+    *slot = Some(Running {
+        relay: relay.clone(),
+        thread,
+        pid: me,
+    });
+    Ok(relay)
 }
 
 /// Writes `count` to eventfd `fd` (a caller's, duplicated).
@@ -200,6 +254,9 @@ impl Relay {
                 }
             };
             for e in &events[..n] {
+                if e.data() == STOP {
+                    return;
+                }
                 let Ok(xu) = u16::try_from(e.data()) else {
                     continue;
                 };
@@ -406,23 +463,43 @@ pub fn register_xu(
 /// completed and its eventfd is signalled now. Otherwise (calls still ran at close's deadline)
 /// the registrations are dropped unsignalled and requests whose status is not published keep
 /// their `ret` unwritten (close said so in its error).
+///
+/// Then the relay's thread is stopped and joined, and its epoll instance and eventfds closed.
+/// (Only this process's relay: `nrt_close` of a forked child that did not call `nrt_init` does
+/// not come here.)
 pub fn reset(drained: bool) {
     settle();
-    if let Some(Ok(r)) = RELAY.get() {
-        let mut st = lock(&r.state);
-        for (_, w) in st.xus.drain() {
-            let _ = r.epoll.delete(&w.efd);
-            if let (Ok(count), Some(fd)) = (w.efd.read(), &w.caller) {
-                signal(fd, count);
+    let running = {
+        let mut slot = lock(&RELAY);
+        match slot.take() {
+            Some(r) if r.pid == runtime::process::id() => Some(r),
+            other => {
+                *slot = other;
+                None
             }
         }
-        for (_, fd) in st.seq_regs.drain(..) {
-            if drained {
-                signal(&fd, 1);
+    };
+    if let Some(Running { relay, thread, .. }) = running {
+        {
+            let mut st = lock(&relay.state);
+            for (_, w) in st.xus.drain() {
+                let _ = relay.epoll.delete(&w.efd);
+                if let (Ok(count), Some(fd)) = (w.efd.read(), &w.caller) {
+                    signal(fd, count);
+                }
+            }
+            for (_, fd) in st.seq_regs.drain(..) {
+                if drained {
+                    signal(&fd, 1);
+                }
             }
         }
-        // Their memory too: nothing of it is left at exit for a leak checker to call lost.
-        *st = State::default();
+        // Outside the state lock, which the thread may be waiting for.
+        if let Err(e) = relay.stop.write(1) {
+            tracing::error!(target: "nrt", errno = %e, "stopping the completion relay");
+        } else if thread.join().is_err() {
+            tracing::error!(target: "nrt", "the completion relay panicked");
+        }
     }
     lock(&PENDING).0 = Vec::new();
 }

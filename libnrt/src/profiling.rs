@@ -252,6 +252,11 @@ pub unsafe extern "C" fn nrt_sys_trace_free_event_types(
         match map.get(&(event_types as usize)) {
             Some(a) if a.len() == count + 1 => {
                 map.remove(&(event_types as usize));
+                // The table's own memory too, once nothing is handed out: a leak checker
+                // finds nothing of it at exit.
+                if map.is_empty() {
+                    *arrays = None;
+                }
                 Ok(())
             }
             Some(a) => Err(invalid(format!(
@@ -412,16 +417,17 @@ pub unsafe extern "C" fn nrt_sys_trace_buffer_free(buffer: *mut c_char) {
         if buffer.is_null() {
             return Ok(());
         }
-        BUFFERS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert_with(HashMap::new)
-            .remove(&(buffer as usize))
-            .map(|_| ())
-            .ok_or_else(|| {
-                invalid(format!(
-                    "buffer {buffer:?} is not a buffer from nrt_sys_trace_fetch_events (or was freed)"
-                ))
-            })
+        let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = buffers.get_or_insert_with(HashMap::new);
+        let freed = map.remove(&(buffer as usize)).map(|_| ());
+        // The table's own memory too, once nothing is handed out.
+        if map.is_empty() {
+            *buffers = None;
+        }
+        freed.ok_or_else(|| {
+            invalid(format!(
+                "buffer {buffer:?} is not a buffer from nrt_sys_trace_fetch_events (or was freed)"
+            ))
+        })
     });
 }

@@ -148,6 +148,13 @@ fn the_developer_guide_flow_runs_clean_under_valgrind() {
         c
     });
     assert_ran(&o, "flow", "FLOW OK");
+    leak_check(&exe, &[identity_model()], "FLOW OK");
+}
+
+/// Runs `exe args` under a user's valgrind leak check — every kind valgrind counts by default
+/// (definite and possible), errors fail it — with the suppressions `nrt install` ships (the Rust
+/// std handle of the C thread), and checks it printed `marker`.
+fn leak_check(exe: &Path, args: &[PathBuf], marker: &str) {
     let valgrind = Command::new("valgrind").arg("--version").output();
     assert!(
         valgrind.is_ok_and(|o| o.status.success()),
@@ -155,20 +162,31 @@ fn the_developer_guide_flow_runs_clean_under_valgrind() {
     );
     let o = run({
         let mut c = Command::new("valgrind");
-        // A user's leak check: every kind valgrind counts by default (definite and possible),
-        // with the suppressions `nrt install` ships (the Rust std handle of the C thread).
         c.args(["--leak-check=full", "--error-exitcode=1", "--quiet"])
             .arg(format!(
                 "--suppressions={}",
                 crate_dir().join("valgrind/libnrt.supp").display()
             ))
-            .arg(&exe)
-            .arg(identity_model());
+            .arg(exe)
+            .args(args);
         c
     });
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_ran(&o, "flow under valgrind", "FLOW OK");
+    assert_ran(&o, &format!("{} under valgrind", exe.display()), marker);
     assert!(!stderr.contains("definitely lost"), "{stderr}");
+}
+
+/// The async API's completion relay (a thread of the library, joined at `nrt_close`) and the
+/// system trace's buffers leave nothing behind either.
+#[test]
+fn the_async_api_and_the_system_trace_run_clean_under_valgrind() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["sys_trace.c"], "sys_trace", true);
+    leak_check(
+        &exe,
+        &[identity_model(), prefix.out("profile.json")],
+        "SYS TRACE OK",
+    );
 }
 
 #[test]
@@ -734,6 +752,19 @@ fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd(
         });
         println!("{}", assert_ran(&o, mode, marker));
     }
+}
+
+#[test]
+fn a_child_forked_after_the_async_api_was_used_gets_its_own_completion_relay() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["fork_async.c"], "fork_async", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    let stdout = assert_ran(&o, "fork_async", "FORK ASYNC OK");
+    assert!(stdout.contains("CHILD OK"), "{stdout}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
  * search path), resolves every function named on the command line with dlsym, then runs the
  * developer-guide flow through the resolved pointers. Usage: dlopen MODEL NAME...
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,6 +31,21 @@ static void *resolve(void *lib, const char *name) {
         exit(1);
     }
     return sym;
+}
+
+/* The threads of this process, from /proc/self/task. */
+static int threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    ASSERT(d != NULL);
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] != '.') {
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
 }
 
 int main(int argc, char **argv) {
@@ -145,6 +161,12 @@ int main(int argc, char **argv) {
         ASSERT(p_nrt_free_model_tensor_info(info) == NRT_SUCCESS);
         ASSERT(p_nrt_unload(model) == NRT_SUCCESS);
         p_nrt_close();
+        /* No thread of the library outlives nrt_close (the async API's completion relay
+         * included), so unloading it below unmaps no code a thread still runs. */
+        if (threads() != 1) {
+            fprintf(stderr, "%d threads after nrt_close\n", threads());
+            return 1;
+        }
         ASSERT(strcmp(p_nrt_get_status_as_str(NRT_SUCCESS), "NRT_SUCCESS") == 0);
     }
     dlclose(lib);
