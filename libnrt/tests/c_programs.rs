@@ -98,13 +98,19 @@ fn compile(
 
 /// Runs `cmd` with the environment of a laptop without a device: a private simdev from
 /// `NEURON_SIMDEV_BIN`.
-fn run(mut cmd: Command) -> Output {
+fn run(cmd: Command) -> Output {
+    run_with(cmd, &[])
+}
+
+/// [`run`] with the variables `env` set on top.
+fn run_with(mut cmd: Command, env: &[(&str, &str)]) -> Output {
     let simdev = tests::simdev_command(&[]).program;
     cmd.env("NEURON_SIMDEV_BIN", simdev)
         .env("NEURON_RT_BACKEND", "sim")
         .env_remove("NEURON_SIMDEV_SOCKET")
         .env_remove("NEURON_RT_VISIBLE_CORES")
-        .env_remove("NEURON_RT_NUM_CORES");
+        .env_remove("NEURON_RT_NUM_CORES")
+        .envs(env.iter().copied());
     // Errors are logged, unless the test sets the level itself.
     if !cmd.get_envs().any(|(k, _)| k == "NEURON_RT_LOG_LEVEL") {
         cmd.env("NEURON_RT_LOG_LEVEL", "error");
@@ -187,6 +193,51 @@ fn the_async_api_and_the_system_trace_run_clean_under_valgrind() {
         &[identity_model(), prefix.out("profile.json")],
         "SYS TRACE OK",
     );
+}
+
+/// The total core count ignores NEURON_RT_VISIBLE_CORES and NEURON_RT_NUM_CORES, even
+/// malformed (libfabric counts cores before anything calls `nrt_init`, and turns Neuron off on
+/// an error); the visible count and `nrt_init` refuse a malformed one.
+#[test]
+fn the_total_core_count_is_unaffected_by_the_core_selection_variables() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["counts.c"], "counts", true);
+    let counts = |env: &[(&str, &str)]| {
+        let o = run_with(Command::new(&exe), env);
+        let stdout = assert_ran(&o, "counts", "INIT");
+        let line = |what: &str| -> Vec<i64> {
+            let l = stdout
+                .lines()
+                .find(|l| l.starts_with(what))
+                .unwrap_or_else(|| panic!("no {what} line in {stdout}"));
+            l.split_whitespace()
+                .skip(1)
+                .map(|v| v.parse().unwrap())
+                .collect()
+        };
+        (line("TOTAL"), line("VISIBLE"), line("INIT")[0])
+    };
+    let (total, visible, init) = counts(&[]);
+    assert_eq!((total[0], visible[0], init), (0, 0, 0));
+    assert!(
+        total[1] >= 2 && visible[1] == total[1],
+        "{total:?} {visible:?}"
+    );
+    for bad in [
+        ("NEURON_RT_VISIBLE_CORES", "3,1"),
+        ("NEURON_RT_NUM_CORES", "many"),
+    ] {
+        let (t, v, i) = counts(&[bad]);
+        assert_eq!(t, total, "{bad:?}: the total is the device's");
+        assert_eq!(
+            v[0], 2,
+            "{bad:?}: the visible count refuses it (NRT_INVALID)"
+        );
+        assert_eq!(i, 2, "{bad:?}: nrt_init refuses it (NRT_INVALID)");
+    }
+    // Only the logical core size changes the total: a malformed one is refused there too.
+    let (t, _, _) = counts(&[("NEURON_LOGICAL_NC_CONFIG", "3")]);
+    assert_eq!(t[0], 2, "{t:?}");
 }
 
 #[test]

@@ -1967,13 +1967,18 @@ pub mod nrt {
     /// count its cores, as `opts` selects it).
     ///
     /// # Errors
-    /// A bad configuration; no device.
+    /// A malformed NEURON_LOGICAL_NC_CONFIG or one the device cannot have; no device.
     pub fn total_vnc_count(opts: &OpenOptions) -> NrtResult<u32> {
         if let Some(rt) = initialized() {
             return Ok(rt.device().info().nc_count / rt.lnc());
         }
-        let config =
-            RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        // Only the logical core size counts here: a malformed NEURON_RT_VISIBLE_CORES or
+        // NEURON_RT_NUM_CORES is refused by `init` and the visible count, not by this one.
+        let config = RuntimeConfig {
+            lnc: RuntimeConfig::lnc_from_lookup(|k| std::env::var(k).ok())
+                .map_err(|e| NrtError::new(e.status(), e.to_string()))?,
+            ..RuntimeConfig::default()
+        };
         let (ncs, arch) = probe_device(opts)?;
         let lnc = config
             .lnc_on(arch)

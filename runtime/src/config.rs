@@ -258,6 +258,29 @@ impl RuntimeConfig {
         }
     }
 
+    /// `NEURON_LOGICAL_NC_CONFIG` alone, through `get`: what the instance's logical core count
+    /// depends on (`nrt_get_total_vnc_count` is unaffected by the other variables, even
+    /// malformed ones).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a value other than 1 or 2.
+    pub fn lnc_from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<u32>, ConfigError> {
+        let Some(v) = get("NEURON_LOGICAL_NC_CONFIG").filter(|v| !v.trim().is_empty()) else {
+            return Ok(None);
+        };
+        match v.trim() {
+            "1" => Ok(Some(1)),
+            "2" => Ok(Some(2)),
+            _ => Err(ConfigError {
+                var: "NEURON_LOGICAL_NC_CONFIG",
+                value: v,
+                why: "must be 1 or 2".into(),
+            }),
+        }
+    }
+
     /// Reads the variables above from the environment.
     ///
     /// # Errors
@@ -327,13 +350,7 @@ impl RuntimeConfig {
             c.skip_config_optimization =
                 parse_bool("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", &v)?;
         }
-        if let Some(v) = get("NEURON_LOGICAL_NC_CONFIG").filter(|v| !v.trim().is_empty()) {
-            c.lnc = match v.trim() {
-                "1" => Some(1),
-                "2" => Some(2),
-                _ => return Err(err("NEURON_LOGICAL_NC_CONFIG", &v, "must be 1 or 2".into())),
-            };
-        }
+        c.lnc = Self::lnc_from_lookup(&get)?;
         if let Some(v) =
             get("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY").filter(|v| !v.trim().is_empty())
         {
