@@ -292,7 +292,9 @@ pub unsafe extern "C" fn nrt_tensor_get_device_allocation_info(
     })
 }
 
-/// `nrt_tensor_get_lnc_index`: the logical core of a device tensor.
+/// `nrt_tensor_get_lnc_index`: the logical core of a device tensor; -1 for host memory or an
+/// attached buffer, which belong to no core (the `-1` of `nrt_tensor_allocate`'s host
+/// placement; first-party callers read it as "a CPU tensor").
 ///
 /// # Safety
 /// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
@@ -302,10 +304,8 @@ pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx
         rt()?;
         raw::check_out(lnc_idx, "lnc_idx")?;
         let t = self::tensor(tensor, "tensor")?;
-        let vnc = t
-            .vnc()
-            .ok_or_else(|| invalid(format!("tensor {:?} is not in device memory", t.name())))?;
-        raw::write_out(lnc_idx, i32::try_from(vnc).unwrap_or(i32::MAX), "lnc_idx")
+        let lnc = t.vnc().map_or(-1, |vnc| i32::try_from(vnc).unwrap_or(i32::MAX));
+        raw::write_out(lnc_idx, lnc, "lnc_idx")
     })
 }
 

@@ -300,7 +300,7 @@ NRT_STATUS nrt_tensor_attach_buffer(nrt_tensor_t *tensor, void *buffer, size_t s
 NRT_STATUS nrt_tensor_get_device_allocation_info(const nrt_tensor_t *tensor,
                                                  nrt_tensor_device_allocation_info_t *alloc_info);
 
-/** The logical core of a device tensor. */
+/** The logical core of a device tensor; -1 for a host tensor or an attached buffer. */
 NRT_STATUS nrt_tensor_get_lnc_index(const nrt_tensor_t *tensor, int *lnc_idx);
 
 /**

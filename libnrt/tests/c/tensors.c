@@ -118,6 +118,14 @@ int main(int argc, char **argv) {
     CHECK(nrt_execute(model, inputs, outputs));
     CHECK(nrt_tensor_read(host, buf, 0, 8));
     ASSERT(memcmp(buf + 3, "hello", 5) == 0);
+    /* Host memory and an attached buffer belong to no logical core: -1 (how nkipy tells a
+     * CPU tensor). */
+    lnc = 7;
+    CHECK(nrt_tensor_get_lnc_index(host, &lnc));
+    ASSERT(lnc == -1);
+    lnc = 7;
+    CHECK(nrt_tensor_get_lnc_index(empty, &lnc));
+    ASSERT(lnc == -1);
     /* Another buffer attached to the same tensor: the next execution reads it. */
     memset(buf, 0x77, 512);
     CHECK(nrt_tensor_attach_buffer(empty, buf, 512));
