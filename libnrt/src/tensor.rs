@@ -304,7 +304,9 @@ pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx
         rt()?;
         raw::check_out(lnc_idx, "lnc_idx")?;
         let t = self::tensor(tensor, "tensor")?;
-        let lnc = t.vnc().map_or(-1, |vnc| i32::try_from(vnc).unwrap_or(i32::MAX));
+        let lnc = t
+            .vnc()
+            .map_or(-1, |vnc| i32::try_from(vnc).unwrap_or(i32::MAX));
         raw::write_out(lnc_idx, lnc, "lnc_idx")
     })
 }

@@ -255,7 +255,8 @@ pub struct VncShape<'a> {
 /// against the device, and lays out every subgraph.
 ///
 /// # Errors
-/// NRT_INVALID naming what does not fit (LNC, a var, a queue set, a reservation, a shape).
+/// NRT_LOAD_NOT_ENOUGH_NC for a NEFF of another LNC than the vNC's; NRT_INVALID naming what
+/// else does not fit (a var, a queue set, a reservation, a shape).
 pub fn plan<'a>(
     neff: &'a Neff,
     info: &DeviceInfo,
@@ -268,16 +269,18 @@ pub fn plan<'a>(
         let nc_word = if vnc.ncs.len() == 1 { "NC" } else { "NCs" };
         // What to change: LNC=2 exists on trn2 only.
         let remedy = if lnc_size == 2 && info.arch != shared::Arch::Trn2 {
-            "; LNC=2 needs a trn2 (for a private simdev, NEURON_SIMDEV_ARCH=trn2) with \
-             NEURON_LOGICAL_NC_CONFIG=2"
+            "; LNC=2 needs a trn2 device, where it is the default (for a private simdev, \
+             NEURON_SIMDEV_ARCH=trn2)"
                 .to_string()
         } else if sg_count == lnc_size && (1..=2).contains(&lnc_size) {
             format!("; set NEURON_LOGICAL_NC_CONFIG={lnc_size}")
         } else {
             String::new()
         };
+        // nrt_load's status for a model the logical core's NCs cannot hold, as for a builder
+        // container of another LNC.
         return Err(NrtError::new(
-            NrtStatus::Invalid,
+            NrtStatus::LoadNotEnoughNc,
             format!(
                 "NEFF {name:?} needs LNC={lnc_size} ({sg_count} subgraphs), logical core {} has {} {nc_word} (NEURON_LOGICAL_NC_CONFIG={} on {}){remedy}",
                 vnc.vnc,

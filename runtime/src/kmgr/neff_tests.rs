@@ -327,12 +327,12 @@ fn an_lnc2_neff_is_refused_on_a_core_of_one_nc_naming_both() {
         let rt = rig.runtime(config(1));
         let before = stats(&rig);
         let e = rt.load(&neff_bytes("matmul_small"), 0).unwrap_err();
-        assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+        assert_eq!(e.status, NrtStatus::LoadNotEnoughNc, "{e}");
         let remedy = match arch {
             Arch::Trn2 => "set NEURON_LOGICAL_NC_CONFIG=2",
             _ => {
-                "LNC=2 needs a trn2 (for a private simdev, NEURON_SIMDEV_ARCH=trn2) with \
-                 NEURON_LOGICAL_NC_CONFIG=2"
+                "LNC=2 needs a trn2 device, where it is the default (for a private simdev, \
+                 NEURON_SIMDEV_ARCH=trn2)"
             }
         };
         let want = format!(
