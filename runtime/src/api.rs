@@ -1408,12 +1408,22 @@ impl Runtime {
     fn xu_at(&self, lnc: u32, xu_type: XuType, queue: u32) -> NrtResult<&Arc<dyn ExecutionUnit>> {
         self.check_process()?;
         let count = crate::xu::table::queue_count(xu_type);
-        let q = u8::try_from(queue).ok().filter(|q| *q < count).ok_or_else(|| {
-            status_err(
-                NrtStatus::Invalid,
-                format!("queue {queue} does not exist: {xu_type:?} execution units have queues 0..{count}"),
-            )
-        })?;
+        let q = u8::try_from(queue)
+            .ok()
+            .filter(|q| *q < count)
+            .ok_or_else(|| {
+                status_err(
+                    NrtStatus::Invalid,
+                    format!(
+                        "queue {queue} does not exist: {xu_type:?} execution units have {}",
+                        match count {
+                            1 => "queue 0 only".to_string(),
+                            2 => "queues 0 and 1".to_string(),
+                            n => format!("queues 0 to {}", n - 1),
+                        }
+                    ),
+                )
+            })?;
         self.xus.get_by(lnc, xu_type, q).ok_or_else(|| {
             let why = if self.xu(lnc).is_none() {
                 format!("logical core {lnc} is not visible to this runtime")

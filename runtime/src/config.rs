@@ -414,8 +414,16 @@ impl RuntimeConfig {
                 Ok(CoreSelection::Fixed { first, count })
             }
             Some((first, count)) => Err(format!(
-                "NEURON_RT_VISIBLE_CORES asks for cores {first}..{} but the device has {available}",
-                u64::from(first) + u64::from(count)
+                "NEURON_RT_VISIBLE_CORES asks for {} but the device has {}",
+                match count {
+                    1 => format!("core {first}"),
+                    n => format!("cores {first} to {}", u64::from(first) + u64::from(n) - 1),
+                },
+                match available {
+                    0 => "none".to_string(),
+                    1 => "1 (core 0)".to_string(),
+                    n => format!("{n} (cores 0 to {})", n - 1),
+                }
             )),
             None if self.num_cores == 0 => Ok(CoreSelection::Fixed {
                 first: 0,
@@ -479,11 +487,23 @@ mod tests {
                 .select_vncs(2)
                 .is_err()
         );
-        assert!(
+        assert_eq!(
             cfg(&[("NEURON_RT_VISIBLE_CORES", "1-2")])
                 .unwrap()
-                .select_vncs(2)
-                .is_err()
+                .select_vncs(2),
+            Err(
+                "NEURON_RT_VISIBLE_CORES asks for cores 1 to 2 but the device has 2 (cores 0 to 1)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            cfg(&[("NEURON_RT_VISIBLE_CORES", "7")])
+                .unwrap()
+                .select_vncs(4),
+            Err(
+                "NEURON_RT_VISIBLE_CORES asks for core 7 but the device has 4 (cores 0 to 3)"
+                    .into()
+            )
         );
     }
 

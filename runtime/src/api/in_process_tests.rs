@@ -151,3 +151,25 @@ fn an_unbound_tensor_is_named_with_the_names_the_set_holds_instead() {
     drop((i, misspelt, outs));
     rt.close();
 }
+
+#[test]
+fn a_queue_an_execution_unit_lacks_is_refused_naming_the_queues_it_has() {
+    use shared::ids::XuType;
+    let rig = Rig::new();
+    let rt = rig.runtime(RuntimeConfig::default());
+    for (xu_type, queue, has) in [
+        (XuType::TensorOp, 2, "queues 0 and 1"),
+        (XuType::Compute, 1, "queue 0 only"),
+        (XuType::Collectives, 3, "queues 0 to 2"),
+    ] {
+        let e = rt.get_sequence(0, xu_type, queue).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid);
+        assert!(
+            e.message.ends_with(&format!(
+                "does not exist: {xu_type:?} execution units have {has}"
+            )),
+            "{e}"
+        );
+    }
+    rt.close();
+}
