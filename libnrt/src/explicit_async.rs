@@ -16,7 +16,6 @@ use shared::NrtStatus;
 use shared::ids::{SeqId, XuType};
 
 use crate::completions::{self, PENDING, RetPtr, Scheduled};
-use crate::handles::{MODELS, TENSORS};
 use crate::model::resolve_set;
 use crate::{boundary, raw, rt};
 
@@ -94,12 +93,12 @@ pub unsafe extern "C" fn nrta_execute_schedule(
         }
         RetPtr::new(ret)?;
         raw::check_out(req_sequence, "req_sequence")?;
-        let m = MODELS.get(model, "model")?;
+        let m = crate::model::live_model(&rt, model)?;
         let ins = resolve_set(input, "input")?;
         let outs = resolve_set(output, "output")?;
-        completions::watch(&rt, m.handle.vnc, XuType::Compute, 0)?;
+        completions::watch(&rt, m.vnc, XuType::Compute, 0)?;
         schedule(ret, req_sequence, || {
-            rt.execute_schedule(m.handle, &ins, &outs)
+            rt.execute_schedule(m, &ins, &outs)
                 .map(Scheduled::Execution)
         })
     })
@@ -118,7 +117,7 @@ fn host_transfer_args(
     let rt = rt()?;
     RetPtr::new(ret)?;
     raw::check_out(req_sequence, "req_sequence")?;
-    let t = TENSORS.get(tensor, "tensor")?.get();
+    let t = crate::tensor::live_tensor(&rt, tensor, "tensor")?;
     t.check_range(offset, size)?;
     let len = usize::try_from(size).map_err(|_| invalid(format!("size {size} is too large")))?;
     Ok((rt, t, len))
@@ -206,8 +205,8 @@ pub unsafe extern "C" fn nrta_tensor_copy(
         let rt = rt()?;
         RetPtr::new(ret)?;
         raw::check_out(req_sequence, "req_sequence")?;
-        let s = TENSORS.get(src, "src")?.get();
-        let d = TENSORS.get(dst, "dst")?.get();
+        let s = crate::tensor::live_tensor(&rt, src, "src")?;
+        let d = crate::tensor::live_tensor(&rt, dst, "dst")?;
         if let Some(v) = s.vnc() {
             watch_tensor_op(&rt, i32::try_from(v).unwrap_or(-1), queue);
         }

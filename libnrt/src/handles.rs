@@ -75,6 +75,9 @@ fn next_handle(kind: Kind) -> usize {
 pub struct ModelEntry {
     /// The runtime's handle.
     pub handle: ModelHandle,
+    /// The runtime that loaded it: model ids start again in a runtime `nrt_init` starts after
+    /// `nrt_close`, so the handle alone could name another runtime's model.
+    pub runtime: runtime::tensor::RuntimeId,
 }
 
 /// A tensor's entry. The tensor can be replaced in place (`nrt_tensor_attach_buffer`), so

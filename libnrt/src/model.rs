@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use runtime::{NrtError, NrtResult, TensorSet};
+use runtime::{ModelHandle, NrtError, NrtResult, Runtime, TensorSet};
 use shared::NrtStatus;
 use shared::model::TensorSpec;
 use zerocopy::IntoBytes;
@@ -13,6 +13,20 @@ use zerocopy::IntoBytes;
 use crate::abi::{self, NrtModelInfo, NrtTensorInfo, TENSOR_INFO_ARRAY_HEADER, c_field};
 use crate::handles::{MODELS, SETS, SetEntry, TENSOR_GENERATION, TENSORS};
 use crate::{boundary, raw, rt};
+
+/// The runtime's handle of C model handle `model`, for a use by runtime `rt`: a model loaded by
+/// a runtime `nrt_close` closed since is refused (NRT_INVALID), never taken for the model of
+/// this runtime that has the same id.
+pub(crate) fn live_model(rt: &Runtime, model: *const c_void) -> Result<ModelHandle, NrtError> {
+    let entry = MODELS.get(model, "model")?;
+    if entry.runtime != rt.id() {
+        return Err(NrtError::new(
+            NrtStatus::Invalid,
+            format!("model {model:?} was loaded by a runtime nrt_close has closed"),
+        ));
+    }
+    Ok(entry.handle)
+}
 
 fn invalid(message: impl Into<String>) -> NrtError {
     NrtError::new(NrtStatus::Invalid, message)
@@ -61,7 +75,10 @@ fn load_with(
     }
     let bytes = raw::bytes(neff_bytes, size, "neff_bytes")?;
     let handle = load(&rt, bytes)?;
-    let h = MODELS.insert(crate::handles::ModelEntry { handle });
+    let h = MODELS.insert(crate::handles::ModelEntry {
+        handle,
+        runtime: rt.id(),
+    });
     raw::write_out(model, h, "model")
 }
 
@@ -94,8 +111,8 @@ pub unsafe extern "C" fn nrt_load_collectives(
 pub unsafe extern "C" fn nrt_unload(model: *mut c_void) -> u32 {
     boundary::status("nrt_unload", || {
         let rt = rt()?;
-        let m = MODELS.get(model, "model")?;
-        rt.unload(m.handle)?;
+        let m = live_model(&rt, model)?;
+        rt.unload(m)?;
         MODELS.remove(model, "model").map(|_| ())
     })
 }
@@ -140,10 +157,10 @@ pub unsafe extern "C" fn nrt_execute(
 ) -> u32 {
     boundary::status("nrt_execute", || {
         let rt = rt()?;
-        let m = MODELS.get(model, "model")?;
+        let m = live_model(&rt, model)?;
         let ins = resolve_set(input_set, "input_set")?;
         let outs = resolve_set(output_set, "output_set")?;
-        rt.execute(m.handle, &ins, &outs)
+        rt.execute(m, &ins, &outs)
     })
 }
 
@@ -160,10 +177,10 @@ pub unsafe extern "C" fn nrt_execute_repeat(
 ) -> u32 {
     boundary::status("nrt_execute_repeat", || {
         let rt = rt()?;
-        let m = MODELS.get(model, "model")?;
+        let m = live_model(&rt, model)?;
         let ins = resolve_set(input_set, "input_set")?;
         let outs = resolve_set(output_set, "output_set")?;
-        rt.execute_repeat(m.handle, &ins, &outs, repeat_count)
+        rt.execute_repeat(m, &ins, &outs, repeat_count)
     })
 }
 
@@ -182,8 +199,8 @@ pub unsafe extern "C" fn nrt_get_model_info(
         let rt = rt()?;
         raw::check_out(info, "info")?;
         raw::check_out(info_size_out, "info_size_out")?;
-        let m = MODELS.get(model, "model")?;
-        let loaded = rt.model(m.handle)?;
+        let m = live_model(&rt, model)?;
+        let loaded = rt.model(m)?;
         let out = NrtModelInfo { vnc: loaded.vnc() };
         let bytes = out.as_bytes();
         let n = info_size_in.min(bytes.len());
@@ -196,8 +213,8 @@ fn model_vnc_count(name: &'static str, model: *const c_void, out: *mut u32) -> u
     boundary::status(name, || {
         let rt = rt()?;
         raw::check_out(out, "vnc_count")?;
-        let m = MODELS.get(model, "model")?;
-        rt.model(m.handle)?;
+        let m = live_model(&rt, model)?;
+        rt.model(m)?;
         raw::write_out(out, 1, "vnc_count")
     })
 }
@@ -275,8 +292,8 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
     boundary::status("nrt_get_model_tensor_info", || {
         let rt = rt()?;
         raw::check_out(tensor_info, "tensor_info")?;
-        let m = MODELS.get(model, "model")?;
-        let loaded = rt.model(m.handle)?;
+        let m = live_model(&rt, model)?;
+        let loaded = rt.model(m)?;
         let spec = loaded.model();
         let specs: Vec<(&TensorSpec, u32)> = spec
             .inputs

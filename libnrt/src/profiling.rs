@@ -14,7 +14,7 @@ use runtime::NrtError;
 use runtime::sys_trace::{EVENT_TYPES, SysTraceConfig, SysTraceFetchOptions};
 use shared::NrtStatus;
 
-use crate::handles::{FETCH_OPTIONS, MODELS, SYS_TRACE_CONFIGS};
+use crate::handles::{FETCH_OPTIONS, SYS_TRACE_CONFIGS};
 use crate::{boundary, raw, rt};
 
 fn invalid(message: impl Into<String>) -> NrtError {
@@ -29,9 +29,9 @@ fn invalid(message: impl Into<String>) -> NrtError {
 pub unsafe extern "C" fn nrt_profile_start(model: *mut c_void, filename: *const c_char) -> u32 {
     boundary::status("nrt_profile_start", || {
         let rt = rt()?;
-        let m = MODELS.get(model, "model")?;
+        let m = crate::model::live_model(&rt, model)?;
         let path = raw::c_path(filename, "filename")?;
-        rt.profile_start(m.handle, path)
+        rt.profile_start(m, path)
     })
 }
 

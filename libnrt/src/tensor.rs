@@ -5,7 +5,7 @@ use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
-use runtime::{NrtError, Placement, Tensor};
+use runtime::{NrtError, Placement, Runtime, Tensor};
 use shared::NrtStatus;
 use zerocopy::IntoBytes;
 
@@ -34,6 +34,25 @@ fn register(tensor: Tensor, out: *mut *mut c_void) -> Result<(), NrtError> {
 
 fn tensor(handle: *const c_void, what: &str) -> Result<Tensor, NrtError> {
     Ok(TENSORS.get(handle, what)?.get())
+}
+
+/// The tensor behind `handle`, for a use by runtime `rt`: a device tensor allocated by a runtime
+/// `nrt_close` closed since (before this `nrt_init`) is refused — its memory is that runtime's
+/// device's. It can still be freed.
+pub(crate) fn live_tensor(
+    rt: &Runtime,
+    handle: *const c_void,
+    what: &str,
+) -> Result<Tensor, NrtError> {
+    let t = tensor(handle, what)?;
+    match t.runtime() {
+        Some(id) if id != rt.id() => Err(invalid(format!(
+            "{what} {:?} was allocated by a runtime nrt_close has closed: free it \
+             (nrt_tensor_free) and allocate it again",
+            t.name()
+        ))),
+        _ => Ok(t),
+    }
 }
 
 /// `nrt_tensor_allocate`: device memory of logical core `vnc`, or host memory.
@@ -109,8 +128,8 @@ pub unsafe extern "C" fn nrt_tensor_read(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_tensor_read", || {
-        rt()?;
-        let t = self::tensor(tensor, "tensor")?;
+        let rt = rt()?;
+        let t = live_tensor(&rt, tensor, "tensor")?;
         t.check_range(to_u64(offset), to_u64(size))?;
         let buf = raw::bytes_mut(buf, size, "buf")?;
         t.read(buf, to_u64(offset))
@@ -129,8 +148,8 @@ pub unsafe extern "C" fn nrt_tensor_write(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_tensor_write", || {
-        rt()?;
-        let t = self::tensor(tensor, "tensor")?;
+        let rt = rt()?;
+        let t = live_tensor(&rt, tensor, "tensor")?;
         t.check_range(to_u64(offset), to_u64(size))?;
         let buf = raw::bytes(buf, size, "buf")?;
         t.write(buf, to_u64(offset))
@@ -150,9 +169,9 @@ pub unsafe extern "C" fn nrt_tensor_copy(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_tensor_copy", || {
-        rt()?;
-        let s = tensor(src, "src")?;
-        let d = tensor(dst, "dst")?;
+        let rt = rt()?;
+        let s = live_tensor(&rt, src, "src")?;
+        let d = live_tensor(&rt, dst, "dst")?;
         d.copy_range(to_u64(dst_offset), &s, to_u64(src_offset), to_u64(size))
     })
 }
@@ -169,8 +188,8 @@ pub unsafe extern "C" fn nrt_tensor_memset(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_tensor_memset", || {
-        rt()?;
-        let t = self::tensor(tensor, "tensor")?;
+        let rt = rt()?;
+        let t = live_tensor(&rt, tensor, "tensor")?;
         // memset(3)'s conversion: the low byte of the int.
         t.memset(offset, value.to_le_bytes()[0], to_u64(size))
     })
@@ -214,9 +233,9 @@ pub unsafe extern "C" fn nrt_tensor_allocate_slice(
     tensor_slice: *mut *mut c_void,
 ) -> u32 {
     boundary::status("nrt_tensor_allocate_slice", || {
-        rt()?;
+        let rt = rt()?;
         raw::check_out(tensor_slice, "tensor_slice")?;
-        let src = tensor(tensor_source, "tensor_source")?;
+        let src = live_tensor(&rt, tensor_source, "tensor_source")?;
         let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
         let s = src.slice(to_u64(offset), to_u64(size), name)?;
         register(s, tensor_slice)
@@ -276,9 +295,9 @@ pub unsafe extern "C" fn nrt_tensor_get_device_allocation_info(
     alloc_info: *mut c_void,
 ) -> u32 {
     boundary::status("nrt_tensor_get_device_allocation_info", || {
-        rt()?;
+        let rt = rt()?;
         raw::check_out(alloc_info, "alloc_info")?;
-        let t = self::tensor(tensor, "tensor")?;
+        let t = live_tensor(&rt, tensor, "tensor")?;
         let a = t
             .device_allocation()
             .ok_or_else(|| invalid(format!("tensor {:?} is not in device memory", t.name())))?;
@@ -301,9 +320,9 @@ pub unsafe extern "C" fn nrt_tensor_get_device_allocation_info(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx: *mut i32) -> u32 {
     boundary::status("nrt_tensor_get_lnc_index", || {
-        rt()?;
+        let rt = rt()?;
         raw::check_out(lnc_idx, "lnc_idx")?;
-        let t = self::tensor(tensor, "tensor")?;
+        let t = live_tensor(&rt, tensor, "tensor")?;
         let lnc = t
             .vnc()
             .map_or(-1, |vnc| i32::try_from(vnc).unwrap_or(i32::MAX));

@@ -819,6 +819,27 @@ fn a_child_forked_after_the_async_api_was_used_gets_its_own_completion_relay() {
 }
 
 #[test]
+fn nrt_init_after_nrt_close_starts_a_new_runtime() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["reinit.c"], "reinit", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "reinit", "REINIT OK");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("nrt_init has already been called in this process"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("src \"input\" was allocated by a runtime nrt_close has closed"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_serving_pattern_runs_from_c_with_two_requests_in_flight() {
     let prefix = Prefix::new();
     let exe = compile(&prefix, "cc", "c11", &["serving.c"], "serving", true);

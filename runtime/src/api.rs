@@ -613,6 +613,11 @@ impl Runtime {
         &self.device
     }
 
+    /// This runtime instance (what its device tensors carry, [`Tensor::runtime`]).
+    pub fn id(&self) -> RuntimeId {
+        self.id
+    }
+
     /// The configuration read at init.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
@@ -1784,10 +1789,12 @@ pub mod nrt {
     ///
     /// In a process forked after the parent's `init`, the inherited state is leaked (never
     /// dropped: that would act on the parent's device state) and this process initialises its
-    /// own runtime.
+    /// own runtime. After `close` a new runtime may be initialised; the closed one's handles
+    /// stay refused (NRT_INVALID: another runtime's).
     ///
     /// # Errors
-    /// NRT_FAILURE when already initialised or closed; the device's and configuration's errors.
+    /// NRT_FAILURE when already initialised; the device's and configuration's errors (a
+    /// runtime abandoned by `close` still holding its cores: NRT_LOAD_NOT_ENOUGH_NC).
     pub fn init_with(opts: &OpenOptions) -> NrtResult<()> {
         let mut st = STATE
             .lock()
@@ -1801,10 +1808,15 @@ pub mod nrt {
         if inherited {
             std::mem::forget(std::mem::replace(&mut *st, State::Uninitialized));
         }
+        // After this process's nrt_close a new runtime may start (a test suite creating and
+        // closing one per test does): the closed one released its cores and its device.
+        if matches!(*st, State::Closed(_)) {
+            *st = State::Uninitialized;
+        }
         if !matches!(*st, State::Uninitialized) {
             return Err(NrtError::new(
                 NrtStatus::Failure,
-                "nrt_init may be called once per process",
+                "nrt_init has already been called in this process (nrt_close it first)",
             ));
         }
         let config =

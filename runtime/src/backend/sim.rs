@@ -28,7 +28,6 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -900,6 +899,98 @@ pub struct PrivateSimdev {
     log: Mutex<log_tail::LogTail>,
     /// The child and its directory, as the exit hook knows them.
     leftover: Leftover,
+    /// The thread reading simdev's stdout, joined by [`PrivateSimdev::stop`].
+    drain: Option<StdoutDrain>,
+}
+
+/// The thread that reads simdev's stdout: it passes on the first line (the ready line) and
+/// discards the rest, so simdev never writes into a full or closed pipe. It ends at the pipe's
+/// end or when told to stop, so `stop` can join it: no thread of the runtime outlives its
+/// device (a C caller may `dlclose` the library after `nrt_close`).
+struct StdoutDrain {
+    stop: nix::sys::eventfd::EventFd,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for StdoutDrain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdoutDrain")
+            .field("thread", &self.thread.thread().name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StdoutDrain {
+    fn start(
+        out: std::process::ChildStdout,
+        first_line: mpsc::Sender<Option<String>>,
+    ) -> Result<Self, DeviceError> {
+        let stop = nix::sys::eventfd::EventFd::from_value_and_flags(
+            0,
+            nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
+        )
+        .map_err(|e| DeviceError::Io {
+            op: "eventfd for simdev's stdout",
+            source: e.into(),
+        })?;
+        let told = stop
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| DeviceError::Io {
+                op: "eventfd for simdev's stdout",
+                source,
+            })?;
+        let thread = std::thread::Builder::new()
+            .name("simdev-stdout".into())
+            .spawn(move || Self::run(&OwnedFd::from(out), &told, &first_line))
+            .map_err(|source| DeviceError::Io {
+                op: "spawn simdev's stdout reader",
+                source,
+            })?;
+        Ok(Self { stop, thread })
+    }
+
+    fn run(out: &OwnedFd, stop: &OwnedFd, first_line: &mpsc::Sender<Option<String>>) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut line: Option<Vec<u8>> = Some(Vec::new());
+        let mut buf = [0u8; 4096];
+        loop {
+            let mut fds = [
+                PollFd::new(out.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            if fds[1].any().unwrap_or(true) {
+                break;
+            }
+            // Readable or hung up: one read does not block.
+            let n = match nix::unistd::read(out, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some(l) = &mut line {
+                l.extend_from_slice(&buf[..n]);
+                if let Some(end) = l.iter().position(|&b| b == b'\n') {
+                    let first = String::from_utf8_lossy(&l[..end]).into_owned();
+                    let _ = first_line.send(Some(first));
+                    line = None;
+                }
+            }
+        }
+        if line.is_some() {
+            let _ = first_line.send(None);
+        }
+    }
+
+    /// Tells the thread to stop and joins it.
+    fn join(self) {
+        let _ = self.stop.write(1);
+        let _ = self.thread.join();
+    }
 }
 
 impl PrivateSimdev {
@@ -937,16 +1028,20 @@ impl PrivateSimdev {
                 command.program.display()
             ),
         })?;
-        let stdout = child.stdout.take();
         let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let Some(stdout) = stdout else { return };
-            let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next();
-            let _ = tx.send(first.and_then(Result::ok));
-            // Keep draining so simdev never writes into a closed pipe.
-            for _ in lines {}
-        });
+        let drain = match child
+            .stdout
+            .take()
+            .map(|out| StdoutDrain::start(out, tx))
+            .transpose()
+        {
+            Ok(drain) => drain,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         let spawner = crate::process::id();
         let leftover = Leftover::Child {
             pid: child.id(),
@@ -961,6 +1056,7 @@ impl PrivateSimdev {
             spawner,
             log: Mutex::new(log_tail::LogTail::new(log_path.clone())),
             leftover,
+            drain,
         };
         match ready {
             Ok(Some(line)) if line.starts_with("simdev listening on") => Ok(this),
@@ -1016,9 +1112,18 @@ impl PrivateSimdev {
     pub fn stop(&mut self) {
         if crate::process::id() != self.spawner {
             std::mem::forget(self.dir.take());
+            // The reader thread is the spawner's, not in this process.
+            std::mem::forget(self.drain.take());
             return;
         }
         crate::process::forget_at_exit(&self.leftover);
+        self.stop_child();
+        if let Some(drain) = self.drain.take() {
+            drain.join();
+        }
+    }
+
+    fn stop_child(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }

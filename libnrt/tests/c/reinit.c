@@ -1,0 +1,87 @@
+/*
+ * nrt_init again after nrt_close, as a test suite that opens and closes a runtime per test
+ * does: the second runtime loads and executes; a tensor or model of the first is refused by it
+ * (NRT_INVALID; a tensor can still be freed); a second nrt_init without a close is NRT_FAILURE.
+ * Usage: reinit MODEL (an identity model over 512 bytes)
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "nrt/nrt.h"
+#include "nrt/nrt_experimental.h"
+#include "common.h"
+
+#define BYTES 512u
+
+/* Loads MODEL, executes it once on fresh tensors filled with `fill` and checks the output;
+ * returns the input tensor (the rest is freed). */
+static nrt_tensor_t *run_once(const void *neff, size_t size, unsigned char fill) {
+    nrt_model_t *model = NULL;
+    nrt_tensor_t *in = NULL, *out = NULL;
+    nrt_tensor_set_t *inputs = NULL, *outputs = NULL;
+    unsigned char want[BYTES], got[BYTES];
+    CHECK(nrt_load(neff, size, 0, -1, &model));
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, BYTES, "input", &in));
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, BYTES, "output", &out));
+    CHECK(nrt_allocate_tensor_set(&inputs));
+    CHECK(nrt_allocate_tensor_set(&outputs));
+    CHECK(nrt_add_tensor_to_tensor_set(inputs, "input", in));
+    CHECK(nrt_add_tensor_to_tensor_set(outputs, "output", out));
+    memset(want, fill, sizeof want);
+    CHECK(nrt_tensor_write(in, want, 0, sizeof want));
+    CHECK(nrt_execute(model, inputs, outputs));
+    CHECK(nrt_tensor_read(out, got, 0, sizeof got));
+    ASSERT(memcmp(want, got, sizeof got) == 0);
+    nrt_destroy_tensor_set(&inputs);
+    nrt_destroy_tensor_set(&outputs);
+    nrt_tensor_free(&out);
+    CHECK(nrt_unload(model));
+    return in;
+}
+
+int main(int argc, char **argv) {
+    size_t size = 0;
+    void *neff;
+    nrt_tensor_t *first, *second;
+    nrt_model_t *stale = NULL, *fresh = NULL;
+    nrt_model_info_t info;
+    size_t info_size = 0;
+    unsigned char buf[BYTES];
+    ASSERT(argc == 2);
+    neff = read_file(argv[1], &size);
+
+    CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    EXPECT(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), NRT_FAILURE);
+    CHECK(nrt_load(neff, size, 0, -1, &stale)); /* left loaded at close */
+    first = run_once(neff, size, 0x31);
+    nrt_close();
+    EXPECT(nrt_tensor_read(first, buf, 0, sizeof buf), NRT_CLOSED);
+
+    CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    /* The new runtime's first model: the closed one's first had the same id inside. The
+     * stale handle is refused, never taken for it. */
+    CHECK(nrt_load(neff, size, 0, -1, &fresh));
+    EXPECT(nrt_unload(stale), NRT_INVALID);
+    EXPECT(nrt_get_model_info(stale, &info, sizeof info, &info_size), NRT_INVALID);
+    CHECK(nrt_get_model_info(fresh, &info, sizeof info, &info_size));
+    CHECK(nrt_unload(fresh));
+    second = run_once(neff, size, 0x32);
+    /* The first runtime's tensor is not this one's. */
+    EXPECT(nrt_tensor_copy(first, 0, second, 0, sizeof buf), NRT_INVALID);
+    EXPECT(nrt_tensor_read(first, buf, 0, sizeof buf), NRT_INVALID);
+    nrt_tensor_free(&first);
+    ASSERT(first == NULL);
+    CHECK(nrt_tensor_read(second, buf, 0, sizeof buf));
+    ASSERT(buf[0] == 0x32 && buf[BYTES - 1] == 0x32);
+    nrt_tensor_free(&second);
+    nrt_close();
+
+    /* And a third time, after a close with nothing loaded in between. */
+    CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    second = run_once(neff, size, 0x33);
+    nrt_tensor_free(&second);
+    nrt_close();
+    free(neff);
+    printf("REINIT OK\n");
+    return 0;
+}
