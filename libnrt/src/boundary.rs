@@ -8,20 +8,27 @@ use runtime::NrtError;
 use shared::NrtStatus;
 
 /// Installs a stderr logger filtered by `NEURON_RT_LOG_LEVEL` (libnrt's level names, or
-/// `tracing` directives; default: errors only), unless the process already has one. A value
-/// that is neither is said on stderr, and errors are logged.
+/// `tracing` directives; default: errors only, and the warning that a NEFF runs shape-only on
+/// simdev), unless the process already has one. A value that is neither is said on stderr,
+/// and the default used.
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        let default = || {
+            EnvFilter::new(format!(
+                "error,{}=warn",
+                runtime::kmgr::neff_load::SHAPE_ONLY_TARGET
+            ))
+        };
         let filter = match std::env::var("NEURON_RT_LOG_LEVEL") {
             Ok(v) if !v.trim().is_empty() => runtime::config::log_directive(&v)
                 .and_then(|d| EnvFilter::try_new(&d).map_err(|e| format!("{v:?}: {e}")))
                 .unwrap_or_else(|e| {
                     eprintln!("libnrt: {e}; logging errors only");
-                    EnvFilter::new("error")
+                    default()
                 }),
-            _ => EnvFilter::new("error"),
+            _ => default(),
         };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -930,7 +930,9 @@ fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
         c.arg(&neff)
             .args(["20", "shape-only"])
             .env("NEURON_SIMDEV_ARCH", "trn2")
-            .env("NEURON_LOGICAL_NC_CONFIG", "2");
+            .env("NEURON_LOGICAL_NC_CONFIG", "2")
+            // libnrt's default logging: errors, and the shape-only warning.
+            .env_remove("NEURON_RT_LOG_LEVEL");
         c
     });
     let stdout = assert_ran(&o, "neff", "neff executions 20 outputs shape-only-checked");
@@ -941,6 +943,16 @@ fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
     ] {
         assert!(stdout.contains(line), "{line:?} in\n{stdout}");
     }
+    // The program is told its outputs are not the model's numbers, once, at load.
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        stderr
+            .matches("NEFF \"file.neff\" runs shape-only on simdev")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("Bind a CPU reference"), "{stderr}");
 }
 
 #[test]
@@ -960,7 +972,8 @@ fn a_real_neff_with_a_reference_bound_gives_x_at_y_to_a_c_program() {
             .env(
                 "NEURON_SIMDEV_REFERENCE",
                 format!("{}={}:matmul", neff.display(), reference.display()),
-            );
+            )
+            .env_remove("NEURON_RT_LOG_LEVEL");
         c
     });
     assert_ran(
@@ -968,6 +981,8 @@ fn a_real_neff_with_a_reference_bound_gives_x_at_y_to_a_c_program() {
         "neff with a reference",
         "neff executions 10 outputs matmul-checked",
     );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!stderr.contains("shape-only"), "{stderr}");
 }
 
 #[test]

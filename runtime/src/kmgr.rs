@@ -585,7 +585,19 @@ impl ModelDb {
                 break;
             }
         }
-        self.finish(ctx, plan.meta, vnc, tpbs, result)
+        let loaded = self.finish(ctx, plan.meta, vnc, tpbs, result)?;
+        // Where simdev cannot know what silicon knows (the instruction encoding), say so.
+        if let Some(None) = neff_load::simulated_outputs(ctx.device.as_ref(), neff) {
+            tracing::warn!(
+                target: neff_load::SHAPE_ONLY_TARGET,
+                "NEFF {:?} runs shape-only on simdev: simdev cannot decode the NEFF instruction \
+                 encoding, so its outputs have the right shapes and sizes but are not the \
+                 model's numbers. Bind a CPU reference to get them (simdev --reference, or \
+                 NEURON_SIMDEV_REFERENCE for a private simdev; README \"Real numbers for a NEFF\")",
+                plan.name
+            );
+        }
+        Ok(loaded)
     }
 
     /// Registers a loaded model, or frees what it holds when `result` is an error.

@@ -1158,7 +1158,8 @@ fn run_neff(
         r.outputs = source.label();
     }
     if matches!(source, Some(NeffOutputs::Reference | NeffOutputs::Mixed)) {
-        r.reference = bound_reference(rt.device().as_ref(), &neff);
+        r.reference =
+            runtime::kmgr::neff_load::simulated_outputs(rt.device().as_ref(), &neff).flatten();
         if let (Some(label), Some(note)) = (&r.reference, &mut r.note) {
             // "reference: simdev computed ..." becomes "reference ref.py:f: simdev computed ...".
             if let Some((kind, rest)) = note.split_once(": ") {
@@ -1173,18 +1174,6 @@ fn run_neff(
         });
     }
     Ok(r)
-}
-
-/// The label of the reference simdev has bound to `neff` (matched by the header's uuid and
-/// hash, as simdev matches a running program), if the device says.
-fn bound_reference(device: &dyn runtime::Device, neff: &neff::Neff) -> Option<String> {
-    let hash: [u8; 16] = neff.header.hash[..16].try_into().ok()?;
-    device
-        .neff_references()
-        .ok()?
-        .into_iter()
-        .find(|b| b.neff_uuid == neff.header.uuid && b.neff_hash == hash)
-        .map(|b| b.label)
 }
 
 /// Prints a report as text.

@@ -198,6 +198,26 @@ pub fn neff_name(neff: &Neff) -> String {
     if s.is_empty() { "model".into() } else { s }
 }
 
+/// What computes `neff`'s outputs on `device`: `None` on a device that runs the NEFF's own
+/// instructions (silicon); on a simulated one `Some(Some(label))` for the reference it bound to
+/// the NEFF (matched by the header's uuid and hash, as simdev matches a running program), or
+/// `Some(None)` when it runs the NEFF shape-only.
+pub fn simulated_outputs(device: &dyn Device, neff: &Neff) -> Option<Option<String>> {
+    let bindings = device.neff_references().ok()?;
+    let hash: Option<[u8; 16]> = neff.header.hash[..16].try_into().ok();
+    Some(
+        bindings
+            .into_iter()
+            .find(|b| b.neff_uuid == neff.header.uuid && Some(b.neff_hash) == hash)
+            .map(|b| b.label),
+    )
+}
+
+/// The `tracing` target of the line that says a NEFF runs shape-only: libnrt logs it at WARN
+/// even where it logs only errors (its default), since a program's outputs are otherwise
+/// silently not its model's numbers.
+pub const SHAPE_ONLY_TARGET: &str = "nrt_simulated_outputs";
+
 fn page(bytes: u64) -> u64 {
     bytes.next_multiple_of(4096)
 }
