@@ -691,7 +691,13 @@ impl Runtime {
     }
 
     fn vnc_of(&self, vnc: i32) -> NrtResult<u32> {
-        let v = if vnc < 0 {
+        if vnc < -1 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!("logical core {vnc} does not exist (-1 lets the runtime choose)"),
+            ));
+        }
+        let v = if vnc == -1 {
             0
         } else {
             u32::try_from(vnc).unwrap_or(u32::MAX)

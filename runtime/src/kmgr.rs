@@ -374,9 +374,9 @@ fn neff_error_status(e: &neff::NeffError) -> NrtStatus {
     }
 }
 
-/// Whether `bytes` start with a NEFF header (`pkg_version` 1 or 2, `header_size` 1024): then
-/// the NEFF reader, not the container decoder, says what is wrong with the rest (a wrong
-/// `data_size`, a truncated payload). A model container starts with its magic, never this.
+/// Whether `bytes` start like a NEFF header (`pkg_version` 1 or 2, `header_size` 1024): a NEFF
+/// the reader refuses is then named as one (by the header's name), otherwise the refusal says
+/// the bytes are no model at all.
 fn is_neff_header(bytes: &[u8]) -> bool {
     let u64_at = |o: usize| {
         bytes
@@ -426,14 +426,27 @@ impl ModelDb {
         vnc: u32,
         ncs: &[u32],
     ) -> Result<Arc<LoadedModel>, NrtError> {
-        if is_neff_header(bytes) {
+        // Anything but a model container (its magic) is read as a NEFF, whose reader names the
+        // header field or payload member that is wrong.
+        if !bytes.starts_with(&shared::model::MODEL_MAGIC) {
             let neff = neff::Neff::parse(
                 bytes,
                 &neff::ParseOptions {
                     validate_hash: ctx.validate_hash,
                 },
             )
-            .map_err(|e| neff_refused(bytes, &e))?;
+            .map_err(|e| {
+                if is_neff_header(bytes) {
+                    neff_refused(bytes, &e)
+                } else {
+                    NrtError::new(
+                        neff_error_status(&e),
+                        format!(
+                            "the model is neither a model container (no \"NRTMODEL\" magic) nor a NEFF: {e}"
+                        ),
+                    )
+                }
+            })?;
             return self.load_neff(ctx, &neff, vnc, ncs);
         }
         let LoadContext {

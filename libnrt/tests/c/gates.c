@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
     EXPECT(nrt_load(model_bytes, 0, 0, -1, &model), NRT_INVALID);
     EXPECT(nrt_load(model_bytes, model_size / 2, 0, -1, &model), NRT_INVALID);
     EXPECT(nrt_load(model_bytes, model_size, 42, -1, &model), NRT_INVALID);
+    EXPECT(nrt_load(model_bytes, model_size, -5, -1, &model), NRT_INVALID);
     CHECK(nrt_load(model_bytes, model_size, 0, -1, &model));
     EXPECT(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 512, "in", NULL), NRT_INVALID);
     CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 512, "in", &in));

@@ -396,6 +396,26 @@ fn malformed_neffs_are_refused_with_nothing_allocated() {
     v3[0x18] = 3;
     let e = rt.load(&v3, 0).unwrap_err();
     assert_eq!(e.status, NrtStatus::UnsupportedNeffVersion, "{e}");
+    // A broken header is the NEFF reader's to name, not "not a model container".
+    let mut no_header_size = good.clone();
+    no_header_size[8..16].fill(0);
+    let e = rt.load(&no_header_size, 0).unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+    assert!(e.message.contains("header_size"), "{e}");
+    assert!(!e.message.contains("NRTMODEL\")"), "{e}");
+    let mut pkg_99 = good.clone();
+    pkg_99[..8].copy_from_slice(&99u64.to_le_bytes());
+    let e = rt.load(&pkg_99, 0).unwrap_err();
+    assert!(e.message.contains("pkg_version"), "{e}");
+    // Bytes that are no model at all say both readers refused them.
+    let e = rt.load(&[0x5a; 4096], 0).unwrap_err();
+    assert_eq!(e.status, NrtStatus::Invalid, "{e}");
+    assert!(
+        e.message.starts_with(
+            "the model is neither a model container (no \"NRTMODEL\" magic) nor a NEFF: "
+        ),
+        "{e}"
+    );
     assert_eq!(stats(&rig), before);
     rt.close();
 }
