@@ -584,6 +584,26 @@ fn payload_caps_are_enforced_by_name() {
     );
 }
 
+/// A real NEFF with one unused member of 160 MiB of zeros (a few hundred KiB compressed) is
+/// refused by the ratio cap under the default caps, without holding the whole member: the
+/// unpacking stops once 100 bytes per compressed byte have inflated. An all-zero member that
+/// fits the ratio loads.
+#[test]
+fn an_unused_member_inflating_far_beyond_its_compressed_size_is_refused() {
+    let bomb = edited(|m| m.push(("sg00/padding.bin".into(), vec![0u8; 160 << 20])));
+    assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+    let e = parse(&bomb).unwrap_err();
+    let payload = (bomb.len() - NEFF_HEADER_SIZE) as u64;
+    assert!(
+        matches!(e, NeffError::Limit { cap, .. }
+            if cap == (payload::MAX_RATIO * payload).max(payload::RATIO_FREE) && cap < 160 << 20),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("100 per compressed byte"), "{e}");
+    let fine = edited(|m| m.push(("sg00/padding.bin".into(), vec![0u8; 1 << 20])));
+    parse(&fine).unwrap();
+}
+
 #[test]
 fn missing_members_are_named() {
     for gone in [
@@ -933,7 +953,7 @@ fn ten_thousand_mutations_of_the_unpacked_tar_never_panic() {
     let (ok, err) = in_parallel(&mutations, |&(at, byte)| {
         let mut t = tar.clone();
         t[at] = byte;
-        payload::untar(&t, &Limits::DEFAULT)
+        payload::untar(&t[..], &Limits::DEFAULT)
             .and_then(|m| Neff::from_members(header, HashVerdict::NotChecked, &m))
             .is_ok()
     });
