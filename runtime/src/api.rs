@@ -1868,7 +1868,11 @@ pub mod nrt {
         let deadline = Instant::now() + budget;
         match wait_for_calls(rt, deadline) {
             Ok(rt) => {
+                let device = rt.device().clone();
                 rt.close();
+                // The device init opened (a private simdev) stops now, even while tensors
+                // the caller has not freed hold it.
+                device.release();
                 Closed::Drained
             }
             Err(calls) => {

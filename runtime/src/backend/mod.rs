@@ -464,6 +464,12 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn hung_up(&self) -> bool {
         false
     }
+
+    /// The opener is done with the device (`nrt_close`): what it started for itself stops now,
+    /// even while objects that hold the device (tensors not yet freed) live on — their later
+    /// requests fail as on a device that is gone. A private simdev is stopped; a shared one or
+    /// a Neuron device is left as it is.
+    fn release(&self) {}
 }
 
 /// One batch of device trace events ([`Device::trace_drain`]).

@@ -109,9 +109,11 @@ pub struct SimDevice {
     /// A control request went unanswered ([`DeviceError::NotResponding`]): the device counts
     /// as hung up.
     unresponsive: std::sync::atomic::AtomicBool,
-    /// The private simdev this device started, stopped when the device is dropped. Declared
-    /// last so the connection closes first.
-    child: Option<PrivateSimdev>,
+    /// The private simdev this device started, stopped by [`Device::release`] or when the
+    /// device is dropped. Declared last so the connection closes first.
+    child: Mutex<Option<PrivateSimdev>>,
+    /// Whether it started one (stays true after the release).
+    private: bool,
 }
 
 fn io_err(op: &'static str) -> impl FnOnce(nix::Error) -> DeviceError {
@@ -181,7 +183,8 @@ impl SimDevice {
             owner: crate::process::id(),
             control_timeout,
             unresponsive: std::sync::atomic::AtomicBool::new(false),
-            child: None,
+            child: Mutex::new(None),
+            private: false,
         };
         dev.hello(PROTOCOL_VERSION)?;
         Ok(dev)
@@ -214,7 +217,8 @@ impl SimDevice {
             owner: crate::process::id(),
             control_timeout: CONTROL_TIMEOUT,
             unresponsive: std::sync::atomic::AtomicBool::new(false),
-            child: None,
+            child: Mutex::new(None),
+            private: false,
         };
         dev.hello(version)?;
         Ok(dev)
@@ -240,15 +244,16 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Starts a private simdev with `command` and connects to it; the child is stopped when the
-    /// device is dropped.
+    /// Starts a private simdev with `command` and connects to it; the child is stopped at
+    /// [`Device::release`] or when the device is dropped.
     ///
     /// # Errors
     /// As [`PrivateSimdev::spawn`] and [`SimDevice::connect`].
     pub fn spawn_private(command: &SimdevCommand) -> Result<Self, DeviceError> {
         let child = PrivateSimdev::spawn(command)?;
         let mut dev = Self::connect(child.socket())?;
-        dev.child = Some(child);
+        dev.child = Mutex::new(Some(child));
+        dev.private = true;
         Ok(dev)
     }
 
@@ -303,9 +308,9 @@ impl SimDevice {
         }
     }
 
-    /// Whether this device started its own simdev (stopped at drop).
+    /// Whether this device started its own simdev (stopped at release or drop).
     pub fn is_private(&self) -> bool {
-        self.child.is_some()
+        self.private
     }
 
     /// Refuses use from a process forked after the connection was opened.
@@ -865,8 +870,32 @@ impl Device for SimDevice {
 
     fn take_device_log(&self) -> Vec<String> {
         self.child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map_or_else(Vec::new, PrivateSimdev::take_log)
+    }
+
+    fn release(&self) {
+        let Some(mut child) = self
+            .child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        // The connection first, as at drop: later requests fail at once (Disconnected)
+        // instead of reaching a simdev that is stopping.
+        match &self.link {
+            Link::Socket { fd, .. } => {
+                let _ =
+                    nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            }
+            #[cfg(any(test, feature = "test-support"))]
+            Link::InProcess(_) => {}
+        }
+        child.stop();
     }
 }
 
