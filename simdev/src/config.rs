@@ -47,8 +47,11 @@ pub struct Config {
     pub receive: ReceivePath,
 }
 
-/// [`Config::reference_timeout`] by default.
-pub const DEFAULT_REFERENCE_TIMEOUT: Duration = Duration::from_secs(30);
+/// [`Config::reference_timeout`] by default: under the runtime's default execution timeout
+/// (`NEURON_RT_EXEC_TIMEOUT`, 30 s), so a reference that hangs ends its execution with
+/// NRT_EXEC_COMPLETED_WITH_ERR before the runtime gives up on the NC (NRT_TIMEOUT, which
+/// degrades it). A private simdev gets three quarters of the runtime's own timeout instead.
+pub const DEFAULT_REFERENCE_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for Config {
     /// trn1 with its two NCs, 16 GiB of HBM per NC (the silicon's), [`default_socket_path`],

@@ -523,3 +523,36 @@ fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
     );
     assert_eq!(listed(), Vec::<String>::new(), "nothing left behind");
 }
+
+/// A Python reference that hangs fails its execution with NRT_EXEC_COMPLETED_WITH_ERR (1004,
+/// simdev's reference timeout) rather than the runtime's NRT_TIMEOUT, which would degrade the
+/// core: a private simdev's references get three quarters of NEURON_RT_EXEC_TIMEOUT (6 s of 8).
+#[test]
+fn a_hung_reference_fails_its_execution_before_the_runtime_times_it_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("hang.py");
+    std::fs::write(
+        &module,
+        "import time\n\ndef hang(x, y):\n    time.sleep(60)\n    return {}\n",
+    )
+    .unwrap();
+    let small = neff("matmul_small");
+    let binding = format!("{small}={}:hang", module.display());
+    let started = std::time::Instant::now();
+    let e = nrt_fails(
+        &["bench", "--neff", &small, "--iterations", "1"],
+        &[
+            ("NEURON_SIMDEV_ARCH", "trn2"),
+            ("NEURON_RT_EXEC_TIMEOUT", "8"),
+            ("NEURON_SIMDEV_REFERENCE", &binding),
+        ],
+    );
+    assert!(e.contains("NRT_EXEC_COMPLETED_WITH_ERR (1004)"), "{e}");
+    assert!(
+        e.contains("no reply within the reference timeout of 6s"),
+        "{e}"
+    );
+    assert!(!e.contains("NRT_TIMEOUT"), "{e}");
+    // Reported, not asserted on: the whole run took about the reference timeout.
+    println!("took {:?}", started.elapsed());
+}

@@ -66,6 +66,16 @@ pub struct OpenOptions {
     pub control_timeout: Option<std::time::Duration>,
 }
 
+/// simdev's `--reference-timeout` for a runtime whose executions time out after `exec_timeout`:
+/// three quarters of it (at least 1 ms).
+pub fn reference_timeout_args(exec_timeout: std::time::Duration) -> [OsString; 2] {
+    let ms = (exec_timeout.as_millis() * 3 / 4).max(1);
+    [
+        OsString::from("--reference-timeout"),
+        OsString::from(format!("{ms}ms")),
+    ]
+}
+
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {
@@ -105,6 +115,13 @@ impl OpenOptions {
                 });
             }
             simdev_args.extend([OsString::from("--arch"), arch]);
+        }
+        // A private simdev's Python references get less time than an execution: a hung one
+        // then fails its execution (1004) before the runtime times it out and degrades the NC.
+        if var("NEURON_RT_EXEC_TIMEOUT").is_some()
+            && let Ok(config) = crate::config::RuntimeConfig::from_env()
+        {
+            simdev_args.extend(reference_timeout_args(config.exec_timeout));
         }
         Ok(Self {
             kind,
@@ -191,6 +208,22 @@ pub fn open(opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_simdevs_references_get_three_quarters_of_the_execution_timeout() {
+        use std::time::Duration;
+        assert_eq!(
+            reference_timeout_args(Duration::from_secs(30)),
+            ["--reference-timeout", "22500ms"].map(OsString::from)
+        );
+        assert_eq!(
+            reference_timeout_args(Duration::from_secs(4)),
+            ["--reference-timeout", "3000ms"].map(OsString::from)
+        );
+        assert_eq!(reference_timeout_args(Duration::ZERO)[1], "1ms");
+        // simdev takes what it is given.
+        assert!(simdev::cli::parse_duration("22500ms").is_ok());
+    }
 
     #[test]
     fn backend_kind_parses_the_three_names() {
