@@ -206,6 +206,48 @@ pub unsafe extern "C" fn nrt_get_visible_nc_count(nc_count: *mut u32) -> u32 {
     count_export("nrt_get_visible_nc_count", nc_count, nrt::visible_vnc_count)
 }
 
+/// `nrt_host_device_id_get`: the host's id of device `neuron_dev`. This process sees one
+/// device, 0 (`/dev/neuron0` or simdev), under its host id.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_host_device_id_get(neuron_dev: i32, host_device_id: *mut u32) -> u32 {
+    boundary::status("nrt_host_device_id_get", || {
+        rt()?;
+        raw::check_out(host_device_id, "host_device_id")?;
+        if neuron_dev != 0 {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("Neuron device {neuron_dev} is not this process's (it has device 0)"),
+            ));
+        }
+        raw::write_out(host_device_id, 0, "host_device_id")
+    })
+}
+
+/// `nrt_get_device_id`: the device holding visible logical core `lnc_idx` — device 0.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_device_id(lnc_idx: i32, device_id: *mut i32) -> u32 {
+    boundary::status("nrt_get_device_id", || {
+        let rt = rt()?;
+        raw::check_out(device_id, "device_id")?;
+        let visible = rt.visible_vnc_count();
+        if u32::try_from(lnc_idx).map_or(true, |l| l >= visible) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "logical core {lnc_idx} is not visible to this process ({visible} visible)"
+                ),
+            ));
+        }
+        raw::write_out(device_id, 0, "device_id")
+    })
+}
+
 /// `nrt_get_instance_info`: at most `instance_info_len` bytes of `nrt_instance_info_t`.
 ///
 /// # Safety

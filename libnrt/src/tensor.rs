@@ -394,3 +394,27 @@ pub unsafe extern "C" fn nrt_get_dmabuf_fd(va: u64, size: u64, fd: *mut i32) -> 
         raw::write_out(fd, owned.into_raw_fd(), "fd")
     })
 }
+
+/// `nrt_get_dmabuf_fd_v2`: a descriptor mapping the device memory `va` lies in, and where `va`
+/// lies in it (`va` may be anywhere inside a device tensor's mapping).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_dmabuf_fd_v2(
+    va: u64,
+    size: u64,
+    fd: *mut i32,
+    offset: *mut u64,
+) -> u32 {
+    boundary::status("nrt_get_dmabuf_fd_v2", || {
+        rt()?;
+        raw::check_out(fd, "fd")?;
+        raw::check_out(offset, "offset")?;
+        let (t, within) = device_tensor_at(to_usize(va, "va")?, to_usize(size, "size")?)?;
+        let (owned, base) = t.dmabuf_fd()?;
+        raw::write_out(offset, base + within, "offset")?;
+        // Last: nothing can fail after the descriptor is handed over.
+        raw::write_out(fd, owned.into_raw_fd(), "fd")
+    })
+}

@@ -199,6 +199,13 @@ NRT_STATUS nrt_get_visible_nc_count(uint32_t *nc_count);
 NRT_STATUS nrt_get_instance_info(nrt_instance_info_t *info, size_t instance_info_len);
 
 /**
+ * The host's id of Neuron device `neuron_dev` as this process sees it (a container may see
+ * host devices renumbered); NRT_INVALID for a device this process does not have. simdev is
+ * device 0, not renumbered.
+ */
+NRT_STATUS nrt_host_device_id_get(int neuron_dev, uint32_t *host_device_id);
+
+/**
  * Device memory used and available on logical core `vnc`. Writes at most `stats_size_in` bytes
  * of `stats` and the number written to `*stats_size_out`.
  */
@@ -309,6 +316,12 @@ NRT_STATUS nrt_tensor_get_lnc_index(const nrt_tensor_t *tensor, int *lnc_idx);
  * The caller closes it.
  */
 NRT_STATUS nrt_get_dmabuf_fd(uint64_t va, uint64_t size, int *fd);
+
+/**
+ * nrt_get_dmabuf_fd for any `va` inside a device tensor's mapping: `*offset` is where `va`
+ * lies in the memory `*fd` maps. The caller closes it.
+ */
+NRT_STATUS nrt_get_dmabuf_fd_v2(uint64_t va, uint64_t size, int *fd, uint64_t *offset);
 
 /* ---- tensor sets ---- */
 

@@ -63,6 +63,9 @@ NRT_STATUS nrt_free_model_tensor_info(nrt_tensor_info_array_t *tensor_info);
  */
 NRT_STATUS nrt_memcpy_to_device(void *dest, const void *src, size_t size);
 
+/** The Neuron device (its index, as in neuron-ls) holding visible logical core `lnc_idx`. */
+NRT_STATUS nrt_get_device_id(int lnc_idx, int *device_id);
+
 /** Completion callback of the implicit asynchronous mode. */
 typedef void (*nrt_async_exec_callback_t)(void *params, uint32_t model_id, uint32_t vnc,
                                           uint64_t job_id, NRT_STATUS status);

@@ -30,7 +30,9 @@ int main(int argc, char **argv) {
     nrt_instance_info_t iinfo;
     nrt_vnc_memory_stats_t before, during, after;
     uint32_t count = 0;
-    int lnc = -1, fd = -1, i;
+    int lnc = -1, fd = -1, i, device_id = -1;
+    uint32_t host_device_id = 7;
+    uint64_t dmabuf_offset = 0;
 
     ASSERT(argc == 2);
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
@@ -100,6 +102,25 @@ int main(int argc, char **argv) {
     ASSERT(buf[0] == 0x42);
     munmap(mapped, 4096);
     close(fd);
+    /* v2 takes an address inside the allocation and says where it lies in the memory. */
+    CHECK(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 512, &fd, &dmabuf_offset));
+    ASSERT(fd >= 0 && dmabuf_offset >= 512);
+    mapped = mmap(NULL, (size_t)dmabuf_offset + 512, PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT(mapped != MAP_FAILED);
+    ASSERT(memcmp(mapped + dmabuf_offset + 10, "hello", 5) == 0);
+    munmap(mapped, (size_t)dmabuf_offset + 512);
+    close(fd);
+    EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 513, &fd, &dmabuf_offset), NRT_INVALID);
+    EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 512, &fd, NULL), NRT_INVALID);
+
+    /* One device, 0, holds every visible core. */
+    CHECK(nrt_get_device_id(0, &device_id));
+    ASSERT(device_id == 0);
+    EXPECT(nrt_get_device_id(99, &device_id), NRT_INVALID);
+    EXPECT(nrt_get_device_id(-1, &device_id), NRT_INVALID);
+    CHECK(nrt_host_device_id_get(0, &host_device_id));
+    ASSERT(host_device_id == 0);
+    EXPECT(nrt_host_device_id_get(1, &host_device_id), NRT_INVALID);
 
     /* Copy between tensors; an empty tensor with the caller's buffer attached. */
     CHECK(nrt_tensor_allocate_empty("empty", &empty));
