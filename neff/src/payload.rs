@@ -3,9 +3,9 @@
 //!
 //! The tar is read as the gzip stream inflates, one member at a time: only the members kept are
 //! ever held. The unpacked bytes are capped twice: by [`Limits::max_unpacked_bytes`], and by
-//! [`MAX_RATIO`] bytes per compressed byte beyond the first [`RATIO_FREE`] — real NEFFs inflate
-//! about 6 times; a few MiB of zeros inflating to GiBs is refused when its inflating passes the
-//! cap, before it is held.
+//! [`MAX_RATIO`] bytes per compressed byte (but never below [`RATIO_FREE`]) — real NEFFs
+//! inflate about 6 times; a few MiB of zeros inflating to GiBs is refused once its inflating
+//! passes the cap, holding at most the cap.
 //!
 //! The gzip stream may be followed by zero padding (the real files pad it), nothing else.
 //!
@@ -37,7 +37,8 @@ impl Limits {
     };
 }
 
-/// Most unpacked bytes per compressed byte of the payload, beyond [`RATIO_FREE`].
+/// Most unpacked bytes per compressed byte of the payload (a payload may always inflate to
+/// [`RATIO_FREE`]).
 pub const MAX_RATIO: u64 = 100;
 /// Unpacked bytes any payload may have, whatever its compressed size.
 pub const RATIO_FREE: u64 = 64 << 20;

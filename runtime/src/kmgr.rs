@@ -346,8 +346,12 @@ pub struct LoadContext<'a> {
 #[derive(Debug, Default)]
 pub struct ModelDb {
     models: Mutex<FastHashMap<u64, Arc<LoadedModel>>>,
-    next_id: AtomicU64,
 }
+
+/// The last model handle id handed out, in this process: ids are never reused, not even by a
+/// runtime started after another closed (`nrt_init` after `nrt_close`), so a stale handle names
+/// no model rather than another runtime's.
+static LAST_MODEL_ID: AtomicU64 = AtomicU64::new(0);
 
 fn load_failure(status: NrtStatus, model: &str, what: impl std::fmt::Display) -> NrtError {
     NrtError::new(status, format!("loading model {model:?}: {what}"))
@@ -624,7 +628,7 @@ impl ModelDb {
     ) -> Result<Arc<LoadedModel>, NrtError> {
         let device = ctx.device;
         let runtime = ctx.runtime;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = LAST_MODEL_ID.fetch_add(1, Ordering::Relaxed) + 1;
         let loaded = Arc::new(LoadedModel {
             id,
             vnc,

@@ -378,8 +378,9 @@ fn neffs_and_containers_for_another_target_are_refused() {
         "/data/matmul_small.neff"
     ))
     .unwrap();
+    // An LNC=2 NEFF on this logical core of one NC.
     let e = rig.rt.load(&neff, 0).unwrap_err();
-    assert_eq!(e.status, NrtStatus::Invalid);
+    assert_eq!(e.status, NrtStatus::LoadNotEnoughNc);
     assert!(e.message.contains("NEFF"), "{e}");
     let silicon = identity(8).to_container(Target::Silicon).unwrap();
     let e = rig.rt.load(&silicon, 0).unwrap_err();

@@ -162,7 +162,7 @@ fn an_lnc2_neff_is_refused_on_trn1_and_at_lnc1_naming_the_mismatch() {
         let (rt, _sim) = runtime(arch, lnc, Some("256M"));
         let before = rt.vnc_memory_stats(0).unwrap().bytes_used;
         let e = load_error(&rt, &neff_bytes("matmul_small"));
-        assert_eq!(e.status, NrtStatus::Invalid, "{arch}: {e}");
+        assert_eq!(e.status, NrtStatus::LoadNotEnoughNc, "{arch}: {e}");
         assert!(
             e.message.contains("LNC=2") || e.message.contains("lnc"),
             "{arch}: {e}"

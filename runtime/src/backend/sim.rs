@@ -1003,8 +1003,10 @@ impl StdoutDrain {
             };
             if let Some(l) = &mut line {
                 l.extend_from_slice(&buf[..n]);
-                if let Some(end) = l.iter().position(|&b| b == b'\n') {
-                    let first = String::from_utf8_lossy(&l[..end]).into_owned();
+                // A line, or as much as a ready line could be (then it is not one).
+                let end = l.iter().position(|&b| b == b'\n');
+                if end.is_some() || l.len() > buf.len() {
+                    let first = String::from_utf8_lossy(&l[..end.unwrap_or(l.len())]).into_owned();
                     let _ = first_line.send(Some(first));
                     line = None;
                 }

@@ -266,7 +266,14 @@ fn lifecycle(args: &ClientArgs) -> ExitCode {
         "execute_after_second_close",
         code(&nrt::execute(h, &ins, &empty)),
     );
+    // A new runtime may follow a closed one; the closed one's model handle names nothing in
+    // it (handle ids are never reused in a process).
     put("init_after_close", code(&nrt::init_with(&opts)));
+    put(
+        "execute_stale_handle_after_reinit",
+        code(&nrt::execute(h, &ins, &empty)),
+    );
+    nrt::close();
     println!("lifecycle {}", serde_json::Value::Object(codes));
     ExitCode::SUCCESS
 }
