@@ -4,11 +4,9 @@
  * developer-guide flow through the resolved pointers. Usage: dlopen MODEL NAME...
  */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
@@ -16,6 +14,7 @@
 #include "nrt/nrt_profile.h"
 #include "nrt/nrt_sys_trace.h"
 #include "common.h"
+#include "proc_threads.h"
 
 /* A function pointer of the exact type the header declares, resolved by name (copied from the
  * object pointer dlsym returns, the POSIX way: ISO C has no cast between the two). */
@@ -33,48 +32,6 @@ static void *resolve(void *lib, const char *name) {
         exit(1);
     }
     return sym;
-}
-
-/* The threads of this process, from /proc/self/task; with `say`, their names on stderr. */
-static int threads(int say) {
-    DIR *d = opendir("/proc/self/task");
-    struct dirent *e;
-    int n = 0;
-    ASSERT(d != NULL);
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] != '.') {
-            n++;
-            if (say) {
-                char path[300], name[64] = "";
-                FILE *f;
-                snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-                f = fopen(path, "r");
-                if (f) {
-                    if (!fgets(name, sizeof name, f)) {
-                        name[0] = 0;
-                    }
-                    fclose(f);
-                }
-                fprintf(stderr, "thread %s: %s", e->d_name, name);
-            }
-        }
-    }
-    closedir(d);
-    return n;
-}
-
-/* Whether this process is down to its one thread within 2 s: a thread joined a moment ago
- * may still be listed while the kernel finishes its exit; a thread left running never goes. */
-static int alone(void) {
-    struct timespec pause = {0, 10 * 1000 * 1000};
-    int i;
-    for (i = 0; i < 200; i++) {
-        if (threads(0) == 1) {
-            return 1;
-        }
-        nanosleep(&pause, NULL);
-    }
-    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -193,7 +150,7 @@ int main(int argc, char **argv) {
         /* No thread of the library outlives nrt_close (the async API's completion relay
          * included), so unloading it below unmaps no code a thread still runs. */
         if (!alone()) {
-            fprintf(stderr, "%d threads after nrt_close\n", threads(1));
+            fprintf(stderr, "threads are left after nrt_close\n");
             return 1;
         }
         ASSERT(strcmp(p_nrt_get_status_as_str(NRT_SUCCESS), "NRT_SUCCESS") == 0);

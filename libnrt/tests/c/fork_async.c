@@ -12,18 +12,17 @@
  * thread too.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
 #include "common.h"
+#include "proc_threads.h"
 
 #define BYTES 512u
 #define UNWRITTEN ((NRT_STATUS)0xDEAD)
@@ -87,33 +86,6 @@ static void execute_on_eventfd(const char *who, unsigned char fill) {
     close(fd);
 }
 
-/* The threads of this process, from /proc/self/task. */
-static int threads(void) {
-    DIR *d = opendir("/proc/self/task");
-    struct dirent *e;
-    int n = 0;
-    ASSERT(d != NULL);
-    while ((e = readdir(d)) != NULL) {
-        n += e->d_name[0] != '.';
-    }
-    closedir(d);
-    return n;
-}
-
-/* Whether this process is down to its one thread within 2 s: a thread joined a moment ago
- * may still be listed while the kernel finishes its exit; a thread left running never goes. */
-static int alone(void) {
-    struct timespec pause = {0, 10 * 1000 * 1000};
-    int i;
-    for (i = 0; i < 200; i++) {
-        if (threads() == 1) {
-            return 1;
-        }
-        nanosleep(&pause, NULL);
-    }
-    return 0;
-}
-
 static int child(const char *path) {
     unsigned char got[BYTES];
     NRT_STATUS ret = UNWRITTEN;
@@ -135,7 +107,7 @@ static int child(const char *path) {
     ASSERT(ret == NRT_SUCCESS && got[0] == 0x5a && got[BYTES - 1] == 0x5a);
     teardown();
     if (!alone()) {
-        fprintf(stderr, "child: %d threads after nrt_close\n", threads());
+        fprintf(stderr, "child: threads are left after nrt_close\n");
         return 1;
     }
     close(xu_fd);
@@ -164,7 +136,7 @@ int main(int argc, char **argv) {
     execute_on_eventfd("parent after the child", 0x22);
     teardown();
     if (!alone()) {
-        fprintf(stderr, "parent: %d threads after nrt_close\n", threads());
+        fprintf(stderr, "parent: threads are left after nrt_close\n");
         return 1;
     }
     printf("FORK ASYNC OK\n");
