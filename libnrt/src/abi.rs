@@ -117,6 +117,33 @@ pub struct NrtModelInfo {
     pub vnc: u32,
 }
 
+/// `nrt_tensor_batch_op_t` (24 bytes): `size` bytes at byte `offset` of the batch's tensor,
+/// to or from `buffer`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, IntoBytes, Immutable, KnownLayout)]
+pub struct NrtTensorBatchOp {
+    /// `nrt_tensor_batch_offset_t`: byte offset in the tensor.
+    pub offset: u64,
+    /// `nrt_tensor_batch_size_t`: bytes.
+    pub size: u64,
+    /// Address of the caller's buffer.
+    pub buffer: u64,
+}
+
+/// `nrt_tensor_batch_t` (24 bytes): the operations on one tensor.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, IntoBytes, Immutable, KnownLayout)]
+pub struct NrtTensorBatch {
+    /// The tensor handle.
+    pub tensor: u64,
+    /// Address of `num_ops` [`NrtTensorBatchOp`]s.
+    pub ops: u64,
+    /// Number of operations.
+    pub num_ops: u32,
+    /// Tail padding.
+    pub _pad: u32,
+}
+
 const _: () = {
     assert!(std::mem::size_of::<NrtVersion>() == 224);
     assert!(std::mem::size_of::<NrtInstanceInfo>() == 32);
@@ -124,7 +151,15 @@ const _: () = {
     assert!(std::mem::size_of::<NrtTensorDeviceAllocationInfo>() == 24);
     assert!(std::mem::size_of::<NrtVncMemoryStats>() == 16);
     assert!(std::mem::size_of::<NrtModelInfo>() == 4);
+    assert!(std::mem::size_of::<NrtTensorBatchOp>() == 24);
+    assert!(std::mem::size_of::<NrtTensorBatch>() == 24);
 };
+
+/// The pointer a `u64` address field holds (exact: 64-bit targets only, asserted above). The
+/// caller's structs carry pointers the caller made, so their provenance is exposed.
+pub fn field_ptr<T>(addr: u64) -> *mut T {
+    usize::try_from(addr).map_or(std::ptr::null_mut(), std::ptr::with_exposed_provenance_mut)
+}
 
 /// `s` as a NUL-terminated C string in a fixed field (cut to fit, always terminated).
 pub fn c_field<const N: usize>(s: &str) -> [u8; N] {
@@ -167,6 +202,12 @@ mod tests {
         assert_eq!(offset_of!(NrtVncMemoryStats, bytes_used), 0);
         assert_eq!(offset_of!(NrtVncMemoryStats, bytes_limit), 8);
         assert_eq!(offset_of!(NrtModelInfo, vnc), 0);
+        assert_eq!(offset_of!(NrtTensorBatchOp, offset), 0);
+        assert_eq!(offset_of!(NrtTensorBatchOp, size), 8);
+        assert_eq!(offset_of!(NrtTensorBatchOp, buffer), 16);
+        assert_eq!(offset_of!(NrtTensorBatch, tensor), 0);
+        assert_eq!(offset_of!(NrtTensorBatch, ops), 8);
+        assert_eq!(offset_of!(NrtTensorBatch, num_ops), 16);
     }
 
     #[test]
@@ -212,6 +253,34 @@ mod tests {
         assert_eq!(&b[24..32], &[1, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[32..34], b"d\0");
         assert_eq!(&b[160..164], b"abc\0");
+    }
+
+    #[test]
+    fn a_tensor_batch_and_its_op_have_the_golden_bytes() {
+        let op = NrtTensorBatchOp {
+            offset: 0x10,
+            size: 0x0102_0304,
+            buffer: 0x1122_3344_5566_7788,
+        };
+        assert_eq!(
+            op.as_bytes(),
+            &[
+                0x10, 0, 0, 0, 0, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44,
+                0x33, 0x22, 0x11
+            ]
+        );
+        let batch = NrtTensorBatch {
+            tensor: 0xAB,
+            ops: 0xCD00,
+            num_ops: 3,
+            _pad: 0,
+        };
+        assert_eq!(
+            batch.as_bytes(),
+            &[
+                0xAB, 0, 0, 0, 0, 0, 0, 0, 0, 0xCD, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0
+            ]
+        );
     }
 
     #[test]

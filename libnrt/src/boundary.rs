@@ -66,10 +66,20 @@ pub fn status(name: &'static str, f: impl FnOnce() -> Result<(), NrtError>) -> u
 /// As [`status`], but an NRT_FAILURE is an answer, not an error: logged at debug level (a
 /// tensor-set lookup miss).
 pub fn status_quiet_failure(name: &'static str, f: impl FnOnce() -> Result<(), NrtError>) -> u32 {
+    status_answering(name, NrtStatus::Failure, f)
+}
+
+/// As [`status`], but `answer` is an answer the caller asked for, not an error: logged at
+/// debug level (a lookup miss, a poll that finds the work not done).
+pub fn status_answering(
+    name: &'static str,
+    answer: NrtStatus,
+    f: impl FnOnce() -> Result<(), NrtError>,
+) -> u32 {
     init_logging();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NrtStatus::Success as u32,
-        Ok(Err(e)) if e.status == NrtStatus::Failure => {
+        Ok(Err(e)) if e.status == answer => {
             tracing::debug!(target: "nrt", "{name}: {}", e.message);
             e.status as u32
         }

@@ -114,6 +114,43 @@ pub fn bytes_mut<'a>(ptr: *mut c_void, len: usize, what: &str) -> Result<&'a mut
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) })
 }
 
+/// The caller's array of `len` `T`s at `ptr` (an input array of structs). Length 0 needs no
+/// array.
+///
+/// # Errors
+/// NRT_INVALID for NULL with a length, an address not aligned for `T`, or a length whose bytes
+/// do not fit the address space.
+pub fn slice<'a, T: Copy>(ptr: *const T, len: u64, what: &str) -> Result<&'a [T], NrtError> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    if !ptr.is_aligned() {
+        return Err(invalid(format!(
+            "{what} ({ptr:p}) is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    let n = usize::try_from(len)
+        .ok()
+        .filter(|n| {
+            n.checked_mul(std::mem::size_of::<T>())
+                .is_some_and(|b| isize::try_from(b).is_ok())
+        })
+        .ok_or_else(|| {
+            invalid(format!(
+                "{what}: {len} entries do not fit the address space"
+            ))
+        })?;
+    // SAFETY: non-NULL and aligned (checked), `n · size_of::<T>()` bytes fit `isize`
+    // (checked); by the call's contract `ptr` points to `len` initialised `T`s (plain C
+    // structs: every bit pattern is a value) that the caller does not change during the
+    // call; the slice lives only during the call.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
+}
+
 /// Checks that an out-parameter is not NULL (before any work whose result it would receive).
 ///
 /// # Errors

@@ -156,6 +156,105 @@ pub unsafe extern "C" fn nrt_tensor_write(
     })
 }
 
+/// One operation of a tensor batch, checked: its tensor, range and buffer.
+struct BatchOp {
+    tensor: Tensor,
+    offset: u64,
+    size: usize,
+    buffer: *mut c_void,
+    /// `batches[i].ops[j]`, for messages.
+    at: (usize, usize),
+}
+
+/// Every operation of the caller's `num_batches` batches, each checked (a live tensor, a range
+/// inside it, a buffer where there are bytes) before any is run: a batch with one wrong
+/// operation copies nothing.
+fn batch_ops(
+    rt: &Runtime,
+    batches: *const abi::NrtTensorBatch,
+    num_batches: u64,
+) -> Result<Vec<BatchOp>, NrtError> {
+    let batches = raw::slice(batches, num_batches, "batches")?;
+    let mut ops = Vec::new();
+    for (i, b) in batches.iter().enumerate() {
+        let tensor = live_tensor(
+            rt,
+            abi::field_ptr::<c_void>(b.tensor),
+            &format!("batches[{i}].tensor"),
+        )?;
+        let list = raw::slice(
+            abi::field_ptr::<abi::NrtTensorBatchOp>(b.ops),
+            u64::from(b.num_ops),
+            &format!("batches[{i}].ops"),
+        )?;
+        for (j, op) in list.iter().enumerate() {
+            let what = || format!("batches[{i}].ops[{j}]");
+            tensor
+                .check_range(op.offset, op.size)
+                .map_err(|e| invalid(format!("{}: {}", what(), e.message)))?;
+            let size = to_usize(op.size, &format!("{}.size", what()))?;
+            if size > 0 && op.buffer == 0 {
+                return Err(invalid(format!("{}.buffer is NULL", what())));
+            }
+            ops.push(BatchOp {
+                tensor: tensor.clone(),
+                offset: op.offset,
+                size,
+                buffer: abi::field_ptr(op.buffer),
+                at: (i, j),
+            });
+        }
+    }
+    Ok(ops)
+}
+
+/// `nrt_tensor_read_batch`: every operation's `size` bytes from byte `offset` of its batch's
+/// tensor into its `buffer`, in order. Nothing is read unless every operation is valid. A
+/// third argument (`bool unsafe`, of the signature before 2.34.10) is not read: tensors are
+/// always tracked, as `unsafe = false` asks (a read waits for the implicit-async executions
+/// using its tensor).
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_read_batch(
+    batches: *const abi::NrtTensorBatch,
+    num_batches: u64,
+) -> u32 {
+    boundary::status("nrt_tensor_read_batch", || {
+        let rt = rt()?;
+        for op in batch_ops(&rt, batches, num_batches)? {
+            let (i, j) = op.at;
+            let buf = raw::bytes_mut(op.buffer, op.size, &format!("batches[{i}].ops[{j}].buffer"))?;
+            op.tensor.read(buf, op.offset)?;
+        }
+        Ok(())
+    })
+}
+
+/// `nrt_tensor_write_batch`: every operation's `size` bytes from its `buffer` to byte `offset`
+/// of its batch's tensor, in order (a later operation on the same bytes wins). Nothing is
+/// written unless every operation is valid. As [`nrt_tensor_read_batch`], a third argument is
+/// not read.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_write_batch(
+    batches: *const abi::NrtTensorBatch,
+    num_batches: u64,
+) -> u32 {
+    boundary::status("nrt_tensor_write_batch", || {
+        let rt = rt()?;
+        for op in batch_ops(&rt, batches, num_batches)? {
+            let (i, j) = op.at;
+            let buf = raw::bytes(op.buffer, op.size, &format!("batches[{i}].ops[{j}].buffer"))?;
+            op.tensor.write(buf, op.offset)?;
+        }
+        Ok(())
+    })
+}
+
 /// `nrt_tensor_copy`: `size` bytes between tensors.
 ///
 /// # Safety
@@ -279,8 +378,50 @@ pub unsafe extern "C" fn nrt_tensor_attach_buffer(
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let name = t.name().to_string();
-        *t = Tensor::attached(&name, Arc::new(buf));
+        // The same handle: its output completion count carries over.
+        *t = Tensor::attached(&name, Arc::new(buf)).with_output_completion_of(&t);
         TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+/// `nrt_tensor_check_output_completion`: waits until `expected_completion_count` executions
+/// have written `output_tensor` as an output (since its count was last reset), for at most
+/// `timeout` microseconds (negative: unbounded, with a warning after 30 s; 0: a poll). An
+/// execution counts once its outputs are written: it ended with NRT_SUCCESS or
+/// NRT_EXEC_COMPLETED_WITH_NUM_ERR. Like libnrt's, no lifecycle gate: any live tensor handle.
+/// NRT_TIMEOUT (logged at debug level: an answer) when the count falls short.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_check_output_completion(
+    output_tensor: *const c_void,
+    timeout: i64,
+    expected_completion_count: u64,
+) -> u32 {
+    boundary::status_answering(
+        "nrt_tensor_check_output_completion",
+        NrtStatus::Timeout,
+        || {
+            let t = self::tensor(output_tensor, "output_tensor")?;
+            let timeout = u64::try_from(timeout)
+                .ok()
+                .map(std::time::Duration::from_micros);
+            t.wait_output_completion(expected_completion_count, timeout)
+        },
+    )
+}
+
+/// `nrt_tensor_reset_output_completion`: `output_tensor`'s completion count back to 0. No
+/// lifecycle gate.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_tensor_reset_output_completion(output_tensor: *mut c_void) -> u32 {
+    boundary::status("nrt_tensor_reset_output_completion", || {
+        self::tensor(output_tensor, "output_tensor")?.reset_output_completion();
         Ok(())
     })
 }

@@ -341,6 +341,14 @@ const LAYOUT: &[(&str, i64)] = &[
     ("offsetof(nrt_vnc_memory_stats_t,bytes_limit)", 8),
     ("sizeof(nrt_model_info_t)", 4),
     ("offsetof(nrt_model_info_t,vnc)", 0),
+    ("sizeof(nrt_tensor_batch_op_t)", 24),
+    ("offsetof(nrt_tensor_batch_op_t,offset)", 0),
+    ("offsetof(nrt_tensor_batch_op_t,size)", 8),
+    ("offsetof(nrt_tensor_batch_op_t,buffer)", 16),
+    ("sizeof(nrt_tensor_batch_t)", 24),
+    ("offsetof(nrt_tensor_batch_t,tensor)", 0),
+    ("offsetof(nrt_tensor_batch_t,ops)", 8),
+    ("offsetof(nrt_tensor_batch_t,num_ops)", 16),
     ("sizeof(nrt_cc_comm_t)", 32),
     ("offsetof(nrt_cc_comm_t,replica_group)", 0),
     ("offsetof(nrt_cc_comm_t,rank)", 8),
@@ -641,6 +649,18 @@ fn slices_attached_buffers_dmabuf_and_model_queries_work_from_c() {
         c
     });
     assert_ran(&o, "tensors", "TENSORS OK");
+}
+
+#[test]
+fn batched_reads_and_writes_and_output_completion_counts_work_from_c() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["outputs.c"], "outputs", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "outputs", "OUTPUTS OK");
 }
 
 #[test]

@@ -1026,6 +1026,8 @@ impl Runtime {
         ) {
             for (host, dev) in &out_clones {
                 host.copy_from(dev)?;
+                // The device clone was counted at completion; the caller's handle is this one.
+                host.output_completed();
             }
         }
         match status {

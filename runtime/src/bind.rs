@@ -155,8 +155,11 @@ pub struct ExecResources {
     pub exec_mode: ExecMode,
     /// The per-TPB I/O resources.
     pub tdrv: TdrvComputeResources,
-    /// The bound tensors, kept alive until the execution completes.
+    /// The bound tensors, kept alive until the execution completes: the inputs, then the
+    /// outputs from [`ExecResources::outputs`]' index.
     pub bound: Vec<Tensor>,
+    /// Where the outputs start in `bound`.
+    outputs_at: usize,
     /// The model whose tracker pool this came from (returned there on drop).
     home: Option<Arc<LoadedModel>>,
 }
@@ -165,6 +168,11 @@ impl ExecResources {
     /// The model the resources were bound for.
     pub(crate) fn model(&self) -> Option<&Arc<LoadedModel>> {
         self.home.as_ref()
+    }
+
+    /// The bound output tensors.
+    pub fn outputs(&self) -> &[Tensor] {
+        self.bound.get(self.outputs_at..).unwrap_or_default()
     }
 }
 
@@ -516,6 +524,7 @@ pub fn build_compute_resources(
         exec_mode,
         tdrv,
         bound,
+        outputs_at: inputs.len(),
         home: Some(model.clone()),
     })
 }

@@ -658,6 +658,15 @@ impl CompletionEngine for NqEngine {
         let start = self.timeline.now();
         let p = self.progress(vnc, info);
         if let Progress::Done(s) | Progress::Error(s) = p {
+            // Its outputs are written (counted before the completion is published, so a caller
+            // that saw it complete finds the count already there).
+            if matches!(s, NrtStatus::Success | NrtStatus::ExecCompletedWithNumErr)
+                && let Some(r) = &info.request.resources
+            {
+                for t in r.outputs() {
+                    t.output_completed();
+                }
+            }
             if s != NrtStatus::Success {
                 self.pass_on_device_log();
                 if !info.sync_exec {

@@ -32,6 +32,7 @@ pub mod doorbell;
 pub mod error;
 pub mod kmgr;
 pub mod metrics;
+pub mod output_completion;
 pub mod process;
 pub mod reserve;
 pub mod stage;

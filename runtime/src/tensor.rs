@@ -27,6 +27,7 @@ use shared::memory::SharedChunk;
 
 use crate::backend::{Allocation, Device};
 use crate::error::NrtError;
+use crate::output_completion::{OutputCompletion, Waited};
 
 /// Where a tensor lives (`nrt_tensor_placement_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,6 +265,9 @@ pub struct Tensor {
     size: u64,
     /// The view's own name (a slice's), else the storage's.
     name: Option<Arc<str>>,
+    /// How many executions wrote this handle as an output (shared by its clones, not by
+    /// slices: libnrt counts per `nrt_tensor_t`).
+    completion: Arc<OutputCompletion>,
 }
 
 #[derive(Debug)]
@@ -345,6 +349,7 @@ impl Tensor {
             size: inner.size,
             name: None,
             inner: Arc::new(inner),
+            completion: Arc::default(),
         }
     }
 
@@ -428,6 +433,7 @@ impl Tensor {
             offset: self.offset + offset,
             size,
             name: Some(Arc::from(name)),
+            completion: Arc::default(),
         })
     }
 
@@ -747,6 +753,62 @@ impl Tensor {
     /// Whether two handles share storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// One more execution wrote this handle as an output (see [`crate::output_completion`]).
+    pub(crate) fn output_completed(&self) {
+        self.completion.completed();
+    }
+
+    /// This tensor with `other`'s output completion count (the same C handle given new
+    /// storage: `nrt_tensor_attach_buffer`).
+    #[must_use]
+    pub fn with_output_completion_of(mut self, other: &Tensor) -> Self {
+        self.completion = other.completion.clone();
+        self
+    }
+
+    /// How many executions wrote this handle as an output since the count was last reset.
+    pub fn output_completions(&self) -> u64 {
+        self.completion.count()
+    }
+
+    /// `nrt_tensor_reset_output_completion`: the count back to 0.
+    pub fn reset_output_completion(&self) {
+        self.completion.reset();
+    }
+
+    /// `nrt_tensor_check_output_completion`: waits until `expected` executions have written
+    /// this handle as an output, for at most `timeout` (`None`: unbounded, with a warning
+    /// after 30 s).
+    ///
+    /// # Errors
+    /// NRT_TIMEOUT naming the count reached, when the timeout passes first.
+    pub fn wait_output_completion(
+        &self,
+        expected: u64,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), NrtError> {
+        // A timeout past what an `Instant` holds waits as an unbounded one.
+        let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+        let name = self.name();
+        let waited = self.completion.wait(expected, deadline, |count| {
+            tracing::warn!(
+                "waiting for output tensor {name:?} to be written {expected} times: {count} so far after {} s (unbounded wait)",
+                crate::output_completion::UNBOUNDED_WARNING.as_secs()
+            );
+        });
+        match waited {
+            Waited::Reached => Ok(()),
+            Waited::TimedOut { count } => Err(NrtError::new(
+                NrtStatus::Timeout,
+                format!(
+                    "output tensor {name:?} was written {count} of the {expected} times waited for \
+                     within {timeout:?} (an execution counts once it wrote its outputs: \
+                     NRT_SUCCESS or NRT_EXEC_COMPLETED_WITH_NUM_ERR)"
+                ),
+            )),
+        }
     }
 }
 

@@ -274,6 +274,39 @@ NRT_STATUS nrt_tensor_read(const nrt_tensor_t *tensor, void *buf, size_t offset,
 /** Copies `size` bytes from `buf` to byte `offset` of the tensor. */
 NRT_STATUS nrt_tensor_write(nrt_tensor_t *tensor, const void *buf, size_t offset, size_t size);
 
+/** Byte offset of a batch operation in its tensor. */
+typedef uint64_t nrt_tensor_batch_offset_t;
+/** Bytes of a batch operation. */
+typedef uint64_t nrt_tensor_batch_size_t;
+
+/** One operation of a batch: `size` bytes at byte `offset` of the tensor, to or from `buffer`. */
+typedef struct nrt_tensor_batch_op {
+    nrt_tensor_batch_offset_t offset;
+    nrt_tensor_batch_size_t size;
+    void *buffer;
+} nrt_tensor_batch_op_t;
+
+/** The `num_ops` operations at `ops` on one tensor. */
+typedef struct nrt_tensor_batch {
+    const nrt_tensor_t *tensor;
+    const nrt_tensor_batch_op_t *ops;
+    uint32_t num_ops;
+} nrt_tensor_batch_t;
+
+/*
+ * Runs every operation of `num_batches` batches in order: read_batch copies from the tensors
+ * into the buffers, write_batch from the buffers into the tensors. Every operation is checked
+ * first (a live tensor, a range inside it, a buffer where there are bytes): a batch with one
+ * wrong operation copies nothing, and the error names it (`batches[i].ops[j]`).
+ *
+ * Declared with a trailing `...` so that calls written for either published signature compile
+ * unchanged: the 2.34.10 one, (batches, num_batches), and the earlier one with a third
+ * argument, `bool unsafe`. The third argument is never read: tensors are always tracked, as
+ * `unsafe = false` asks (which `unsafe = true` merely allows to be skipped).
+ */
+NRT_STATUS nrt_tensor_read_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches, ...);
+NRT_STATUS nrt_tensor_write_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches, ...);
+
 /** Copies `size` bytes between tensors; device tensors must be on the same logical core. */
 NRT_STATUS nrt_tensor_copy(const nrt_tensor_t *src, size_t src_offset, nrt_tensor_t *dst,
                            size_t dst_offset, size_t size);
@@ -309,6 +342,21 @@ NRT_STATUS nrt_tensor_get_device_allocation_info(const nrt_tensor_t *tensor,
 
 /** The logical core of a device tensor; -1 for a host tensor or an attached buffer. */
 NRT_STATUS nrt_tensor_get_lnc_index(const nrt_tensor_t *tensor, int *lnc_idx);
+
+/**
+ * Waits until `expected_completion_count` executions have written `output_tensor` as an
+ * output since its count was last reset, for at most `timeout` microseconds (negative:
+ * unbounded, with a warning after 30 s; 0: a poll). NRT_SUCCESS when they have, NRT_TIMEOUT
+ * when not, NRT_INVALID for NULL or a freed handle. An execution counts once its outputs are
+ * written (it ended with NRT_SUCCESS or NRT_EXEC_COMPLETED_WITH_NUM_ERR); a failed one does
+ * not. The count is the handle's: a slice has its own. Callable at any time (no lifecycle
+ * gate), like libnrt's.
+ */
+NRT_STATUS nrt_tensor_check_output_completion(const nrt_tensor_t *output_tensor, int64_t timeout,
+                                              uint64_t expected_completion_count);
+
+/** Sets `output_tensor`'s output completion count back to 0. */
+NRT_STATUS nrt_tensor_reset_output_completion(nrt_tensor_t *output_tensor);
 
 /**
  * A file descriptor that maps the device memory at `va` (a device tensor's address from

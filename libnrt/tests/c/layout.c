@@ -46,6 +46,14 @@ int main(void) {
     OFF(nrt_vnc_memory_stats_t, bytes_limit);
     SIZE(nrt_model_info_t);
     OFF(nrt_model_info_t, vnc);
+    SIZE(nrt_tensor_batch_op_t);
+    OFF(nrt_tensor_batch_op_t, offset);
+    OFF(nrt_tensor_batch_op_t, size);
+    OFF(nrt_tensor_batch_op_t, buffer);
+    SIZE(nrt_tensor_batch_t);
+    OFF(nrt_tensor_batch_t, tensor);
+    OFF(nrt_tensor_batch_t, ops);
+    OFF(nrt_tensor_batch_t, num_ops);
     SIZE(nrt_cc_comm_t);
     OFF(nrt_cc_comm_t, replica_group);
     OFF(nrt_cc_comm_t, rank);
