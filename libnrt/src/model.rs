@@ -237,6 +237,26 @@ pub unsafe extern "C" fn nrt_get_model_nc_count(model: *const c_void, nc_count: 
     model_vnc_count("nrt_get_model_nc_count", model, nc_count)
 }
 
+/// `nrt_get_model_instance_count` (deprecated): the model's staged copies, 1 — this runtime
+/// stages a model once and pipelines concurrent `nrt_execute` calls on it through its logical
+/// core's request slots.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_model_instance_count(
+    model: *const c_void,
+    instance_count: *mut u32,
+) -> u32 {
+    boundary::status("nrt_get_model_instance_count", || {
+        let rt = rt()?;
+        raw::check_out(instance_count, "instance_count")?;
+        let m = live_model(&rt, model)?;
+        rt.model(m)?;
+        raw::write_out(instance_count, 1, "instance_count")
+    })
+}
+
 /// One `nrt_tensor_info_array_t` handed to C: its bytes (8-aligned words) and the shapes its
 /// entries point to. Kept until `nrt_free_model_tensor_info`.
 #[derive(Debug)]

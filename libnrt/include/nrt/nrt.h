@@ -256,6 +256,13 @@ NRT_STATUS nrt_get_model_vnc_count(const nrt_model_t *model, uint32_t *vnc_count
 /** Deprecated name of nrt_get_model_vnc_count. */
 NRT_STATUS nrt_get_model_nc_count(const nrt_model_t *model, uint32_t *nc_count);
 
+/**
+ * Staged copies of the model, the suggested number of threads calling nrt_execute on it
+ * (deprecated): 1 — the model is staged once, and concurrent nrt_execute calls on it are
+ * pipelined through its logical core's request slots.
+ */
+NRT_STATUS nrt_get_model_instance_count(nrt_model_t *model, uint32_t *instance_count);
+
 /* ---- tensors ---- */
 
 /**

@@ -47,6 +47,10 @@ int main(int argc, char **argv) {
     ASSERT(count == 1);
     CHECK(nrt_get_model_nc_count(model, &count));
     ASSERT(count == 1);
+    count = 0;
+    CHECK(nrt_get_model_instance_count(model, &count));
+    ASSERT(count == 1);
+    EXPECT(nrt_get_model_instance_count(model, NULL), NRT_INVALID);
     CHECK(nrt_get_instance_info(&iinfo, sizeof iinfo));
     ASSERT(iinfo.family == NRT_INSTANCE_TRN1 && strcmp(iinfo.arch_name, "trn1") == 0);
 
