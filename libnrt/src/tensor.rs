@@ -162,8 +162,6 @@ struct BatchOp {
     offset: u64,
     size: usize,
     buffer: *mut c_void,
-    /// `batches[i].ops[j]`, for messages.
-    at: (usize, usize),
 }
 
 /// Every operation of the caller's `num_batches` batches, each checked (a live tensor, a range
@@ -201,11 +199,46 @@ fn batch_ops(
                 offset: op.offset,
                 size,
                 buffer: abi::field_ptr(op.buffer),
-                at: (i, j),
             });
         }
     }
     Ok(ops)
+}
+
+/// Which way a tensor batch copies.
+#[derive(Clone, Copy)]
+enum BatchDirection {
+    /// From the tensors into the buffers.
+    Read,
+    /// From the buffers into the tensors.
+    Write,
+}
+
+/// Runs the caller's batches one operation after another, once every operation is checked
+/// ([`batch_ops`]).
+fn run_batches(
+    name: &'static str,
+    batches: *const abi::NrtTensorBatch,
+    num_batches: u64,
+    direction: BatchDirection,
+) -> u32 {
+    boundary::status(name, || {
+        let rt = rt()?;
+        for op in batch_ops(&rt, batches, num_batches)? {
+            // The buffer was checked (not NULL where there are bytes, a size inside the tensor).
+            match direction {
+                BatchDirection::Read => {
+                    let buf = raw::bytes_mut(op.buffer, op.size, "a batch operation's buffer")?;
+                    op.tensor.read(buf, op.offset)?;
+                }
+                BatchDirection::Write => {
+                    let buf = raw::bytes(op.buffer, op.size, "a batch operation's buffer")?;
+                    op.tensor.write(buf, op.offset)?;
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// `nrt_tensor_read_batch`: every operation's `size` bytes from byte `offset` of its batch's
@@ -221,15 +254,12 @@ pub unsafe extern "C" fn nrt_tensor_read_batch(
     batches: *const abi::NrtTensorBatch,
     num_batches: u64,
 ) -> u32 {
-    boundary::status("nrt_tensor_read_batch", || {
-        let rt = rt()?;
-        for op in batch_ops(&rt, batches, num_batches)? {
-            let (i, j) = op.at;
-            let buf = raw::bytes_mut(op.buffer, op.size, &format!("batches[{i}].ops[{j}].buffer"))?;
-            op.tensor.read(buf, op.offset)?;
-        }
-        Ok(())
-    })
+    run_batches(
+        "nrt_tensor_read_batch",
+        batches,
+        num_batches,
+        BatchDirection::Read,
+    )
 }
 
 /// `nrt_tensor_write_batch`: every operation's `size` bytes from its `buffer` to byte `offset`
@@ -244,15 +274,12 @@ pub unsafe extern "C" fn nrt_tensor_write_batch(
     batches: *const abi::NrtTensorBatch,
     num_batches: u64,
 ) -> u32 {
-    boundary::status("nrt_tensor_write_batch", || {
-        let rt = rt()?;
-        for op in batch_ops(&rt, batches, num_batches)? {
-            let (i, j) = op.at;
-            let buf = raw::bytes(op.buffer, op.size, &format!("batches[{i}].ops[{j}].buffer"))?;
-            op.tensor.write(buf, op.offset)?;
-        }
-        Ok(())
-    })
+    run_batches(
+        "nrt_tensor_write_batch",
+        batches,
+        num_batches,
+        BatchDirection::Write,
+    )
 }
 
 /// `nrt_tensor_copy`: `size` bytes between tensors.
