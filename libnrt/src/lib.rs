@@ -17,10 +17,12 @@
 //! [`implicit_async`] (`nrt_experimental.h` implicit asynchronous mode), [`explicit_async`]
 //! (`nrt_async.h`, with [`completions`]: each request's `ret` written before its completion is
 //! reported, and the caller's completion eventfds), [`profiling`] (`nrt_profile.h`,
-//! `nrt_sys_trace.h`).
+//! `nrt_sys_trace.h`), [`collectives`] (`nrt.h` and `nrt_experimental.h` host collectives, a
+//! group of one rank).
 
 pub mod abi;
 mod boundary;
+pub mod collectives;
 pub mod completions;
 pub mod explicit_async;
 pub mod handles;

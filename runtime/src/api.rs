@@ -809,6 +809,69 @@ impl Runtime {
         self.load(bytes, vnc)
     }
 
+    /// The collectives of a group of one rank (`nrt_build_global_comm`,
+    /// `nrt_cc_global_comm_init`, `nrt_barrier`, the check of `nrt_all_gather`): checks that
+    /// `call` asks for what one simdev process can be — rank 0 of a group of one, on a visible
+    /// logical core `vnc` — which needs no communicator built, and whose barrier every rank has
+    /// reached.
+    ///
+    /// # Errors
+    /// NRT_INVALID naming the rank and group, or the core.
+    pub fn group_of_one(
+        &self,
+        call: &str,
+        vnc: i64,
+        device_id: u32,
+        device_count: u32,
+    ) -> NrtResult<()> {
+        self.check_process()?;
+        if device_count != 1 || device_id != 0 {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "{call}: rank {device_id} of a group of {device_count}: collectives across ranks are not simulated yet (only a group of one rank, rank 0)"
+                ),
+            ));
+        }
+        if usize::try_from(vnc).map_or(true, |v| v >= self.vncs.len()) {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "{call}: logical core {vnc} is not visible to this process ({} visible)",
+                    self.vncs.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `nrt_all_gather`: every rank's `input` into `output` in rank order; for a group of one,
+    /// `output` (one rank's worth) is `input`.
+    ///
+    /// # Errors
+    /// NRT_INVALID as [`Runtime::group_of_one`], or when `output` is not as long as `input`.
+    pub fn all_gather(
+        &self,
+        vnc: i32,
+        (device_id, device_count): (u32, u32),
+        input: &[u8],
+        output: &mut [u8],
+    ) -> NrtResult<()> {
+        self.group_of_one("nrt_all_gather", i64::from(vnc), device_id, device_count)?;
+        if output.len() != input.len() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                format!(
+                    "nrt_all_gather: output of {} bytes for one rank's {} bytes",
+                    output.len(),
+                    input.len()
+                ),
+            ));
+        }
+        output.copy_from_slice(input);
+        Ok(())
+    }
+
     /// `nrt_get_vnc_memory_stats`: device bytes held on logical core `vnc` and its HBM size.
     ///
     /// # Errors

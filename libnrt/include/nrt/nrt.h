@@ -229,6 +229,15 @@ NRT_STATUS nrt_load_collectives(const void *neff_bytes, size_t size, int32_t vnc
                                 uint32_t ctx_device_id, uint32_t ctx_device_count,
                                 nrt_model_t **model);
 
+/*
+ * The global communicator of rank `g_device_id` of `g_device_count` on logical core `vnc`
+ * (nrt_build_global_comm for NEFF collectives, nrt_cc_global_comm_init for host-initiated
+ * ones). simdev is one device: a group of one (rank 0) needs nothing built and succeeds; a
+ * larger group is NRT_INVALID (collectives across ranks are not simulated yet).
+ */
+NRT_STATUS nrt_build_global_comm(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
+NRT_STATUS nrt_cc_global_comm_init(uint32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
+
 /** Unloads a model after its running executions; the handle is invalid afterwards. */
 NRT_STATUS nrt_unload(nrt_model_t *model);
 

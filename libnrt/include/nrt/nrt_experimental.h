@@ -80,6 +80,22 @@ NRT_STATUS nrt_register_async_exec_callback(nrt_async_exec_callback_t callback, 
 /** Blocks until logical core `vnc` has no queued implicit asynchronous execution. */
 NRT_STATUS nrt_async_drain_queued_execs(int32_t vnc);
 
+/**
+ * A barrier of the `g_device_count` ranks (a small all-reduce on silicon). For a group of one
+ * (rank 0) every rank has arrived: NRT_SUCCESS at once; a larger group is NRT_INVALID
+ * (collectives across ranks are not simulated yet).
+ */
+NRT_STATUS nrt_barrier(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
+
+/**
+ * Gathers `rank_input_size` bytes of `input` from every rank into `output`
+ * (`g_device_count * rank_input_size` bytes, rank order). For a group of one (rank 0),
+ * `input` is copied to `output`; a larger group is NRT_INVALID, before either buffer is
+ * touched.
+ */
+NRT_STATUS nrt_all_gather(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count,
+                          uint32_t rank_input_size, void *input, void *output);
+
 #ifdef __cplusplus
 }
 #endif

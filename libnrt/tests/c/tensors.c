@@ -3,7 +3,8 @@
  * memory), empty tensors with an attached caller buffer, memset, copy, the host address and
  * a write through it, the device allocation info and logical core, the dma-buf descriptor
  * (mmap'ed: the same memory), model info and core counts, instance info, memory statistics,
- * nrt_load_collectives with a group of one (a larger group refused), nrt_execute_repeat.
+ * nrt_load_collectives and the host collectives with a group of one (a larger group refused),
+ * nrt_execute_repeat.
  * Usage: tensors MODEL
  */
 #define _DEFAULT_SOURCE
@@ -157,6 +158,27 @@ int main(int argc, char **argv) {
     CHECK(nrt_execute(model, inputs, outputs));
     CHECK(nrt_tensor_read(host, caller, 0, 8));
     ASSERT(caller[0] == 0x77 && caller[7] == 0x77);
+
+    /* Host collectives: a group of one (rank 0, a visible core) succeeds, the gather copies the
+     * rank's input; another rank, a larger group or a core not visible is refused. */
+    CHECK(nrt_build_global_comm(0, 0, 1));
+    CHECK(nrt_cc_global_comm_init(0, 0, 1));
+    EXPECT(nrt_build_global_comm(0, 0, 2), NRT_INVALID);
+    EXPECT(nrt_build_global_comm(0, 1, 1), NRT_INVALID);
+    EXPECT(nrt_build_global_comm(-1, 0, 1), NRT_INVALID);
+    EXPECT(nrt_cc_global_comm_init(99, 0, 1), NRT_INVALID);
+    CHECK(nrt_barrier(0, 0, 1));
+    EXPECT(nrt_barrier(0, 0, 8), NRT_INVALID);
+    memset(caller, 0, sizeof caller);
+    for (i = 0; i < 64; i++) {
+        buf[i] = (unsigned char)(255 - i);
+    }
+    CHECK(nrt_all_gather(0, 0, 1, 64, buf, caller));
+    ASSERT(memcmp(caller, buf, 64) == 0 && caller[64] == 0);
+    EXPECT(nrt_all_gather(0, 0, 2, 64, buf, caller), NRT_INVALID);
+    EXPECT(nrt_all_gather(0, 0, 1, 64, NULL, caller), NRT_INVALID);
+    EXPECT(nrt_all_gather(0, 0, 1, 64, buf, NULL), NRT_INVALID);
+    CHECK(nrt_all_gather(0, 0, 1, 0, NULL, NULL));
 
     /* nrt_load_collectives: a group of one loads, a larger one is refused. */
     EXPECT(nrt_load_collectives(bytes, size, 0, -1, 1, 4, &group), NRT_INVALID);
