@@ -375,6 +375,23 @@ fn status_err(status: NrtStatus, message: impl Into<String>) -> NrtError {
     NrtError::new(status, message)
 }
 
+/// Checks that `call` names rank 0 of a group of one: collectives across ranks are not simulated
+/// (simdev is one device).
+///
+/// # Errors
+/// NRT_INVALID naming the rank and the group.
+fn rank_of_one(call: &str, device_id: u32, device_count: u32) -> NrtResult<()> {
+    if device_count != 1 || device_id != 0 {
+        return Err(status_err(
+            NrtStatus::Invalid,
+            format!(
+                "{call}: rank {device_id} of a group of {device_count}: collectives across ranks are not simulated yet (only a group of one rank, rank 0)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `nrt_execute_repeat`'s host check: the number of inputs the model declares.
 fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
     let expected = m.model().inputs.len();
@@ -798,14 +815,7 @@ impl Runtime {
         device_count: u32,
     ) -> NrtResult<ModelHandle> {
         self.check_process()?;
-        if device_count != 1 || device_id != 0 {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "nrt_load_collectives: rank {device_id} of a group of {device_count}: collectives across ranks are not simulated yet (only a group of one rank, rank 0, loads)"
-                ),
-            ));
-        }
+        rank_of_one("nrt_load_collectives", device_id, device_count)?;
         self.load(bytes, vnc)
     }
 
@@ -825,14 +835,7 @@ impl Runtime {
         device_count: u32,
     ) -> NrtResult<()> {
         self.check_process()?;
-        if device_count != 1 || device_id != 0 {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "{call}: rank {device_id} of a group of {device_count}: collectives across ranks are not simulated yet (only a group of one rank, rank 0)"
-                ),
-            ));
-        }
+        rank_of_one(call, device_id, device_count)?;
         if usize::try_from(vnc).map_or(true, |v| v >= self.vncs.len()) {
             return Err(status_err(
                 NrtStatus::Invalid,
