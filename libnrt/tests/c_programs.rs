@@ -661,6 +661,8 @@ fn batched_reads_and_writes_and_output_completion_counts_work_from_c() {
         c
     });
     assert_ran(&o, "outputs", "OUTPUTS OK");
+    // The caller's batch arrays and buffers are read and written within their bounds only.
+    leak_check(&exe, &[identity_model()], "OUTPUTS OK");
 }
 
 #[test]
