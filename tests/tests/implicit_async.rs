@@ -56,6 +56,9 @@ fn executions_return_at_once_and_complete_through_the_callback() {
     for _ in 0..20 {
         rt.execute(m, &ins, &outs).unwrap();
     }
+    // Streaming: the output's completion count reaches 20 without a drain.
+    o.wait_output_completion(20, Some(Duration::from_secs(20)))
+        .unwrap();
     rt.async_drain(0);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 20);

@@ -64,10 +64,49 @@ fn numerical_statuses(env: &[(&str, &str)]) -> Vec<NrtStatus> {
                 "{placement:?} execution {e} ({last}): outputs delivered"
             );
         }
+        // Both executions wrote the output, the 1003 one included: both count
+        // (`nrt_tensor_check_output_completion`).
+        assert_eq!(output.output_completions(), 2, "{placement:?}");
+        output
+            .wait_output_completion(2, Some(std::time::Duration::ZERO))
+            .unwrap();
         statuses.push(last);
     }
     rt.close();
     statuses
+}
+
+#[test]
+fn a_failed_execution_does_not_count_as_written_output() {
+    let sim = start_simdev(&["--hbm", "16M"]);
+    let dev = Arc::new(connect(&sim));
+    let rt = Runtime::init(dev.clone(), RuntimeConfig::default()).unwrap();
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let on = Placement::Device { vnc: 0 };
+    let input = rt.tensor_allocate(on, 64, "input").unwrap();
+    let output = rt.tensor_allocate(on, 64, "output").unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &input);
+    outs.add("output", &output);
+    dev.inject_fault(FaultSpec {
+        kind: FaultKind::GenericError,
+        nc: Some(0),
+        when: FaultWhen::NthExecution(2),
+    })
+    .unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    let e = rt.execute(m, &ins, &outs).unwrap_err();
+    assert_eq!(e.status, NrtStatus::ExecCompletedWithErr);
+    rt.execute(m, &ins, &outs).unwrap();
+    assert_eq!(output.output_completions(), 2);
+    let e = output
+        .wait_output_completion(3, Some(std::time::Duration::from_millis(1)))
+        .unwrap_err();
+    assert_eq!(e.status, NrtStatus::Timeout);
+    assert!(e.message.contains("written 2 of the 3 times"), "{e}");
+    rt.close();
 }
 
 #[test]
