@@ -124,6 +124,30 @@ impl Platform {
     }
 }
 
+/// The longest time a setting may hold, in seconds (`u32::MAX`, about 136 years): every
+/// such setting converts to a `Duration`, an `Instant` plus it does not overflow, and three
+/// quarters of it in milliseconds fits the private simdev's `--reference-timeout`.
+pub const MAX_SECONDS: f64 = u32::MAX as f64;
+
+/// `secs` as a `Duration` when it is a number of seconds from 0 (above 0 when `positive`) to
+/// [`MAX_SECONDS`].
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_seconds(secs: f64, positive: bool) -> Result<Duration, String> {
+    if !secs.is_finite() || secs < 0.0 || (positive && secs == 0.0) {
+        return Err(if positive {
+            "must be a positive number of seconds".into()
+        } else {
+            "must be a number of seconds, 0 or more".into()
+        });
+    }
+    if secs > MAX_SECONDS {
+        return Err(format!("at most {MAX_SECONDS} seconds (about 136 years)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 /// A bad configuration value.
 #[derive(Debug, thiserror::Error)]
 #[error("{var}={value:?}: {why}")]
@@ -319,14 +343,8 @@ impl RuntimeConfig {
                     "not a number of seconds".into(),
                 )
             })?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(err(
-                    "NEURON_RT_EXEC_TIMEOUT",
-                    &v,
-                    "must be a positive number of seconds".into(),
-                ));
-            }
-            c.exec_timeout = Duration::from_secs_f64(secs);
+            c.exec_timeout =
+                check_seconds(secs, true).map_err(|why| err("NEURON_RT_EXEC_TIMEOUT", &v, why))?;
         }
         if let Some(v) =
             get("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS").filter(|v| !v.trim().is_empty())
@@ -569,6 +587,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("NEURON_RT_EXEC_TIMEOUT=\"-1\""), "{e}");
+        // Seconds no `Duration` holds are refused, not a panic.
+        for v in ["1e20", "1.8e19", "inf", "NaN"] {
+            let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", v)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("NEURON_RT_EXEC_TIMEOUT=\"{v}\"")), "{e}");
+        }
+        let c = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "4294967295")]).unwrap();
+        assert_eq!(c.exec_timeout, Duration::from_secs(u64::from(u32::MAX)));
     }
 
     #[test]

@@ -103,8 +103,18 @@ pub fn parse_period(s: &str) -> Result<Duration, String> {
     if d.is_zero() {
         return Err(format!("{s:?}: the period must be more than zero"));
     }
+    if d > MAX_PERIOD {
+        return Err(format!(
+            "{s:?}: the period must be at most a day ({})",
+            humantime::format_duration(MAX_PERIOD)
+        ));
+    }
     Ok(d)
 }
+
+/// The longest period `monitor` and `top` take: a day (a sample per day already says little
+/// about a process; longer ones only risk overflowing the deadline arithmetic).
+const MAX_PERIOD: Duration = Duration::from_secs(24 * 3600);
 
 /// A channel that receives once on SIGINT or SIGTERM (`None` when a handler could not be
 /// installed: then only `--count` or a kill ends the program).
@@ -582,5 +592,11 @@ mod tests {
         assert_eq!(parse_period("1s"), Ok(Duration::from_secs(1)));
         assert!(parse_period("0s").unwrap_err().contains("more than zero"));
         assert!(parse_period("fast").is_err());
+        assert_eq!(parse_period("1day"), Ok(Duration::from_secs(86400)));
+        assert!(
+            parse_period("500000000000y")
+                .unwrap_err()
+                .contains("at most a day")
+        );
     }
 }

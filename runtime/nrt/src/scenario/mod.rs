@@ -158,7 +158,7 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
             let o = Outcome {
                 pass: false,
                 at: "time limit".into(),
-                expected: format!("the scenario finishes within {:.0} s", limit.as_secs_f64()),
+                expected: format!("the scenario finishes within {} s", limit.as_secs_f64()),
                 seen: "it did not (a step hung, or the limit is too short); stopping: the files after this one are not run".into(),
             };
             if json {

@@ -70,6 +70,7 @@ pub struct CountersCheck {
     /// The physical NC.
     pub nc: Option<u32>,
     /// Poll until the check holds, for at most this long.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
     /// DMA descriptors processed.
     pub dma_descriptors: Option<Bound>,
@@ -146,6 +147,7 @@ impl CountersCheck {
 #[serde(deny_unknown_fields)]
 pub struct DeviceStatsCheck {
     /// Poll until the check holds, for at most this long.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
     /// Bytes of client chunks.
     pub memory_in_use: Option<Bound>,
@@ -180,6 +182,7 @@ impl DeviceStatsCheck {
 #[serde(deny_unknown_fields)]
 pub struct NoLeaksCheck {
     /// Poll until the check holds, for at most this long (default 3 s).
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
 }
 
@@ -245,6 +248,7 @@ pub struct SimdevCheck {
     /// Whether simdev is still running (default true).
     pub running: Option<bool>,
     /// Poll until the check holds, for at most this long.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
 }
 

@@ -8,6 +8,36 @@
 mod check;
 mod step;
 
+/// The keys that hold seconds (`*_s`, `exec_timeout`): each is checked as it is read — a
+/// number, not negative, at most [`runtime::config::MAX_SECONDS`] — so every one converts to a
+/// `Duration` and an error names the key (toml adds its line, a step its position).
+pub(crate) mod seconds {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer};
+
+    fn check(secs: f64) -> Result<f64, String> {
+        runtime::config::check_seconds(secs, false)
+            .map(|_| secs)
+            .map_err(|why| format!("{secs} seconds: {why}"))
+    }
+
+    /// An optional number of seconds (0 allowed).
+    pub fn opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(check)
+            .transpose()
+            .map_err(D::Error::custom)
+    }
+
+    /// A number of seconds above 0.
+    pub fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let secs = f64::deserialize(d)?;
+        runtime::config::check_seconds(secs, true)
+            .map(|_| secs)
+            .map_err(|why| D::Error::custom(format!("{secs} seconds: {why}")))
+    }
+}
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -32,6 +62,7 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Wall-clock limit for the whole scenario in seconds, above 0 (default 60): past it the
     /// runner reports a failure and exits.
+    #[serde(default, deserialize_with = "seconds::opt")]
     pub time_limit_s: Option<f64>,
     /// The simulated device.
     #[serde(default)]
@@ -173,7 +204,7 @@ pub struct RuntimeSpec {
     #[serde(default = "yes")]
     pub init: bool,
     /// `NEURON_RT_EXEC_TIMEOUT`, seconds (default 5 here; libnrt's default is 30).
-    #[serde(default = "default_timeout")]
+    #[serde(default = "default_timeout", deserialize_with = "seconds::positive")]
     pub exec_timeout: f64,
     /// `NEURON_RT_VISIBLE_CORES`.
     pub visible_cores: Option<Cores>,
@@ -566,10 +597,81 @@ pub fn parse(text: &str) -> Result<Scenario, String> {
     }
     scenario.check_faults()?;
     scenario.check_bounds()?;
+    scenario.check_names()?;
+    scenario.check_sizes()?;
     Ok(scenario)
 }
 
 impl Scenario {
+    /// Background `execute` names and client names are unique while in use: a second
+    /// background step (client) of a name before the first is joined (waited for or killed)
+    /// would leave the first one unjudged.
+    fn check_names(&self) -> Result<(), String> {
+        let mut background: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut clients: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            let n = i + 1;
+            match &step.action {
+                Action::Execute(e) => {
+                    if let Some(name) = e.background.as_deref()
+                        && let Some(j) = background.insert(name, n)
+                    {
+                        return Err(format!(
+                            "step {n} (execute): background {name:?} of step {j} is not joined yet: \
+                             join it first, or give this one another name"
+                        ));
+                    }
+                }
+                Action::Join(j) => {
+                    background.remove(j.name.as_deref().unwrap_or_default());
+                }
+                Action::SpawnClient(c) => {
+                    let name = c.name.as_deref().unwrap_or("client");
+                    if let Some(j) = clients.insert(name, n) {
+                        return Err(format!(
+                            "step {n} (spawn_client): client {name:?} of step {j} has not ended: \
+                             wait_client or kill_client it first, or give this one another name"
+                        ));
+                    }
+                }
+                Action::WaitClient(c) => {
+                    clients.remove(c.name.as_deref().unwrap_or("client"));
+                }
+                Action::KillClient(c) => {
+                    clients.remove(c.name.as_deref().unwrap_or("client"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts that must be at least 1 (and NCs within simdev's range) are, named by their key.
+    fn check_sizes(&self) -> Result<(), String> {
+        if let Some(ncs) = self.device.ncs
+            && !(1..=simdev::config::MAX_NCS).contains(&ncs)
+        {
+            return Err(format!(
+                "[device] ncs = {ncs}: a device has 1 to {} NCs",
+                simdev::config::MAX_NCS
+            ));
+        }
+        if self.runtime.xu_capacity == 0 {
+            return Err("[runtime] xu_capacity = 0: an XU queue needs at least 1 slot".to_string());
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Action::Execute(e) = &step.action
+                && e.threads == Some(0)
+            {
+                return Err(format!(
+                    "step {} (execute): threads = 0: at least 1 thread runs the executions",
+                    i + 1
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Every counters and device_stats check names at least one bound: one naming none would
     /// pass having checked nothing.
     fn check_bounds(&self) -> Result<(), String> {
@@ -697,6 +799,60 @@ mod tests {
         let e = parse("[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"device_stats\"\n")
             .unwrap_err();
         assert!(e.starts_with("step 1 check 1 (device_stats)"), "{e}");
+    }
+
+    #[test]
+    fn seconds_that_no_duration_holds_are_refused_naming_the_key() {
+        let e = parse("time_limit_s = 1e20\n").unwrap_err();
+        assert!(
+            e.contains("line 1") && e.contains("at most 4294967295 seconds"),
+            "{e}"
+        );
+        let e = parse("[runtime]\nexec_timeout = 1e20\n").unwrap_err();
+        assert!(e.contains("exec_timeout") && e.contains("at most"), "{e}");
+        let e = parse("[runtime]\nexec_timeout = 0\n").unwrap_err();
+        assert!(e.contains("must be a positive number of seconds"), "{e}");
+        let e =
+            parse("[[expect]]\nwhat = \"simdev\"\nrunning = true\nwithin_s = 1e20\n").unwrap_err();
+        assert!(e.starts_with("expect 1") && e.contains("at most"), "{e}");
+        let e = parse("[[steps]]\naction = \"wait_client\"\nwithin_s = -1\n").unwrap_err();
+        assert!(e.starts_with("step 1") && e.contains("0 or more"), "{e}");
+        let e = parse("[[steps]]\naction = \"init\"\nmax_step_s = inf\n").unwrap_err();
+        assert!(e.starts_with("step 1"), "{e}");
+        parse("time_limit_s = 4294967295\n[[expect]]\nwhat = \"simdev\"\nrunning = true\nwithin_s = 0\n")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_name_in_use_and_counts_of_zero_are_refused_when_read() {
+        let bg = |name: &str| {
+            format!("[[steps]]\naction = \"execute\"\nmodel = \"m\"\nbackground = \"{name}\"\n")
+        };
+        let join = "[[steps]]\naction = \"join\"\nname = \"x\"\n";
+        let e = parse(&format!("{}{}", bg("x"), bg("x"))).unwrap_err();
+        assert_eq!(
+            e,
+            "step 2 (execute): background \"x\" of step 1 is not joined yet: join it first, or give this one another name"
+        );
+        parse(&format!("{}{}{}{}", bg("x"), bg("y"), join, bg("x"))).unwrap();
+        let spawn = "[[steps]]\naction = \"spawn_client\"\n";
+        let e = parse(&format!("{spawn}{spawn}")).unwrap_err();
+        assert!(
+            e.starts_with("step 2 (spawn_client): client \"client\" of step 1"),
+            "{e}"
+        );
+        parse(&format!(
+            "{spawn}[[steps]]\naction = \"kill_client\"\n{spawn}"
+        ))
+        .unwrap();
+        let e = parse("[[steps]]\naction = \"execute\"\nmodel = \"m\"\nthreads = 0\n").unwrap_err();
+        assert!(e.starts_with("step 1 (execute): threads = 0"), "{e}");
+        let e = parse("[runtime]\nxu_capacity = 0\n").unwrap_err();
+        assert!(e.starts_with("[runtime] xu_capacity = 0"), "{e}");
+        for ncs in [0, 9] {
+            let e = parse(&format!("[device]\nncs = {ncs}\n")).unwrap_err();
+            assert_eq!(e, format!("[device] ncs = {ncs}: a device has 1 to 8 NCs"));
+        }
     }
 
     #[test]

@@ -192,6 +192,7 @@ pub struct InitStep {
     /// The error message contains this.
     pub expect_message_contains: Option<String>,
     /// The call returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -211,6 +212,7 @@ pub struct LoadStep {
     /// The error message contains this.
     pub expect_message_contains: Option<String>,
     /// The call returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -225,6 +227,7 @@ pub struct UnloadStep {
     /// The error message contains this.
     pub expect_message_contains: Option<String>,
     /// The call returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -278,12 +281,16 @@ pub struct ExecuteStep {
     /// Every failed call's message contains this.
     pub expect_message_contains: Option<String>,
     /// Every call returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_call_s: Option<f64>,
     /// Every call returns within the exec timeout plus this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_timeout_plus_s: Option<f64>,
     /// Every call takes at least this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub min_call_s: Option<f64>,
     /// The whole step takes at most this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
     /// Async: NRT_QUEUE_FULL refusals seen at least this many times.
     pub min_queue_full: Option<u64>,
@@ -304,6 +311,7 @@ pub struct CloseStep {
     /// Close the runtime of this name (an `init` step's `as`) instead of the scenario's.
     pub runtime: Option<String>,
     /// Close returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -359,6 +367,7 @@ pub struct SpawnClientStep {
     /// Its init error message contains this.
     pub expect_message_contains: Option<String>,
     /// It is ready (or refused) within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -419,6 +428,7 @@ pub struct KillClientStep {
     /// The signal (default SIGKILL).
     pub signal: Option<SignalName>,
     /// How long to wait for the exit (default 5 s).
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
     /// `clean` or `killed` (default: `killed` for SIGKILL, else `clean`).
     pub expect_exit: Option<ExitKind>,
@@ -445,6 +455,7 @@ pub struct WaitClientStep {
     /// The client's name (default `client`).
     pub name: Option<String>,
     /// How long to wait for the exit (default 5 s).
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub within_s: Option<f64>,
     /// `clean` or `killed` (default `clean`).
     pub expect_exit: Option<ExitKind>,
@@ -467,6 +478,7 @@ pub struct LifecycleStep {
     /// The status of each call of the lifecycle client, by name.
     pub expect_codes: Option<BTreeMap<String, StatusSel>>,
     /// The lifecycle takes at most this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
@@ -489,6 +501,7 @@ pub struct CyclesStep {
     /// Resident memory may grow at most this much after the warm-up.
     pub max_rss_growth_kib: Option<u64>,
     /// The whole step takes at most this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
 
