@@ -438,6 +438,19 @@ impl Runtime {
             Platform::Hardware => Target::Silicon,
         };
         let wait_budget = config.wait_budget(platform);
+        // The timeline is written at close: a path it cannot be written to is said now, before
+        // anything is claimed, not after the whole run.
+        if let Some(path) = &config.trace_file {
+            std::fs::File::create(path).map_err(|e| {
+                status_err(
+                    NrtStatus::Invalid,
+                    format!(
+                        "NEURON_RT_TRACE={}: cannot create the timeline file: {e}",
+                        path.display()
+                    ),
+                )
+            })?;
+        }
         let reservation = reserve::reserve(&*device, selection, logical, lnc, config.reset_cores)?;
         let vncs: Vec<Vnc> = reservation
             .vncs
@@ -1789,7 +1802,12 @@ impl Runtime {
         // Every span is recorded (the workers are joined); the device's events go before the
         // NCs are released (a release ends their subscription).
         if let Err(e) = self.write_timeline() {
-            tracing::error!(error = %e, "writing the timeline (NEURON_RT_TRACE)");
+            let path = self
+                .config
+                .trace_file
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            tracing::error!(error = %e, "writing the timeline to {} (NEURON_RT_TRACE)", path.display());
         }
         self.models.unload_all();
         // Each logical core's queues are listed under each of its NCs: the last reference

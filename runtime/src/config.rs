@@ -592,7 +592,10 @@ mod tests {
             let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", v)])
                 .unwrap_err()
                 .to_string();
-            assert!(e.starts_with(&format!("NEURON_RT_EXEC_TIMEOUT=\"{v}\"")), "{e}");
+            assert!(
+                e.starts_with(&format!("NEURON_RT_EXEC_TIMEOUT=\"{v}\"")),
+                "{e}"
+            );
         }
         let c = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "4294967295")]).unwrap();
         assert_eq!(c.exec_timeout, Duration::from_secs(u64::from(u32::MAX)));

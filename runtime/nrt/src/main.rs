@@ -364,7 +364,17 @@ fn main() -> ExitCode {
                         bench::print(&report);
                     }
                     if let Some(path) = &trace {
-                        eprintln!("trace written to {}", path.display());
+                        // Written at the runtime's close: an empty file is one that failed (the
+                        // error was logged above).
+                        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+                            eprintln!("trace written to {}", path.display());
+                        } else {
+                            eprintln!(
+                                "nrt bench: the trace was not written to {} (see the error above)",
+                                path.display()
+                            );
+                            return ExitCode::FAILURE;
+                        }
                     }
                     if report.failures == 0 {
                         ExitCode::SUCCESS

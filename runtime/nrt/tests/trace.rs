@@ -86,3 +86,41 @@ fn bench_trace_works_with_a_shared_simdev() {
         check_execution(&bytes, n);
     }
 }
+
+#[test]
+fn bench_trace_to_a_path_that_cannot_be_written_fails_first_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in [dir.path().join("missing/bench.json"), dir.path().to_owned()] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+            .args([
+                "bench",
+                "--model",
+                "identity",
+                "--iterations",
+                "20",
+                "--trace",
+            ])
+            .arg(&path)
+            .env_remove("NEURON_SIMDEV_SOCKET")
+            .env_remove("NEURON_RT_BACKEND")
+            .env_remove("NEURON_RT_TRACE")
+            .output()
+            .expect("nrt runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "NEURON_RT_TRACE={}: cannot create the timeline file",
+                path.display()
+            )),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("trace written"), "{stderr}");
+        // Refused before the benchmark ran: no report.
+        assert!(
+            String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
