@@ -60,8 +60,9 @@ pub fn on_exit(hook: extern "C" fn()) -> bool {
 /// returning from `main` without `nrt_close`), undone at `exit` by [`undo_at_exit`]'s hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Leftover {
-    /// A file it made (the datastore file).
-    File(std::path::PathBuf),
+    /// Its datastore file, which at exit is marked closed and left to linger
+    /// ([`crate::datastore::close_file`]).
+    Datastore(std::path::PathBuf),
     /// A child it started (a private simdev, which `PR_SET_PDEATHSIG` kills but which removes
     /// nothing then) and the directory the child works in: the child is killed and reaped,
     /// the directory removed.
@@ -77,9 +78,7 @@ impl Leftover {
     /// Undoes it (best effort: nothing is reported at exit).
     fn undo(&self) {
         match self {
-            Self::File(path) => {
-                let _ = std::fs::remove_file(path);
-            }
+            Self::Datastore(path) => crate::datastore::close_file(path),
             Self::Child { pid, dir } => {
                 if let Ok(pid) = i32::try_from(*pid) {
                     let pid = nix::unistd::Pid::from_raw(pid);

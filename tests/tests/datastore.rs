@@ -1,7 +1,8 @@
 //! The runtime datastore against a real simdev: a runtime in another process (the
 //! `datastore-writer` helper) publishes its counters, this process reads them with
 //! `runtime::datastore::scan`; a SIGKILLed writer leaves a stale file that does not break the
-//! reader and that the next init in the directory removes; a closed runtime removes its file.
+//! reader and that the next init in the directory removes; a closed runtime leaves its final
+//! counts for readers until the linger ends.
 //! Every test points `NEURON_RT_DATASTORE_DIR` at a temp dir of its own.
 
 use std::io::{BufRead, BufReader, Write};
@@ -56,6 +57,16 @@ fn datastore_files(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// The datastore files in `dir` not closed (a closed runtime's lingers for readers).
+fn unclosed_files(dir: &Path) -> Vec<String> {
+    scan_detailed(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, r)| !matches!(r, Ok(s) if s.liveness == Liveness::Closed))
+        .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
 }
 
 #[test]
@@ -148,25 +159,58 @@ fn a_child_runtimes_counts_are_read_and_a_sigkilled_writer_turns_stale() {
         (std::process::id(), Liveness::Live)
     );
     rt.close();
-    assert!(datastore_files(dir.path()).is_empty());
+    assert!(unclosed_files(dir.path()).is_empty());
 }
 
 #[test]
-fn a_closed_runtime_removes_its_file() {
+fn a_closed_runtime_leaves_its_final_counts_for_readers_until_the_linger_ends() {
     let sim = start_simdev(&["--ncs", "2", "--hbm", "64M"]);
     let dir = tempfile::tempdir().unwrap();
     let (mut child, mut out, _) = spawn_writer(&sim, dir.path(), 0);
-    assert_eq!(
-        datastore_files(dir.path()),
-        vec![format!("nrt-datastore-{}", child.id())]
-    );
+    let pid = child.id();
+    let name = format!("nrt-datastore-{pid}");
+    assert_eq!(datastore_files(dir.path()), vec![name.clone()]);
+    let live = scan(dir.path());
+    assert_eq!(live[0].liveness, Liveness::Live);
+    let executed = live[0].cores[0].executions.total();
     child.stdin.take().unwrap().write_all(b"close\n").unwrap();
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "closed");
     assert!(child.wait().unwrap().success());
-    assert!(datastore_files(dir.path()).is_empty());
-    assert!(scan_detailed(dir.path()).unwrap().is_empty());
+    // The file stays, closed, with the final counts (what a monitor's last period needs).
+    let closed = scan(dir.path());
+    assert_eq!(closed.len(), 1);
+    assert_eq!((closed[0].pid, closed[0].liveness), (pid, Liveness::Closed));
+    assert_eq!(closed[0].cores[0].executions.total(), executed);
+    // A runtime initialised in the directory leaves it while it lingers...
+    let init = || {
+        Runtime::init(
+            Arc::new(connect(&sim)),
+            RuntimeConfig {
+                datastore_dir: Some(dir.path().to_path_buf()),
+                visible_cores: Some((1, 1)),
+                ..RuntimeConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let rt = init();
+    assert!(datastore_files(dir.path()).contains(&name));
+    rt.close();
+    // ... and removes it once closed longer than CLOSED_LINGER ago.
+    let path = dir.path().join(&name);
+    let long_ago =
+        std::time::SystemTime::now() - runtime::datastore::CLOSED_LINGER - Duration::from_secs(1);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    let rt = init();
+    assert!(!path.exists(), "{:?}", datastore_files(dir.path()));
+    rt.close();
 }
 
 #[test]
@@ -219,6 +263,6 @@ fn in_process_counts_match_with_the_file_and_without_it() {
         );
         assert_eq!(rt.vnc_memory_stats(0).unwrap().bytes_used, 0);
         rt.close();
-        assert!(datastore_files(dir.path()).is_empty());
+        assert!(unclosed_files(dir.path()).is_empty());
     }
 }

@@ -1,8 +1,8 @@
 //! The operator tools over real runtime processes: two `datastore-writer` processes execute on a
 //! shared simdev, each publishing its counters in its datastore; `nrt monitor` reads them.
 //! Their counts in the monitor's last document match what each process reports; a SIGKILLed
-//! writer leaves a stale file that breaks no reader and the next runtime removes; a normal
-//! close removes the file.
+//! writer leaves a stale file that breaks no reader and the next runtime removes; a closed
+//! runtime's counts are counted once more by a running monitor, then it is gone.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -216,11 +216,57 @@ fn monitor_sees_two_runtime_processes_and_their_counts_match_their_reports() {
     }
     a.close();
     b.close();
-    assert_eq!(
-        datastore_files(dir.path()),
-        Vec::<String>::new(),
-        "a closed runtime removes its datastore"
+    let docs = monitor(sim.socket(), dir.path(), "50ms", 1);
+    assert!(
+        docs[0]["neuron_runtime_data"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "runtimes closed before the monitor started are not shown: {}",
+        docs[0]
     );
+}
+
+/// A monitor that is running while runtimes come and go counts every execution once: one that
+/// lived and closed between two samples, and one whose last executions came after the sample
+/// before its close (the closed datastore lingers with its final counts).
+#[test]
+fn the_monitor_counts_the_executions_of_runtimes_that_closed_between_its_samples() {
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(nrt_program())
+        .args(["monitor", "--period", "200ms"])
+        .env("NEURON_SIMDEV_SOCKET", sim.socket())
+        .env("NEURON_RT_DATASTORE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("nrt monitor runs");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut docs = Vec::new();
+    let mut next_doc = |docs: &mut Vec<Value>| {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        docs.push(serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line}")));
+    };
+    // The monitor has sampled (its baseline) before either runtime starts.
+    next_doc(&mut docs);
+    let short = RuntimeClient::spawn(sim.socket(), dir.path(), "0", 25);
+    let short_pid = short.pid();
+    short.close();
+    let long = RuntimeClient::spawn(sim.socket(), dir.path(), "1", 40);
+    let long_pid = long.pid();
+    next_doc(&mut docs);
+    long.close();
+    // Two more samples, both taken after the closes.
+    next_doc(&mut docs);
+    next_doc(&mut docs);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(completed_over(&docs, short_pid), 25, "{docs:#?}");
+    assert_eq!(completed_over(&docs, long_pid), 40, "{docs:#?}");
+    // Reported closed once, then gone.
+    assert!(runtime_entry(docs.last().unwrap(), short_pid).is_none());
+    assert!(runtime_entry(docs.last().unwrap(), long_pid).is_none());
 }
 
 #[test]

@@ -165,7 +165,14 @@ pub fn draw(frame: &mut Frame, view: &View) {
             Row::new(vec![
                 p.pid.to_string(),
                 clip(&short_command(&p.command), 32),
-                if p.stale { "stale" } else { "live" }.to_string(),
+                if p.stale {
+                    "stale"
+                } else if p.closed {
+                    "closed"
+                } else {
+                    "live"
+                }
+                .to_string(),
                 format!("{} {}", models.len(), clip(&models.join(","), 30)),
                 bytes(p.device_bytes()),
                 p.execution_total.completed.to_string(),

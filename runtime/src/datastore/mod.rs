@@ -16,12 +16,17 @@
 //! least-recently-unloaded first when all are taken) changes under a single-writer seqlock;
 //! load and unload are serialised by the writer's slot lock.
 //!
-//! **Removal.** `Runtime::close` (or dropping the runtime in the process that created it) marks
-//! the file closed and removes it; a forked child never touches it. A process that dies without
-//! closing (SIGKILL) leaves its file: readers report it [`snapshot::Liveness::Stale`] (its pid is
-//! gone, or the pid was reused by a process with another start time), and the next
-//! `Runtime::init` in that directory removes stale files ([`remove_stale`]), so the directory
-//! does not fill. A reader may call [`remove_stale`] as well.
+//! **Closing and removal.** `Runtime::close` (or dropping the runtime in the process that
+//! created it, or the process's exit without either) marks the file closed and stamps its
+//! modification time: the file keeps the final counters for [`CLOSED_LINGER`], so that a reader
+//! sampling every period up to that long (`nrt monitor`) still counts the executions since its
+//! last sample — a process's last ones, its failures included — and even a process that lived
+//! and ended between two samples. Readers report it [`snapshot::Liveness::Closed`]. A forked
+//! child never touches the file. A process that dies without closing (SIGKILL) leaves its file
+//! live: readers report it [`snapshot::Liveness::Stale`] (its pid is gone, or the pid was reused
+//! by a process with another start time). The next `Runtime::init` in that directory removes
+//! stale files and files closed more than [`CLOSED_LINGER`] ago ([`remove_stale`]), so the
+//! directory does not fill. A reader may call [`remove_stale`] as well.
 
 pub mod reader;
 pub mod snapshot;
@@ -53,6 +58,25 @@ use snapshot::{HIST_BUCKETS, MemKind, bucket_of};
 
 const _: () = assert!(HIST_BUCKETS == shared::datastore::HIST_BUCKETS);
 const _: () = assert!(MemKind::ALL.len() == shared::datastore::MEM_KINDS);
+
+/// How long a closed runtime's datastore file stays for readers before [`remove_stale`] takes
+/// it (readers sampling more rarely may miss a closed process's last period).
+pub const CLOSED_LINGER: Duration = Duration::from_secs(60);
+
+/// Marks the datastore file at `path` closed and stamps its modification time now (the start
+/// of its [`CLOSED_LINGER`]); best effort (the exit hook's way to close a file whose runtime
+/// was never closed).
+pub(crate) fn close_file(path: &Path) {
+    let Ok(file) = OpenOptions::new().write(true).open(path) else {
+        return;
+    };
+    let _ = std::os::unix::fs::FileExt::write_all_at(
+        &file,
+        &STATE_CLOSED.to_le_bytes(),
+        offsets::HEADER_STATE as u64,
+    );
+    let _ = file.set_modified(SystemTime::now());
+}
 
 /// The directory of the datastore files when `NEURON_RT_DATASTORE_DIR` is not set: `/dev/shm`
 /// if it exists, else the temp dir.
@@ -195,7 +219,7 @@ impl Datastore {
                 let path = dir.join(name);
                 match std::fs::hard_link(&tmp, &path) {
                     Ok(()) => {
-                        crate::process::undo_at_exit(Leftover::File(path.clone()));
+                        crate::process::undo_at_exit(Leftover::Datastore(path.clone()));
                         ds.path = Some(path);
                         return Ok(ds);
                     }
@@ -549,8 +573,9 @@ impl Datastore {
         });
     }
 
-    /// Marks the file closed and removes it (in the creating process only; a forked child
-    /// leaves it to its parent).
+    /// Marks the file closed and stamps its close time: it lingers [`CLOSED_LINGER`] with the
+    /// final counters for readers (in the creating process only; a forked child leaves it to
+    /// its parent).
     pub fn close(&self) {
         if crate::process::id() != self.owner {
             return;
@@ -561,12 +586,16 @@ impl Datastore {
             Ordering::Release,
         );
         if let Some(p) = &self.path {
-            if let Err(e) = std::fs::remove_file(p)
+            let stamped = File::options()
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_modified(SystemTime::now()));
+            if let Err(e) = stamped
                 && e.kind() != io::ErrorKind::NotFound
             {
-                tracing::warn!(path = %p.display(), error = %e, "removing the datastore file");
+                tracing::warn!(path = %p.display(), error = %e, "stamping the closed datastore file");
             }
-            crate::process::forget_at_exit(&Leftover::File(p.clone()));
+            crate::process::forget_at_exit(&Leftover::Datastore(p.clone()));
         }
     }
 }

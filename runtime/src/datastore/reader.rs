@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use shared::datastore::{
     CoreRecord, DATASTORE_FILE_PREFIX, DATASTORE_MAGIC, DATASTORE_VERSION, DatastoreHeader,
     HistogramRecord, MAX_LNC, ModelSlotRecord, OTHER_STATUS_SLOT, SLOT_FREE, SLOT_LOADED,
-    STATE_INITIALISING, STATE_LIVE, STATUS_SLOTS, TpbRecord, offsets, unpadded,
+    STATE_CLOSED, STATE_INITIALISING, STATE_LIVE, STATUS_SLOTS, TpbRecord, offsets, unpadded,
 };
 use shared::{MemError, NrtStatus, SharedChunk};
 
@@ -147,7 +147,8 @@ fn pid_of_name(name: &str) -> Option<u32> {
 }
 
 /// Removes the stale datastore files in `dir`: those whose writer is gone (pid dead, or reused
-/// with another start time) or closed, unreadable ones whose file-name pid is dead, and the
+/// with another start time), those closed more than [`super::CLOSED_LINGER`] ago (by their
+/// modification time, stamped at close), unreadable ones whose file-name pid is dead, and the
 /// temporary files of dead writers. Returns the files removed. `Runtime::init` calls it for
 /// its directory; readers may.
 ///
@@ -166,7 +167,11 @@ pub fn remove_stale(dir: &Path) -> io::Result<Vec<PathBuf>> {
             proc_stat::start_time(pid).is_none()
         } else {
             match read_file(&path) {
-                Ok(s) => s.liveness == Liveness::Stale,
+                Ok(s) => match s.liveness {
+                    Liveness::Stale => true,
+                    Liveness::Closed => closed_long_ago(&path),
+                    Liveness::Live => false,
+                },
                 Err(_) => proc_stat::start_time(pid).is_none(),
             }
         };
@@ -175,6 +180,16 @@ pub fn remove_stale(dir: &Path) -> io::Result<Vec<PathBuf>> {
         }
     }
     Ok(removed)
+}
+
+/// Whether the closed file at `path` was closed (its modification time) more than
+/// [`super::CLOSED_LINGER`] ago; a time that cannot be read counts as long ago.
+fn closed_long_ago(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_none_or(|age| age > super::CLOSED_LINGER)
 }
 
 fn histogram(r: &HistogramRecord) -> Histogram {
@@ -229,6 +244,9 @@ fn table(
 
 /// Whether the writer of `h` still runs.
 fn liveness_of(h: &DatastoreHeader, state: u64) -> Liveness {
+    if state == STATE_CLOSED {
+        return Liveness::Closed;
+    }
     if state != STATE_LIVE {
         return Liveness::Stale;
     }

@@ -300,9 +300,11 @@ pub struct ModelSnapshot {
 pub enum Liveness {
     /// The process lives and has not closed the runtime.
     Live,
-    /// The process is gone (killed or exited without `nrt_close`): the file is stale; its last
+    /// The process is gone without closing the runtime (killed): the file is stale; its last
     /// counts are shown for what they are worth, never merged into live figures.
     Stale,
+    /// The runtime was closed (`nrt_close`, or the process's exit): the counters are final.
+    Closed,
 }
 
 /// One runtime process's datastore, as read at one instant.

@@ -150,11 +150,24 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
         "the writer's own view is the reader's"
     );
 
-    // Close removes the file.
+    // Close marks the file closed and leaves it, with the final counts, for readers; it is
+    // removed once closed longer than CLOSED_LINGER ago.
     drop(metrics);
     ds.close();
+    let closed = scan(dir.path());
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0].liveness, Liveness::Closed);
+    assert_eq!(closed[0].cores, s.cores);
+    assert!(remove_stale(dir.path()).unwrap().is_empty());
+    let long_ago = SystemTime::now() - CLOSED_LINGER - Duration::from_secs(1);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    assert_eq!(remove_stale(dir.path()).unwrap(), vec![path.clone()]);
     assert!(!path.exists());
-    assert!(scan(dir.path()).is_empty());
 }
 
 #[test]
@@ -323,7 +336,7 @@ fn a_dead_or_reused_pid_is_stale_and_removed_by_remove_stale() {
     let mine = Datastore::create(dir.path(), &[vec![0]], 1).unwrap();
     assert!(!dead_again.exists());
     assert!(mine.path().unwrap().exists());
-    // A closed file is stale even while its writer lives.
+    // A closed file is closed even while its writer lives, and lingers (freshly stamped).
     let closed = patched(
         &src,
         dir.path(),
@@ -331,7 +344,9 @@ fn a_dead_or_reused_pid_is_stale_and_removed_by_remove_stale() {
         40,
         2u64.as_bytes(),
     );
-    assert_eq!(read_file(&closed).unwrap().liveness, Liveness::Stale);
+    assert_eq!(read_file(&closed).unwrap().liveness, Liveness::Closed);
+    assert!(remove_stale(dir.path()).unwrap().is_empty());
+    assert!(closed.exists());
 }
 
 #[test]

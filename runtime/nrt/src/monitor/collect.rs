@@ -70,6 +70,8 @@ pub struct ProcessFigures {
     pub uptime: Duration,
     /// The writer is gone: only the `*_total` figures and models are meaningful.
     pub stale: bool,
+    /// The runtime closed during the period: its figures are its last (it is not shown again).
+    pub closed: bool,
     /// The wall time the period figures cover.
     pub period: Duration,
     /// Its logical cores (empty when stale).
@@ -111,7 +113,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// The live processes.
+    /// The live processes (and those that closed in the period: their last figures).
     pub fn live(&self) -> impl Iterator<Item = &ProcessFigures> {
         self.processes.iter().filter(|p| !p.stale)
     }
@@ -213,6 +215,7 @@ fn process_figures(
         lnc: now.lnc,
         uptime: now.uptime,
         stale,
+        closed: now.liveness == Liveness::Closed,
         period: if stale { Duration::ZERO } else { wall },
         cores: Vec::new(),
         models: now.models.clone(),
@@ -263,19 +266,36 @@ fn add_counts(a: &StatusCounts, b: &StatusCounts) -> StatusCounts {
     }
 }
 
+/// `now`'s runtime in `prev`: same pid, started no later, and of those (a process that closed a
+/// runtime and started another has both files) the one started last.
+fn earlier<'a>(prev: &'a Sample, now: &ProcessSnapshot) -> Option<&'a ProcessSnapshot> {
+    prev.processes
+        .iter()
+        .filter(|t| t.pid == now.pid && t.uptime <= now.uptime)
+        .max_by_key(|t| t.uptime)
+}
+
 /// The figures of the period from `prev` (none for the first sample) to `cur`.
+///
+/// Every execution counts in exactly one period: a live runtime's since `prev` (since its
+/// `nrt_init` when `prev` lacks it); a runtime that closed since `prev` once more, with its last
+/// executions (a closed datastore lingers for readers, [`runtime::datastore::CLOSED_LINGER`]),
+/// and then no more; one that started and closed between the samples, all of its executions.
 pub fn collect(prev: Option<&Sample>, cur: &Sample) -> Figures {
     let elapsed = prev.map_or(Duration::ZERO, |p| cur.at.saturating_duration_since(p.at));
     let mut processes: Vec<ProcessFigures> = cur
         .processes
         .iter()
-        .map(|now| {
-            let then = prev.and_then(|p| {
-                p.processes.iter().find(|t| {
-                    t.pid == now.pid && t.uptime <= now.uptime && t.liveness == Liveness::Live
-                })
-            });
-            process_figures(now, then, elapsed)
+        .filter_map(|now| {
+            let before = prev.and_then(|p| earlier(p, now));
+            // Closed and already reported (or already closed at the first sample): gone.
+            if now.liveness == Liveness::Closed
+                && before.is_some_and(|t| t.liveness != Liveness::Live)
+            {
+                return None;
+            }
+            let then = before.filter(|t| t.liveness == Liveness::Live);
+            Some(process_figures(now, then, elapsed))
         })
         .collect();
     processes.sort_by_key(|p| (p.stale, p.pid));
@@ -384,6 +404,68 @@ pub(crate) mod tests {
         assert_eq!(p.total_latency.count, 204);
         assert_eq!(p.total_latency_all.count, 304);
         assert_eq!(c.logical_id, 4);
+    }
+
+    #[test]
+    fn a_closed_runtime_counts_its_last_executions_once_then_is_gone() {
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        let closed = |p: ProcessSnapshot| ProcessSnapshot {
+            liveness: Liveness::Closed,
+            ..p
+        };
+        let s0 = Sample {
+            at: at(0),
+            processes: vec![process(7, 10, vec![core(0, 100, 0, 10, 0)])],
+        };
+        // Closed after 20 more executions; and pid 8 lived and closed within the period.
+        let s1 = Sample {
+            at: at(1),
+            processes: vec![
+                closed(process(7, 11, vec![core(0, 120, 0, 10, 0)])),
+                closed(process(8, 1, vec![core(0, 5, 1, 10, 0)])),
+            ],
+        };
+        let f1 = collect(Some(&s0), &s1);
+        let by_pid = |f: &Figures, pid| f.processes.iter().find(|p| p.pid == pid).cloned();
+        let p7 = by_pid(&f1, 7).unwrap();
+        assert!(p7.closed && !p7.stale);
+        assert_eq!(p7.execution_summary.completed, 20);
+        let p8 = by_pid(&f1, 8).unwrap();
+        assert_eq!(p8.execution_summary.completed, 5);
+        assert_eq!(p8.error_summary.total(), 1);
+        assert_eq!(f1.live().count(), 2, "their last figures count");
+        // The next period: both are gone.
+        let s2 = Sample {
+            at: at(2),
+            processes: vec![
+                closed(process(7, 12, vec![core(0, 120, 0, 10, 0)])),
+                closed(process(8, 2, vec![core(0, 5, 1, 10, 0)])),
+            ],
+        };
+        assert!(collect(Some(&s1), &s2).processes.is_empty());
+        // The same pid's next runtime (started after the closed one) is diffed against its own
+        // earlier sample, not the closed one's.
+        let s3 = Sample {
+            at: at(3),
+            processes: vec![
+                closed(process(7, 13, vec![core(0, 120, 0, 10, 0)])),
+                process(7, 1, vec![core(0, 3, 0, 10, 0)]),
+            ],
+        };
+        let s4 = Sample {
+            at: at(4),
+            processes: vec![
+                closed(process(7, 14, vec![core(0, 120, 0, 10, 0)])),
+                process(7, 2, vec![core(0, 10, 0, 10, 0)]),
+            ],
+        };
+        let f3 = collect(Some(&s2), &s3);
+        assert_eq!(f3.processes.len(), 1);
+        assert_eq!(f3.processes[0].execution_summary.completed, 3);
+        let f4 = collect(Some(&s3), &s4);
+        assert_eq!(f4.processes.len(), 1);
+        assert_eq!(f4.processes[0].execution_summary.completed, 7);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use runtime::datastore::snapshot::ProcessSnapshot;
+use runtime::datastore::snapshot::{Liveness, ProcessSnapshot};
 
 use collect::{Sample, collect};
 
@@ -178,12 +178,18 @@ pub fn main(args: &MonitorArgs, mut source: impl Source) -> ExitCode {
             *p = text;
         }
     }
-    // The first document's baseline holds no process: a process's first period runs from its
-    // nrt_init, so every execution is counted in exactly one document and the documents' sum
-    // is what the process did (neuron-monitor's counts are per period).
+    // The first document's baseline holds no live process: a process's first period runs from
+    // its nrt_init, so every execution is counted in exactly one document and the documents'
+    // sum is what the process did (neuron-monitor's counts are per period). Runtimes already
+    // closed (or stale) are the baseline: they ended before this monitor started.
     let mut prev = Sample {
         at: first.at,
-        processes: Vec::new(),
+        processes: first
+            .processes
+            .iter()
+            .filter(|p| p.liveness != Liveness::Live)
+            .cloned()
+            .collect(),
     };
     let mut written = 0u64;
     let mut deadline = prev.at + args.period;
