@@ -205,10 +205,18 @@ impl Runner<'_> {
             Check::SimTime(c) => {
                 let rt = self.rt.as_ref().ok_or("no runtime is open")?;
                 let nc = c.nc.ok_or("a sim_time check needs nc")?;
+                // Since the last set_latency of this runtime (which resets simdev's clocks).
+                let base = |nc: u32| {
+                    self.sim_time_base
+                        .as_ref()
+                        .filter(|(of, _)| std::sync::Arc::ptr_eq(of, rt))
+                        .and_then(|(_, b)| b.get(&nc).copied())
+                        .unwrap_or(0)
+                };
                 let t = |nc: u32| -> Result<i128, String> {
                     rt.metrics()
                         .snapshot(usize::try_from(nc).unwrap_or(usize::MAX))
-                        .map(|m| i128::from(m.nc.total_us) * 1000)
+                        .map(|m| i128::from(m.nc.total_us) * 1000 - base(nc))
                         .ok_or_else(|| format!("no metrics for NC {nc}"))
                 };
                 let mut x = t(nc)?;

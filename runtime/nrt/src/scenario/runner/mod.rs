@@ -66,6 +66,10 @@ pub struct Runner<'a> {
     snapshots: BTreeMap<String, Snapshot>,
     background: BTreeMap<String, Background>,
     clients: BTreeMap<String, Client>,
+    /// Each NC's simulated time (ns) in the runtime's metrics at the last `set_latency`, which
+    /// resets simdev's clocks: `sim_time` checks count from it. Kept with the runtime it was
+    /// read from (a later runtime's metrics start at 0).
+    sim_time_base: Option<(Arc<Runtime>, BTreeMap<u32, i128>)>,
 }
 
 /// A call's status (NRT_SUCCESS for `Ok`).
@@ -89,6 +93,7 @@ impl<'a> Runner<'a> {
             simdev: None,
             control: None,
             rt: None,
+            sim_time_base: None,
             others: BTreeMap::new(),
             models: BTreeMap::new(),
             handles: BTreeMap::new(),

@@ -122,7 +122,18 @@ impl Runner<'_> {
             .as_ref()
             .map(|c| c.set_latency(l.model()).map_err(|e| crate::error_chain(&e)));
         match r {
-            Some(Ok(())) => {}
+            Some(Ok(())) => {
+                // simdev's clocks start again at 0: so do the sim_time checks.
+                self.sim_time_base = self.rt.as_ref().map(|rt| {
+                    let base = (0..simdev::config::MAX_NCS as usize)
+                        .filter_map(|nc| {
+                            let t = rt.metrics().snapshot(nc)?.nc.total_us;
+                            Some((u32::try_from(nc).ok()?, i128::from(t) * 1000))
+                        })
+                        .collect();
+                    (rt.clone(), base)
+                });
+            }
             Some(Err(e)) => self.rec.fail(at, "the latency model is set", e),
             None => self
                 .rec
