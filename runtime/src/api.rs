@@ -1114,6 +1114,18 @@ impl Runtime {
             s => {
                 let detail = match s {
                     NrtStatus::Timeout => self.engine.timeout_detail(m.vnc()),
+                    NrtStatus::HwError
+                        if self.vncs[m.vnc() as usize]
+                            .ncs
+                            .iter()
+                            .any(|&nc| self.engine.device_lost_reported(nc)) =>
+                    {
+                        Some(
+                            "the device was lost: it reported DeviceLost (a device_lost fault, \
+                             or the device failed) and takes no more executions"
+                                .to_string(),
+                        )
+                    }
                     NrtStatus::HwError if self.device.hung_up() => Some(
                         "the device is gone: its connection hung up (simdev exited or was killed)"
                             .to_string(),

@@ -156,6 +156,8 @@ pub struct NqReader {
     early: Vec<NotificationEntry>,
     /// A DeviceLost entry was read, or the device hung up: it is gone (sticky).
     lost: bool,
+    /// A DeviceLost entry was read (the device said so itself).
+    lost_reported: bool,
     /// When the device may next be asked whether it hung up ([`HANGUP_CHECK`]).
     next_hangup_check: Option<Instant>,
 }
@@ -170,6 +172,7 @@ impl NqReader {
             stale: 0,
             early: Vec::new(),
             lost: false,
+            lost_reported: false,
             next_hangup_check: None,
         }
     }
@@ -454,6 +457,16 @@ impl NqEngine {
         self.nc_reader(nc).map(|r| &r.reader)
     }
 
+    /// Whether NC `nc`'s reader read a DeviceLost notification (the device reported itself
+    /// lost).
+    pub fn device_lost_reported(&self, nc: u32) -> bool {
+        self.reader(nc).is_some_and(|r| {
+            r.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .lost_reported
+        })
+    }
+
     /// Late notifications discarded so far (all NCs).
     pub fn stale_notifications(&self) -> u64 {
         self.stale_total.load(Ordering::Relaxed)
@@ -497,6 +510,7 @@ impl NqEngine {
                 Some(NotificationKind::DeviceLost) => {
                     tracing::error!(nc, "the device was lost");
                     r.lost = true;
+                    r.lost_reported = true;
                 }
                 Some(NotificationKind::DmaQueueError) => self.route_dma_error(nc, &e),
                 None => tracing::warn!(nc, kind = e.kind, "unknown notification kind"),
@@ -616,6 +630,7 @@ impl NqEngine {
                 Some(NotificationKind::DeviceLost) => {
                     tracing::error!(nc, "the device was lost");
                     r.lost = true;
+                    r.lost_reported = true;
                     req.done[i] = true;
                     req.flags[i] = error_flags::DEVICE_LOST;
                 }
