@@ -23,6 +23,9 @@ use serde::Serialize;
 use shared::model::{DType, Target};
 use shared::protocol::NcCounters;
 
+/// `--bytes`' default (the identity model's tensor size).
+pub const DEFAULT_BYTES: u32 = 64;
+
 /// What to run.
 #[derive(Debug)]
 pub struct BenchOptions {
@@ -411,6 +414,13 @@ pub fn run(
                 "--batch applies to the digits model; the identity model copies --bytes".into(),
             );
         }
+        "digits" if opts.bytes != DEFAULT_BYTES => {
+            return Err(format!(
+                "--bytes applies to the identity model; the digits model moves 256 B in and 40 B \
+                 out per image (--batch sets the images per execution), not --bytes {}",
+                opts.bytes
+            ));
+        }
         "digits" | "identity" => {}
         other => {
             return Err(format!(
@@ -452,7 +462,20 @@ pub fn run(
         DatastoreChoice::Off => config.datastore = false,
         DatastoreChoice::Both => return run_datastore_both(opts, config, Arc::from(dev), backend),
     }
-    let rt = Runtime::init(Arc::from(dev), config).map_err(|e| e.to_string())?;
+    let from_ncs = config.visible_cores.is_none()
+        && std::env::var_os("NEURON_RT_NUM_CORES")
+            .is_none_or(|v| v.to_string_lossy().trim() != opts.ncs.to_string());
+    let rt = Runtime::init(Arc::from(dev), config).map_err(|e| {
+        if from_ncs && e.message.contains("NEURON_RT_NUM_CORES") {
+            // The variable is how --ncs asks the runtime for cores: say where it came from.
+            format!(
+                "--ncs {} (asked of the runtime as NEURON_RT_NUM_CORES={}): {e}",
+                opts.ncs, opts.ncs
+            )
+        } else {
+            e.to_string()
+        }
+    })?;
     let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if rt.implicit_async() {
         // Implicit async: execute returns at once, statuses arrive through the callback and

@@ -69,7 +69,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         batch: u32,
         /// Tensor size in bytes (identity).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = bench::DEFAULT_BYTES)]
         bytes: u32,
         /// Executions to time (default: one pass over the test set; identity and NEFF: 1000).
         #[arg(long)]

@@ -210,6 +210,17 @@ fn bench_with_lnc_2_on_trn1_says_it_needs_a_trn2_device() {
 }
 
 #[test]
+fn a_flag_of_the_other_model_is_refused_not_ignored() {
+    let err = nrt_fails(&["bench", "--bytes", "128"], &[]);
+    assert!(
+        err.contains("--bytes applies to the identity model"),
+        "{err}"
+    );
+    let err = nrt_fails(&["bench", "--model", "identity", "--batch", "8"], &[]);
+    assert!(err.contains("--batch applies to the digits model"), "{err}");
+}
+
+#[test]
 fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
     // The XU queue holds 16: 17 and 40 slots must wait for completions, not fail.
     for slots in ["17", "40"] {
