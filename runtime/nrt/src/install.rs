@@ -88,6 +88,33 @@ fn library_beside(exe: &Path) -> Option<PathBuf> {
         .or_else(|| Some(dir.join("libnrt.so")))
 }
 
+/// Checks that `path` is an ELF shared object (`e_type` ET_DYN), so that a wrong `--lib` is
+/// said now rather than by the linker of every program built against the prefix.
+fn check_shared_object(path: &Path) -> Result<(), String> {
+    let mut head = [0u8; 18];
+    let read = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .map_err(|e| io_err(path, e));
+    let kind = match (read, &head[..4], head[5]) {
+        (Err(e), ..) => return Err(e),
+        (Ok(()), b"\x7fELF", 1) => u16::from_le_bytes([head[16], head[17]]),
+        (Ok(()), b"\x7fELF", _) => u16::from_be_bytes([head[16], head[17]]),
+        _ => {
+            return Err(format!(
+                "{}: not an ELF file (not a built libnrt.so)",
+                path.display()
+            ));
+        }
+    };
+    if kind != 3 {
+        return Err(format!(
+            "{}: an ELF file of type {kind}, not a shared object (ET_DYN): not a built libnrt.so",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Installs into `prefix`; the library is `lib`, else the one beside this executable.
 ///
 /// # Errors
@@ -104,6 +131,7 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
             source.display()
         ));
     }
+    check_shared_object(&source)?;
     let lib_dir = prefix.join("lib");
     let include = prefix.join("include").join("nrt");
     let bin = prefix.join("bin");
@@ -146,6 +174,25 @@ mod tests {
         let mut carried: Vec<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
         carried.sort();
         assert_eq!(carried, on_disk);
+    }
+
+    #[test]
+    fn only_an_elf_shared_object_is_taken_as_the_library() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let mut elf = *b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0";
+        check_shared_object(&file("so", &elf)).unwrap();
+        elf[16] = 2; // ET_EXEC
+        let e = check_shared_object(&file("exec", &elf)).unwrap_err();
+        assert!(e.contains("type 2, not a shared object"), "{e}");
+        let e = check_shared_object(&file("text", b"# README, long enough to read\n")).unwrap_err();
+        assert!(e.contains("not an ELF file"), "{e}");
+        let e = check_shared_object(&file("short", b"\x7fELF")).unwrap_err();
+        assert!(e.contains("short"), "{e}");
     }
 
     #[test]
