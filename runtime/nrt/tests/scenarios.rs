@@ -161,6 +161,31 @@ fn every_fault_kind_is_used_by_some_scenario() {
 }
 
 #[test]
+fn a_scenario_past_its_time_limit_reports_what_held_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("slow.toml");
+    std::fs::write(
+        &file,
+        "time_limit_s = 0.5\n[models.id]\nbuilder = \"identity\"\nbytes = 64\n\
+         [[steps]]\naction = \"load\"\nmodel = \"id\"\n\
+         [[steps]]\naction = \"sleep\"\nms = 30000\n",
+    )
+    .unwrap();
+    let (out, text) = nrt(&["scenario", "run", "--json"], &[file]);
+    assert!(!out.status.success(), "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect(&text);
+    assert_eq!(r["passed"], false, "{r}");
+    assert_eq!(r["pass_count"], 1, "the load held: {r}");
+    assert_eq!(r["fail_count"], 1, "{r}");
+    assert!(
+        r["results"][0]["expected"]
+            .as_str()
+            .is_some_and(|e| e.contains("within 0.5 s")),
+        "{r}"
+    );
+}
+
+#[test]
 fn a_file_that_checks_nothing_a_bad_time_limit_and_a_multi_line_reason_each_fail_on_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, text: &str| {

@@ -153,6 +153,8 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
     // watchdog reports it and ends the process (simdev and clients die with it).
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let (wname, wfile) = (name.clone(), path.display().to_string());
+    let tally = std::sync::Arc::new(report::Tally::default());
+    let counted = tally.clone();
     let watchdog = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(limit) {
             let o = Outcome {
@@ -167,8 +169,8 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
                     scenario: wname,
                     description: None,
                     passed: false,
-                    pass_count: 0,
-                    fail_count: 1,
+                    pass_count: counted.passed.load(std::sync::atomic::Ordering::Relaxed),
+                    fail_count: counted.failed.load(std::sync::atomic::Ordering::Relaxed) + 1,
                     seconds: limit.as_secs_f64(),
                     results: vec![o],
                 };
@@ -181,6 +183,7 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
     });
     let dir = path.parent().unwrap_or(Path::new(".")).to_owned();
     let mut runner = runner::Runner::new(&sc, &name, &dir, exe, !json);
+    runner.rec.count_in(tally);
     runner.run();
     let mut outcomes = std::mem::replace(&mut runner.rec, Recorder::new(&name, false)).outcomes;
     drop(runner);

@@ -37,6 +37,16 @@ pub struct FileReport {
     pub results: Vec<Outcome>,
 }
 
+/// Outcomes counted as they are recorded, readable from another thread (the time-limit
+/// watchdog reports what held before it stopped the scenario).
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Expectations that held.
+    pub passed: std::sync::atomic::AtomicUsize,
+    /// Expectations that did not.
+    pub failed: std::sync::atomic::AtomicUsize,
+}
+
 /// Collects outcomes and prints them as they come (text mode).
 #[derive(Debug)]
 pub struct Recorder {
@@ -44,6 +54,7 @@ pub struct Recorder {
     print: bool,
     /// Outcomes so far.
     pub outcomes: Vec<Outcome>,
+    tally: std::sync::Arc<Tally>,
 }
 
 impl Recorder {
@@ -53,7 +64,13 @@ impl Recorder {
             scenario: scenario.into(),
             print,
             outcomes: Vec::new(),
+            tally: std::sync::Arc::default(),
         }
+    }
+
+    /// Counts the outcomes from now on in `tally` as well.
+    pub fn count_in(&mut self, tally: std::sync::Arc<Tally>) {
+        self.tally = tally;
     }
 
     /// Records one outcome.
@@ -73,6 +90,12 @@ impl Recorder {
         if self.print {
             println!("{}", line(&self.scenario, &o));
         }
+        let count = if o.pass {
+            &self.tally.passed
+        } else {
+            &self.tally.failed
+        };
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.outcomes.push(o);
     }
 
