@@ -371,9 +371,22 @@ fn fork_after_init_leaves_the_parent_alone() {
     drop(facade);
     drop(own_rig);
     own.close();
-    assert!(
-        runtime::datastore::scan(datastore_dir.path()).is_empty(),
-        "close removed the file"
+    let closed = runtime::datastore::scan(datastore_dir.path());
+    assert_eq!(
+        closed
+            .iter()
+            .map(|s| (s.pid, s.liveness))
+            .collect::<Vec<_>>(),
+        [(
+            std::process::id(),
+            runtime::datastore::snapshot::Liveness::Closed
+        )],
+        "close marked the parent's file closed (it lingers for monitors)"
+    );
+    assert_eq!(
+        closed[0].cores[0].executions.total(),
+        1 + u64::from(AFTER),
+        "with its final counts"
     );
     drop(rt);
     nrt::close();
