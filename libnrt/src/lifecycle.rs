@@ -89,6 +89,8 @@ pub unsafe extern "C" fn nrt_init(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
+        // Output-completion waits in progress end (NRT_CLOSED): nothing will count any more.
+        CLOSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // The runtime drained its requests: write their `ret`, pass on their completions, drop
         // the eventfd relay's state. A forked child's relay state is its parent's: untouched.
         match nrt::close() {
@@ -98,6 +100,14 @@ pub unsafe extern "C" fn nrt_close() {
         }
         Ok(())
     });
+}
+
+/// `nrt_close` calls so far: an output-completion wait that sees it change ends.
+static CLOSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The count of `nrt_close` calls so far ([`CLOSES`]).
+pub(crate) fn closes() -> u64 {
+    CLOSES.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// The version this library reports.

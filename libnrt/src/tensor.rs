@@ -110,6 +110,8 @@ pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
         if let Ok(rt) = rt() {
             rt.tensor_free(&mut Some(entry.get()))?;
         }
+        // A wait for its output completion in progress ends (NRT_INVALID: freed).
+        entry.get().abandon_output_completion();
         TENSORS.remove(h, "tensor")?;
         TENSOR_GENERATION.fetch_add(1, Ordering::AcqRel);
         raw::write_out(tensor, std::ptr::null_mut(), "tensor")
@@ -417,7 +419,8 @@ pub unsafe extern "C" fn nrt_tensor_attach_buffer(
 /// `timeout` microseconds (negative: unbounded, with a warning after 30 s; 0: a poll). An
 /// execution counts once its outputs are written: it ended with NRT_SUCCESS or
 /// NRT_EXEC_COMPLETED_WITH_NUM_ERR. Like libnrt's, no lifecycle gate: any live tensor handle.
-/// NRT_TIMEOUT (logged at debug level: an answer) when the count falls short.
+/// NRT_TIMEOUT (logged at debug level: an answer) when the count falls short; NRT_INVALID when
+/// the tensor is freed meanwhile, NRT_CLOSED when `nrt_close` is called meanwhile.
 ///
 /// # Safety
 /// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
@@ -435,7 +438,18 @@ pub unsafe extern "C" fn nrt_tensor_check_output_completion(
             let timeout = u64::try_from(timeout)
                 .ok()
                 .map(std::time::Duration::from_micros);
-            t.wait_output_completion(expected_completion_count, timeout)
+            let closes = crate::lifecycle::closes();
+            t.wait_output_completion_or(expected_completion_count, timeout, || {
+                (crate::lifecycle::closes() != closes).then(|| {
+                    NrtError::new(
+                        NrtStatus::Closed,
+                        format!(
+                            "nrt_close was called while waiting for output tensor {:?}",
+                            t.name()
+                        ),
+                    )
+                })
+            })
         },
     )
 }

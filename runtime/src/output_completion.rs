@@ -27,18 +27,22 @@
 use std::time::{Duration, Instant};
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, AtomicUsize};
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 #[cfg(loom)]
 use loom::sync::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
 use std::sync::{Condvar, Mutex};
 
 /// How long an unbounded wait goes before it warns (libnrt: "emits a warning at the first 30
 /// seconds").
 pub const UNBOUNDED_WARNING: Duration = Duration::from_secs(30);
+
+/// How often a waiter asks its `interrupted` check (a completion wakes it at once; nothing
+/// wakes it for an interruption, such as `nrt_close`, which it notices within this).
+pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
 
 /// What a wait for the count ended with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +54,10 @@ pub enum Waited {
         /// The count when the wait gave up.
         count: u64,
     },
+    /// The handle was freed ([`OutputCompletion::abandon`]): nothing can count any more.
+    Abandoned,
+    /// The caller's `interrupted` check said so (`nrt_close`).
+    Interrupted,
 }
 
 /// One tensor handle's output completion count.
@@ -58,6 +66,8 @@ pub struct OutputCompletion {
     count: AtomicU64,
     /// Threads inside [`OutputCompletion::wait`] (the worker notifies only when there are any).
     waiters: AtomicUsize,
+    /// The handle was freed: waits end ([`Waited::Abandoned`]).
+    abandoned: AtomicBool,
     lock: Mutex<()>,
     changed: Condvar,
 }
@@ -93,13 +103,23 @@ impl OutputCompletion {
         self.count.store(0, Ordering::SeqCst);
     }
 
+    /// The handle is gone (`nrt_tensor_free`): every wait ends, now and later, with
+    /// [`Waited::Abandoned`].
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
+    }
+
     /// Waits until the count is at least `expected`, until `deadline` (`None`: unbounded, with
-    /// `on_long_wait` called once after [`UNBOUNDED_WARNING`]).
+    /// `on_long_wait` called once after [`UNBOUNDED_WARNING`]), until the handle is abandoned,
+    /// or until `interrupted` says so (asked every [`INTERRUPT_POLL`]).
     pub fn wait(
         &self,
         expected: u64,
         deadline: Option<Instant>,
         on_long_wait: impl FnOnce(u64),
+        interrupted: impl Fn() -> bool,
     ) -> Waited {
         if self.count() >= expected {
             return Waited::Reached;
@@ -112,6 +132,12 @@ impl OutputCompletion {
             let count = self.count_ordered();
             if count >= expected {
                 break Waited::Reached;
+            }
+            if self.abandoned.load(Ordering::SeqCst) {
+                break Waited::Abandoned;
+            }
+            if interrupted() {
+                break Waited::Interrupted;
             }
             let now = Instant::now();
             let until = match deadline {
@@ -132,7 +158,10 @@ impl OutputCompletion {
             };
             held = self
                 .changed
-                .wait_timeout(held, until.saturating_duration_since(now))
+                .wait_timeout(
+                    held,
+                    until.saturating_duration_since(now).min(INTERRUPT_POLL),
+                )
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         };
@@ -155,10 +184,16 @@ mod tests {
         c.completed();
         c.completed();
         assert_eq!(c.count(), 2);
-        assert_eq!(c.wait(2, Some(Instant::now()), |_| {}), Waited::Reached);
+        assert_eq!(
+            c.wait(2, Some(Instant::now()), |_| {}, || false),
+            Waited::Reached
+        );
         c.reset();
         assert_eq!(c.count(), 0);
-        assert_eq!(c.wait(0, Some(Instant::now()), |_| {}), Waited::Reached);
+        assert_eq!(
+            c.wait(0, Some(Instant::now()), |_| {}, || false),
+            Waited::Reached
+        );
     }
 
     #[test]
@@ -166,7 +201,7 @@ mod tests {
         let c = OutputCompletion::new();
         c.completed();
         let t = Instant::now();
-        let w = c.wait(3, Some(t + Duration::from_millis(20)), |_| {});
+        let w = c.wait(3, Some(t + Duration::from_millis(20)), |_| {}, || false);
         assert_eq!(w, Waited::TimedOut { count: 1 });
         assert!(t.elapsed() >= Duration::from_millis(20));
     }
@@ -176,7 +211,7 @@ mod tests {
         let c = Arc::new(OutputCompletion::new());
         let w = {
             let c = c.clone();
-            std::thread::spawn(move || c.wait(2, None, |_| panic!("no long wait here")))
+            std::thread::spawn(move || c.wait(2, None, |_| panic!("no long wait here"), || false))
         };
         // Whenever the waiter starts, both completions are counted; an unbounded wait returns
         // only when woken (a lost wake-up hangs this test).
@@ -184,6 +219,31 @@ mod tests {
         c.completed();
         assert_eq!(w.join().unwrap(), Waited::Reached);
         assert_eq!(c.waiters.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn an_unbounded_wait_ends_when_the_handle_is_abandoned_or_the_caller_interrupts() {
+        let c = Arc::new(OutputCompletion::new());
+        let w = {
+            let c = c.clone();
+            std::thread::spawn(move || c.wait(1, None, |_| {}, || false))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        c.abandon();
+        assert_eq!(w.join().unwrap(), Waited::Abandoned);
+        assert_eq!(
+            c.wait(1, None, |_| {}, || false),
+            Waited::Abandoned,
+            "and later"
+        );
+        let c = OutputCompletion::new();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let w = s.spawn(|| c.wait(1, None, |_| {}, || stop.load(Ordering::SeqCst)));
+            std::thread::sleep(Duration::from_millis(20));
+            stop.store(true, Ordering::SeqCst);
+            assert_eq!(w.join().unwrap(), Waited::Interrupted);
+        });
     }
 }
 
@@ -207,7 +267,7 @@ mod loom_tests {
                     c.completed();
                 })
             };
-            assert_eq!(c.wait(2, None, |_| {}), Waited::Reached);
+            assert_eq!(c.wait(2, None, |_| {}, || false), Waited::Reached);
             worker.join().unwrap();
             assert_eq!(c.count(), 2);
         });

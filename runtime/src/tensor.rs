@@ -778,26 +778,59 @@ impl Tensor {
         self.completion.reset();
     }
 
+    /// The handle is freed: waits on its output completion end
+    /// ([`Tensor::wait_output_completion_or`]), now and later.
+    pub fn abandon_output_completion(&self) {
+        self.completion.abandon();
+    }
+
     /// `nrt_tensor_check_output_completion`: waits until `expected` executions have written
     /// this handle as an output, for at most `timeout` (`None`: unbounded, with a warning
     /// after 30 s).
     ///
     /// # Errors
-    /// NRT_TIMEOUT naming the count reached, when the timeout passes first.
+    /// As [`Tensor::wait_output_completion_or`].
     pub fn wait_output_completion(
         &self,
         expected: u64,
         timeout: Option<std::time::Duration>,
     ) -> Result<(), NrtError> {
+        self.wait_output_completion_or(expected, timeout, || None)
+    }
+
+    /// [`Tensor::wait_output_completion`], ending early with the error `interrupted` returns
+    /// (asked every [`crate::output_completion::INTERRUPT_POLL`]: `nrt_close`).
+    ///
+    /// # Errors
+    /// NRT_TIMEOUT naming the count reached, when the timeout passes first; NRT_INVALID when
+    /// the handle is freed meanwhile ([`Tensor::abandon_output_completion`]); `interrupted`'s
+    /// error.
+    pub fn wait_output_completion_or(
+        &self,
+        expected: u64,
+        timeout: Option<std::time::Duration>,
+        interrupted: impl Fn() -> Option<NrtError>,
+    ) -> Result<(), NrtError> {
         // A timeout past what an `Instant` holds waits as an unbounded one.
         let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
         let name = self.name();
-        let waited = self.completion.wait(expected, deadline, |count| {
-            tracing::warn!(
-                "waiting for output tensor {name:?} to be written {expected} times: {count} so far after {} s (unbounded wait)",
-                crate::output_completion::UNBOUNDED_WARNING.as_secs()
-            );
-        });
+        let stop = std::cell::RefCell::new(None);
+        let waited = self.completion.wait(
+            expected,
+            deadline,
+            |count| {
+                tracing::warn!(
+                    "waiting for output tensor {name:?} to be written {expected} times: {count} so far after {} s (unbounded wait)",
+                    crate::output_completion::UNBOUNDED_WARNING.as_secs()
+                );
+            },
+            || {
+                let e = interrupted();
+                let hit = e.is_some();
+                *stop.borrow_mut() = e;
+                hit
+            },
+        );
         match waited {
             Waited::Reached => Ok(()),
             Waited::TimedOut { count } => Err(NrtError::new(
@@ -808,6 +841,15 @@ impl Tensor {
                      NRT_SUCCESS or NRT_EXEC_COMPLETED_WITH_NUM_ERR)"
                 ),
             )),
+            Waited::Abandoned => Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "output tensor {name:?} was freed while waited for: nothing can write it any more"
+                ),
+            )),
+            Waited::Interrupted => Err(stop
+                .into_inner()
+                .unwrap_or_else(|| NrtError::new(NrtStatus::Failure, "the wait was interrupted"))),
         }
     }
 }

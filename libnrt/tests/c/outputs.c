@@ -7,14 +7,17 @@
  *   executions (a device output, a host output, a slice with its own count, an input that is
  *   never counted), a reset, a wait with a timeout that runs out, an unbounded wait for
  *   executions scheduled with nrta_execute_schedule (woken by the runtime's worker), NULL and
- *   a freed handle.
+ *   a freed handle; a wait ends when its tensor is freed (NRT_INVALID) or nrt_close is called
+ *   (NRT_CLOSED).
  * Usage: outputs MODEL (the 512-byte identity model: "input" -> "output")
  */
 #define _DEFAULT_SOURCE
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
@@ -34,6 +37,27 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A wait for one completion of `tensor`, on a thread of its own, that nothing will complete
+ * (30 s: the same path as an unbounded wait, which a regression would hang on). */
+struct waiter {
+    pthread_t thread;
+    nrt_tensor_t *tensor;
+    NRT_STATUS status;
+};
+
+static void *wait_unbounded(void *arg) {
+    struct waiter *w = arg;
+    w->status = nrt_tensor_check_output_completion(w->tensor, 30 * 1000 * 1000, 1);
+    return NULL;
+}
+
+static void start_waiter(struct waiter *w, nrt_tensor_t *tensor) {
+    w->tensor = tensor;
+    w->status = (NRT_STATUS)0xDEAD;
+    ASSERT(pthread_create(&w->thread, NULL, wait_unbounded, w) == 0);
+    usleep(50 * 1000); /* it is waiting (or about to: either way the end below wakes it) */
 }
 
 static void batches(void) {
@@ -181,6 +205,17 @@ static void completions(nrt_model_t *model) {
     CHECK(nrta_execute_schedule(model, inputs, async_outputs[0], 0, &rets[1], &seqs[1]));
     CHECK(nrt_tensor_check_output_completion(outs[0], 10 * 1000 * 1000, 3));
 
+    /* A tensor freed while a thread waits for it: the wait ends, NRT_INVALID. */
+    {
+        struct waiter w;
+        nrt_tensor_t *doomed = NULL;
+        CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, BYTES, "doomed", &doomed));
+        start_waiter(&w, doomed);
+        nrt_tensor_free(&doomed);
+        ASSERT(pthread_join(w.thread, NULL) == 0);
+        ASSERT(w.status == NRT_INVALID);
+    }
+
     /* NULL and a freed handle. */
     EXPECT(nrt_tensor_check_output_completion(NULL, 0, 0), NRT_INVALID);
     EXPECT(nrt_tensor_reset_output_completion(NULL), NRT_INVALID);
@@ -224,7 +259,17 @@ int main(int argc, char **argv) {
     completions(model);
     CHECK(nrt_unload(model));
     free(bytes);
-    nrt_close();
+    /* nrt_close while a thread waits: the wait ends, NRT_CLOSED; the tensor can still be freed. */
+    {
+        struct waiter w;
+        nrt_tensor_t *last = NULL;
+        CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, BYTES, "last", &last));
+        start_waiter(&w, last);
+        nrt_close();
+        ASSERT(pthread_join(w.thread, NULL) == 0);
+        ASSERT(w.status == NRT_CLOSED);
+        nrt_tensor_free(&last);
+    }
     printf("OUTPUTS OK\n");
     return 0;
 }
