@@ -246,8 +246,9 @@ fn run_batches(
 /// `nrt_tensor_read_batch`: every operation's `size` bytes from byte `offset` of its batch's
 /// tensor into its `buffer`, in order. Nothing is read unless every operation is valid. A
 /// third argument (`bool unsafe`, of the signature before 2.34.10) is not read: tensors are
-/// always tracked, as `unsafe = false` asks (a read waits for the implicit-async executions
-/// using its tensor).
+/// tracked as `unsafe = false` asks, as `nrt_tensor_read` tracks them (a read waits for the
+/// implicit-async executions using its tensor; `nrta_*` requests are the caller's to wait
+/// for).
 ///
 /// # Safety
 /// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.

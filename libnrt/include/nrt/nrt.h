@@ -313,15 +313,16 @@ typedef struct nrt_tensor_batch {
  * Runs every operation of `num_batches` batches in order: read_batch copies from the tensors
  * into the buffers, write_batch from the buffers into the tensors. Every operation is checked
  * first (a live tensor, a range inside it, a buffer where there are bytes): a batch with one
- * wrong operation copies nothing, and the error names it (`batches[i].ops[j]`).
+ * wrong operation copies nothing, and the error names it (`batches[i].ops[j]`). A read waits
+ * for the implicit-async executions using its tensor, as nrt_tensor_read does; like it, it
+ * does not wait for requests scheduled with nrta_* (wait for their completion first).
  *
- * Declared with a trailing `...` so that calls written for either published signature compile
- * unchanged: the 2.34.10 one, (batches, num_batches), and the earlier one with a third
- * argument, `bool unsafe`. The third argument is never read: tensors are always tracked, as
- * `unsafe = false` asks (which `unsafe = true` merely allows to be skipped).
+ * The 2.34.10 signature. A caller built against the earlier one, with a third argument
+ * `bool unsafe` (an older header, or a dlsym'd pointer of that type), is served the same: the
+ * third argument is never read, and tensors are always tracked as above.
  */
-NRT_STATUS nrt_tensor_read_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches, ...);
-NRT_STATUS nrt_tensor_write_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches, ...);
+NRT_STATUS nrt_tensor_read_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches);
+NRT_STATUS nrt_tensor_write_batch(const nrt_tensor_batch_t *batches, uint64_t num_batches);
 
 /** Copies `size` bytes between tensors; device tensors must be on the same logical core. */
 NRT_STATUS nrt_tensor_copy(const nrt_tensor_t *src, size_t src_offset, nrt_tensor_t *dst,

@@ -1,7 +1,7 @@
 /*
  * Batched tensor reads and writes, and output completion counts, from C:
  * - nrt_tensor_write_batch / nrt_tensor_read_batch over two tensors, called with the 2.34.10
- *   signature and with the earlier one's third argument (both compile against this header);
+ *   signature and, through dlsym, with the earlier one's third argument (`bool unsafe`);
  *   a batch with one wrong operation (out of range, NULL buffer) copies nothing;
  * - nrt_tensor_check_output_completion: a poll before any execution, counts after sync
  *   executions (a device output, a host output, a slice with its own count, an input that is
@@ -11,7 +11,8 @@
  *   (NRT_CLOSED).
  * Usage: outputs MODEL (the 512-byte identity model: "input" -> "output")
  */
-#define _DEFAULT_SOURCE
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -81,12 +82,20 @@ static void batches(void) {
     w[1] = (nrt_tensor_batch_t){.tensor = b, .ops = b_ops, .num_ops = 1};
     CHECK(nrt_tensor_write_batch(w, 2));
 
-    /* Read back with the earlier signature's third argument (`unsafe`). */
+    /* Read back as a caller built against the earlier signature does, with a third argument
+     * (`unsafe`): through a pointer of that type, as dlsym hands it out. */
     read_a[0] = (nrt_tensor_batch_op_t){.offset = 0, .size = BYTES, .buffer = back_a};
     read_b[0] = (nrt_tensor_batch_op_t){.offset = 0, .size = 64, .buffer = back_b};
     r[0] = (nrt_tensor_batch_t){.tensor = a, .ops = read_a, .num_ops = 1};
     r[1] = (nrt_tensor_batch_t){.tensor = b, .ops = read_b, .num_ops = 1};
-    CHECK(nrt_tensor_read_batch(r, 2, false));
+    {
+        typedef NRT_STATUS (*read_batch_3)(const nrt_tensor_batch_t *, uint64_t, bool);
+        read_batch_3 old_read;
+        void *sym = dlsym(RTLD_DEFAULT, "nrt_tensor_read_batch");
+        ASSERT(sym != NULL);
+        memcpy(&old_read, &sym, sizeof old_read);
+        CHECK(old_read(r, 2, true));
+    }
     ASSERT(memcmp(back_a, lo, 256) == 0 && memcmp(back_a + 256, hi, 256) == 0);
     ASSERT(memcmp(back_b, small, 64) == 0);
     CHECK(nrt_tensor_read_batch(r, 0));
