@@ -47,6 +47,12 @@ pub unsafe extern "C" fn nrt_register_async_exec_callback(
 pub unsafe extern "C" fn nrt_async_drain_queued_execs(vnc: i32) -> u32 {
     boundary::status("nrt_async_drain_queued_execs", || {
         let rt = rt()?;
+        if runtime::async_pool::in_exec_callback() {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                "called from the async exec callback, which runs on the core's own exec thread: a drain would wait for itself (drain after the callback returns)",
+            ));
+        }
         let v = u32::try_from(vnc).map_err(|_| {
             NrtError::new(
                 NrtStatus::Invalid,

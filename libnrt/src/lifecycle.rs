@@ -89,14 +89,22 @@ pub unsafe extern "C" fn nrt_init(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
-        // Output-completion waits in progress end (NRT_CLOSED): nothing will count any more.
-        CLOSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // The runtime drained its requests: write their `ret`, pass on their completions, drop
         // the eventfd relay's state. A forked child's relay state is its parent's: untouched.
-        match nrt::close() {
-            nrt::Closed::Drained => crate::completions::reset(true),
-            nrt::Closed::Abandoned => crate::completions::reset(false),
-            nrt::Closed::Inherited => {}
+        let closed = match nrt::close() {
+            nrt::Closed::Drained => {
+                crate::completions::reset(true);
+                true
+            }
+            nrt::Closed::Abandoned => {
+                crate::completions::reset(false);
+                true
+            }
+            nrt::Closed::Inherited | nrt::Closed::Refused => false,
+        };
+        if closed {
+            // Output-completion waits in progress end (NRT_CLOSED): nothing counts any more.
+            CLOSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(())
     });

@@ -1389,6 +1389,12 @@ impl Runtime {
         if self.check_process().is_err() {
             return;
         }
+        if crate::async_pool::in_exec_callback() {
+            tracing::error!(
+                "draining logical core {vnc} from the completion callback, which runs on the core's own exec thread: it would wait for itself; not drained"
+            );
+            return;
+        }
         if let Some(pool) = &self.pool {
             pool.drain(vnc);
         }
@@ -1948,6 +1954,12 @@ pub mod nrt {
     ///
     /// Says how it ended ([`Closed`]).
     pub fn close() -> Closed {
+        if crate::async_pool::in_exec_callback() {
+            tracing::error!(
+                "nrt_close called from the async exec callback, which runs on the runtime's own exec thread: closing waits for that thread, so it would wait for itself; not closed (close after the callback returns)"
+            );
+            return Closed::Refused;
+        }
         let mut st = STATE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -1995,6 +2007,9 @@ pub mod nrt {
         /// In a process forked after the parent's `init`: nothing changed (the runtime, its
         /// threads and its eventfds are the parent's).
         Inherited,
+        /// Called from the implicit-async completion callback, on the runtime's own exec
+        /// thread, which closing waits for: nothing changed (logged).
+        Refused,
     }
 
     /// What [`close`] waits beyond the execution timeout for calls in progress.

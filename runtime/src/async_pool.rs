@@ -275,7 +275,9 @@ fn worker_loop(
         drop(req);
         let cb = lock(callback).clone();
         if let Some(cb) = cb {
+            IN_CALLBACK.with(|c| c.set(true));
             cb(model_id, w.vnc, req_id, status);
+            IN_CALLBACK.with(|c| c.set(false));
         }
         *lock(&w.inflight) -= 1;
         w.inflight_freed.notify_one();
@@ -285,6 +287,17 @@ fn worker_loop(
             w.drained.notify_all();
         }
     }
+}
+
+thread_local! {
+    /// Whether this thread is running the completion callback (a pool worker's).
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is inside the completion callback, on the pool's own worker: a
+/// call that waits for the pool (a drain, `nrt_close`) would wait for itself there.
+pub fn in_exec_callback() -> bool {
+    IN_CALLBACK.with(std::cell::Cell::get)
 }
 
 #[cfg(test)]
