@@ -83,8 +83,13 @@ pub fn status_answering(
             tracing::debug!(target: "nrt", "{name}: {}", e.message);
             e.status as u32
         }
-        Ok(Err(e)) => {
+        // The status's name once, as `run` says it.
+        Ok(Err(e)) if e.message.contains(e.status.name()) => {
             tracing::error!(target: "nrt", "{name}: {}", e.message);
+            e.status as u32
+        }
+        Ok(Err(e)) => {
+            tracing::error!(target: "nrt", "{name}: {} ({})", e.message, e.status.name());
             e.status as u32
         }
         Err(p) => {

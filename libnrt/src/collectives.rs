@@ -20,12 +20,7 @@ pub unsafe extern "C" fn nrt_build_global_comm(
     g_device_count: u32,
 ) -> u32 {
     boundary::status("nrt_build_global_comm", || {
-        rt()?.group_of_one(
-            "nrt_build_global_comm",
-            i64::from(vnc),
-            g_device_id,
-            g_device_count,
-        )
+        rt()?.group_of_one(i64::from(vnc), g_device_id, g_device_count)
     })
 }
 
@@ -40,12 +35,7 @@ pub unsafe extern "C" fn nrt_cc_global_comm_init(
     g_device_count: u32,
 ) -> u32 {
     boundary::status("nrt_cc_global_comm_init", || {
-        rt()?.group_of_one(
-            "nrt_cc_global_comm_init",
-            i64::from(vnc),
-            g_device_id,
-            g_device_count,
-        )
+        rt()?.group_of_one(i64::from(vnc), g_device_id, g_device_count)
     })
 }
 
@@ -56,7 +46,7 @@ pub unsafe extern "C" fn nrt_cc_global_comm_init(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_barrier(vnc: i32, g_device_id: u32, g_device_count: u32) -> u32 {
     boundary::status("nrt_barrier", || {
-        rt()?.group_of_one("nrt_barrier", i64::from(vnc), g_device_id, g_device_count)
+        rt()?.group_of_one(i64::from(vnc), g_device_id, g_device_count)
     })
 }
 
@@ -77,12 +67,7 @@ pub unsafe extern "C" fn nrt_all_gather(
 ) -> u32 {
     boundary::status("nrt_all_gather", || {
         let rt = rt()?;
-        rt.group_of_one(
-            "nrt_all_gather",
-            i64::from(vnc),
-            g_device_id,
-            g_device_count,
-        )?;
+        rt.group_of_one(i64::from(vnc), g_device_id, g_device_count)?;
         let len = rank_input_size as usize;
         let input = raw::bytes(input, len, "input")?;
         let output = raw::bytes_mut(output, len, "output")?;

@@ -219,7 +219,7 @@ impl AttachedBuffer {
     pub fn new(ptr: *mut c_void, len: usize) -> Result<Self, NrtError> {
         if ptr.is_null() || len == 0 || isize::try_from(len).is_err() {
             return Err(invalid(format!(
-                "attach_buffer: buffer {ptr:?} of {len} bytes is not a buffer"
+                "buffer {ptr:?} of {len} bytes is not a buffer"
             )));
         }
         Ok(Self {

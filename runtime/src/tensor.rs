@@ -418,7 +418,16 @@ impl Tensor {
     /// NRT_INVALID for a range outside this tensor or of size 0.
     pub fn slice(&self, offset: u64, size: u64, name: &str) -> Result<Self, NrtError> {
         let end = offset.checked_add(size);
-        if size == 0 || end.is_none_or(|e| e > self.size) {
+        if size == 0 {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "slice {name:?} of tensor {:?}: a slice of 0 bytes (the size must be at least 1)",
+                    self.name()
+                ),
+            ));
+        }
+        if end.is_none_or(|e| e > self.size) {
             return Err(NrtError::new(
                 NrtStatus::Invalid,
                 format!(

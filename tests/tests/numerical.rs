@@ -133,3 +133,33 @@ fn fail_on_nan_reports_1003_with_the_outputs_delivered() {
         [NrtStatus::ExecCompletedWithNumErr; 2]
     );
 }
+
+#[test]
+fn funtime_executions_count_their_outputs_as_written() {
+    let sim = start_simdev(&["--hbm", "16M"]);
+    let dev = Arc::new(connect(&sim));
+    let rt = Runtime::init(
+        dev,
+        RuntimeConfig {
+            funtime: true,
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let on = Placement::Device { vnc: 0 };
+    let (input, output) = (
+        rt.tensor_allocate(on, 64, "input").unwrap(),
+        rt.tensor_allocate(on, 64, "output").unwrap(),
+    );
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &input);
+    outs.add("output", &output);
+    rt.execute(m, &ins, &outs).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    assert_eq!(output.output_completions(), 2);
+    assert_eq!(input.output_completions(), 0);
+    rt.close();
+}

@@ -169,6 +169,8 @@ int main(int argc, char **argv) {
     EXPECT(nrt_cc_global_comm_init(99, 0, 1), NRT_INVALID);
     CHECK(nrt_barrier(0, 0, 1));
     EXPECT(nrt_barrier(0, 0, 8), NRT_INVALID);
+    EXPECT(nrt_barrier(0, 1, 1), NRT_INVALID); /* rank 1 is not in a group of 1 */
+    EXPECT(nrt_barrier(0, 0, 0), NRT_INVALID); /* no ranks */
     memset(caller, 0, sizeof caller);
     for (i = 0; i < 64; i++) {
         buf[i] = (unsigned char)(255 - i);

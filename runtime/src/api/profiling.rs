@@ -82,7 +82,7 @@ impl Runtime {
             status_err(
                 NrtStatus::Invalid,
                 format!(
-                    "nrt_profile_start: model handle {} (logical core {}) is not a loaded model: {}",
+                    "model handle {} (logical core {}) is not a loaded model: {}",
                     model.id, model.vnc, e.message
                 ),
             )
@@ -95,10 +95,7 @@ impl Runtime {
             .map_err(|e| {
                 status_err(
                     NrtStatus::Failure,
-                    format!(
-                        "nrt_profile_start: cannot write the profile file {}: {e}",
-                        path.display()
-                    ),
+                    format!("cannot write the profile file {}: {e}", path.display()),
                 )
             })?;
         self.trace
@@ -125,10 +122,7 @@ impl Runtime {
         std::fs::write(path, text).map_err(|e| {
             status_err(
                 NrtStatus::Failure,
-                format!(
-                    "nrt_profile_stop: cannot write the profile file {}: {e}",
-                    path.display()
-                ),
+                format!("cannot write the profile file {}: {e}", path.display()),
             )
         })
     }
