@@ -12,6 +12,7 @@ use runtime::{Placement, Runtime, TensorSet};
 use shared::NrtStatus;
 use shared::model::Target;
 use shared::protocol::{FaultKind, FaultSpec, FaultWhen};
+use tests::bench::IdentityIo;
 use tests::{connect, start_simdev};
 
 const BYTES: usize = 4096;
@@ -81,25 +82,18 @@ fn a_failed_execution_does_not_count_as_written_output() {
     let sim = start_simdev(&["--hbm", "16M"]);
     let dev = Arc::new(connect(&sim));
     let rt = Runtime::init(dev.clone(), RuntimeConfig::default()).unwrap();
-    let m = rt
-        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
-        .unwrap();
-    let on = Placement::Device { vnc: 0 };
-    let input = rt.tensor_allocate(on, 64, "input").unwrap();
-    let output = rt.tensor_allocate(on, 64, "output").unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &input);
-    outs.add("output", &output);
+    let io = IdentityIo::load(&rt, 64);
+    let (m, ins, outs, output) = (io.model, &io.inputs, &io.outputs, &io.output);
     dev.inject_fault(FaultSpec {
         kind: FaultKind::GenericError,
         nc: Some(0),
         when: FaultWhen::NthExecution(2),
     })
     .unwrap();
-    rt.execute(m, &ins, &outs).unwrap();
-    let e = rt.execute(m, &ins, &outs).unwrap_err();
+    rt.execute(m, ins, outs).unwrap();
+    let e = rt.execute(m, ins, outs).unwrap_err();
     assert_eq!(e.status, NrtStatus::ExecCompletedWithErr);
-    rt.execute(m, &ins, &outs).unwrap();
+    rt.execute(m, ins, outs).unwrap();
     assert_eq!(output.output_completions(), 2);
     let e = output
         .wait_output_completion(3, Some(std::time::Duration::from_millis(1)))
@@ -146,20 +140,10 @@ fn funtime_executions_count_their_outputs_as_written() {
         },
     )
     .unwrap();
-    let m = rt
-        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
-        .unwrap();
-    let on = Placement::Device { vnc: 0 };
-    let (input, output) = (
-        rt.tensor_allocate(on, 64, "input").unwrap(),
-        rt.tensor_allocate(on, 64, "output").unwrap(),
-    );
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &input);
-    outs.add("output", &output);
-    rt.execute(m, &ins, &outs).unwrap();
-    rt.execute(m, &ins, &outs).unwrap();
-    assert_eq!(output.output_completions(), 2);
-    assert_eq!(input.output_completions(), 0);
+    let io = IdentityIo::load(&rt, 64);
+    rt.execute(io.model, &io.inputs, &io.outputs).unwrap();
+    rt.execute(io.model, &io.inputs, &io.outputs).unwrap();
+    assert_eq!(io.output.output_completions(), 2);
+    assert_eq!(io.input.output_completions(), 0);
     rt.close();
 }

@@ -462,9 +462,8 @@ pub fn run(
         DatastoreChoice::Off => config.datastore = false,
         DatastoreChoice::Both => return run_datastore_both(opts, config, Arc::from(dev), backend),
     }
-    let from_ncs = config.visible_cores.is_none()
-        && std::env::var_os("NEURON_RT_NUM_CORES")
-            .is_none_or(|v| v.to_string_lossy().trim() != opts.ncs.to_string());
+    // Without visible cores, --ncs set the runtime's NEURON_RT_NUM_CORES above.
+    let from_ncs = config.visible_cores.is_none();
     let rt = Runtime::init(Arc::from(dev), config).map_err(|e| {
         if from_ncs && e.message.contains("NEURON_RT_NUM_CORES") {
             // The variable is how --ncs asks the runtime for cores: say where it came from.

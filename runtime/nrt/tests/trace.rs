@@ -6,27 +6,33 @@ use std::process::Command;
 
 use tests::timeline::check_execution;
 
-/// Runs `nrt bench --model identity --iterations 20 --trace FILE` with extra environment
-/// `env`; returns the file's bytes.
+/// `nrt bench --model identity --iterations 20 --json --trace FILE` with a private simdev of
+/// the defaults (the device variables removed).
+fn bench_trace_command(path: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nrt"));
+    c.args([
+        "bench",
+        "--model",
+        "identity",
+        "--iterations",
+        "20",
+        "--json",
+        "--trace",
+    ])
+    .arg(path)
+    .env_remove("NEURON_SIMDEV_SOCKET")
+    .env_remove("NEURON_RT_BACKEND")
+    .env_remove("NEURON_LOGICAL_NC_CONFIG")
+    .env_remove("NEURON_SIMDEV_ARCH")
+    .env_remove("NEURON_RT_TRACE");
+    c
+}
+
+/// Runs [`bench_trace_command`] with extra environment `env`; returns the file's bytes.
 fn bench_trace(env: &[(&str, &str)]) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
-        .args([
-            "bench",
-            "--model",
-            "identity",
-            "--iterations",
-            "20",
-            "--json",
-            "--trace",
-        ])
-        .arg(&path)
-        .env_remove("NEURON_SIMDEV_SOCKET")
-        .env_remove("NEURON_RT_BACKEND")
-        .env_remove("NEURON_LOGICAL_NC_CONFIG")
-        .env_remove("NEURON_SIMDEV_ARCH")
-        .env_remove("NEURON_RT_TRACE")
+    let out = bench_trace_command(&path)
         .envs(env.iter().copied())
         .output()
         .expect("nrt runs");
@@ -91,21 +97,7 @@ fn bench_trace_works_with_a_shared_simdev() {
 fn bench_trace_to_a_path_that_cannot_be_written_fails_first_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     for path in [dir.path().join("missing/bench.json"), dir.path().to_owned()] {
-        let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
-            .args([
-                "bench",
-                "--model",
-                "identity",
-                "--iterations",
-                "20",
-                "--trace",
-            ])
-            .arg(&path)
-            .env_remove("NEURON_SIMDEV_SOCKET")
-            .env_remove("NEURON_RT_BACKEND")
-            .env_remove("NEURON_RT_TRACE")
-            .output()
-            .expect("nrt runs");
+        let out = bench_trace_command(&path).output().expect("nrt runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{stderr}");
         assert!(
