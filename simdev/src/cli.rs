@@ -85,9 +85,9 @@ pub struct Args {
     /// (`;`-separated).
     #[arg(long = "reference", value_name = "BINDING", value_parser = parse_binding)]
     pub reference: Vec<String>,
-    /// How long one execution of a Python reference may take (e.g. 30s, 500ms) before its
-    /// worker is killed and the execution fails [default: 20s, under the runtime's default
-    /// execution timeout of 30s].
+    /// How long one execution of a Python reference may take (e.g. 30s, 500ms), its worker's
+    /// start included, before the worker is killed and the execution fails [default: 20s,
+    /// under the runtime's default execution timeout of 30s].
     #[arg(long = "reference-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub reference_timeout: Option<Duration>,
     /// Scheduling policy of simdev's threads: `batch` (SCHED_BATCH with the shortest time

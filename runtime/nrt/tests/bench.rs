@@ -555,6 +555,17 @@ fn a_hung_reference_fails_its_execution_before_the_runtime_times_it_out() {
         "import time\n\ndef hang(x, y):\n    time.sleep(60)\n    return {}\n",
     )
     .unwrap();
+    // A worker that starts slowly (3 s before it is ready, as a cold numpy import can take):
+    // its start counts against the reference timeout too, else 3 s + 6 s would outlive the
+    // runtime's 8 s. Python imports `sitecustomize` from its path as it starts.
+    let site = dir.path().join("site");
+    std::fs::create_dir(&site).unwrap();
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        "import time\ntime.sleep(3)\n",
+    )
+    .unwrap();
+    let pythonpath = site.display().to_string();
     let small = neff("matmul_small");
     let binding = format!("{small}={}:hang", module.display());
     let started = std::time::Instant::now();
@@ -564,6 +575,7 @@ fn a_hung_reference_fails_its_execution_before_the_runtime_times_it_out() {
             ("NEURON_SIMDEV_ARCH", "trn2"),
             ("NEURON_RT_EXEC_TIMEOUT", "8"),
             ("NEURON_SIMDEV_REFERENCE", &binding),
+            ("PYTHONPATH", &pythonpath),
         ],
     );
     assert!(e.contains("NRT_EXEC_COMPLETED_WITH_ERR (1004)"), "{e}");

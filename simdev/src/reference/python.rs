@@ -203,6 +203,10 @@ impl WorkerSlot {
         tensors: &[BoundTensor],
     ) -> Result<(), String> {
         let timeout = self.timeout;
+        // The timeout covers the whole call, a worker's start included: the runtime times the
+        // whole execution, and the reference must fail (1004) before it gives up (a cold start
+        // importing numpy can take seconds).
+        let called = std::time::Instant::now();
         let (value, fds) = request(module, function, tensors);
         let bytes = value.to_string();
         let socket = self.start()?.socket.as_fd();
@@ -212,7 +216,10 @@ impl WorkerSlot {
                 "the reference worker could not take the request ({e}); {how}"
             ));
         }
-        let reply = match receive(socket, timeout) {
+        let left = timeout
+            .saturating_sub(called.elapsed())
+            .max(std::time::Duration::from_millis(1));
+        let reply = match receive(socket, left) {
             Ok(Some(r)) => r,
             Ok(None) => {
                 let how = self.discard();
