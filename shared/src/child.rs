@@ -12,11 +12,18 @@ use nix::sys::signal::Signal;
 /// Makes the child that `cmd` spawns get `SIGKILL` when the thread spawning it exits
 /// (`prctl(PR_SET_PDEATHSIG, SIGKILL)` between fork and exec). Returns `cmd`, for chaining.
 pub fn kill_with_parent(cmd: &mut Command) -> &mut Command {
+    signal_with_parent(cmd, Signal::SIGKILL)
+}
+
+/// Makes the child that `cmd` spawns get `signal` when the thread spawning it exits
+/// (`prctl(PR_SET_PDEATHSIG, signal)` between fork and exec): `SIGTERM` for a child that
+/// cleans up after itself as it stops. Returns `cmd`, for chaining.
+pub fn signal_with_parent(cmd: &mut Command, signal: Signal) -> &mut Command {
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
     // is async-signal-safe; it allocates nothing and touches no memory shared with the parent.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(cmd, || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
         })
     }
 }

@@ -102,6 +102,11 @@ pub struct Args {
     /// or `recvmmsg` (the writes, then the wait).
     #[arg(long, value_enum, value_name = "PATH", default_value_t = ReceivePath::IoUring)]
     pub receive: ReceivePath,
+    /// Run as a runtime's private simdev, in a directory made for it that holds only the
+    /// socket and simdev.log: if the process that started simdev is gone when simdev stops
+    /// (the runtime died and the kernel sent SIGTERM), remove them and the directory.
+    #[arg(long)]
+    pub private: bool,
 }
 
 /// Checks a `--reference` binding's syntax (the files are read when the device is built).
@@ -148,6 +153,7 @@ impl Args {
             reference_timeout: self.reference_timeout.unwrap_or(DEFAULT_REFERENCE_TIMEOUT),
             thread_policy: self.sched,
             receive: self.receive,
+            private: self.private,
         }
     }
 

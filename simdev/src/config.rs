@@ -45,6 +45,9 @@ pub struct Config {
     /// allows it (the batch's notification writes and the wait in one system call), or
     /// `recvmmsg` ([`crate::uring`]).
     pub receive: ReceivePath,
+    /// Runs as a runtime's private simdev ([`crate::private`]): when the runtime is gone as
+    /// simdev stops, simdev removes its socket's directory.
+    pub private: bool,
 }
 
 /// [`Config::reference_timeout`] by default: under the runtime's default execution timeout
@@ -68,6 +71,7 @@ impl Default for Config {
             reference_timeout: DEFAULT_REFERENCE_TIMEOUT,
             thread_policy: ThreadPolicy::default(),
             receive: ReceivePath::default(),
+            private: false,
         }
     }
 }

@@ -55,6 +55,7 @@ pub mod engines;
 pub mod faults;
 pub mod memory;
 pub mod notify;
+pub mod private;
 pub mod reference;
 pub mod registers;
 pub mod sched;

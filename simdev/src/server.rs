@@ -915,7 +915,17 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
     }
     let stop = StopHandle::new()?;
     let on_signal = stop.clone();
-    ctrlc::set_handler(move || on_signal.stop()).map_err(SimdevError::SignalHandler)?;
+    let private = config
+        .private
+        .then(|| Arc::new(crate::private::Private::new(&config.socket)));
+    let watched = private.clone();
+    ctrlc::set_handler(move || {
+        on_signal.stop();
+        if let Some(p) = &watched {
+            p.on_stop();
+        }
+    })
+    .map_err(SimdevError::SignalHandler)?;
     let server = Server::bind(&config, stop)?;
     let device = Arc::clone(server.device());
     {
@@ -946,6 +956,11 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
             trace.path.display(),
             trace.dropped
         );
+    }
+    if let Some(p) = private
+        && p.clean_up_if_orphaned()
+    {
+        tracing::info!("the runtime that started this private simdev is gone: directory removed");
     }
     result
 }

@@ -2,6 +2,7 @@
 //! and 360 (accuracy 355/360, logits within 1e-4 of the reference), `--json`, `--trace`, and
 //! `nrt ls --json`, each starting its own private simdev.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn nrt(args: &[&str]) -> serde_json::Value {
@@ -541,6 +542,132 @@ fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
         runtime::datastore::snapshot::Liveness::Closed,
         "{left:?}"
     );
+}
+
+/// A bench running an identity model with a private simdev in `tmp`, once its simdev's
+/// directory exists: (the bench, the directory).
+#[allow(clippy::zombie_processes, reason = "returned: the caller waits for it")]
+fn bench_with_a_private_simdev(tmp: &Path) -> (std::process::Child, PathBuf) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["bench", "--model", "identity", "--iterations", "100000000"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", tmp)
+        .env("NEURON_RT_DATASTORE_DIR", tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        let dir = std::fs::read_dir(tmp)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.join("simdev.sock").exists());
+        if let Some(dir) = dir {
+            return (child, dir);
+        }
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("no simdev: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The pids of the simdev processes listening in `dir`.
+fn simdevs_in(dir: &Path) -> Vec<i32> {
+    let needle = dir.join("simdev.sock").display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .split('\0')
+                    .any(|arg| arg == needle)
+            })
+        })
+        .collect()
+}
+
+/// A runtime killed outright (SIGKILL: no handler, no exit hook) takes its private simdev with
+/// it, and the simdev removes its directory as it stops (`--private`, parent-death SIGTERM).
+#[test]
+fn a_killed_bench_leaves_no_simdev_and_no_simdev_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut child, dir) = bench_with_a_private_simdev(tmp.path());
+    assert_eq!(simdevs_in(&dir).len(), 1, "its simdev runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = std::time::Instant::now();
+    while dir.exists() || !simdevs_in(&dir).is_empty() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "{} still exists or its simdev {:?} still runs",
+            dir.display(),
+            simdevs_in(&dir)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Ctrl-C at a terminal signals the whole foreground process group: the bench stops in order
+/// (130), and its private simdev, in a group of its own, is not stopped under it (before, the
+/// bench reported the interrupted executions as a lost device).
+#[test]
+fn sigint_to_the_process_group_stops_a_bench_without_losing_its_device() {
+    use std::os::unix::process::CommandExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrt"));
+    cmd.args(["bench", "--model", "identity", "--iterations", "100000000"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", tmp.path())
+        .env("NEURON_RT_DATASTORE_DIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        // A foreground job of its own, as a shell would start it.
+        .process_group(0);
+    let child = cmd.spawn().unwrap();
+    let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let t = std::time::Instant::now();
+    let dir = loop {
+        let dir = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.join("simdev.sock").exists());
+        if let Some(dir) = dir {
+            break dir;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // The group's signal does not reach the simdev (whether an identity execution would
+    // notice is down to timing; a long NEFF execution does).
+    let simdevs = simdevs_in(&dir);
+    assert_eq!(simdevs.len(), 1);
+    let simdev_group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(simdevs[0]))).unwrap();
+    assert_ne!(
+        simdev_group, pgid,
+        "the simdev is in the bench's process group"
+    );
+    // Executions are running.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    for bad in ["lost", "gone", "NRT_HW_ERROR", "ERROR"] {
+        assert!(!stderr.contains(bad), "{bad:?} in:\n{stderr}");
+    }
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with("simdev-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A Python reference that hangs fails its execution with NRT_EXEC_COMPLETED_WITH_ERR (1004,

@@ -911,14 +911,22 @@ pub struct SimdevCommand {
     pub extra_args: Vec<OsString>,
 }
 
-/// A simdev child process on a private socket in its own temporary directory. Dropping it sends
-/// SIGTERM, waits up to 2 s, then SIGKILLs; the child also gets SIGKILL if this process dies
-/// (`PR_SET_PDEATHSIG`), so no simdev outlives its parent. A process that exits without
-/// dropping it (a C program returning from `main` before `nrt_close`) has the child killed and
-/// the directory removed by an exit hook ([`crate::process::undo_at_exit`]).
+/// A simdev child process on a private socket in its own temporary directory and its own
+/// process group. Dropping it sends SIGTERM, waits up to 2 s, then SIGKILLs. The child also
+/// gets SIGTERM if this process dies
+/// (`PR_SET_PDEATHSIG`), so no simdev outlives its parent: simdev's `--private` makes it remove
+/// its directory as it stops then. A process that exits without dropping it (a C program
+/// returning from `main` before `nrt_close`) has the child killed and the directory removed by
+/// an exit hook ([`crate::process::undo_at_exit`]).
+///
+/// The child is spawned by a thread of its own ([`ParentThread`]), which lives until the child
+/// is reaped: Linux sends the parent-death signal when the spawning *thread* exits, and the
+/// thread that opens the device (a C caller's `nrt_init`) may be gone long before the device.
 #[derive(Debug)]
 pub struct PrivateSimdev {
     child: Child,
+    /// The thread that spawned `child`; `None` only in a forked child (see [`PrivateSimdev::stop`]).
+    parent: Option<ParentThread>,
     socket: PathBuf,
     /// `None` only while a forked child leaks it (see [`PrivateSimdev::stop`]).
     dir: Option<tempfile::TempDir>,
@@ -1024,6 +1032,65 @@ impl StdoutDrain {
     }
 }
 
+/// The thread a private simdev is spawned from, parked until the child is reaped: its exit is
+/// what sends the child its parent-death signal ([`shared::child`]).
+struct ParentThread {
+    /// Dropping it (or sending on it) ends the thread.
+    release: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for ParentThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParentThread")
+            .field("thread", &self.thread.thread().name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ParentThread {
+    /// Spawns `cmd` from a new thread, which then waits for [`ParentThread::release`].
+    fn spawn(mut cmd: Command) -> Result<(Child, Self), DeviceError> {
+        let (spawned_tx, spawned) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("simdev-parent".into())
+            .spawn(move || {
+                let _ = spawned_tx.send(cmd.spawn());
+                // Sent or dropped: the child is reaped (or was never started).
+                let _ = released.recv();
+            })
+            .map_err(|source| DeviceError::Io {
+                op: "spawn the thread that starts simdev",
+                source,
+            })?;
+        let this = Self { release, thread };
+        match spawned.recv() {
+            Ok(Ok(child)) => Ok((child, this)),
+            Ok(Err(source)) => {
+                this.release();
+                Err(DeviceError::Io {
+                    op: "start simdev",
+                    source,
+                })
+            }
+            Err(_) => {
+                this.release();
+                Err(DeviceError::Io {
+                    op: "start simdev",
+                    source: std::io::Error::other("the thread starting it ended"),
+                })
+            }
+        }
+    }
+
+    /// Ends the thread (call it once the child is reaped) and joins it.
+    fn release(self) {
+        let _ = self.release.send(());
+        let _ = self.thread.join();
+    }
+}
+
 impl PrivateSimdev {
     /// Spawns `command --socket <tmp>/simdev.sock` and waits (up to [`SIMDEV_START_TIMEOUT`])
     /// for its "simdev listening on" line. simdev's stderr goes to `<tmp>/simdev.log`.
@@ -1052,12 +1119,22 @@ impl PrivateSimdev {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
-        shared::child::kill_with_parent(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| DeviceError::NoDevice {
-            hint: format!(
-                "could not start simdev ({}): {e}",
-                command.program.display()
-            ),
+        cmd.arg("--private");
+        shared::child::signal_with_parent(&mut cmd, nix::sys::signal::Signal::SIGTERM);
+        // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group) reaches
+        // the program, which stops its device in order, and not the device under it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let (mut child, parent) = ParentThread::spawn(cmd).map_err(|e| match e {
+            DeviceError::Io {
+                op: "start simdev",
+                source,
+            } => DeviceError::NoDevice {
+                hint: format!(
+                    "could not start simdev ({}): {source}",
+                    command.program.display()
+                ),
+            },
+            other => other,
         })?;
         let (tx, rx) = mpsc::channel();
         let drain = match child
@@ -1070,6 +1147,7 @@ impl PrivateSimdev {
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
+                parent.release();
                 return Err(e);
             }
         };
@@ -1082,6 +1160,7 @@ impl PrivateSimdev {
         let ready = rx.recv_timeout(SIMDEV_START_TIMEOUT);
         let mut this = PrivateSimdev {
             child,
+            parent: Some(parent),
             socket,
             dir: Some(dir),
             spawner,
@@ -1143,12 +1222,16 @@ impl PrivateSimdev {
     pub fn stop(&mut self) {
         if crate::process::id() != self.spawner {
             std::mem::forget(self.dir.take());
-            // The reader thread is the spawner's, not in this process.
+            // The reader and parent threads are the spawner's, not in this process.
             std::mem::forget(self.drain.take());
+            std::mem::forget(self.parent.take());
             return;
         }
         crate::process::forget_at_exit(&self.leftover);
         self.stop_child();
+        if let Some(parent) = self.parent.take() {
+            parent.release();
+        }
         if let Some(drain) = self.drain.take() {
             drain.join();
         }
