@@ -97,3 +97,28 @@ fn the_default_private_simdev_is_trn1() {
     let dev = open(&opts).unwrap();
     assert_eq!(dev.info().arch, Arch::Trn1);
 }
+
+/// The parent-death signal follows the thread that spawned a child, not the process: a private
+/// simdev opened on a thread that then exits (a C program's `nrt_init` on a worker thread) must
+/// outlive that thread and serve the device.
+#[test]
+fn a_private_simdev_outlives_the_thread_that_opened_it() {
+    let opts = OpenOptions {
+        kind: BackendKind::Sim,
+        simdev_bin: Some(simdev_command(&[]).program),
+        simdev_args: vec!["--hbm".into(), "64M".into()],
+        ..OpenOptions::default()
+    };
+    let dev = std::thread::spawn(move || open(&opts).unwrap())
+        .join()
+        .unwrap();
+    let pid = pid_of(&dev.info().description);
+    // Time for a parent-death signal to arrive and act, were one sent.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        PathBuf::from(format!("/proc/{pid}")).exists(),
+        "the private simdev {pid} died with the thread that opened it"
+    );
+    let _claimed = dev.claim_nc(0).expect("the device serves");
+    assert_eq!(dev.semaphore_read(0, 0).unwrap(), 0);
+}
