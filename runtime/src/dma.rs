@@ -43,25 +43,25 @@ pub enum DmaError {
         count: u32,
     },
     /// Writing a descriptor into the ring's memory failed.
-    #[error("writing descriptor {index}")]
+    // The layers below are part of the text (every message formats these with `{e}`), not
+    // `source()`s, which a chain would print twice.
+    #[error("writing descriptor {index}: {error}")]
     WriteDescriptor {
         /// Slot index.
         index: u32,
         /// The accessor's error.
-        #[source]
-        source: MemError,
+        error: MemError,
     },
     /// A copy that cannot be expressed as descriptors.
-    #[error("building a copy descriptor")]
-    Build(#[source] DescError),
+    #[error("building a copy descriptor: {0}")]
+    Build(DescError),
     /// The device refused a ring or queue operation.
-    #[error("DMA queue {queue:?}")]
+    #[error("DMA queue ({queue}): {error}")]
     Device {
         /// The queue.
         queue: DmaQueueId,
         /// The backend's error.
-        #[source]
-        source: DeviceError,
+        error: DeviceError,
     },
 }
 
@@ -101,7 +101,7 @@ impl DescRing {
         if memory.len() < bytes {
             return Err(DmaError::WriteDescriptor {
                 index: count - 1,
-                source: MemError::OutOfBounds {
+                error: MemError::OutOfBounds {
                     pa: memory.pa(),
                     len: bytes,
                     chunk_pa: memory.pa(),
@@ -152,7 +152,7 @@ impl DescRing {
         let index = self.next;
         self.memory
             .write_obj(self.slot_pa(index), desc)
-            .map_err(|source| DmaError::WriteDescriptor { index, source })?;
+            .map_err(|error| DmaError::WriteDescriptor { index, error })?;
         self.next += 1;
         if self.next == self.count {
             // INVARIANT: the pass ended at slot count-1; the next slot is 0 on the next pass.
@@ -191,7 +191,7 @@ impl DescRing {
             }
             self.memory
                 .write(self.slot_pa(index), run[..n].as_bytes())
-                .map_err(|source| DmaError::WriteDescriptor { index, source })?;
+                .map_err(|error| DmaError::WriteDescriptor { index, error })?;
             // 1 <= n <= count - index, so next <= count.
             self.next += u32::try_from(n).unwrap_or(0);
             if self.next == self.count {
@@ -354,7 +354,7 @@ impl DmaQueue {
     ) -> Result<Self, DmaError> {
         check_ring_size(desc_count)?;
         let bytes = u64::from(desc_count) * UDMA_DESC_SIZE as u64;
-        let device = |source| DmaError::Device { queue: id, source };
+        let device = |error| DmaError::Device { queue: id, error };
         let tx_alloc = dev.mem_alloc(location, bytes, 0).map_err(device)?;
         let rx_alloc = match dev.mem_alloc(location, bytes, 0) {
             Ok(a) => a,
@@ -516,7 +516,7 @@ impl DmaQueue {
         dev.dma_queue_copy_start(self.id, tx, rx)
             .map_err(|source| DmaError::Device {
                 queue: self.id,
-                source,
+                error: source,
             })
     }
 
@@ -535,7 +535,7 @@ impl DmaQueue {
                 first.get_or_insert(e);
             }
         }
-        first.map_or(Ok(()), |source| Err(DmaError::Device { queue: id, source }))
+        first.map_or(Ok(()), |error| Err(DmaError::Device { queue: id, error }))
     }
 }
 
@@ -756,5 +756,28 @@ mod tests {
         r.push(&tx).unwrap();
         let got: UdmaDesc = r.memory.read_obj(r.slot_pa(1)).unwrap();
         assert_eq!(got, tx);
+    }
+
+    #[test]
+    fn a_device_error_names_the_queue_and_what_the_device_said() {
+        let e = DmaError::Device {
+            queue: DmaQueueId {
+                nc: 0,
+                engine: 1,
+                queue: 2,
+            },
+            error: DeviceError::OutOfRange {
+                op: "DmaQueueInit",
+                what: "ring size",
+                value: 5,
+                limit: 4,
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            "DMA queue (NC 0 engine 1 queue 2): DmaQueueInit: ring size 5 is out of range (limit 4)"
+        );
+        // The text holds it all; no source repeats it in a chain.
+        assert_eq!(crate::error::chain(&e), e.to_string());
     }
 }

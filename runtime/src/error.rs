@@ -23,18 +23,23 @@ impl NrtError {
     }
 }
 
+/// An error and its sources, joined with ": ": what a message shows of a layered error.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        src = s.source();
+    }
+    message
+}
+
 impl From<crate::backend::DeviceError> for NrtError {
     fn from(e: crate::backend::DeviceError) -> Self {
-        let mut message = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            src = s.source();
-        }
         Self {
             status: e.status(),
-            message,
+            message: chain(&e),
         }
     }
 }

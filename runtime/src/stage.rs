@@ -416,7 +416,7 @@ impl HwExecState {
         let id = DmaQueueId { nc, engine, queue };
         let q = DmaQueue::create(dev, id, descs, MemLocation::Hbm { nc }).map_err(|e| {
             let status = match &e {
-                crate::dma::DmaError::Device { source, .. } => source.status(),
+                crate::dma::DmaError::Device { error, .. } => error.status(),
                 _ => NrtStatus::Failure,
             };
             NrtError::new(

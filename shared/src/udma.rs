@@ -84,6 +84,17 @@ pub struct DmaQueueId {
     pub queue: u32,
 }
 
+impl std::fmt::Display for DmaQueueId {
+    /// `NC 0 engine 1 queue 0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NC {} engine {} queue {}",
+            self.nc, self.engine, self.queue
+        )
+    }
+}
+
 /// Ring id (phase) of a ring pass: 2 bits, starting at 1 and advancing 1, 2, 3, 0, 1, … each
 /// time the slot at index size−1 has been used (`driver-abi.md` §2.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

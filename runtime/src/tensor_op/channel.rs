@@ -156,7 +156,11 @@ impl Channel {
     pub fn release(self, dev: &dyn Device) {
         let id = self.queue.id();
         if let Err(e) = self.queue.release(dev) {
-            tracing::warn!(queue = ?id, error = %e, "releasing a tensor-op DMA queue");
+            tracing::warn!(
+                queue = %id,
+                error = %e,
+                "releasing a tensor-op DMA queue"
+            );
         }
         drop(self.memory);
         if let Err(e) = dev.mem_free(self.words.handle) {
@@ -168,7 +172,7 @@ impl Channel {
 /// The status a DMA error gives a request.
 fn dma_status(e: &DmaError) -> NrtStatus {
     match e {
-        DmaError::Device { source, .. } => source.status(),
+        DmaError::Device { error, .. } => error.status(),
         _ => NrtStatus::Failure,
     }
 }
