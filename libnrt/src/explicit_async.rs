@@ -99,6 +99,7 @@ pub unsafe extern "C" fn nrta_execute_schedule(
         completions::watch(&rt, m.vnc, XuType::Compute, 0)?;
         schedule(ret, req_sequence, || {
             rt.execute_schedule(m, &ins, &outs)
+                .map_err(crate::model::unloaded_meanwhile(model))
                 .map(Scheduled::Execution)
         })
     })

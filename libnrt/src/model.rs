@@ -28,6 +28,23 @@ pub(crate) fn live_model(rt: &Runtime, model: *const c_void) -> Result<ModelHand
     Ok(entry.handle)
 }
 
+/// Maps the runtime's refusal of a model handle that `model` still named when the call began
+/// (NRT_INVALID_HANDLE, naming the runtime's internal handle) to what a call on an unloaded
+/// model gets (NRT_INVALID, naming the pointer), when `nrt_unload` on another thread took the
+/// pointer meanwhile: it removes the pointer before the runtime unloads.
+pub(crate) fn unloaded_meanwhile(model: *const c_void) -> impl Fn(NrtError) -> NrtError {
+    move |e| {
+        if e.status == NrtStatus::InvalidHandle && MODELS.get(model, "model").is_err() {
+            invalid(format!(
+                "model {model:?} was unloaded (nrt_unload on another thread) while this call \
+                 used it"
+            ))
+        } else {
+            e
+        }
+    }
+}
+
 fn invalid(message: impl Into<String>) -> NrtError {
     NrtError::new(NrtStatus::Invalid, message)
 }
@@ -112,8 +129,12 @@ pub unsafe extern "C" fn nrt_unload(model: *mut c_void) -> u32 {
     boundary::status("nrt_unload", || {
         let rt = rt()?;
         let m = live_model(&rt, model)?;
-        rt.unload(m)?;
-        MODELS.remove(model, "model").map(|_| ())
+        // The pointer goes before the unload waits for the model's executions in flight: a
+        // call that starts meanwhile is refused as on any unloaded model (NRT_INVALID naming
+        // the pointer), not by the runtime's unload under way (NRT_INVALID_HANDLE naming its
+        // internal handle). A second nrt_unload of it is refused the same way.
+        MODELS.remove(model, "model")?;
+        rt.unload(m)
     })
 }
 
@@ -161,6 +182,7 @@ pub unsafe extern "C" fn nrt_execute(
         let ins = resolve_set(input_set, "input_set")?;
         let outs = resolve_set(output_set, "output_set")?;
         rt.execute(m, &ins, &outs)
+            .map_err(unloaded_meanwhile(model))
     })
 }
 
@@ -181,6 +203,7 @@ pub unsafe extern "C" fn nrt_execute_repeat(
         let ins = resolve_set(input_set, "input_set")?;
         let outs = resolve_set(output_set, "output_set")?;
         rt.execute_repeat(m, &ins, &outs, repeat_count)
+            .map_err(unloaded_meanwhile(model))
     })
 }
 
@@ -200,7 +223,7 @@ pub unsafe extern "C" fn nrt_get_model_info(
         raw::check_out(info, "info")?;
         raw::check_out(info_size_out, "info_size_out")?;
         let m = live_model(&rt, model)?;
-        let loaded = rt.model(m)?;
+        let loaded = rt.model(m).map_err(unloaded_meanwhile(model))?;
         let out = NrtModelInfo { vnc: loaded.vnc() };
         let bytes = out.as_bytes();
         let n = info_size_in.min(bytes.len());
@@ -214,7 +237,7 @@ fn model_vnc_count(name: &'static str, model: *const c_void, out: *mut u32) -> u
         let rt = rt()?;
         raw::check_out(out, "vnc_count")?;
         let m = live_model(&rt, model)?;
-        rt.model(m)?;
+        rt.model(m).map_err(unloaded_meanwhile(model))?;
         raw::write_out(out, 1, "vnc_count")
     })
 }
@@ -252,7 +275,7 @@ pub unsafe extern "C" fn nrt_get_model_instance_count(
         let rt = rt()?;
         raw::check_out(instance_count, "instance_count")?;
         let m = live_model(&rt, model)?;
-        rt.model(m)?;
+        rt.model(m).map_err(unloaded_meanwhile(model))?;
         raw::write_out(instance_count, 1, "instance_count")
     })
 }
@@ -313,7 +336,7 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
         let rt = rt()?;
         raw::check_out(tensor_info, "tensor_info")?;
         let m = live_model(&rt, model)?;
-        let loaded = rt.model(m)?;
+        let loaded = rt.model(m).map_err(unloaded_meanwhile(model))?;
         let spec = loaded.model();
         let specs: Vec<(&TensorSpec, u32)> = spec
             .inputs

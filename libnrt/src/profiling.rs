@@ -32,6 +32,7 @@ pub unsafe extern "C" fn nrt_profile_start(model: *mut c_void, filename: *const 
         let m = crate::model::live_model(&rt, model)?;
         let path = raw::c_path(filename, "filename")?;
         rt.profile_start(m, path)
+            .map_err(crate::model::unloaded_meanwhile(model))
     })
 }
 

@@ -666,6 +666,25 @@ fn batched_reads_and_writes_and_output_completion_counts_work_from_c() {
 }
 
 #[test]
+fn executions_racing_an_unload_succeed_or_get_nrt_invalid() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["unload_race.c"],
+        "unload_race",
+        true,
+    );
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "unload_race", "UNLOAD RACE OK");
+}
+
+#[test]
 fn a_real_neff_loads_from_c_and_reports_float16_tensors() {
     let prefix = Prefix::new();
     let exe = compile(&prefix, "cc", "c11", &["neff_info.c"], "neff_info", true);

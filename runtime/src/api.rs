@@ -400,17 +400,37 @@ fn rank_of_one(device_id: u32, device_count: u32) -> NrtResult<()> {
 
 /// `nrt_execute_repeat`'s host check: the number of inputs the model declares.
 fn check_input_count(m: &LoadedModel, inputs: &TensorSet) -> NrtResult<()> {
-    let expected = m.model().inputs.len();
+    let declared = &m.model().inputs;
+    let expected = declared.len();
     if inputs.len() == expected {
         return Ok(());
     }
-    Err(status_err(
-        NrtStatus::Invalid,
-        format!(
-            "Incorrect number of inputs, expected: {expected}, received: {}",
-            inputs.len()
-        ),
-    ))
+    // libnrt's message (seed 000), then which names are extra or missing.
+    let extra: Vec<&str> = inputs
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| !declared.iter().any(|d| d.name == *name))
+        .collect();
+    let missing: Vec<&str> = declared
+        .iter()
+        .map(|d| d.name.as_str())
+        .filter(|name| inputs.find(name).is_none())
+        .collect();
+    let mut why = format!(
+        "Incorrect number of inputs, expected: {expected}, received: {}",
+        inputs.len()
+    );
+    if !extra.is_empty() {
+        why.push_str(&format!("; not inputs of the model: {extra:?}"));
+    }
+    if !missing.is_empty() {
+        why.push_str(&format!("; missing: {missing:?}"));
+    }
+    why.push_str(&format!(
+        " (the model's inputs: {:?})",
+        declared.iter().map(|d| d.name.as_str()).collect::<Vec<_>>()
+    ));
+    Err(status_err(NrtStatus::Invalid, why))
 }
 
 impl Runtime {
@@ -1150,12 +1170,15 @@ impl Runtime {
         }
     }
 
-    /// The work item of one bound execution on `m`'s logical core.
+    /// The work item of one bound execution on `m`'s logical core, counted in flight on `m`.
+    ///
+    /// # Errors
+    /// NRT_INVALID_HANDLE when `m` is being unloaded.
     fn work_item(
         &self,
         m: &Arc<LoadedModel>,
         resources: ExecResources,
-    ) -> Box<ExecInfo<ExecRequest>> {
+    ) -> NrtResult<Box<ExecInfo<ExecRequest>>> {
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let mut req = ExecRequest {
             num_tpbs: ncs.len().min(MAX_TPBS_PER_VNC),
@@ -1164,11 +1187,11 @@ impl Runtime {
         for (slot, nc) in req.ncs.iter_mut().zip(ncs) {
             *slot = *nc;
         }
-        req.inflight = Some(m.begin_execution());
+        req.inflight = Some(m.begin_execution()?);
         req.resources = Some(resources);
         let mut info = Box::new(ExecInfo::execute(m.id(), req));
         info.model_slot = m.datastore_slot();
-        info
+        Ok(info)
     }
 
     /// The funnel's refusal `s`; `why`: what the stage or the doorbell said when one failed.
@@ -1208,7 +1231,7 @@ impl Runtime {
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let info = self.work_item(m, resources);
+        let info = self.work_item(m, resources)?;
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;
         // What a failing stage or doorbell said, for the refusal's message.
@@ -1344,7 +1367,7 @@ impl Runtime {
         self.timeline.pend(SpanKind::Bind, span);
         let resources = resources?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let mut info = self.work_item(m, resources);
+        let mut info = self.work_item(m, resources)?;
         info.sync_exec = false;
         let timeout = self.config.exec_timeout;
         let skip = self.config.skip_config_optimization;

@@ -198,22 +198,36 @@ impl LoadedModel {
             .push((tdrv, bound));
     }
 
-    /// Counts one execution in flight until the guard drops.
-    pub fn begin_execution(self: &Arc<Self>) -> InflightGuard {
-        self.inflight
+    /// Counts one execution in flight until the guard drops, before anything of it reaches
+    /// the device.
+    ///
+    /// # Errors
+    /// NRT_INVALID_HANDLE once the model is being unloaded: an execution that resolved the
+    /// model before `unload` took it must not stage into memory `unload` is about to free.
+    pub fn begin_execution(self: &Arc<Self>) -> Result<InflightGuard, NrtError> {
+        let mut n = self
+            .inflight
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .executions += 1;
-        InflightGuard {
-            model: self.clone(),
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if n.unloading {
+            return Err(NrtError::new(
+                NrtStatus::InvalidHandle,
+                format!("model {:?} is being unloaded", self.name()),
+            ));
         }
+        n.executions += 1;
+        Ok(InflightGuard {
+            model: self.clone(),
+        })
     }
 
+    /// Refuses new executions ([`LoadedModel::begin_execution`]) and waits for those in flight.
     fn wait_idle(&self) {
         let mut n = self
             .inflight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        n.unloading = true;
         n.waiters += 1;
         while n.executions > 0 {
             n = self
@@ -319,6 +333,8 @@ impl Drop for InflightGuard {
 struct Inflight {
     executions: u32,
     waiters: u32,
+    /// Set by `unload` before it waits: no execution begins after it.
+    unloading: bool,
 }
 
 /// What loading needs of the runtime.

@@ -205,7 +205,7 @@ fn bad_io_sets_are_rejected_before_anything_is_staged_naming_the_tensor() {
     assert_eq!(e.status, NrtStatus::Invalid);
     assert_eq!(
         e.message,
-        "Incorrect number of inputs, expected: 1, received: 0"
+        "Incorrect number of inputs, expected: 1, received: 0; missing: [\"input\"] (the model's inputs: [\"input\"])"
     );
     assert_eq!(
         rig.rt
@@ -670,8 +670,9 @@ fn execute_schedule_checks_the_input_count_first() {
     let e = rig.rt.execute_schedule(m, &ins, &outs).unwrap_err();
     assert_eq!(e.status, NrtStatus::Invalid);
     assert!(
-        e.message
-            .contains("Incorrect number of inputs, expected: 1, received: 2"),
+        e.message.contains(
+            "Incorrect number of inputs, expected: 1, received: 2; not inputs of the model: [\"extra\"]"
+        ),
         "{e}"
     );
     rig.rt.close();

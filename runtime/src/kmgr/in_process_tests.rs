@@ -41,6 +41,40 @@ fn load_places_the_model_in_device_memory_and_unload_frees_it() {
     rt.close();
 }
 
+/// An execution that resolved its model before `unload` took it (a thread racing the unload)
+/// cannot begin once the unload is waiting: it would stage into memory about to be freed.
+#[test]
+fn no_execution_begins_on_a_model_being_unloaded() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let m = load(&rt, &gated_identity(64, "gated", 9), 0);
+    let (_, _, ins, outs) = io(&rt, 64);
+    let s = rt.execute_schedule(m, &ins, &outs).unwrap();
+    // What the racing thread resolved.
+    let model = rt.model(m).unwrap();
+    std::thread::scope(|scope| {
+        let unload = scope.spawn(|| rt.unload(m));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            match model.begin_execution() {
+                Err(e) => break e,
+                Ok(guard) => drop(guard),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "executions still begin while the unload waits"
+            );
+            std::thread::yield_now();
+        };
+        assert_eq!(refused.status, NrtStatus::InvalidHandle, "{refused}");
+        assert!(refused.message.contains("being unloaded"), "{refused}");
+        rig.backend.event_set(0, 9, 1).unwrap();
+        unload.join().unwrap().unwrap();
+    });
+    assert_eq!(rt.wait(&s).unwrap(), NrtStatus::Success);
+    rt.close();
+}
+
 #[test]
 fn unload_waits_for_the_execution_in_flight_then_frees() {
     let rig = Rig::new();
