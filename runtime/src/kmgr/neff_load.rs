@@ -285,14 +285,25 @@ pub fn plan<'a>(
     let name = neff_name(neff);
     let sg_count = neff.subgraphs.len();
     let lnc_size = neff.header.lnc_size.max(1) as usize;
-    if sg_count != vnc.ncs.len() || lnc_size != vnc.ncs.len() {
+    if sg_count != lnc_size {
+        // One subgraph per physical core of the logical core (nrt-api.md §4): a header that
+        // says otherwise is a malformed NEFF, whatever the core's size.
+        return Err(NrtError::new(
+            NrtStatus::Invalid,
+            format!(
+                "NEFF {name:?} is inconsistent: its header asks for LNC={lnc_size} (lnc_size at \
+                 0x228) but it holds {sg_count} subgraph(s), one per physical core"
+            ),
+        ));
+    }
+    if lnc_size != vnc.ncs.len() {
         let nc_word = if vnc.ncs.len() == 1 { "NC" } else { "NCs" };
         // What to change: LNC=2 exists on trn2 only.
         let remedy = if lnc_size == 2 && info.arch != shared::Arch::Trn2 {
             "; LNC=2 needs a trn2 device, where it is the default (for a private simdev, \
              NEURON_SIMDEV_ARCH=trn2)"
                 .to_string()
-        } else if sg_count == lnc_size && (1..=2).contains(&lnc_size) {
+        } else if (1..=2).contains(&lnc_size) {
             format!("; set NEURON_LOGICAL_NC_CONFIG={lnc_size}")
         } else {
             String::new()

@@ -346,6 +346,29 @@ fn an_lnc2_neff_is_refused_on_a_core_of_one_nc_naming_both() {
 }
 
 #[test]
+fn a_neff_whose_header_lnc_disagrees_with_its_subgraphs_is_nrt_invalid() {
+    let mut bytes = neff_bytes("matmul_small");
+    // lnc_size (u32 at 0x228, nrt-api.md §4): 1, while the NEFF holds sg00 and sg01.
+    bytes[0x228..0x22c].copy_from_slice(&1u32.to_le_bytes());
+    for lnc in [1, 2] {
+        let rig = Rig::with(Arch::Trn2, 2);
+        let rt = rig.runtime(config(lnc));
+        let before = stats(&rig);
+        let e = rt.load(&bytes, 0).unwrap_err();
+        assert_eq!(e.status, NrtStatus::Invalid, "LNC={lnc}: {e}");
+        assert!(
+            e.message.contains(
+                "is inconsistent: its header asks for LNC=1 (lnc_size at 0x228) but it holds 2 \
+                 subgraph(s)"
+            ),
+            "{e}"
+        );
+        assert_eq!(stats(&rig), before, "nothing allocated");
+        rt.close();
+    }
+}
+
+#[test]
 fn a_neff_larger_than_the_free_hbm_is_nrt_resource_before_anything_is_allocated() {
     let device = std::sync::Arc::new(
         simdev::Device::new(&simdev::config::Config {
