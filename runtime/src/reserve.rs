@@ -89,8 +89,16 @@ pub fn reserve(
                 let ncs = ncs_of(v);
                 match claim_vnc(device, &ncs, false) {
                     Ok(taken) => claimed.extend(taken.unwrap_or_default()),
-                    Err(e) => {
+                    Err(mut e) => {
                         release_all(device, &claimed);
+                        if e.status == NrtStatus::ExecNcBusy {
+                            e.message = format!(
+                                "logical core {v} is in use by another process ({}); choose \
+                                 other cores with NEURON_RT_VISIBLE_CORES, or set \
+                                 NEURON_RT_NUM_CORES to take any free ones",
+                                e.message
+                            );
+                        }
                         return Err(e);
                     }
                 }

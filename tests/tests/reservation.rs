@@ -47,6 +47,14 @@ fn num_cores_takes_free_cores_and_refuses_only_when_too_few_are_free() {
     let e = init(&sim, config(0, Some((1, 1)))).unwrap_err();
     assert_eq!(e.status, NrtStatus::ExecNcBusy, "{}", e.message);
     assert!(e.message.contains("NC 1"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("logical core 1 is in use by another process (claiming NC 1: ")
+            && e.message.contains("NEURON_RT_VISIBLE_CORES")
+            && e.message.contains("NEURON_RT_NUM_CORES"),
+        "{}",
+        e.message
+    );
     // Two asked, one free: refused, and the free one is not kept.
     b.close();
     let e = init(&sim, config(2, None)).unwrap_err();

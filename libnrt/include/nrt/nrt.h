@@ -248,7 +248,11 @@ NRT_STATUS nrt_unload(nrt_model_t *model);
 NRT_STATUS nrt_execute(nrt_model_t *model, const nrt_tensor_set_t *input_set,
                        nrt_tensor_set_t *output_set);
 
-/** nrt_execute `repeat_count` times feeding outputs back as inputs; only 1 is supported. */
+/**
+ * nrt_execute `repeat_count` times feeding outputs back as inputs. As in libnrt, a count above
+ * 1 is refused (NRT_INVALID, "Supports for loops on the host is deprecated") and a count of 1
+ * or less runs the model once.
+ */
 NRT_STATUS nrt_execute_repeat(nrt_model_t *model, const nrt_tensor_set_t *input_set,
                               nrt_tensor_set_t *output_set, int repeat_count);
 

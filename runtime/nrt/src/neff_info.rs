@@ -416,7 +416,7 @@ fn print_report(r: &Report) {
             .map(|s| format!("{} {}", s.engine, s.records))
             .collect();
         println!(
-            "  records     {} (64-byte instructions)",
+            "  records     {} (64-byte instruction records; their encoding is not public, simdev does not decode them)",
             records.join(", ")
         );
         let kinds: Vec<String> = sg
@@ -469,7 +469,7 @@ fn print_report(r: &Report) {
     }
     println!();
     println!(
-        "device memory a load needs: {} B over {} subgraph(s) ({}), plus {} B of I/O tensors the user binds",
+        "device memory a load needs with this runtime's layout (libnrt's may differ): {} B over {} subgraph(s) ({}), plus {} B of I/O tensors the user binds",
         r.device_bytes.total,
         r.device_bytes.per_subgraph.len(),
         r.device_bytes

@@ -204,6 +204,8 @@ pub struct Golden {
     executions: Vec<Execution>,
     /// Content hash of the inputs -> executions with that hash, in recording order.
     by_hash: HashMap<u64, Vec<usize>>,
+    /// Where the outputs came from (`source`; absent in a file written by another tool).
+    source: Option<String>,
 }
 
 /// The NEFF's inputs and outputs in DGE-table order (declared order when the DGE table does
@@ -359,7 +361,20 @@ impl Golden {
             outputs,
             executions,
             by_hash,
+            source: meta.get(SOURCE_KEY).cloned(),
         })
+    }
+
+    /// Where the outputs came from: the `source` metadata (`"silicon"`, `"simdev shape-only"`,
+    /// ...), if the file has one.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Whether some recorded outputs are simdev's shape-only fill, not numbers the NEFF
+    /// computes: replaying them is no reference.
+    pub fn shape_only(&self) -> bool {
+        self.source().is_some_and(|s| s.contains("shape-only"))
     }
 
     /// Executions recorded.

@@ -306,16 +306,36 @@ impl Binding {
                     label,
                 )
             }
-            Target::Golden(file) => (
-                Reference::Golden(golden::Golden::open(file, &neff).map_err(|e| {
+            Target::Golden(file) => {
+                let g = golden::Golden::open(file, &neff).map_err(|e| {
                     format!(
                         "golden file {} (for {}): {e}",
                         file.display(),
                         path.display()
                     )
-                })?),
-                file_name(file),
-            ),
+                })?;
+                // Replaying shape-only outputs is no reference: say so wherever the label goes
+                // (the bench's report, execution errors).
+                let label = if g.shape_only() {
+                    let label = format!(
+                        "{} (recorded from {}: not the NEFF's numbers)",
+                        file_name(file),
+                        g.source().unwrap_or_default()
+                    );
+                    tracing::warn!(
+                        "golden file {} (for {}) was recorded from {}: simdev replays those \
+                         outputs, which are not the NEFF's numbers; record on silicon for a \
+                         reference",
+                        file.display(),
+                        path.display(),
+                        g.source().unwrap_or_default()
+                    );
+                    label
+                } else {
+                    file_name(file)
+                };
+                (Reference::Golden(g), label)
+            }
         };
         let mut hash = [0u8; 16];
         hash.copy_from_slice(&neff.header.hash[..16]);
@@ -479,6 +499,37 @@ mod tests {
         let mut other = b.hash;
         other[0] ^= 1;
         assert!(refs.find(&h.uuid, &other).is_none());
+    }
+
+    /// A golden file recorded from simdev's shape-only outputs is bound (its replay is what
+    /// the recording held), but its label says the outputs are not the NEFF's numbers.
+    #[test]
+    fn a_golden_of_shape_only_outputs_is_labelled_so() {
+        let bytes = std::fs::read(data("matmul_small.neff")).unwrap();
+        let neff = neff::Neff::parse(&bytes, &neff::ParseOptions::default()).unwrap();
+        let recorded = vec![golden::Recorded {
+            inputs: vec![
+                ("x".into(), vec![0u8; 65536]),
+                ("y".into(), vec![0u8; 65536]),
+            ],
+            outputs: vec![("output0".into(), vec![0u8; 32768])],
+        }];
+        let dir = tempfile::tempdir().unwrap();
+        for (source, honest) in [("silicon", true), ("simdev shape-only", false)] {
+            let file = dir.path().join("g.safetensors");
+            golden::write(&file, &neff, source, &recorded).unwrap();
+            let spec = format!("{}={}", data("matmul_small.neff"), file.display());
+            let refs = References::load(&[spec], Duration::from_secs(1)).unwrap();
+            let label = &*refs.bindings[0].label;
+            if honest {
+                assert_eq!(label, "g.safetensors");
+            } else {
+                assert_eq!(
+                    label,
+                    "g.safetensors (recorded from simdev shape-only: not the NEFF's numbers)"
+                );
+            }
+        }
     }
 
     #[test]
