@@ -829,10 +829,13 @@ impl Runtime {
             vnc,
             m.device_bytes_by_kind(),
         );
-        m.set_datastore_slot(
-            self.datastore
-                .model_loaded(m.id(), vnc, m.name(), m.device_bytes()),
-        );
+        m.set_datastore_slot(self.datastore.model_loaded(
+            m.id(),
+            vnc,
+            m.name(),
+            m.uuid(),
+            m.device_bytes(),
+        ));
         self.model_charges
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

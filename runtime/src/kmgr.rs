@@ -83,6 +83,14 @@ impl LoadedModel {
         &self.model.name
     }
 
+    /// The NEFF header's uuid; zeros for a simdev model container, which has none.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.tpbs
+            .first()
+            .and_then(|t| t.neff.as_ref())
+            .map_or([0; 16], |n| n.header.neff_uuid)
+    }
+
     /// The logical core it runs on.
     pub fn vnc(&self) -> u32 {
         self.vnc

@@ -9,6 +9,11 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 
+/// The parent-death signal of a runtime's private simdev (`simdev --private`), which stops
+/// and removes its directory on it: SIGUSR1, which nothing else sends a private simdev, so
+/// simdev can tell its runtime's death from the runtime's own SIGTERM.
+pub const PRIVATE_SIMDEV_PARENT_DEATH_SIGNAL: Signal = Signal::SIGUSR1;
+
 /// Makes the child that `cmd` spawns get `SIGKILL` when the thread spawning it exits
 /// (`prctl(PR_SET_PDEATHSIG, SIGKILL)` between fork and exec). Returns `cmd`, for chaining.
 pub fn kill_with_parent(cmd: &mut Command) -> &mut Command {

@@ -19,7 +19,7 @@
 //! release store, then the file is renamed to its final name).
 //!
 //! Model slots change identity at load and unload, so their identity fields (`id`, `vnc`,
-//! `state`, `name`, `memory_bytes`) are guarded by a single-writer seqlock: `seq` is odd while
+//! `state`, `name`, `uuid`, `memory_bytes`) are guarded by a single-writer seqlock: `seq` is odd while
 //! the writer changes them, and a reader that sees `seq` odd or changed across its copy
 //! retries.
 
@@ -28,7 +28,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// The first 8 bytes of every datastore file.
 pub const DATASTORE_MAGIC: [u8; 8] = *b"NRTDSTOR";
 /// The layout version this module describes.
-pub const DATASTORE_VERSION: u32 = 1;
+pub const DATASTORE_VERSION: u32 = 2;
 /// The file name's prefix: `nrt-datastore-<pid>` (a second runtime in one process adds
 /// `.<n>`).
 pub const DATASTORE_FILE_PREFIX: &str = "nrt-datastore-";
@@ -212,7 +212,7 @@ pub struct TpbRecord {
     pub nc_latency: HistogramRecord,
 }
 
-/// One model slot. `seq`, `id`, `vnc`, `state`, `memory_bytes`, `generation` and `name` change
+/// One model slot. `seq`, `id`, `vnc`, `state`, `memory_bytes`, `generation`, `name` and `uuid` change
 /// under the seqlock; the counters are reset (inside it) when the slot is reassigned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -232,6 +232,8 @@ pub struct ModelSlotRecord {
     pub generation: u64,
     /// The model's name, NUL-padded.
     pub name: [u8; MODEL_NAME_BYTES],
+    /// The NEFF header's uuid (zero for a model that has none: a simdev model container).
+    pub uuid: [u8; 16],
     /// Executions by status slot.
     pub executions: [u64; STATUS_SLOTS],
     /// End-to-end latency.
@@ -243,7 +245,7 @@ const _: () = assert!(size_of::<HistogramRecord>() == 2528);
 const _: () = assert!(size_of::<LatencyRecord>() == 32);
 const _: () = assert!(size_of::<CoreRecord>() == 5352);
 const _: () = assert!(size_of::<TpbRecord>() == 3000);
-const _: () = assert!(size_of::<ModelSlotRecord>() == 2864);
+const _: () = assert!(size_of::<ModelSlotRecord>() == 2880);
 const _: () = assert!(STATUS_SLOTS == 29);
 
 /// The offsets of a file of `cores` logical cores, `tpbs` physical NCs and [`MODEL_SLOTS`] model
@@ -397,8 +399,9 @@ mod tests {
         assert_eq!(offset_of!(ModelSlotRecord, memory_bytes), 24);
         assert_eq!(offset_of!(ModelSlotRecord, generation), 32);
         assert_eq!(offset_of!(ModelSlotRecord, name), 40);
-        assert_eq!(offset_of!(ModelSlotRecord, executions), 104);
-        assert_eq!(offset_of!(ModelSlotRecord, total_latency), 336);
+        assert_eq!(offset_of!(ModelSlotRecord, uuid), 104);
+        assert_eq!(offset_of!(ModelSlotRecord, executions), 120);
+        assert_eq!(offset_of!(ModelSlotRecord, total_latency), 352);
         // Every counter is 8-aligned.
         for off in [
             offsets::CORE_EXECUTIONS,
@@ -414,7 +417,7 @@ mod tests {
         }
         let (c, t, m, end) = layout_of(2, 4);
         assert_eq!((c, t, m), (392, 392 + 2 * 5352, 392 + 2 * 5352 + 4 * 3000));
-        assert_eq!(end, m + MODEL_SLOTS * 2864);
+        assert_eq!(end, m + MODEL_SLOTS * 2880);
         assert_eq!(end % 8, 0);
     }
 
@@ -437,7 +440,7 @@ mod tests {
             tpb_record_size: 3000,
             tpb_offset: 0x4000,
             model_slot_count: 64,
-            model_slot_size: 2864,
+            model_slot_size: 2880,
             model_offset: 0x8000,
             runtime_version: padded("0.1.0"),
             command: padded("nrt bench"),
@@ -446,7 +449,7 @@ mod tests {
         assert_eq!(&b[0..8], b"NRTDSTOR");
         assert_eq!(
             &b[8..24],
-            &[1, 0, 0, 0, 0x88, 1, 0, 0, 0x34, 0x12, 0, 0, 2, 0, 0, 0]
+            &[2, 0, 0, 0, 0x88, 1, 0, 0, 0x34, 0x12, 0, 0, 2, 0, 0, 0]
         );
         assert_eq!(&b[24..32], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(
@@ -458,7 +461,7 @@ mod tests {
         assert_eq!(&b[64..72], &[0x88, 1, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[72..80], &[6, 0, 0, 0, 0xB8, 0x0B, 0, 0]);
         assert_eq!(&b[80..88], &[0, 0x40, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&b[88..96], &[64, 0, 0, 0, 0x30, 0x0B, 0, 0]);
+        assert_eq!(&b[88..96], &[64, 0, 0, 0, 0x40, 0x0B, 0, 0]);
         assert_eq!(&b[96..104], &[0, 0x80, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[104..110], b"0.1.0\0");
         assert!(b[110..136].iter().all(|&x| x == 0));
@@ -476,6 +479,9 @@ mod tests {
         slot.memory_bytes = 0x100;
         slot.generation = 3;
         slot.name = padded("mlp");
+        slot.uuid = [
+            0x25, 0xE0, 0x9F, 0xD2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01,
+        ];
         slot.executions[status_slot(0)] = 5;
         slot.executions[OTHER_STATUS_SLOT] = 1;
         slot.total_latency.count = 6;
@@ -488,10 +494,12 @@ mod tests {
             &[0, 1, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]
         );
         assert_eq!(&b[40..44], b"mlp\0");
-        assert_eq!(&b[104..112], &[5, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&b[104 + 28 * 8..104 + 29 * 8], &[1, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&b[336..344], &[6, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&b[2856..2864], &[0xAA, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[104..108], &[0x25, 0xE0, 0x9F, 0xD2]);
+        assert_eq!(b[119], 0x01);
+        assert_eq!(&b[120..128], &[5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[120 + 28 * 8..120 + 29 * 8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[352..360], &[6, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[2872..2880], &[0xAA, 0, 0, 0, 0, 0, 0, 0]);
 
         let mut core = CoreRecord::new_zeroed();
         core.vnc = 1;

@@ -103,8 +103,8 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "PATH", default_value_t = ReceivePath::IoUring)]
     pub receive: ReceivePath,
     /// Run as a runtime's private simdev, in a directory made for it that holds only the
-    /// socket and simdev.log: if the process that started simdev is gone when simdev stops
-    /// (the runtime died and the kernel sent SIGTERM), remove them and the directory.
+    /// socket and simdev.log: on SIGUSR1 (the runtime's parent-death signal: it died), stop
+    /// and remove them and the directory.
     #[arg(long)]
     pub private: bool,
 }

@@ -1,22 +1,32 @@
 //! A runtime's private simdev (`--private`): the directory holding its socket was made for it
 //! by the runtime that started it and holds only the socket and `simdev.log` (its stderr).
 //!
-//! The runtime removes that directory when it stops simdev. A runtime that dies first (SIGKILL,
-//! a C program's default SIGTERM) cannot, so it has the kernel send simdev SIGTERM as it dies
-//! (`PR_SET_PDEATHSIG`). simdev stops as on any SIGTERM and, finding its parent gone, removes
-//! the directory itself ([`Private::clean_up_if_orphaned`]). Should that stop hang, a watchdog
-//! started with it ([`Private::on_stop`]) cleans up and exits after [`ORPHAN_GRACE`]: no
-//! private simdev outlives its runtime for long.
+//! The runtime removes that directory when it stops simdev (SIGTERM). A runtime that dies first
+//! (SIGKILL, a C program's default SIGTERM) cannot, so it has the kernel send simdev
+//! [`PARENT_DEATH_SIGNAL`] as it dies (`PR_SET_PDEATHSIG`), a signal it never sends itself.
+//! simdev stops on it ([`watch`]) and, its runtime being gone, removes the directory itself
+//! ([`Private::clean_up_if_orphaned`]). The signal, not `getppid`, tells: while a killed
+//! process's other threads are still being torn down, simdev's parent is one of them. Should
+//! the stop hang, a watchdog started with it ([`Private::on_stop`]) cleans up and exits after
+//! [`ORPHAN_GRACE`]: no private simdev outlives its runtime for long.
 //!
 //! Only the socket, `simdev.log` and then the directory itself (`rmdir`, which fails on a
 //! directory that holds anything else) are removed: a `--private` given a shared directory
 //! (`/tmp`) removes nothing of anyone else's.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use nix::unistd::{Pid, getppid};
+
+use crate::server::StopHandle;
+
+/// The signal a private simdev gets when its runtime dies (the runtime sets it as the child's
+/// `PR_SET_PDEATHSIG`). SIGUSR1: no one else sends it to a private simdev.
+pub const PARENT_DEATH_SIGNAL: nix::sys::signal::Signal =
+    shared::child::PRIVATE_SIMDEV_PARENT_DEATH_SIGNAL;
 
 /// The log file the runtime gives a private simdev as its stderr.
 pub const LOG_FILE: &str = "simdev.log";
@@ -31,6 +41,8 @@ pub struct Private {
     dir: PathBuf,
     /// The runtime that started simdev: its parent at start.
     parent: Pid,
+    /// [`PARENT_DEATH_SIGNAL`] arrived.
+    parent_died: AtomicBool,
     watchdog: Once,
 }
 
@@ -43,13 +55,20 @@ impl Private {
                 .parent()
                 .map_or_else(|| PathBuf::from("."), Path::to_owned),
             parent: getppid(),
+            parent_died: AtomicBool::new(false),
             watchdog: Once::new(),
         }
     }
 
-    /// Whether the runtime that started simdev is gone (simdev was re-parented).
+    /// Whether the runtime that started simdev is gone: its death signal arrived, or simdev
+    /// was re-parented.
     pub fn orphaned(&self) -> bool {
-        getppid() != self.parent
+        self.parent_died.load(Ordering::Acquire) || getppid() != self.parent
+    }
+
+    /// Records that the runtime died.
+    pub fn parent_died(&self) {
+        self.parent_died.store(true, Ordering::Release);
     }
 
     /// Called as a stop is asked for: when the runtime is gone, starts the watchdog that
@@ -97,6 +116,31 @@ impl Private {
     }
 }
 
+/// The thread that waits for [`PARENT_DEATH_SIGNAL`]: it marks `private` orphaned, then stops
+/// simdev (`stop`) and starts the watchdog. Call it once per process (it registers a
+/// process-wide handler); close the returned handle when simdev has stopped.
+///
+/// # Errors
+/// Registering the handler or starting the thread failed.
+pub fn watch(
+    private: &Arc<Private>,
+    stop: StopHandle,
+) -> std::io::Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([PARENT_DEATH_SIGNAL as i32])?;
+    let handle = signals.handle();
+    let private = Arc::clone(private);
+    std::thread::Builder::new()
+        .name("parent-death".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                private.parent_died();
+                stop.stop();
+                private.on_stop();
+            }
+        })?;
+    Ok(handle)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,10 +169,9 @@ mod tests {
                 std::fs::write(&other, b"keep").unwrap();
             }
             // As if started by a parent that has since gone: pid 0 is nobody's parent.
-            let p = Private {
-                parent: Pid::from_raw(0),
-                ..Private::new(&socket)
-            };
+            let p = Private::new(&socket);
+            assert!(!p.orphaned());
+            p.parent_died();
             assert!(p.orphaned());
             assert!(p.clean_up_if_orphaned());
             assert!(!socket.exists() && !dir.path().join(LOG_FILE).exists());

@@ -926,6 +926,13 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
         }
     })
     .map_err(SimdevError::SignalHandler)?;
+    let parent_death = match &private {
+        Some(p) => Some(
+            crate::private::watch(p, stop.clone())
+                .map_err(|e| SimdevError::SignalHandler(ctrlc::Error::System(e)))?,
+        ),
+        None => None,
+    };
     let server = Server::bind(&config, stop)?;
     let device = Arc::clone(server.device());
     {
@@ -956,6 +963,9 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
             trace.path.display(),
             trace.dropped
         );
+    }
+    if let Some(h) = parent_death {
+        h.close();
     }
     if let Some(p) = private
         && p.clean_up_if_orphaned()

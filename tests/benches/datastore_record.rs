@@ -41,9 +41,9 @@ fn per_call(metrics: &Metrics, slot: Option<runtime::datastore::ModelSlot>) -> f
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let file = Arc::new(Datastore::create(dir.path(), &[vec![0]], 1).unwrap());
-    let slot = file.model_loaded(1, 0, "bench", 0);
+    let slot = file.model_loaded(1, 0, "bench", [0; 16], 0);
     let private = Arc::new(Datastore::private(&[vec![0]], 1).unwrap());
-    let pslot = private.model_loaded(1, 0, "bench", 0);
+    let pslot = private.model_loaded(1, 0, "bench", [0; 16], 0);
     let on = per_call(&Metrics::with_datastore(file, 1), slot);
     let off = per_call(&Metrics::with_datastore(private, 1), pslot);
     println!(

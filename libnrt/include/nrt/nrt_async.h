@@ -75,10 +75,16 @@ NRT_STATUS nrta_cc_prepare(nrt_cc_comm_t *comm, nrt_tensor_list_t *input,
 NRT_STATUS nrta_cc_schedule(nrt_cc_context_t **cc_ctx, int queue, NRT_STATUS *ret,
                             nrta_seq_t *req_sequence);
 
-/** Whether request `seq` has completed; NRT_INVALID for a sequence id of no XU. */
+/**
+ * Whether request `seq` has completed; NRT_INVALID for a sequence id of no XU or one not yet
+ * handed out. Sequence number 0 is never handed out: it is what nrta_get_sequence reports
+ * before anything completed, so (xu_id << 48 | 0), and a zeroed nrta_seq_t, read as
+ * completed. Check a schedule's status before its req_sequence.
+ */
 NRT_STATUS nrta_is_completed(nrta_seq_t seq, bool *is_completed);
 
-/** The last completed sequence id of queue `queue` of XU `xu` on core `lnc`. */
+/** The last completed sequence id of queue `queue` of XU `xu` on core `lnc` (sequence number
+ * 0 before any completed). */
 NRT_STATUS nrta_get_sequence(uint32_t lnc, nrta_xu_t xu, int queue, nrta_seq_t *seq);
 
 /** Signals eventfd `fd` (writes 1) when request `seq` completes (at once if it has); `fd` -1 deregisters every eventfd of `seq`. */

@@ -471,6 +471,11 @@ pub fn run(
                 "--ncs {} (asked of the runtime as NEURON_RT_NUM_CORES={}): {e}",
                 opts.ncs, opts.ncs
             )
+        } else if let Some(path) = &opts.trace
+            && e.message.starts_with("NEURON_RT_TRACE=")
+        {
+            // Likewise for --trace, which the runtime takes as NEURON_RT_TRACE.
+            format!("--trace {} (as NEURON_RT_TRACE): {e}", path.display())
         } else {
             e.to_string()
         }

@@ -235,14 +235,6 @@ fn init_tracing() {
 }
 
 fn main() -> ExitCode {
-    // Like other Unix tools, end quietly when a reader such as `head` closes our stdout.
-    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid disposition.
-    let _ = unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGPIPE,
-            nix::sys::signal::SigHandler::SigDfl,
-        )
-    };
     // `nrt simdev ...` hands the whole argument list to simdev before clap sees it, so every
     // simdev option (including --help) is simdev's.
     let mut args: Vec<OsString> = std::env::args_os().collect();
@@ -258,6 +250,16 @@ fn main() -> ExitCode {
         args.remove(0);
         return simdev::cli::main_with_args(args);
     }
+    // Like other Unix tools, end quietly when a reader such as `head` closes our stdout. Not
+    // simdev (above), which keeps Rust's SIGPIPE = ignore: a device whose runtime died (and
+    // with it the pipe of simdev's stdout) must still stop in order and clean up.
+    // SAFETY: called in main before any thread exists; SIG_DFL is a valid disposition.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let cli = Cli::parse_from(args);
     match &cli.command {
         Command::Scenario { command } => scenario::init_tracing(command),

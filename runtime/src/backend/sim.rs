@@ -913,9 +913,8 @@ pub struct SimdevCommand {
 
 /// A simdev child process on a private socket in its own temporary directory and its own
 /// process group. Dropping it sends SIGTERM, waits up to 2 s, then SIGKILLs. The child also
-/// gets SIGTERM if this process dies
-/// (`PR_SET_PDEATHSIG`), so no simdev outlives its parent: simdev's `--private` makes it remove
-/// its directory as it stops then. A process that exits without dropping it (a C program
+/// gets SIGUSR1 if this process dies (`PR_SET_PDEATHSIG`), so no simdev outlives its parent:
+/// simdev's `--private` makes it stop on that signal and remove its directory. A process that exits without dropping it (a C program
 /// returning from `main` before `nrt_close`) has the child killed and the directory removed by
 /// an exit hook ([`crate::process::undo_at_exit`]).
 ///
@@ -1120,7 +1119,10 @@ impl PrivateSimdev {
             .stdout(Stdio::piped())
             .stderr(log);
         cmd.arg("--private");
-        shared::child::signal_with_parent(&mut cmd, nix::sys::signal::Signal::SIGTERM);
+        shared::child::signal_with_parent(
+            &mut cmd,
+            shared::child::PRIVATE_SIMDEV_PARENT_DEATH_SIGNAL,
+        );
         // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group) reaches
         // the program, which stops its device in order, and not the device under it.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

@@ -488,7 +488,8 @@ impl Datastore {
         self.chunk.load_words(base, Ordering::Relaxed).ok()
     }
 
-    /// Assigns a slot to model `id` (loaded on `vnc`, named `name`, holding `memory_bytes`):
+    /// Assigns a slot to model `id` (loaded on `vnc`, named `name`, with the NEFF's `uuid` or
+    /// zeros, holding `memory_bytes`):
     /// a free slot, else the one unloaded longest ago (its counts start over). `None` when
     /// every slot holds a loaded model: the model is then not counted per model.
     pub fn model_loaded(
@@ -496,6 +497,7 @@ impl Datastore {
         id: u64,
         vnc: u32,
         name: &str,
+        uuid: [u8; 16],
         memory_bytes: u64,
     ) -> Option<ModelSlot> {
         let mut table = self
@@ -527,6 +529,7 @@ impl Datastore {
         rec.memory_bytes = memory_bytes;
         rec.generation = table.generation;
         rec.name = padded::<MODEL_NAME_BYTES>(name);
+        rec.uuid = uuid;
         rec.total_latency.min_ns = u64::MAX;
         self.seqlock_write(base, || self.store_slot_fields(base, &rec));
         Some(slot)

@@ -401,6 +401,7 @@ fn read_slot(
                 return Ok(Some(ModelSnapshot {
                     id: r.id,
                     name: unpadded(&r.name),
+                    uuid: r.uuid,
                     vnc: r.vnc,
                     loaded: r.state == SLOT_LOADED,
                     memory_bytes: r.memory_bytes,

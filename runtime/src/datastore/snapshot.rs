@@ -283,6 +283,8 @@ pub struct ModelSnapshot {
     pub id: u64,
     /// The model's name (the container's or NEFF's name, at most 63 bytes).
     pub name: String,
+    /// The NEFF header's uuid; zeros for a simdev model container.
+    pub uuid: [u8; 16],
     /// The logical core it is loaded on.
     pub vnc: u32,
     /// Whether it is loaded now.
@@ -293,6 +295,16 @@ pub struct ModelSnapshot {
     pub executions: StatusCounts,
     /// Its end-to-end latency.
     pub total_latency: Histogram,
+}
+
+impl ModelSnapshot {
+    /// The uuid in lowercase hex, as `nrt neff info` prints it; "" when the model has none.
+    pub fn uuid_hex(&self) -> String {
+        if self.uuid == [0; 16] {
+            return String::new();
+        }
+        self.uuid.iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// Whether the writer still runs.

@@ -47,7 +47,7 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert_eq!(only_file(dir.path()), path, "no temporary file is left");
     let metrics = Metrics::with_datastore(ds.clone(), 8);
 
-    let slot = ds.model_loaded(11, 1, "mlp", 4096).unwrap();
+    let slot = ds.model_loaded(11, 1, "mlp", [7; 16], 4096).unwrap();
     let resp = [
         TpbResponse {
             device_ts_ns: 20_000,
@@ -135,6 +135,8 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert_eq!(s.models.len(), 1);
     let model = &s.models[0];
     assert_eq!((model.id, model.name.as_str(), model.vnc), (11, "mlp", 1));
+    assert_eq!(model.uuid, [7; 16]);
+    assert_eq!(model.uuid_hex(), "07".repeat(16));
     assert!(model.loaded);
     assert_eq!(model.memory_bytes, 4096);
     assert_eq!(model.executions.get(NrtStatus::Success), 3);
@@ -174,10 +176,13 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
 fn model_slots_are_reused_least_recently_unloaded_first_and_start_over() {
     let ds = Datastore::private(&[vec![0]], 1).unwrap();
     let slots: Vec<ModelSlot> = (0..MODEL_SLOTS as u64)
-        .map(|id| ds.model_loaded(id, 0, &format!("m{id}"), 10).unwrap())
+        .map(|id| {
+            ds.model_loaded(id, 0, &format!("m{id}"), [0; 16], 10)
+                .unwrap()
+        })
         .collect();
     assert_eq!(
-        ds.model_loaded(999, 0, "one too many", 1),
+        ds.model_loaded(999, 0, "one too many", [0; 16], 1),
         None,
         "all slots loaded"
     );
@@ -203,9 +208,9 @@ fn model_slots_are_reused_least_recently_unloaded_first_and_start_over() {
         "loaded models are listed first"
     );
     // The slot unloaded first (9) is reused first; then 5.
-    let a = ds.model_loaded(100, 0, "new-a", 7).unwrap();
+    let a = ds.model_loaded(100, 0, "new-a", [0; 16], 7).unwrap();
     assert_eq!(a, slots[9]);
-    let b = ds.model_loaded(101, 0, "new-b", 7).unwrap();
+    let b = ds.model_loaded(101, 0, "new-b", [0; 16], 7).unwrap();
     assert_eq!(b, slots[5]);
     let s = ds.snapshot();
     assert!(s.models.iter().all(|m| m.id != 5 && m.id != 9));
@@ -217,7 +222,7 @@ fn model_slots_are_reused_least_recently_unloaded_first_and_start_over() {
     // A name longer than the slot is cut to 63 bytes.
     ds.model_unloaded(a);
     let long = "x".repeat(100);
-    ds.model_loaded(102, 0, &long, 1).unwrap();
+    ds.model_loaded(102, 0, &long, [0; 16], 1).unwrap();
     let s = ds.snapshot();
     assert_eq!(
         s.models.iter().find(|m| m.id == 102).unwrap().name,
@@ -238,7 +243,8 @@ fn a_reader_racing_slot_reassignment_never_sees_a_torn_slot() {
     let path = ds.path().unwrap().to_path_buf();
     // Every slot but one stays loaded, so load/unload keeps reassigning that one.
     for id in 0..(MODEL_SLOTS as u64 - 1) {
-        ds.model_loaded(1_000_000 + id, 0, "steady", 1).unwrap();
+        ds.model_loaded(1_000_000 + id, 0, "steady", [0; 16], 1)
+            .unwrap();
     }
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -246,7 +252,9 @@ fn a_reader_racing_slot_reassignment_never_sees_a_torn_slot() {
         std::thread::spawn(move || {
             let mut id = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let slot = ds.model_loaded(id, 0, &racing_name(id), id).unwrap();
+                let slot = ds
+                    .model_loaded(id, 0, &racing_name(id), [0; 16], id)
+                    .unwrap();
                 ds.model_unloaded(slot);
                 id += 1;
             }
@@ -476,8 +484,8 @@ fn short_foreign_and_corrupt_files_are_typed_errors_and_scan_skips_them() {
 fn a_slot_left_locked_by_a_dead_writer_is_skipped_without_hanging() {
     let dir = tempfile::tempdir().unwrap();
     let ds = Datastore::create(dir.path(), &[vec![0]], 1).unwrap();
-    ds.model_loaded(1, 0, "a", 1).unwrap();
-    ds.model_loaded(2, 0, "b", 1).unwrap();
+    ds.model_loaded(1, 0, "a", [0; 16], 1).unwrap();
+    ds.model_loaded(2, 0, "b", [0; 16], 1).unwrap();
     let src = ds.path().unwrap().to_path_buf();
     let other = tempfile::tempdir().unwrap();
     // Slot 0's seq word odd: a writer killed inside the seqlock.

@@ -345,6 +345,24 @@ fn an_lnc2_neff_is_refused_on_a_core_of_one_nc_naming_both() {
     }
 }
 
+/// The monitor's `loaded_models[].uuid` comes from the datastore's model slot: a NEFF's is its
+/// header's uuid, as `nrt neff info` prints it.
+#[test]
+fn a_loaded_neff_publishes_its_uuid() {
+    let (_rig, rt) = trn2_lnc2();
+    let bytes = neff_bytes("matmul_small");
+    let want = neff::Neff::parse(&bytes, &neff::ParseOptions::default())
+        .unwrap()
+        .uuid_hex();
+    let h = rt.load(&bytes, 0).unwrap();
+    let snap = rt.datastore().snapshot();
+    let m = snap.models.iter().find(|m| m.id == h.id).unwrap();
+    assert_eq!(m.uuid_hex(), want);
+    assert_eq!(want, "00a04c535fd94f07bffdd5eacdefc852");
+    rt.unload(h).unwrap();
+    rt.close();
+}
+
 #[test]
 fn a_neff_whose_header_lnc_disagrees_with_its_subgraphs_is_nrt_invalid() {
     let mut bytes = neff_bytes("matmul_small");

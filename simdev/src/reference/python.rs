@@ -182,6 +182,8 @@ impl WorkerSlot {
                 _ => {
                     let _ = w.child.kill();
                     match w.child.wait() {
+                        // It exited by itself between the check and the kill.
+                        Ok(s) if s.code().is_some() => format!("it exited ({s})"),
                         Ok(s) => format!("it was killed ({s})"),
                         Err(e) => format!("it was killed (wait: {e})"),
                     }

@@ -362,6 +362,7 @@ pub(crate) mod tests {
             models: vec![ModelSnapshot {
                 id: 1,
                 name: "digits".into(),
+                uuid: [0; 16],
                 vnc: 0,
                 loaded: true,
                 memory_bytes: 1500,

@@ -236,7 +236,8 @@ pub struct MemoryBytes {
 pub struct LoadedModel {
     /// Its name.
     pub name: String,
-    /// Its uuid ("" : models carry none here).
+    /// The NEFF header's uuid in hex, as `nrt neff info` prints it ("" for a simdev model
+    /// container, which has none).
     pub uuid: String,
     /// The runtime's id for it.
     pub model_id: u64,
@@ -553,7 +554,7 @@ fn runtime_data(p: &ProcessFigures) -> RuntimeData {
             };
             LoadedModel {
                 name: m.name.clone(),
-                uuid: String::new(),
+                uuid: m.uuid_hex(),
                 model_id: m.id,
                 is_running: m.loaded,
                 memory_used_bytes: bytes,
