@@ -19,8 +19,8 @@
 //! release store, then the file is renamed to its final name).
 //!
 //! Model slots change identity at load and unload, so their identity fields (`id`, `vnc`,
-//! `state`, `name`, `uuid`, `memory_bytes`) are guarded by a single-writer seqlock: `seq` is odd while
-//! the writer changes them, and a reader that sees `seq` odd or changed across its copy
+//! `state`, `name`, `uuid`, `memory_bytes`) are guarded by a single-writer seqlock: `seq` is odd
+//! while the writer changes them, and a reader that sees `seq` odd or changed across its copy
 //! retries.
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -212,8 +212,8 @@ pub struct TpbRecord {
     pub nc_latency: HistogramRecord,
 }
 
-/// One model slot. `seq`, `id`, `vnc`, `state`, `memory_bytes`, `generation`, `name` and `uuid` change
-/// under the seqlock; the counters are reset (inside it) when the slot is reassigned.
+/// One model slot. `seq`, `id`, `vnc`, `state`, `memory_bytes`, `generation`, `name` and `uuid`
+/// change under the seqlock; the counters are reset (inside it) when the slot is reassigned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ModelSlotRecord {

@@ -429,16 +429,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// An error and its sources, joined with ": ".
+/// An error and its sources, joined with ": " ([`runtime::error::chain`]).
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
+    runtime::error::chain(e)
 }
 
 /// `nrt model`: builds the named model's container and writes it to `out`; returns its size.

@@ -492,19 +492,24 @@ fn bench_neff_with_a_reference_bound_through_the_environment_says_reference() {
     assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
 }
 
+/// `nrt bench` of the identity model that runs until stopped, with a private simdev and its
+/// datastore in `tmp`; stdout discarded, stderr piped.
+fn endless_bench(tmp: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrt"));
+    cmd.args(["bench", "--model", "identity", "--iterations", "100000000"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", tmp)
+        .env("NEURON_RT_DATASTORE_DIR", tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
 #[test]
 fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nrt"))
-        .args(["bench", "--model", "identity", "--iterations", "100000000"])
-        .env_remove("NEURON_SIMDEV_SOCKET")
-        .env_remove("NEURON_RT_BACKEND")
-        .env("TMPDIR", tmp.path())
-        .env("NEURON_RT_DATASTORE_DIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = endless_bench(tmp.path()).spawn().unwrap();
     let listed = || {
         std::fs::read_dir(tmp.path())
             .unwrap()
@@ -548,16 +553,7 @@ fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
 /// directory exists: (the bench, the directory).
 #[allow(clippy::zombie_processes, reason = "returned: the caller waits for it")]
 fn bench_with_a_private_simdev(tmp: &Path) -> (std::process::Child, PathBuf) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nrt"))
-        .args(["bench", "--model", "identity", "--iterations", "100000000"])
-        .env_remove("NEURON_SIMDEV_SOCKET")
-        .env_remove("NEURON_RT_BACKEND")
-        .env("TMPDIR", tmp)
-        .env("NEURON_RT_DATASTORE_DIR", tmp)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = endless_bench(tmp).spawn().unwrap();
     let t = std::time::Instant::now();
     loop {
         let dir = std::fs::read_dir(tmp)
@@ -620,17 +616,8 @@ fn a_killed_bench_leaves_no_simdev_and_no_simdev_directory() {
 fn sigint_to_the_process_group_stops_a_bench_without_losing_its_device() {
     use std::os::unix::process::CommandExt as _;
     let tmp = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrt"));
-    cmd.args(["bench", "--model", "identity", "--iterations", "100000000"])
-        .env_remove("NEURON_SIMDEV_SOCKET")
-        .env_remove("NEURON_RT_BACKEND")
-        .env("TMPDIR", tmp.path())
-        .env("NEURON_RT_DATASTORE_DIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        // A foreground job of its own, as a shell would start it.
-        .process_group(0);
-    let child = cmd.spawn().unwrap();
+    // A foreground job of its own, as a shell would start it.
+    let child = endless_bench(tmp.path()).process_group(0).spawn().unwrap();
     let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     let t = std::time::Instant::now();
     let dir = loop {

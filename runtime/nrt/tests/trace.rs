@@ -101,11 +101,13 @@ fn bench_trace_to_a_path_that_cannot_be_written_fails_first_naming_it() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{stderr}");
         assert!(
-            stderr.contains(&format!("--trace {} (as NEURON_RT_TRACE): ", path.display()))
-                && stderr.contains(&format!(
-                    "NEURON_RT_TRACE={}: cannot create the timeline file",
-                    path.display()
-                )),
+            stderr.contains(&format!(
+                "--trace {} (as NEURON_RT_TRACE): ",
+                path.display()
+            )) && stderr.contains(&format!(
+                "NEURON_RT_TRACE={}: cannot create the timeline file",
+                path.display()
+            )),
             "{stderr}"
         );
         assert!(!stderr.contains("trace written"), "{stderr}");

@@ -914,9 +914,9 @@ pub struct SimdevCommand {
 /// A simdev child process on a private socket in its own temporary directory and its own
 /// process group. Dropping it sends SIGTERM, waits up to 2 s, then SIGKILLs. The child also
 /// gets SIGUSR1 if this process dies (`PR_SET_PDEATHSIG`), so no simdev outlives its parent:
-/// simdev's `--private` makes it stop on that signal and remove its directory. A process that exits without dropping it (a C program
-/// returning from `main` before `nrt_close`) has the child killed and the directory removed by
-/// an exit hook ([`crate::process::undo_at_exit`]).
+/// simdev's `--private` makes it stop on that signal and remove its directory. A process that
+/// exits without dropping it (a C program returning from `main` before `nrt_close`) has the
+/// child killed and the directory removed by an exit hook ([`crate::process::undo_at_exit`]).
 ///
 /// The child is spawned by a thread of its own ([`ParentThread`]), which lives until the child
 /// is reaped: Linux sends the parent-death signal when the spawning *thread* exits, and the
@@ -924,7 +924,8 @@ pub struct SimdevCommand {
 #[derive(Debug)]
 pub struct PrivateSimdev {
     child: Child,
-    /// The thread that spawned `child`; `None` only in a forked child (see [`PrivateSimdev::stop`]).
+    /// The thread that spawned `child`; `None` only in a forked child (see
+    /// [`PrivateSimdev::stop`]).
     parent: Option<ParentThread>,
     socket: PathBuf,
     /// `None` only while a forked child leaks it (see [`PrivateSimdev::stop`]).
