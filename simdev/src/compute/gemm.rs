@@ -341,10 +341,11 @@ unsafe fn body_fma(
 /// an infinity. The caller checked that every row lies in its slice (nothing is computed when
 /// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
 ///
-/// The kernel is the widest this CPU runs ([`simd::level`]): AVX-512F ([`avx512`], for `k` ≤
-/// [`KC`], every `Matmul`, and `n` ≥ 16; it reads the moving matrix where it lies), AVX2 and
-/// FMA, or plain Rust (these two pack the moving matrix into `pack`, which they grow, never
-/// shrink). All compute the same chains.
+/// The kernel is the widest this CPU runs ([`simd::level`]) for `k` ≤ [`KC`] (every
+/// `Matmul`): AVX-512F ([`avx512`], `n` ≥ 16) or AVX2 and FMA ([`avx2`], `n` ≥ 8), both reading
+/// the moving matrix where it lies; narrower matrices, longer `k` and CPUs without FMA take
+/// the portable kernel (compiled with AVX2 and FMA where the CPU has them), which packs the
+/// moving matrix into `pack` (grown, never shrunk). All compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -361,13 +362,18 @@ pub(super) fn gemm(
     #[cfg(target_arch = "x86_64")]
     {
         let level = simd::level();
-        // Narrower than one 16-lane vector (a batch-1 layer has n = 1), the AVX-512 kernel
-        // would compute 32 columns per row for the few stored; the AVX2 kernel's 8- and
+        // Narrower than one vector (a batch-1 layer has n = 1), a vector kernel would compute
+        // a whole vector of columns per row for the few stored; the portable kernel's 8- and
         // 1-column tiles do only the columns there are. Same chains either way.
         if level >= Level::Avx512 && k <= KC && n >= AVX512_MIN_N {
             // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
             // the CPU lacks); `avx512::body` has no other requirement.
             return unsafe { avx512::body(stat, mov, shape, l, out, accumulate) };
+        }
+        if level >= Level::Avx2Fma && k <= KC && n >= AVX2_MIN_N {
+            // SAFETY: AVX2 and FMA were detected on this CPU (as above); `avx2::body` has no
+            // other requirement.
+            return unsafe { avx2::body(stat, mov, shape, l, out, accumulate, pack) };
         }
         if level >= Level::Avx2Fma {
             // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
@@ -382,10 +388,23 @@ pub(super) fn gemm(
     return body::<false>(stat, mov, shape, l, out, accumulate, pack);
 }
 
-/// [`gemm`] through the AVX-512 kernel whatever `n` (the tests' way to cover the narrow shapes
-/// [`gemm`] sends to the AVX2 kernel); `None` when this CPU lacks AVX-512F or `k` > [`KC`].
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn gemm_avx512_any_n(
+/// The kernels the tests compare, each run directly whatever the shape (the narrow shapes
+/// [`gemm`] sends elsewhere included); `None` when this CPU lacks the kernel's instructions
+/// or `k` > [`KC`] (the vector kernels).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// The portable kernel with fused chains: the reference the vector kernels must match.
+    PortableFused,
+    /// [`avx2`].
+    Avx2,
+    /// [`avx512`].
+    Avx512,
+}
+
+#[cfg(test)]
+pub(super) fn gemm_with(
+    kernel: Kernel,
     stat: &[f32],
     mov: &[f32],
     shape: (usize, usize, usize),
@@ -394,20 +413,66 @@ pub(super) fn gemm_avx512_any_n(
     accumulate: bool,
 ) -> Option<bool> {
     let (k, m, n) = shape;
-    if !simd::supported().contains(&Level::Avx512) || k > KC {
-        return None;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let supported = simd::supported();
+        let needs = match kernel {
+            Kernel::PortableFused => Level::Avx2Fma,
+            Kernel::Avx2 => Level::Avx2Fma,
+            Kernel::Avx512 => Level::Avx512,
+        };
+        if !supported.contains(&needs) || (kernel != Kernel::PortableFused && k > KC) {
+            return None;
+        }
+        if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
+            return Some(false);
+        }
+        Some(match kernel {
+            // SAFETY: AVX2 and FMA are supported (checked above); no other requirement.
+            Kernel::PortableFused => unsafe {
+                body_fma(stat, mov, shape, l, out, accumulate, &mut Vec::new())
+            },
+            // SAFETY: as above.
+            Kernel::Avx2 => unsafe {
+                avx2::body(stat, mov, shape, l, out, accumulate, &mut Vec::new())
+            },
+            // SAFETY: AVX-512F is supported (checked above); no other requirement.
+            Kernel::Avx512 => unsafe { avx512::body(stat, mov, shape, l, out, accumulate) },
+        })
     }
-    if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
-        return Some(false);
+    #[cfg(target_arch = "aarch64")]
+    {
+        if kernel != Kernel::PortableFused {
+            return None;
+        }
+        if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
+            return Some(false);
+        }
+        Some(body::<true>(
+            stat,
+            mov,
+            shape,
+            l,
+            out,
+            accumulate,
+            &mut Vec::new(),
+        ))
     }
-    // SAFETY: AVX-512F is supported by this CPU (checked above); `avx512::body` has no other
-    // requirement.
-    Some(unsafe { avx512::body(stat, mov, shape, l, out, accumulate) })
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (kernel, stat, mov, shape, l, out, accumulate, k, m, n);
+        None
+    }
 }
 
 /// Fewest output columns the AVX-512 kernel is used for (one full 16-lane vector).
 #[cfg(target_arch = "x86_64")]
 const AVX512_MIN_N: usize = 16;
+/// Fewest output columns the AVX2 kernel is used for (one full 8-lane vector).
+#[cfg(target_arch = "x86_64")]
+const AVX2_MIN_N: usize = 8;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

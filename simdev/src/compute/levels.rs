@@ -60,24 +60,28 @@ fn placed(v: &[f32], (rows, cols): (usize, usize), (start, stride): (usize, usiz
     out
 }
 
-/// The kernel at every level with FMA against AVX2+FMA over random shapes (the edges of every
-/// block size: `m` and `n` not multiples of the blocks' rows and columns, `k` up to 128), then
-/// every height of rows (1 to 50: each block height and every leftover below it) on panels of
-/// each width (1 to 4 vectors, full and partial, and several panels), strided layouts, NaN, ±∞
-/// and −0 operands, accumulating and overwriting; the fillers between and after the output's
-/// rows are untouched, and the non-finite answer is a scan of the output.
+/// Every kernel with FMA — through [`gemm::gemm`] at every level that has FMA, and each vector
+/// kernel called directly whatever the shape — against the portable kernel's fused chains,
+/// over random shapes (the edges of every block size: `m` and `n` not multiples of the
+/// blocks' rows and columns, `k` up to 128), then every height of rows (1 to 50: each block
+/// height and every leftover below it) on panels of each width (1 to 4 vectors of either
+/// kernel, full and partial, and several panels), strided layouts, NaN, ±∞ and −0 operands,
+/// accumulating and overwriting; the fillers between and after the output's rows are
+/// untouched, and the non-finite answer is a scan of the output.
 #[test]
 fn gemm_kernels_compute_the_same_bits_at_every_level() {
     let levels: Vec<Level> = simd::supported()
         .into_iter()
         .filter(|&l| l >= Level::Avx2Fma)
         .collect();
-    if levels.len() < 2 {
-        eprintln!("only {levels:?} on this CPU: nothing to compare");
+    if levels.is_empty() && cfg!(target_arch = "x86_64") {
+        eprintln!("no FMA on this CPU: nothing to compare");
         return;
     }
     let mut rng = Rng(41);
-    let widths = [1, 16, 17, 32, 33, 48, 49, 63, 64, 65, 136];
+    let widths = [
+        1, 7, 8, 9, 15, 16, 17, 24, 25, 32, 33, 48, 49, 63, 64, 65, 136,
+    ];
     let swept: Vec<(usize, usize)> = (1..=50).flat_map(|m| widths.map(|n| (m, n))).collect();
     for case in 0..200 + swept.len() {
         let (k, m, n) = match case.checked_sub(200) {
@@ -131,26 +135,29 @@ fn gemm_kernels_compute_the_same_bits_at_every_level() {
                 );
                 (out, nf)
             };
-            let (want, want_nf) = run(Level::Avx2Fma);
+            let direct = |kernel| {
+                let mut out = old.clone();
+                gemm::gemm_with(kernel, &stat, &mov, (k, m, n), l, &mut out, accumulate)
+                    .map(|nf| (out, nf))
+            };
+            let (want, want_nf) =
+                direct(gemm::Kernel::PortableFused).expect("FMA: the reference runs");
             let scanned = (0..m).any(|r| {
                 want[l.out.0 + r * l.out.1..][..n]
                     .iter()
                     .any(|v| !v.is_finite())
             });
             assert_eq!(want_nf, scanned, "K {k} M {m} N {n} {l:?}");
-            // The AVX-512 kernel on this shape even where `gemm` sends it to AVX2 (n < 16).
-            #[cfg(target_arch = "x86_64")]
-            let direct = {
-                let mut out = old.clone();
-                gemm::gemm_avx512_any_n(&stat, &mov, (k, m, n), l, &mut out, accumulate)
-                    .map(|nf| (out, nf))
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let direct: Option<(Vec<f32>, bool)> = None;
-            for (level, (got, nf)) in levels[1..]
+            for (level, (got, nf)) in levels
                 .iter()
                 .map(|&level| (format!("{level:?}"), run(level)))
-                .chain(direct.map(|d| ("AVX-512 kernel direct".to_string(), d)))
+                .chain(
+                    [gemm::Kernel::Avx2, gemm::Kernel::Avx512]
+                        .into_iter()
+                        .filter_map(|kernel| {
+                            Some((format!("{kernel:?} kernel direct"), direct(kernel)?))
+                        }),
+                )
             {
                 let what = format!("{level} K {k} M {m} N {n} {l:?} accumulate {accumulate}");
                 assert_eq!(nf, want_nf, "{what}: non-finite");
@@ -390,10 +397,65 @@ fn the_avx512_gemm_reads_the_moving_matrix_in_place_up_to_the_end_of_its_slice()
             let nf = gemm::gemm(&stat, &mov, (k, m, n), l, &mut out, false, &mut pack);
             (out, nf, pack.len())
         };
-        let (want, want_nf, _) = run(Level::Avx2Fma);
+        let (want, want_nf) = {
+            let mut out = vec![0.0; m * n];
+            let kernel = gemm::Kernel::PortableFused;
+            let nf = gemm::gemm_with(kernel, &stat, &mov, (k, m, n), l, &mut out, false).unwrap();
+            (out, nf)
+        };
         let (got, nf, packed) = run(Level::Avx512);
         assert_eq!(packed, 0, "K {k} M {m} N {n}: the AVX-512 kernel packed");
         assert_eq!(nf, want_nf, "K {k} M {m} N {n}: non-finite");
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(same_bits(g, w), "K {k} M {m} N {n} [{i}]: {g:e} vs {w:e}");
+        }
+    }
+}
+
+/// The AVX2 kernel packs each panel of the moving matrix into the caller's buffer, which
+/// grows once to its full size and is reused (no allocation after the first `Matmul`), and
+/// reads a moving matrix that ends exactly at the end of its slice, `n` not a multiple of 8
+/// (the partial panel's lanes past `n` are masked off, never read): the same bits as the
+/// portable kernel.
+#[test]
+fn the_avx2_gemm_packs_into_a_buffer_grown_once_and_reads_up_to_the_end_of_the_slice() {
+    if !simd::supported().contains(&Level::Avx2Fma) {
+        eprintln!("no AVX2 and FMA on this CPU: nothing to check");
+        return;
+    }
+    let _forced = Forced::new(Level::Avx2Fma);
+    let mut rng = Rng(61);
+    let mut pack = Vec::new();
+    let mut grown_to = None;
+    for (k, m, n) in [
+        (64, 64, 360),
+        (32, 10, 17),
+        (1, 1, 8),
+        (128, 9, 47),
+        (7, 13, 33),
+        (128, 128, 9),
+    ] {
+        let stat: Vec<f32> = (0..k * m).map(|_| value(&mut rng)).collect();
+        let stride = n + 3;
+        let mov = {
+            let rows: Vec<f32> = (0..k * n).map(|_| value(&mut rng)).collect();
+            let mut v = placed(&rows, (k, n), (0, stride));
+            v.truncate((k - 1) * stride + n);
+            v
+        };
+        let l = gemm::Layout {
+            mov: (0, stride),
+            ..gemm::Layout::contiguous(m, n)
+        };
+        let mut want = vec![0.0; m * n];
+        let kernel = gemm::Kernel::PortableFused;
+        let want_nf = gemm::gemm_with(kernel, &stat, &mov, (k, m, n), l, &mut want, false);
+        let mut got = vec![0.0; m * n];
+        let nf = gemm::gemm(&stat, &mov, (k, m, n), l, &mut got, false, &mut pack);
+        let (len, capacity) = (pack.len(), pack.capacity());
+        assert!(len > 0, "K {k} M {m} N {n}: nothing packed");
+        assert_eq!(*grown_to.get_or_insert((len, capacity)), (len, capacity));
+        assert_eq!(Some(nf), want_nf, "K {k} M {m} N {n}: non-finite");
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             assert!(same_bits(g, w), "K {k} M {m} N {n} [{i}]: {g:e} vs {w:e}");
         }

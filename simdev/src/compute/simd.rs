@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 pub(crate) enum Level {
     /// No vector intrinsics: plain Rust (what the compiler makes of it for the baseline CPU).
     Scalar,
-    /// x86-64 AVX2 and FMA (the GEMM kernel's fused chains compiled for 8 lanes).
+    /// x86-64 AVX2 and FMA: 8 lanes (the GEMM kernel of `gemm::avx2`, fused chains).
     Avx2Fma,
     /// x86-64 AVX-512F: 16 lanes, masked edges.
     Avx512,

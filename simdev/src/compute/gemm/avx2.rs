@@ -1,0 +1,338 @@
+//! The AVX2 + FMA kernel, for `k` ≤ [`KC`] (every `Matmul`): the same chains as the portable
+//! kernel (each output one fused multiply-add chain over `k` in order from +0, then the
+//! finish of [`super::finish`]), 8 lanes at a time, with the shape of [`super::avx512`] cut to
+//! AVX2's 16 vector registers.
+//!
+//! The moving matrix is swept by panels of [`PANEL_VECTORS`] vectors (16 columns; a last,
+//! narrower panel of one or two vectors), each first packed into the caller's buffer (row
+//! after row, the lanes past the matrix's last column zero), then swept by blocks of output
+//! rows sized so that a block keeps [`ACCUMULATORS`] registers accumulating (6 rows of 2
+//! vectors, 12 of 1; the last rows by 8, 4, 2 and 1), which leaves one register per vector of
+//! the moving row and one for the broadcast stationary value. The loops walk pointers through
+//! operands whose last row was checked once per block: a bounds check, a closure or an
+//! `Option` combinator left in them spilled accumulators (measured: a third of the speed).
+//!
+//! Why not [`super::avx512`]'s shape: with 16 registers, 4 rows of 3 vectors leaves none
+//! spare and the compiler spills an accumulator; reading the moving matrix where it lies (64
+//! KiB apart per partition) ran the digits layers at 0.9x the GEMM crate, packed at 1.05x
+//! (AMD EPYC with AVX2 and FMA, no AVX-512, `cargo bench -p tests --bench matmul`, four
+//! interleaved runs; the portable kernel at 0.9x). Only a partial panel's stores go through
+//! masks (on AMD a masked store is slow); its lanes past the last column are computed from the
+//! packed zeros and never stored.
+
+use std::arch::x86_64::{
+    __m256, __m256i, _CMP_UNORD_Q, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps,
+    _mm256_cmp_ps, _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_maskload_ps,
+    _mm256_maskstore_ps, _mm256_movemask_ps, _mm256_mul_ps, _mm256_or_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps,
+};
+
+use super::{KC, Layout};
+
+/// Lanes of a vector.
+const LANES: usize = 8;
+/// Vectors of columns of a full panel.
+const PANEL_VECTORS: usize = 2;
+/// Columns of a full panel.
+const PANEL: usize = PANEL_VECTORS * LANES;
+/// Vector registers a block of rows accumulates in: `rows · vectors` of the 16 (the others
+/// hold the moving row's vectors and the broadcast stationary value).
+const ACCUMULATORS: usize = 12;
+
+/// Lanes `0..lanes` (all when `lanes` ≥ 8) of a vector: all bits set in those, none in the
+/// others (the mask form of `_mm256_maskload_ps` and `_mm256_maskstore_ps`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lane_mask(lanes: usize) -> __m256i {
+    let lanes = i32::try_from(lanes.min(LANES)).unwrap_or(0);
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(lanes),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// Where the `cols` elements from column `col` of row `row` of the matrix at `place` end:
+/// `start + row · stride + col + cols`, `usize::MAX` (past any slice) on overflow. No
+/// closures and no `Option` combinators: a call left in these kernels spills their
+/// accumulators.
+#[inline(always)]
+fn end_of((start, stride): (usize, usize), row: usize, col: usize, cols: usize) -> usize {
+    match row.checked_mul(stride) {
+        Some(r) => r
+            .saturating_add(start)
+            .saturating_add(col)
+            .saturating_add(cols),
+        None => usize::MAX,
+    }
+}
+
+/// The `R` × `V · LANES` chains at rows `m0..` of `stat` over `panel`, the packed `k` × `V ·
+/// LANES` columns of the moving matrix (row `kk` at `panel[V · LANES · kk ..]`, the lanes past
+/// the matrix's last column zero): each its own chain over `k` in order, from +0.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn block<const R: usize, const V: usize>(
+    stat: &[f32],
+    (start, stride): (usize, usize),
+    m0: usize,
+    (panel, k): (&[f32], usize),
+) -> [[__m256; V]; R] {
+    let mut acc = [[_mm256_setzero_ps(); V]; R];
+    // The last of the `k` rows of both operands must lie in their slices; then every row
+    // does (rows are `stride` and `V · LANES` apart, from the first upwards), and the loop
+    // reads through pointers without a check per row. A shape that does not fit reads
+    // nothing (the callers never ask for one).
+    let stat_fits = k == 0 || end_of((start, stride), k - 1, m0, R) <= stat.len();
+    if !stat_fits || panel.len() < k.saturating_mul(V * LANES) {
+        return acc;
+    }
+    let mut a = stat.as_ptr().wrapping_add(start.saturating_add(m0));
+    let mut b = panel.as_ptr();
+    for _ in 0..k {
+        let mut bv = [_mm256_setzero_ps(); V];
+        for (h, v) in bv.iter_mut().enumerate() {
+            // SAFETY: the panel's row at `b` holds `V · LANES` values inside `panel`
+            // (checked above), so the 8 from `8 · h` (`h` < `V`) are inside it.
+            *v = unsafe { _mm256_loadu_ps(b.add(h * LANES)) };
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the row at `a` holds the `R` stationary values from `m0` inside `stat`
+            // (checked above), and `i` < `R`.
+            let a = _mm256_set1_ps(unsafe { *a.add(i) });
+            for (acc, &b) in acc.iter_mut().zip(&bv) {
+                *acc = _mm256_fmadd_ps(a, b, *acc);
+            }
+        }
+        // The next rows: formed with `wrapping_add` (the pointers past the last rows are
+        // never read).
+        a = a.wrapping_add(stride);
+        b = b.wrapping_add(V * LANES);
+    }
+    acc
+}
+
+/// Packs the `width` (≤ `V · LANES`) columns from `n0` of the `k` rows of the moving matrix
+/// at `place` in `mov` into the first `k · V · LANES` values of `panel`, row after row, each
+/// row's lanes past `width` zero; `None` (nothing computed from it) when a row is not in
+/// `mov` or `panel` is too short.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn pack<'p, const V: usize>(
+    mov: &[f32],
+    (start, stride): (usize, usize),
+    k: usize,
+    (n0, width): (usize, usize),
+    panel: &'p mut [f32],
+) -> Option<&'p [f32]> {
+    let panel = panel.get_mut(..k.checked_mul(V * LANES)?)?;
+    let width = width.min(V * LANES);
+    // Every row is in `mov` when the last is (as in `block`).
+    if k > 0 && end_of((start, stride), k - 1, n0, width) > mov.len() {
+        return None;
+    }
+    let mut masks = [lane_mask(LANES); V];
+    for (h, mask) in masks.iter_mut().enumerate() {
+        *mask = lane_mask(width.saturating_sub(h * LANES));
+    }
+    let full = width == V * LANES;
+    let mut src = mov.as_ptr().wrapping_add(start.saturating_add(n0));
+    let mut dst = panel.as_mut_ptr();
+    for _ in 0..k {
+        for (h, &mask) in masks.iter().enumerate() {
+            let v = if full {
+                // SAFETY: the row at `src` holds `width` = `V · LANES` values inside `mov`
+                // (checked above): the 8 from `8 · h`, `h` < `V`.
+                unsafe { _mm256_loadu_ps(src.add(h * LANES)) }
+            } else {
+                // SAFETY: the mask enables the lanes `i` with `8 · h + i < width`, all inside
+                // the row at `src` (checked above); the others are not read and load as
+                // zeros (the pointer is only formed, with `wrapping_add`).
+                unsafe { _mm256_maskload_ps(src.wrapping_add(h * LANES), mask) }
+            };
+            // SAFETY: the panel's row at `dst` holds `V · LANES` values inside `panel` (its
+            // length is `k · V · LANES`, checked above).
+            unsafe { _mm256_storeu_ps(dst.add(h * LANES), v) };
+        }
+        // The next rows (formed with `wrapping_add`: those past the last are never used).
+        src = src.wrapping_add(stride);
+        dst = dst.wrapping_add(V * LANES);
+    }
+    Some(panel)
+}
+
+/// Stores the first `width` (≤ `V · LANES`; all of them when `FULL`) columns of the `R` rows
+/// of chains `acc` at rows `m0..`, columns `n0..` of `out` (finished as [`super::finish`]);
+/// the OR of `y · 0` over every value `y` stored, whose lanes are NaN exactly where a NaN or
+/// an infinity was stored (±0 otherwise).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn store<const R: usize, const V: usize, const FULL: bool>(
+    acc: &[[__m256; V]; R],
+    out_place: (usize, usize),
+    (m0, n0, width): (usize, usize, usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __m256 {
+    let zero = _mm256_setzero_ps();
+    let mut check = zero;
+    for (i, row) in acc.iter().enumerate() {
+        let end = end_of(out_place, m0 + i, n0, width);
+        let Some(dst) = out.get_mut(end.saturating_sub(width)..end) else {
+            return check;
+        };
+        for (h, &chain) in row.iter().enumerate() {
+            let Some(part) = dst.get_mut(LANES * h..) else {
+                break;
+            };
+            let p = part.as_mut_ptr();
+            let y = if FULL && part.len() >= LANES {
+                let old = if accumulate {
+                    // SAFETY: `part` holds at least the 8 values loaded.
+                    unsafe { _mm256_loadu_ps(p) }
+                } else {
+                    zero
+                };
+                // `chain + 0` when overwriting: a `-0` chain stores `+0`, as `finish`.
+                let y = _mm256_add_ps(old, chain);
+                // SAFETY: as for the load.
+                unsafe { _mm256_storeu_ps(p, y) };
+                y
+            } else {
+                let mask = lane_mask(part.len());
+                let old = if accumulate {
+                    // SAFETY: the mask enables lanes `0..min(8, part.len())`, all inside
+                    // `part` (the masked-off lanes are not read).
+                    unsafe { _mm256_maskload_ps(p, mask) }
+                } else {
+                    zero
+                };
+                let y = _mm256_add_ps(old, chain);
+                // SAFETY: as for the load: only lanes inside `part` are written.
+                unsafe { _mm256_maskstore_ps(p, mask, y) };
+                // Only the lanes stored count.
+                _mm256_and_ps(y, _mm256_castsi256_ps(mask))
+            };
+            check = _mm256_or_ps(check, _mm256_mul_ps(y, zero));
+        }
+    }
+    check
+}
+
+/// The `R` rows from `m0` of the `V` vectors of a panel's columns.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn rows<const R: usize, const V: usize, const FULL: bool>(
+    stat: &[f32],
+    l: Layout,
+    (m0, n0, width): (usize, usize, usize),
+    panel: (&[f32], usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __m256 {
+    let acc = block::<R, V>(stat, l.stat, m0, panel);
+    store::<R, V, FULL>(&acc, l.out, (m0, n0, width), out, accumulate)
+}
+
+/// Every block of rows of the packed panel of `V` vectors of columns from `n0` (`width` of
+/// them stored; all `V · LANES` when `FULL`): by `M` (`M · V` = [`ACCUMULATORS`]), then the
+/// last rows by 8, 4, 2 and 1.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn panel<const V: usize, const M: usize, const FULL: bool>(
+    stat: &[f32],
+    (m, l): (usize, Layout),
+    (n0, width): (usize, usize),
+    panel: (&[f32], usize),
+    out: &mut [f32],
+    accumulate: bool,
+) -> __m256 {
+    const { assert!(M * V == ACCUMULATORS) };
+    let mut check = _mm256_setzero_ps();
+    let mut m0 = 0;
+    while m0 + M <= m {
+        let c = rows::<M, V, FULL>(stat, l, (m0, n0, width), panel, out, accumulate);
+        check = _mm256_or_ps(check, c);
+        m0 += M;
+    }
+    // The last rows (fewer than `M`) by 8, 4, 2 and 1.
+    while M > 8 && m0 + 8 <= m {
+        let c = rows::<8, V, FULL>(stat, l, (m0, n0, width), panel, out, accumulate);
+        check = _mm256_or_ps(check, c);
+        m0 += 8;
+    }
+    if M > 4 && m0 + 4 <= m {
+        let c = rows::<4, V, FULL>(stat, l, (m0, n0, width), panel, out, accumulate);
+        check = _mm256_or_ps(check, c);
+        m0 += 4;
+    }
+    if M > 2 && m0 + 2 <= m {
+        let c = rows::<2, V, FULL>(stat, l, (m0, n0, width), panel, out, accumulate);
+        check = _mm256_or_ps(check, c);
+        m0 += 2;
+    }
+    if m0 < m {
+        let c = rows::<1, V, FULL>(stat, l, (m0, n0, width), panel, out, accumulate);
+        check = _mm256_or_ps(check, c);
+    }
+    check
+}
+
+/// The panel of `width` (≤ `V · LANES`) columns from `n0`: packed into `buffer`, then swept;
+/// stored through masks only when its columns do not fill its vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn any_panel<const V: usize, const M: usize>(
+    (stat, mov): (&[f32], &[f32]),
+    (k, m, l): (usize, usize, Layout),
+    (n0, width): (usize, usize),
+    buffer: &mut [f32],
+    out: &mut [f32],
+    accumulate: bool,
+) -> __m256 {
+    let Some(packed) = pack::<V>(mov, l.mov, k, (n0, width), buffer) else {
+        // A row outside `mov` (the caller checked they are not): nothing computed.
+        return _mm256_setzero_ps();
+    };
+    let shape = (m, l);
+    if width == V * LANES {
+        panel::<V, M, true>(stat, shape, (n0, width), (packed, k), out, accumulate)
+    } else {
+        panel::<V, M, false>(stat, shape, (n0, width), (packed, k), out, accumulate)
+    }
+}
+
+/// [`super::gemm`] for `k` ≤ [`KC`] on AVX2 and FMA; `pack` holds the packed panel (grown to
+/// [`KC`] · [`PANEL`] values once, never shrunk: nothing is allocated after that). The caller
+/// checked that every row of `stat` and `mov` lies in its slice.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn body(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    l: Layout,
+    out: &mut [f32],
+    accumulate: bool,
+    pack: &mut Vec<f32>,
+) -> bool {
+    if k > KC {
+        // Not a shape of this kernel (the caller never asks): nothing is stored.
+        return false;
+    }
+    if pack.len() < KC * PANEL {
+        pack.resize(KC * PANEL, 0.0);
+    }
+    let mut check = _mm256_setzero_ps();
+    for n0 in (0..n).step_by(PANEL) {
+        let width = (n - n0).min(PANEL);
+        let (ops, shape, cols) = ((stat, mov), (k, m, l), (n0, width));
+        let c = match width.div_ceil(LANES) {
+            2 => any_panel::<2, 6>(ops, shape, cols, pack, out, accumulate),
+            _ => any_panel::<1, 12>(ops, shape, cols, pack, out, accumulate),
+        };
+        check = _mm256_or_ps(check, c);
+    }
+    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(check, check)) != 0
+}
