@@ -176,6 +176,11 @@ pub(super) trait Planes {
     fn src(&self) -> &[f32];
     /// The buffer the destination lies in.
     fn dst(&mut self) -> &mut [f32];
+    /// Both buffers as raw parts for a vector loop, `(source, its length, destination, its
+    /// length)`, derived from the one borrow of `self` this call takes (in one buffer, both
+    /// pointers are the same pointer): valid for reads of the source and writes of the
+    /// destination until `self` is used again.
+    fn raw(&mut self) -> (*const f32, usize, *mut f32, usize);
 }
 
 /// Source and destination in the same buffer (their ranges do not overlap).
@@ -188,6 +193,10 @@ impl Planes for Same<'_> {
     fn dst(&mut self) -> &mut [f32] {
         self.0
     }
+    fn raw(&mut self) -> (*const f32, usize, *mut f32, usize) {
+        let p = self.0.as_mut_ptr();
+        (p.cast_const(), self.0.len(), p, self.0.len())
+    }
 }
 
 /// Source and destination in different buffers.
@@ -199,6 +208,14 @@ impl Planes for Apart<'_> {
     }
     fn dst(&mut self) -> &mut [f32] {
         self.1
+    }
+    fn raw(&mut self) -> (*const f32, usize, *mut f32, usize) {
+        (
+            self.0.as_ptr(),
+            self.0.len(),
+            self.1.as_mut_ptr(),
+            self.1.len(),
+        )
     }
 }
 
