@@ -341,11 +341,12 @@ unsafe fn body_fma(
 /// an infinity. The caller checked that every row lies in its slice (nothing is computed when
 /// a row of `stat` or `mov` does not, and an element outside `out` is never touched).
 ///
-/// The kernel is the widest this CPU runs ([`simd::level`]) for `k` ≤ [`KC`] (every
-/// `Matmul`): AVX-512F ([`avx512`], `n` ≥ 16) or AVX2 and FMA ([`avx2`], `n` ≥ 8), both reading
-/// the moving matrix where it lies; narrower matrices, longer `k` and CPUs without FMA take
-/// the portable kernel (compiled with AVX2 and FMA where the CPU has them), which packs the
-/// moving matrix into `pack` (grown, never shrunk). All compute the same chains.
+/// The kernel is the widest this CPU runs ([`simd::level`]): for `k` ≤ [`KC`] (every
+/// `Matmul`), AVX-512F ([`avx512`], `n` ≥ 16, reading the moving matrix where it lies) or AVX2
+/// and FMA ([`avx2`], `n` ≥ 8, packing it into `pack`, grown once, never shrunk); for `n` < 8
+/// and any `k`, AVX2 and FMA down the output rows ([`avx2::narrow`]); otherwise the portable
+/// kernel (compiled with AVX2 and FMA where the CPU has them; it packs into `pack` too). All
+/// compute the same chains.
 pub(super) fn gemm(
     stat: &[f32],
     mov: &[f32],
@@ -362,9 +363,9 @@ pub(super) fn gemm(
     #[cfg(target_arch = "x86_64")]
     {
         let level = simd::level();
-        // Narrower than one vector (a batch-1 layer has n = 1), a vector kernel would compute
-        // a whole vector of columns per row for the few stored; the portable kernel's 8- and
-        // 1-column tiles do only the columns there are. Same chains either way.
+        // Narrower than one vector (a batch-1 layer has n = 1), a kernel vectorised along the
+        // columns would compute a whole vector of them per row for the few stored: the
+        // narrow kernel is vectorised down the rows instead. Same chains either way.
         if level >= Level::Avx512 && k <= KC && n >= AVX512_MIN_N {
             // SAFETY: AVX-512F was detected on this CPU (`simd::level` never answers a level
             // the CPU lacks); `avx512::body` has no other requirement.
@@ -374,6 +375,11 @@ pub(super) fn gemm(
             // SAFETY: AVX2 and FMA were detected on this CPU (as above); `avx2::body` has no
             // other requirement.
             return unsafe { avx2::body(stat, mov, shape, l, out, accumulate, pack) };
+        }
+        if level >= Level::Avx2Fma && n < AVX2_MIN_N {
+            // SAFETY: AVX2 and FMA were detected on this CPU (as above); `avx2::narrow` has no
+            // other requirement.
+            return unsafe { avx2::narrow(stat, mov, shape, l, out, accumulate) };
         }
         if level >= Level::Avx2Fma {
             // SAFETY: AVX2 and FMA were detected on this CPU (as above); `body_fma` has no
@@ -396,8 +402,10 @@ pub(super) fn gemm(
 pub(super) enum Kernel {
     /// The portable kernel with fused chains: the reference the vector kernels must match.
     PortableFused,
-    /// [`avx2`].
+    /// [`avx2`]'s kernel for `n` ≥ 8.
     Avx2,
+    /// [`avx2`]'s kernel for `n` < 8.
+    Avx2Narrow,
     /// [`avx512`].
     Avx512,
 }
@@ -418,10 +426,11 @@ pub(super) fn gemm_with(
         let supported = simd::supported();
         let needs = match kernel {
             Kernel::PortableFused => Level::Avx2Fma,
-            Kernel::Avx2 => Level::Avx2Fma,
+            Kernel::Avx2 | Kernel::Avx2Narrow => Level::Avx2Fma,
             Kernel::Avx512 => Level::Avx512,
         };
-        if !supported.contains(&needs) || (kernel != Kernel::PortableFused && k > KC) {
+        let any_k = matches!(kernel, Kernel::PortableFused | Kernel::Avx2Narrow);
+        if !supported.contains(&needs) || (!any_k && k > KC) {
             return None;
         }
         if !fits(stat.len(), l.stat, k, m) || !fits(mov.len(), l.mov, k, n) {
@@ -436,6 +445,8 @@ pub(super) fn gemm_with(
             Kernel::Avx2 => unsafe {
                 avx2::body(stat, mov, shape, l, out, accumulate, &mut Vec::new())
             },
+            // SAFETY: as above.
+            Kernel::Avx2Narrow => unsafe { avx2::narrow(stat, mov, shape, l, out, accumulate) },
             // SAFETY: AVX-512F is supported (checked above); no other requirement.
             Kernel::Avx512 => unsafe { avx512::body(stat, mov, shape, l, out, accumulate) },
         })

@@ -152,11 +152,15 @@ fn gemm_kernels_compute_the_same_bits_at_every_level() {
                 .iter()
                 .map(|&level| (format!("{level:?}"), run(level)))
                 .chain(
-                    [gemm::Kernel::Avx2, gemm::Kernel::Avx512]
-                        .into_iter()
-                        .filter_map(|kernel| {
-                            Some((format!("{kernel:?} kernel direct"), direct(kernel)?))
-                        }),
+                    [
+                        gemm::Kernel::Avx2,
+                        gemm::Kernel::Avx2Narrow,
+                        gemm::Kernel::Avx512,
+                    ]
+                    .into_iter()
+                    .filter_map(|kernel| {
+                        Some((format!("{kernel:?} kernel direct"), direct(kernel)?))
+                    }),
                 )
             {
                 let what = format!("{level} K {k} M {m} N {n} {l:?} accumulate {accumulate}");

@@ -336,3 +336,134 @@ pub(super) unsafe fn body(
     }
     _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(check, check)) != 0
 }
+
+/// The `8 · V` output rows from `m0` of column `c`, each its own chain over `k` in order from
+/// +0 (`fma(stat, mov, acc)`: the portable kernel's operands, the same bits), vectorised
+/// down the rows: per step of `k`, `V` vectors of the stationary row and one broadcast moving
+/// value. When `TAIL`, `V` is 1 and only the first `rows` (< 8) lanes are read (the others
+/// load zeros). The caller checked the last rows of both operands.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn narrow_block<const V: usize, const TAIL: bool>(
+    (stat, l): (&[f32], Layout),
+    (mov, k): (&[f32], usize),
+    (m0, rows, c): (usize, usize, usize),
+) -> [__m256; V] {
+    let mut acc = [_mm256_setzero_ps(); V];
+    // Rows `m0 .. m0 + 8 · V` (or `+ rows`) and column `c` of the last row of `k`: inside
+    // their slices (checked by `narrow`), and so is every row before it.
+    let stat_end = end_of(
+        l.stat,
+        k.saturating_sub(1),
+        m0,
+        if TAIL { rows } else { V * LANES },
+    );
+    let mov_end = end_of(l.mov, k.saturating_sub(1), c, 1);
+    if k == 0 || stat_end > stat.len() || mov_end > mov.len() {
+        return acc;
+    }
+    let mask = lane_mask(rows);
+    let mut a = stat.as_ptr().wrapping_add(l.stat.0.saturating_add(m0));
+    let mut b = mov.as_ptr().wrapping_add(l.mov.0.saturating_add(c));
+    for _ in 0..k {
+        // SAFETY: `b` is column `c` of a row of `k`, inside `mov` (checked above).
+        let x = _mm256_set1_ps(unsafe { *b });
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let s = if TAIL {
+                // SAFETY: the mask enables lanes `0..rows`, inside the row at `a` (checked
+                // above); the others are not read and load as zeros (the pointer is only
+                // formed, with `wrapping_add`).
+                unsafe { _mm256_maskload_ps(a, mask) }
+            } else {
+                // SAFETY: the row at `a` holds `8 · V` values inside `stat` (checked above):
+                // the 8 from `8 · h`, `h` < `V`.
+                unsafe { _mm256_loadu_ps(a.add(h * LANES)) }
+            };
+            *acc = _mm256_fmadd_ps(s, x, *acc);
+        }
+        a = a.wrapping_add(l.stat.1);
+        b = b.wrapping_add(l.mov.1);
+    }
+    acc
+}
+
+/// Stores lanes `0..rows` of the chains `acc` (rows `m0 ..` of column `c`, a vector per 8
+/// rows) into `out`, one value per output row (finished as [`super::finish`]); whether one
+/// stored is a NaN or an infinity.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn narrow_store<const V: usize>(
+    acc: &[__m256; V],
+    (out, place): (&mut [f32], (usize, usize)),
+    (m0, rows, c): (usize, usize, usize),
+    accumulate: bool,
+) -> bool {
+    let mut non_finite = false;
+    for (h, &v) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; LANES];
+        // SAFETY: `lanes` holds the 8 values stored.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        for (i, &chain) in lanes
+            .iter()
+            .enumerate()
+            .take(rows.saturating_sub(h * LANES))
+        {
+            let at = end_of(place, m0 + h * LANES + i, c, 1).wrapping_sub(1);
+            if let Some(d) = out.get_mut(at) {
+                *d = super::finish(chain, *d, accumulate);
+                non_finite |= !d.is_finite();
+            }
+        }
+    }
+    non_finite
+}
+
+/// [`super::gemm`] for `n` < 8 on AVX2 and FMA (a batch-1 layer has `n` = 1): each column on
+/// its own, vectorised down the output rows (`8 ·` 8, 4, 2 and 1 rows at a time, then the last
+/// `m % 8` through a mask), where [`body`] would compute a whole vector of columns per row for
+/// the few stored. Any `k`; it allocates nothing. The caller checked that every row of `stat`
+/// and `mov` lies in its slice.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn narrow(
+    stat: &[f32],
+    mov: &[f32],
+    (k, m, n): (usize, usize, usize),
+    l: Layout,
+    out: &mut [f32],
+    accumulate: bool,
+) -> bool {
+    let mut non_finite = false;
+    let (a, b, o) = ((stat, l), (mov, k), (&mut *out, l.out));
+    for c in 0..n {
+        let mut m0 = 0;
+        while m0 + 8 * LANES <= m {
+            let acc = narrow_block::<8, false>(a, b, (m0, 8 * LANES, c));
+            non_finite |= narrow_store(&acc, (&mut *o.0, o.1), (m0, 8 * LANES, c), accumulate);
+            m0 += 8 * LANES;
+        }
+        if m0 + 4 * LANES <= m {
+            let acc = narrow_block::<4, false>(a, b, (m0, 4 * LANES, c));
+            non_finite |= narrow_store(&acc, (&mut *o.0, o.1), (m0, 4 * LANES, c), accumulate);
+            m0 += 4 * LANES;
+        }
+        if m0 + 2 * LANES <= m {
+            let acc = narrow_block::<2, false>(a, b, (m0, 2 * LANES, c));
+            non_finite |= narrow_store(&acc, (&mut *o.0, o.1), (m0, 2 * LANES, c), accumulate);
+            m0 += 2 * LANES;
+        }
+        if m0 + LANES <= m {
+            let acc = narrow_block::<1, false>(a, b, (m0, LANES, c));
+            non_finite |= narrow_store(&acc, (&mut *o.0, o.1), (m0, LANES, c), accumulate);
+            m0 += LANES;
+        }
+        if m0 < m {
+            let rows = m - m0;
+            let acc = narrow_block::<1, true>(a, b, (m0, rows, c));
+            non_finite |= narrow_store(&acc, (&mut *o.0, o.1), (m0, rows, c), accumulate);
+        }
+    }
+    non_finite
+}
