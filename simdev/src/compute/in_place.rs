@@ -383,20 +383,19 @@ pub(super) fn activation(
     let (from, to) = state.split(src.space, dst.space)?;
     let (at_src, at_dst) = (place(src, from.len())?, place(dst, to.len())?);
     let elems = idx(src.elems);
-    let mut non_finite = false;
+    let biases = s.c.get(..idx(dst.partitions)).unwrap_or(&s.c);
     #[cfg(target_arch = "x86_64")]
-    let vector = simd::level() >= Level::Avx2Fma;
-    for (p, &b) in s.c.iter().enumerate().take(idx(dst.partitions)) {
-        let (x, y) = (row(from, at_src, p, elems), row_mut(to, at_dst, p, elems));
-        #[cfg(target_arch = "x86_64")]
-        if vector {
-            // SAFETY: AVX2 was detected on this CPU (as for the transpose);
-            // `avx2::activate_row` has no other requirement.
-            if let Some(nf) = unsafe { avx2::activate_row(x, y, b, func, scale) } {
-                non_finite |= nf;
-                continue;
-            }
+    if simd::level() >= Level::Avx2Fma {
+        let (src, dst) = ((from, at_src), (&mut *to, at_dst));
+        // SAFETY: AVX2 was detected on this CPU (as for the transpose);
+        // `avx2::activate_rows` has no other requirement.
+        if let Some(nf) = unsafe { avx2::activate_rows(src, dst, elems, biases, (func, scale)) } {
+            return Some(Ok(nf));
         }
+    }
+    let mut non_finite = false;
+    for (p, &b) in biases.iter().enumerate() {
+        let (x, y) = (row(from, at_src, p, elems), row_mut(to, at_dst, p, elems));
         activate_row(x, y, b, func, scale);
         non_finite |= any_non_finite(y);
     }

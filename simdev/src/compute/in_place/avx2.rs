@@ -14,7 +14,7 @@ use std::arch::x86_64::{
 
 use shared::isa::ActFunc;
 
-use super::{Planes, transpose_cells};
+use super::{Planes, row, row_mut, transpose_cells};
 
 /// Values per vector.
 const L: usize = 8;
@@ -141,11 +141,9 @@ pub(super) unsafe fn transpose(
 /// apart (never fused), ReLU a NaN for a NaN (the default NaN, as [`super::max_nan`]) and
 /// otherwise `max(y, +0)` as `maxps` computes it (the second operand, `+0`, for either zero);
 /// whether a value stored is a NaN or an infinity.
-///
-/// # Safety
-/// The CPU must support AVX2.
+#[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn activate_row(
+fn activate_row(
     src: &[f32],
     dst: &mut [f32],
     bias: f32,
@@ -182,6 +180,33 @@ pub(super) unsafe fn activate_row(
         let v = x * scale + bias;
         *y = if relu { super::max_nan(v, 0.0) } else { v };
         non_finite |= !y.is_finite();
+    }
+    Some(non_finite)
+}
+
+/// [`activate_row`] for rows `p` of the `elems`-value source at `at_src` of `from` and the
+/// destination at `at_dst` of `to`, with bias `biases[p]`, for every `p` < `biases.len()`
+/// (a row that does not lie in its buffer is skipped, as the portable loop skips it): one call
+/// per tile, so the rows' loop is inlined with them (a call per row cost as much as a row
+/// of 64 values). `None`, nothing written, for a function other than the identity and ReLU.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn activate_rows(
+    (from, at_src): (&[f32], (usize, usize)),
+    (to, at_dst): (&mut [f32], (usize, usize)),
+    elems: usize,
+    biases: &[f32],
+    (func, scale): (ActFunc, f32),
+) -> Option<bool> {
+    if !matches!(func, ActFunc::Identity | ActFunc::Relu) {
+        return None;
+    }
+    let mut non_finite = false;
+    for (p, &bias) in biases.iter().enumerate() {
+        let (x, y) = (row(from, at_src, p, elems), row_mut(to, at_dst, p, elems));
+        non_finite |= activate_row(x, y, bias, func, scale).unwrap_or(false);
     }
     Some(non_finite)
 }
