@@ -13,7 +13,8 @@
 //!
 //! The exports, by header: [`lifecycle`] (`nrt.h` lifecycle and topology, `nrt_status.h`,
 //! `nrt_version.h`), [`model`] (`nrt.h` models, `nrt_experimental.h` tensor info), [`tensor`]
-//! (`nrt.h` tensors, `nrt_experimental.h` mapped copies), [`set`] (`nrt.h` tensor sets),
+//! (`nrt.h` tensors, `nrt_experimental.h` mapped copies), [`pinned`] (`nrt.h` pinned host
+//! buffers), [`set`] (`nrt.h` tensor sets),
 //! [`implicit_async`] (`nrt_experimental.h` implicit asynchronous mode), [`explicit_async`]
 //! (`nrt_async.h`, with [`completions`]: each request's `ret` written before its completion is
 //! reported, and the caller's completion eventfds), [`profiling`] (`nrt_profile.h`,
@@ -29,6 +30,7 @@ pub mod handles;
 pub mod implicit_async;
 pub mod lifecycle;
 pub mod model;
+pub mod pinned;
 pub mod profiling;
 mod raw;
 pub mod set;

@@ -364,6 +364,34 @@ NRT_STATUS nrt_tensor_get_device_allocation_info(const nrt_tensor_t *tensor,
 /** The logical core of a device tensor; -1 for a host tensor or an attached buffer. */
 NRT_STATUS nrt_tensor_get_lnc_index(const nrt_tensor_t *tensor, int *lnc_idx);
 
+/* ---- pinned host buffers ---- */
+
+/**
+ * The kind of pages of a pinned host buffer. The type's name and values are libnrt's (runtime
+ * 2.34.10); the enumerators' spellings are not public, so these are this project's: a program
+ * passing the values (or its own constants) builds against both, one spelling libnrt's
+ * enumerators builds against libnrt's header.
+ */
+typedef enum {
+    NRT_PINNED_ALLOC_TYPE_MALLOC = 0,      /**< Small pages, page-aligned. */
+    NRT_PINNED_ALLOC_TYPE_HUGEPAGE_2M = 1, /**< 2 MiB pages; the size rounded up to them. */
+    NRT_PINNED_ALLOC_TYPE_HUGEPAGE_1G = 2  /**< 1 GiB pages; the size rounded up to them. */
+} nrt_pinned_alloc_type_t;
+
+/**
+ * `size` bytes of host memory locked in memory, on pages of `type`; free with
+ * nrt_pinned_free. NULL (logged) for a size of 0, a type outside the enum or a size the system
+ * cannot map. Callable at any time (no nrt_init needed). This library does not need the
+ * buffer pinned (simdev copies through shared memory), so a buffer the process may not lock
+ * (RLIMIT_MEMLOCK) is returned unlocked, and a huge-page buffer on a system without huge pages
+ * of that size reserved is ordinary memory aligned to 2 MiB and advised as transparent huge
+ * pages; either is logged as a warning (NEURON_RT_LOG_LEVEL=WARN).
+ */
+void *nrt_pinned_malloc(size_t size, nrt_pinned_alloc_type_t type);
+
+/** Frees a buffer nrt_pinned_malloc returned; NULL does nothing; another pointer is logged. */
+void nrt_pinned_free(void *ptr);
+
 /**
  * Waits until `expected_completion_count` executions have written `output_tensor` as an
  * output since its count was last reset, for at most `timeout` microseconds (negative:
