@@ -3,22 +3,24 @@
 //! finish of [`super::finish`]), 8 lanes at a time, with the shape of [`super::avx512`] cut to
 //! AVX2's 16 vector registers.
 //!
-//! The moving matrix is swept by panels of [`PANEL_VECTORS`] vectors (16 columns; a last,
+//! The moving matrix is swept by panels of [`PANEL_VECTORS`] vectors (24 columns; a last,
 //! narrower panel of one or two vectors), each first packed into the caller's buffer (row
 //! after row, the lanes past the matrix's last column zero), then swept by blocks of output
-//! rows sized so that a block keeps [`ACCUMULATORS`] registers accumulating (6 rows of 2
-//! vectors, 12 of 1; the last rows by 8, 4, 2 and 1), which leaves one register per vector of
-//! the moving row and one for the broadcast stationary value. The loops walk pointers through
-//! operands whose last row was checked once per block: a bounds check, a closure or an
-//! `Option` combinator left in them spilled accumulators (measured: a third of the speed).
+//! rows sized so that a block keeps [`ACCUMULATORS`] registers accumulating (4 rows of 3
+//! vectors, 6 of 2, 12 of 1; the last rows by 8, 4, 2 and 1), which leaves one register per
+//! vector of the moving row and one for the broadcast stationary value: all 16 for 4 × 3. The
+//! compiler spills an accumulator of a 4 × 3 block (a store and a load in every step, a third
+//! of the speed), so that loop is written out in assembly ([`block_4x3`]); the others are
+//! intrinsics. The loops walk pointers through operands whose last row was checked once per
+//! block: a bounds check, a closure or an `Option` combinator left in them spilled too.
 //!
-//! Why not [`super::avx512`]'s shape: with 16 registers, 4 rows of 3 vectors leaves none
-//! spare and the compiler spills an accumulator; reading the moving matrix where it lies (64
-//! KiB apart per partition) ran the digits layers at 0.9x the GEMM crate, packed at 1.05x
-//! (AMD EPYC with AVX2 and FMA, no AVX-512, `cargo bench -p tests --bench matmul`, four
-//! interleaved runs; the portable kernel at 0.9x). Only a partial panel's stores go through
-//! masks (on AMD a masked store is slow); its lanes past the last column are computed from the
-//! packed zeros and never stored.
+//! Measured (AMD EPYC with AVX2 and FMA, no AVX-512; `cargo bench -p tests --bench matmul`,
+//! interleaved runs, ratio to the GEMM crate's AVX2 kernel on the digits MLP's 64 × 64 × 360
+//! and 64 × 32 × 360 layers): the portable kernel 0.9x; reading the moving matrix where it
+//! lies (SBUF partitions 64 KiB apart), 6 × 2 blocks, 0.9x; packed, 6 × 2, 1.0x to 1.1x;
+//! packed, 4 × 3 in assembly, 1.1x to 1.2x. Only a partial panel's stores go through masks (on
+//! AMD a masked store is slow); its lanes past the last column are computed from the packed
+//! zeros and never stored.
 
 use std::arch::x86_64::{
     __m256, __m256i, _CMP_UNORD_Q, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps,
@@ -32,7 +34,7 @@ use super::{KC, Layout};
 /// Lanes of a vector.
 const LANES: usize = 8;
 /// Vectors of columns of a full panel.
-const PANEL_VECTORS: usize = 2;
+const PANEL_VECTORS: usize = 3;
 /// Columns of a full panel.
 const PANEL: usize = PANEL_VECTORS * LANES;
 /// Vector registers a block of rows accumulates in: `rows · vectors` of the 16 (the others
@@ -109,6 +111,91 @@ fn block<const R: usize, const V: usize>(
         b = b.wrapping_add(V * LANES);
     }
     acc
+}
+
+/// [`block`] for 4 rows of 3 vectors: all 16 vector registers (12 accumulators, the 3 vectors
+/// of the moving row, the broadcast stationary value), which the compiler's register
+/// allocation does not manage without spilling an accumulator, so the loop is written out.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn block_4x3(
+    stat: &[f32],
+    (start, stride): (usize, usize),
+    m0: usize,
+    (panel, k): (&[f32], usize),
+) -> [[__m256; 3]; 4] {
+    let z = _mm256_setzero_ps();
+    let mut c = [[z; 3]; 4];
+    let stat_fits = end_of((start, stride), k.saturating_sub(1), m0, 4) <= stat.len();
+    let Some(stride_bytes) = stride.checked_mul(4) else {
+        return c;
+    };
+    if k == 0 || !stat_fits || panel.len() < k.saturating_mul(3 * LANES) {
+        return c;
+    }
+    let a = stat.as_ptr().wrapping_add(start.saturating_add(m0));
+    let b = panel.as_ptr();
+    let [
+        [c00, c01, c02],
+        [c10, c11, c12],
+        [c20, c21, c22],
+        [c30, c31, c32],
+    ] = &mut c;
+    // SAFETY: the loop reads, for each of the `k` ≥ 1 steps, the 4 stationary values at `a`
+    // (row `kk` of `stat` from `m0`, inside `stat`: its last row was checked above) and the 24
+    // values at `b` (row `kk` of the packed panel, inside `panel`: `k · 24` values checked
+    // above), then steps `a` by `stride` values and `b` by 24; it writes no memory and no
+    // register but its operands (the flags are not preserved: no `preserves_flags`).
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            "vmovups {b0}, ymmword ptr [{b}]",
+            "vmovups {b1}, ymmword ptr [{b} + 32]",
+            "vmovups {b2}, ymmword ptr [{b} + 64]",
+            "vbroadcastss {x}, dword ptr [{a}]",
+            "vfmadd231ps {c00}, {x}, {b0}",
+            "vfmadd231ps {c01}, {x}, {b1}",
+            "vfmadd231ps {c02}, {x}, {b2}",
+            "vbroadcastss {x}, dword ptr [{a} + 4]",
+            "vfmadd231ps {c10}, {x}, {b0}",
+            "vfmadd231ps {c11}, {x}, {b1}",
+            "vfmadd231ps {c12}, {x}, {b2}",
+            "vbroadcastss {x}, dword ptr [{a} + 8]",
+            "vfmadd231ps {c20}, {x}, {b0}",
+            "vfmadd231ps {c21}, {x}, {b1}",
+            "vfmadd231ps {c22}, {x}, {b2}",
+            "vbroadcastss {x}, dword ptr [{a} + 12]",
+            "vfmadd231ps {c30}, {x}, {b0}",
+            "vfmadd231ps {c31}, {x}, {b1}",
+            "vfmadd231ps {c32}, {x}, {b2}",
+            "add {a}, {sa}",
+            "add {b}, 96",
+            "dec {k}",
+            "jnz 2b",
+            a = inout(reg) a => _,
+            b = inout(reg) b => _,
+            k = inout(reg) k => _,
+            sa = in(reg) stride_bytes,
+            x = out(ymm_reg) _,
+            b0 = out(ymm_reg) _,
+            b1 = out(ymm_reg) _,
+            b2 = out(ymm_reg) _,
+            c00 = inout(ymm_reg) *c00,
+            c01 = inout(ymm_reg) *c01,
+            c02 = inout(ymm_reg) *c02,
+            c10 = inout(ymm_reg) *c10,
+            c11 = inout(ymm_reg) *c11,
+            c12 = inout(ymm_reg) *c12,
+            c20 = inout(ymm_reg) *c20,
+            c21 = inout(ymm_reg) *c21,
+            c22 = inout(ymm_reg) *c22,
+            c30 = inout(ymm_reg) *c30,
+            c31 = inout(ymm_reg) *c31,
+            c32 = inout(ymm_reg) *c32,
+            options(nostack, readonly),
+        );
+    }
+    c
 }
 
 /// Packs the `width` (≤ `V · LANES`) columns from `n0` of the `k` rows of the moving matrix
@@ -229,7 +316,14 @@ fn rows<const R: usize, const V: usize, const FULL: bool>(
     out: &mut [f32],
     accumulate: bool,
 ) -> __m256 {
-    let acc = block::<R, V>(stat, l.stat, m0, panel);
+    let acc = if R == 4 && V == 3 {
+        let c = block_4x3(stat, l.stat, m0, panel);
+        // `R` × `V` is 4 × 3 on this branch: the same array, element for element (the
+        // compiler sees the identity and copies nothing).
+        std::array::from_fn(|i| std::array::from_fn(|h| c[i % 4][h % 3]))
+    } else {
+        block::<R, V>(stat, l.stat, m0, panel)
+    };
     store::<R, V, FULL>(&acc, l.out, (m0, n0, width), out, accumulate)
 }
 
@@ -329,6 +423,7 @@ pub(super) unsafe fn body(
         let width = (n - n0).min(PANEL);
         let (ops, shape, cols) = ((stat, mov), (k, m, l), (n0, width));
         let c = match width.div_ceil(LANES) {
+            3 => any_panel::<3, 4>(ops, shape, cols, pack, out, accumulate),
             2 => any_panel::<2, 6>(ops, shape, cols, pack, out, accumulate),
             _ => any_panel::<1, 12>(ops, shape, cols, pack, out, accumulate),
         };
