@@ -364,6 +364,41 @@ fn max_and_min_of_zeros_are_ieee_maximum_and_minimum() {
     assert_eq!(bits(min_nan(-3.0, 2.5)), bits(-3.0));
 }
 
+/// Random `stat` (K × M) and `mov` (K × N, rows `stride` apart, the last row ending exactly at
+/// the end of its slice), their layout (the output contiguous), and the portable kernel's
+/// fused chains over them: the output and whether a value in it is not finite.
+struct EndingAtSliceEnd {
+    stat: Vec<f32>,
+    mov: Vec<f32>,
+    layout: gemm::Layout,
+    want: Vec<f32>,
+    want_nf: bool,
+}
+
+impl EndingAtSliceEnd {
+    fn new(rng: &mut Rng, (k, m, n): (usize, usize, usize), stride: usize) -> Self {
+        let stat: Vec<f32> = (0..k * m).map(|_| value(rng)).collect();
+        let rows: Vec<f32> = (0..k * n).map(|_| value(rng)).collect();
+        let mut mov = placed(&rows, (k, n), (0, stride));
+        mov.truncate((k - 1) * stride + n);
+        let layout = gemm::Layout {
+            mov: (0, stride),
+            ..gemm::Layout::contiguous(m, n)
+        };
+        let mut want = vec![0.0; m * n];
+        let kernel = gemm::Kernel::PortableFused;
+        let want_nf = gemm::gemm_with(kernel, &stat, &mov, (k, m, n), layout, &mut want, false)
+            .expect("FMA: the reference runs");
+        Self {
+            stat,
+            mov,
+            layout,
+            want,
+            want_nf,
+        }
+    }
+}
+
 /// The AVX-512 kernel reads the moving matrix where it lies: the packing buffer stays empty
 /// (the kernel used to copy the moving matrix into it), and a moving matrix that ends exactly
 /// at the end of its slice, `n` not a multiple of 16, computes the same bits as the AVX2
@@ -382,30 +417,18 @@ fn the_avx512_gemm_reads_the_moving_matrix_in_place_up_to_the_end_of_its_slice()
         (128, 9, 47),
         (7, 13, 33),
     ] {
-        let stat: Vec<f32> = (0..k * m).map(|_| value(&mut rng)).collect();
-        let stride = n + 5;
-        // Row `r` at `r · stride`: the last row ends at the slice's end.
-        let mov = {
-            let rows: Vec<f32> = (0..k * n).map(|_| value(&mut rng)).collect();
-            let mut v = placed(&rows, (k, n), (0, stride));
-            v.truncate((k - 1) * stride + n);
-            v
-        };
-        let l = gemm::Layout {
-            mov: (0, stride),
-            ..gemm::Layout::contiguous(m, n)
-        };
+        let EndingAtSliceEnd {
+            stat,
+            mov,
+            layout: l,
+            want,
+            want_nf,
+        } = EndingAtSliceEnd::new(&mut rng, (k, m, n), n + 5);
         let run = |level| {
             let _forced = Forced::new(level);
             let (mut out, mut pack) = (vec![0.0; m * n], Vec::new());
             let nf = gemm::gemm(&stat, &mov, (k, m, n), l, &mut out, false, &mut pack);
             (out, nf, pack.len())
-        };
-        let (want, want_nf) = {
-            let mut out = vec![0.0; m * n];
-            let kernel = gemm::Kernel::PortableFused;
-            let nf = gemm::gemm_with(kernel, &stat, &mov, (k, m, n), l, &mut out, false).unwrap();
-            (out, nf)
         };
         let (got, nf, packed) = run(Level::Avx512);
         assert_eq!(packed, 0, "K {k} M {m} N {n}: the AVX-512 kernel packed");
@@ -439,27 +462,19 @@ fn the_avx2_gemm_packs_into_a_buffer_grown_once_and_reads_up_to_the_end_of_the_s
         (7, 13, 33),
         (128, 128, 9),
     ] {
-        let stat: Vec<f32> = (0..k * m).map(|_| value(&mut rng)).collect();
-        let stride = n + 3;
-        let mov = {
-            let rows: Vec<f32> = (0..k * n).map(|_| value(&mut rng)).collect();
-            let mut v = placed(&rows, (k, n), (0, stride));
-            v.truncate((k - 1) * stride + n);
-            v
-        };
-        let l = gemm::Layout {
-            mov: (0, stride),
-            ..gemm::Layout::contiguous(m, n)
-        };
-        let mut want = vec![0.0; m * n];
-        let kernel = gemm::Kernel::PortableFused;
-        let want_nf = gemm::gemm_with(kernel, &stat, &mov, (k, m, n), l, &mut want, false);
+        let EndingAtSliceEnd {
+            stat,
+            mov,
+            layout: l,
+            want,
+            want_nf,
+        } = EndingAtSliceEnd::new(&mut rng, (k, m, n), n + 3);
         let mut got = vec![0.0; m * n];
         let nf = gemm::gemm(&stat, &mov, (k, m, n), l, &mut got, false, &mut pack);
         let (len, capacity) = (pack.len(), pack.capacity());
         assert!(len > 0, "K {k} M {m} N {n}: nothing packed");
         assert_eq!(*grown_to.get_or_insert((len, capacity)), (len, capacity));
-        assert_eq!(Some(nf), want_nf, "K {k} M {m} N {n}: non-finite");
+        assert_eq!(nf, want_nf, "K {k} M {m} N {n}: non-finite");
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             assert!(same_bits(g, w), "K {k} M {m} N {n} [{i}]: {g:e} vs {w:e}");
         }
