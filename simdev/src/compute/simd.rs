@@ -24,12 +24,15 @@ fn detected() -> Level {
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            // Each level includes the ones below it (the kernels of a level call those of
+            // the levels below for the shapes they leave), so AVX-512F counts only with AVX2
+            // and FMA (every CPU with it has them; a hypervisor might mask them apart).
+            let avx2_fma = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            if avx2_fma && std::arch::is_x86_feature_detected!("avx512f") {
                 return Level::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if avx2_fma {
                 return Level::Avx2Fma;
             }
         }

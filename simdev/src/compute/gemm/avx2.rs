@@ -1,7 +1,8 @@
 //! The AVX2 + FMA kernel, for `k` ≤ [`KC`] (every `Matmul`): the same chains as the portable
 //! kernel (each output one fused multiply-add chain over `k` in order from +0, then the
 //! finish of [`super::finish`]), 8 lanes at a time, with the shape of [`super::avx512`] cut to
-//! AVX2's 16 vector registers.
+//! AVX2's 16 vector registers; and [`narrow`], for fewer than 8 columns (a batch-1 layer has
+//! one) and any `k`, vectorised down the output rows instead.
 //!
 //! The moving matrix is swept by panels of [`PANEL_VECTORS`] vectors (24 columns; a last,
 //! narrower panel of one or two vectors), each first packed into the caller's buffer (row
