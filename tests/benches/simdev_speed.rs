@@ -1,6 +1,8 @@
 //! Issue 17's targets, each measured beside its floor or peer in the same run, in interleaved
 //! chunks (so drift of the machine affects both sides alike), printing p50, p99 and the ratio
-//! with the target next to it:
+//! with the target next to it (the verdict is the pooled samples' p50 ratio; beside it, for
+//! sections 1–3, the spread of the chunks' own p50 ratios, which shows how much of a verdict
+//! near its threshold is the machine's noise):
 //!
 //! 1. Identity 64 B sync execute vs the composite IPC floor (`tests::ipc_floor`: a message of
 //!    a doorbell's encoded size to a peer process, the reply through a memfd and a
@@ -84,22 +86,56 @@ fn line(name: &str, s: &[Duration]) {
     );
 }
 
+/// Samples of `a` and `b` from interleaved chunks, sorted, and the ratio of `a`'s p50 to `b`'s
+/// in each chunk (how much of a pooled ratio is the machine's noise: a burst of it lands on
+/// the chunks of both sides run around it).
+struct Interleaved {
+    a: Vec<Duration>,
+    b: Vec<Duration>,
+    chunk_p50_ratios: Vec<f64>,
+}
+
+impl Interleaved {
+    /// `  p50 ratio per chunk: min 1.41x, median 1.47x, max 1.60x (20 chunks)`.
+    fn spread(&self) -> String {
+        let mut r = self.chunk_p50_ratios.clone();
+        r.sort_by(f64::total_cmp);
+        match (r.first(), r.get(r.len() / 2), r.last()) {
+            (Some(min), Some(median), Some(max)) => format!(
+                "p50 ratio per chunk: min {min:.2}x, median {median:.2}x, max {max:.2}x ({} chunks, reported)",
+                r.len()
+            ),
+            _ => "no chunks".into(),
+        }
+    }
+}
+
 /// Runs `a` and `b` in `chunks` interleaved chunks of `per_chunk` samples each.
 fn interleaved(
     chunks: usize,
     per_chunk: usize,
     mut a: impl FnMut() -> Duration,
     mut b: impl FnMut() -> Duration,
-) -> (Vec<Duration>, Vec<Duration>) {
+) -> Interleaved {
     let (mut va, mut vb) = (
         Vec::with_capacity(chunks * per_chunk),
         Vec::with_capacity(chunks * per_chunk),
     );
+    let mut chunk_p50_ratios = Vec::with_capacity(chunks);
     for _ in 0..chunks {
-        va.extend((0..per_chunk).map(|_| a()));
-        vb.extend((0..per_chunk).map(|_| b()));
+        let ca = sorted((0..per_chunk).map(|_| a()).collect());
+        let cb = sorted((0..per_chunk).map(|_| b()).collect());
+        chunk_p50_ratios.push(
+            percentile(&ca, 500).as_secs_f64() / percentile(&cb, 500).as_secs_f64().max(1e-12),
+        );
+        va.extend(ca);
+        vb.extend(cb);
     }
-    (sorted(va), sorted(vb))
+    Interleaved {
+        a: sorted(va),
+        b: sorted(vb),
+        chunk_p50_ratios,
+    }
 }
 
 fn timed(f: impl FnOnce()) -> Duration {
@@ -131,7 +167,8 @@ fn identity_vs_floor(rt: &Runtime, id: &IdentityIo) {
         exec();
         floor.round_trip();
     }
-    let (e, f) = interleaved(20, 1_000, exec, || floor.round_trip());
+    let runs = interleaved(20, 1_000, exec, || floor.round_trip());
+    let (e, f) = (&runs.a, &runs.b);
     let mut out = [0u8; 64];
     id.output.read(&mut out, 0).unwrap();
     assert_eq!(out, [0x5A; 64], "the identity model copied its input");
@@ -140,14 +177,15 @@ fn identity_vs_floor(rt: &Runtime, id: &IdentityIo) {
         "   (floor: {len} B SOCK_SEQPACKET message to a peer process, reply through a memfd + \
          non-private futex, eventfd wake of the submitter)"
     );
-    line("identity 64 B sync execute", &e);
-    line("composite IPC floor", &f);
-    let ratio = |p| percentile(&e, p).as_secs_f64() / percentile(&f, p).as_secs_f64();
+    line("identity 64 B sync execute", e);
+    line("composite IPC floor", f);
+    let ratio = |p| percentile(e, p).as_secs_f64() / percentile(f, p).as_secs_f64();
     println!(
         "  p50 {}",
         verdict(ratio(500), "<= 1.5x", ratio(500) <= 1.5)
     );
     println!("  p99 ratio {:.2}x (reported)", ratio(990));
+    println!("  {}", runs.spread());
 }
 
 /// A model loaded on core 0 with one input and one output tensor.
@@ -248,18 +286,20 @@ fn digits_batch_1_vs_identity(rt: &Runtime, data: &Digits) {
         identity.execute(rt);
     }
     let diff = max_abs_diff(&digits.logits(1), &data.logits[..CLASSES]);
-    let (d, i) = interleaved(20, 250, || digits.execute(rt), || identity.execute(rt));
+    let runs = interleaved(20, 250, || digits.execute(rt), || identity.execute(rt));
+    let (d, i) = (&runs.a, &runs.b);
     println!("2. digits MLP batch 1 vs identity of the same I/O bytes");
     println!(
         "   (digits moves 256 B in + 40 B out; identity {IDENTITY_BYTES} B moves {IDENTITY_BYTES} B \
          in + {IDENTITY_BYTES} B out: at least as many each way; logits within {diff:.1e} of the \
          reference)"
     );
-    line("digits batch 1 sync execute", &d);
-    line(&format!("identity {IDENTITY_BYTES} B sync execute"), &i);
-    let ratio = |p| percentile(&d, p).as_secs_f64() / percentile(&i, p).as_secs_f64();
+    line("digits batch 1 sync execute", d);
+    line(&format!("identity {IDENTITY_BYTES} B sync execute"), i);
+    let ratio = |p| percentile(d, p).as_secs_f64() / percentile(i, p).as_secs_f64();
     println!("  p50 {}", verdict(ratio(500), "<= 2x", ratio(500) <= 2.0));
     println!("  p99 ratio {:.2}x (reported)", ratio(990));
+    println!("  {}", runs.spread());
     digits.unload(rt);
     identity.unload(rt);
 }
@@ -352,7 +392,7 @@ fn digits_batch_360_vs_gemm(rt: &Runtime, data: &Digits) {
         digits.execute(rt);
         std::hint::black_box(host.forward(std::hint::black_box(input)));
     }
-    let (d, g) = interleaved(
+    let runs = interleaved(
         20,
         50,
         || digits.execute(rt),
@@ -362,19 +402,21 @@ fn digits_batch_360_vs_gemm(rt: &Runtime, data: &Digits) {
             })
         },
     );
+    let (d, g) = (&runs.a, &runs.b);
     println!("3. digits MLP batch {rows} vs a matrixmultiply::sgemm forward pass in this process");
     println!(
         "   (the same network: fc1+bias+ReLU, fc2+bias+ReLU, fc3+bias; host logits within \
          {host_diff:.1e} of simdev's, {ref_diff:.1e} of the reference)"
     );
-    line(&format!("digits batch {rows} sync execute"), &d);
-    line("sgemm forward pass", &g);
-    let ratio = |p| percentile(&d, p).as_secs_f64() / percentile(&g, p).as_secs_f64();
+    line(&format!("digits batch {rows} sync execute"), d);
+    line("sgemm forward pass", g);
+    let ratio = |p| percentile(d, p).as_secs_f64() / percentile(g, p).as_secs_f64();
     println!(
         "  p50 {}",
         verdict(ratio(500), "<= 1.5x", ratio(500) <= 1.5)
     );
     println!("  p99 ratio {:.2}x (reported)", ratio(990));
+    println!("  {}", runs.spread());
     digits.unload(rt);
 }
 
