@@ -1029,7 +1029,6 @@ impl DmaQueues {
                 }
             };
             let register = matches!(action, Action::Register { .. });
-            let mut scratch = std::mem::take(&mut self.scratch);
             let done = match action {
                 Action::Copy {
                     src: Source::Memory { chunk, pa },
@@ -1051,7 +1050,7 @@ impl DmaQueues {
                     dst.memory().write(dst_pa, data).map_err(Fault::Copy)
                 }),
                 Action::Dmem { nc, offset, src } => src
-                    .read(len, bus, &mut scratch)
+                    .read(len, bus, &mut self.scratch)
                     .and_then(|data| bus.write_dmem(nc, offset, data)),
                 // Into SBUF from memory: straight from the chunk into the partition (the
                 // chunk's read checks its range before it copies anything).
@@ -1069,7 +1068,7 @@ impl DmaQueues {
                     partition,
                     offset,
                     src,
-                } => src.read(len, bus, &mut scratch).and_then(|data| {
+                } => src.read(len, bus, &mut self.scratch).and_then(|data| {
                     bus.with_sbuf_mut((nc, partition, offset), data.len(), |slot| {
                         slot.copy_from_slice(data);
                         Ok(())
@@ -1079,7 +1078,6 @@ impl DmaQueues {
                     match self.write_register(engine, queue, reg, value, bus) {
                         Ok(RegisterWrite::Done) => Ok(()),
                         Ok(RegisterWrite::Deferred) => {
-                            self.scratch = scratch;
                             if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
                                 q.in_flight = true;
                             }
@@ -1095,7 +1093,6 @@ impl DmaQueues {
                     }
                 }
             };
-            self.scratch = scratch;
             if let Err(fault) = done {
                 return Outcome::Aborted(self.stop(index, engine, queue, &fault, counters));
             }
@@ -1447,6 +1444,7 @@ impl Place {
 
 /// The cache slot of the client's chunk holding `pa..pa+len` at `generation`, from `cache`
 /// or else [`Bus::resolve`].
+#[inline]
 fn find(
     cache: &mut ChunkCache,
     bus: &impl Bus,

@@ -249,9 +249,19 @@ struct EngineState {
     engine: Engine,
     pc: u64,
     executed: u32,
-    current: Option<Instruction>,
+    current: Option<Current>,
     done: bool,
     non_finite: u64,
+}
+
+/// The instruction at an engine's program counter, fetched and checked once: an engine
+/// blocked on it retries it every scheduling round without fetching or checking it again.
+#[derive(Clone, Copy, Debug)]
+struct Current {
+    inst: Instruction,
+    op: Opcode,
+    /// The decoded operands of a compute instruction.
+    compute: Option<compute::Op>,
 }
 
 /// Whether `semaphore >= wait_value`, the semaphore read as the i32 it is on silicon and the
@@ -486,15 +496,20 @@ fn step(
     host: &mut impl Host,
 ) -> Result<Step, Stop> {
     let began = host.timed().then(Instant::now);
-    let inst = match state.current {
-        Some(inst) => inst,
+    let Current {
+        inst,
+        op,
+        compute: compute_op,
+    } = match state.current {
+        Some(current) => current,
         None => {
             let inst = host.fetch(state.engine, state.pc)?;
-            state.current = Some(inst);
-            inst
+            let (op, compute) = check(state.engine, state.pc, &inst, limits)?;
+            let current = Current { inst, op, compute };
+            state.current = Some(current);
+            current
         }
     };
-    let (op, compute_op) = check(state.engine, state.pc, &inst, limits)?;
     if state.executed >= limits.max_instructions {
         return Err(Stop::generic(format!(
             "{} executed more than {} instructions",

@@ -328,7 +328,29 @@ impl ChunkCache {
 
     /// [`ChunkCache::resolve`] as the slot holding its answer (filled by `search` on a miss),
     /// for [`ChunkCache::lend`].
+    #[inline]
     pub fn find(
+        &mut self,
+        generation: u64,
+        owner: ClientId,
+        pa: u64,
+        len: usize,
+        search: impl FnOnce() -> Option<Arc<Chunk>>,
+    ) -> Option<CacheSlot> {
+        // The last slot's hit, inlined into the caller (a DMA pair's lookup nearly always is
+        // one: its run of pairs reads or writes one tensor).
+        if generation == self.generation
+            && let Some(Some(chunk)) = self.chunks.get(self.last)
+            && chunk.owner == owner
+            && chunk.memory.contains(pa, len)
+        {
+            return Some(CacheSlot(self.last));
+        }
+        self.find_or_fill(generation, owner, pa, len, search)
+    }
+
+    /// [`ChunkCache::find`] past its last slot: the other slots, else `search`.
+    fn find_or_fill(
         &mut self,
         generation: u64,
         owner: ClientId,
