@@ -1331,6 +1331,7 @@ impl DmaQueues {
 /// Reads and checks the pair `ahead` slots past the heads of `q` (with the ring ids of the
 /// pass those slots are on); resolves both sides through `cache`, which lends their chunks
 /// (no reference count is touched per pair).
+#[inline(always)]
 fn check_pair_at<'c>(
     map: &AddressMap,
     cache: &'c mut ChunkCache,
