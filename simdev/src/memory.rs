@@ -349,7 +349,8 @@ impl ChunkCache {
         self.find_or_fill(generation, owner, pa, len, search)
     }
 
-    /// [`ChunkCache::find`] past its last slot: the other slots, else `search`.
+    /// [`ChunkCache::find`] past its last slot (which `find` tried): the other slots, else
+    /// `search`.
     fn find_or_fill(
         &mut self,
         generation: u64,
@@ -360,11 +361,6 @@ impl ChunkCache {
     ) -> Option<CacheSlot> {
         if generation == self.generation {
             let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
-            if let Some(Some(chunk)) = self.chunks.get(self.last)
-                && holds(chunk)
-            {
-                return Some(CacheSlot(self.last));
-            }
             let hit = self
                 .chunks
                 .iter()
