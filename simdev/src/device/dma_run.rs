@@ -381,32 +381,29 @@ impl Bus for ClientBus<'_> {
         &self,
         (nc, partition, offset): (u32, u32, u64),
         len: usize,
-        read: impl FnOnce(&[u8]) -> Result<T, Fault>,
+        read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, Fault> {
         let n = self.sbuf_nc(nc, partition, offset, len)?;
         let held = self.sbuf(n, nc);
-        let result = match held.compute.sbuf_bytes(partition, offset, len) {
-            Some(bytes) => read(bytes),
-            None => Err(self.sbuf_fault(nc, partition, offset, len)),
-        };
+        let out = held.compute.sbuf_bytes(partition, offset, len).map(read);
         self.keep(held);
-        result
+        out.ok_or_else(|| self.sbuf_fault(nc, partition, offset, len))
     }
 
-    fn with_sbuf_mut(
+    fn with_sbuf_mut<T>(
         &mut self,
         (nc, partition, offset): (u32, u32, u64),
         len: usize,
-        write: impl FnOnce(&mut [u8]) -> Result<(), Fault>,
-    ) -> Result<(), Fault> {
+        write: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T, Fault> {
         let n = self.sbuf_nc(nc, partition, offset, len)?;
         let mut held = self.sbuf(n, nc);
-        let result = match held.compute.sbuf_bytes_mut(partition, offset, len) {
-            Some(slot) => write(slot),
-            None => Err(self.sbuf_fault(nc, partition, offset, len)),
-        };
+        let out = held
+            .compute
+            .sbuf_bytes_mut(partition, offset, len)
+            .map(write);
         self.keep(held);
-        result
+        out.ok_or_else(|| self.sbuf_fault(nc, partition, offset, len))
     }
 
     fn schedule(&mut self, queue: DmaQueueId) {

@@ -418,16 +418,11 @@ fn a_run_bus_holds_one_sbuf_lock_and_lets_it_go_before_any_other_lock() {
     let core = &dev.core;
     let held = |nc: usize| core.ncs[nc].compute.try_lock().is_err();
     let write = |bus: &mut ClientBus<'_>, nc: u32| {
-        bus.with_sbuf_mut((nc, 3, 16), 8, |slot| {
-            slot.copy_from_slice(&[7; 8]);
-            Ok(())
-        })
-        .unwrap();
+        bus.with_sbuf_mut((nc, 3, 16), 8, |slot| slot.copy_from_slice(&[7; 8]))
+            .unwrap();
     };
-    let read = |bus: &ClientBus<'_>, nc: u32| {
-        bus.with_sbuf((nc, 3, 16), 8, |bytes| Ok(bytes.to_vec()))
-            .unwrap()
-    };
+    let read =
+        |bus: &ClientBus<'_>, nc: u32| bus.with_sbuf((nc, 3, 16), 8, <[u8]>::to_vec).unwrap();
     let mut worklist = VecDeque::new();
     let mut bus = ClientBus::for_run(core, a.id, &mut worklist);
     write(&mut bus, 0);
