@@ -289,12 +289,13 @@ fn transposes_move_the_same_values_at_every_level() {
 
 /// Identity and ReLU activations of random rows (lengths not multiples of 8) from PSUM to SBUF
 /// and back, with random scales and per-partition or immediate biases; among the inputs NaN,
-/// ±∞ and −0 (and a −0 input with a −0 bias, whose ReLU is decided by `max_nan`).
+/// ±∞ and −0 (and a −0 input with a −0 bias, whose ReLU is decided by `max_nan`), for both
+/// functions (a ReLU row with a NaN is the one the AVX2 loop does twice).
 #[test]
 fn identity_and_relu_activations_compute_the_same_bits_at_every_level() {
     let mut rng = Rng(47);
     for case in 0..80 {
-        let mut state = random_state(&mut rng, 4096, case % 3 != 0);
+        let mut state = random_state(&mut rng, 4096, case % 5 < 2);
         let (p, f) = (1 + below(&mut rng, 128), 1 + below(&mut rng, 300));
         let p0 = below(&mut rng, 129 - p);
         let psum = Tile::psum(u32_of(p0), u32_of(p), 0, u32_of(f));

@@ -141,6 +141,9 @@ pub(super) unsafe fn transpose(
 /// apart (never fused), ReLU a NaN for a NaN (the default NaN, as [`super::max_nan`]) and
 /// otherwise `max(y, +0)` as `maxps` computes it (the second operand, `+0`, for either zero);
 /// whether a value stored is a NaN or an infinity.
+///
+/// The row is done by [`fast_pass`], which leaves out what only a NaN or an infinity needs;
+/// a ReLU row in which that pass met one is done again by [`exact_pass`].
 #[inline]
 #[target_feature(enable = "avx2")]
 fn activate_row(
@@ -159,29 +162,79 @@ fn activate_row(
         _ => return None,
     };
     let (vs, vb) = (_mm256_set1_ps(scale), _mm256_set1_ps(bias));
-    let (zero, nan) = (_mm256_setzero_ps(), _mm256_set1_ps(f32::NAN));
-    let mut acc = zero;
     let (xs, x_tail) = src.as_chunks::<L>();
     let (ys, y_tail) = dst.as_chunks_mut::<L>();
-    for (x, y) in xs.iter().zip(ys.iter_mut()) {
-        // SAFETY: `x` holds the 8 values loaded.
-        let x = unsafe { _mm256_loadu_ps(x.as_ptr()) };
-        let mut v = _mm256_add_ps(_mm256_mul_ps(x, vs), vb);
-        if relu {
-            let is_nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
-            v = _mm256_blendv_ps(_mm256_max_ps(v, zero), nan, is_nan);
-        }
-        acc = check(acc, v);
-        // SAFETY: `y` holds the 8 values stored.
-        unsafe { _mm256_storeu_ps(y.as_mut_ptr(), v) };
+    let met = match (relu, scale == 1.0) {
+        (false, false) => fast_pass::<false, false>(xs, ys, vs, vb),
+        (false, true) => fast_pass::<false, true>(xs, ys, vs, vb),
+        (true, false) => fast_pass::<true, false>(xs, ys, vs, vb),
+        (true, true) => fast_pass::<true, true>(xs, ys, vs, vb),
+    };
+    let mut non_finite = any_nan(met);
+    if non_finite && relu {
+        non_finite = any_nan(exact_pass(xs, ys, vs, vb));
     }
-    let mut non_finite = any_nan(acc);
     for (y, &x) in y_tail.iter_mut().zip(x_tail) {
         let v = x * scale + bias;
         *y = if relu { super::max_nan(v, 0.0) } else { v };
         non_finite |= !y.is_finite();
     }
     Some(non_finite)
+}
+
+/// `v = x · scale + bias` of the vectors `xs` into `ys`, then `max(v, +0)` for ReLU (`RELU`);
+/// the [`check`] of every `v`: whether a `v` was a NaN or an infinity.
+///
+/// It leaves out what only those need. With `UNIT` (`scale` is 1) there is no
+/// multiplication: `x · 1` is `x`, and the addition quiets a NaN `x` as the multiplication
+/// would have. The ReLU is `maxps` alone, which stores `+0` for a NaN `v` where
+/// [`super::max_nan`] gives a NaN; such a row's check is set, and [`activate_row`] does it
+/// again with [`exact_pass`]. Without ReLU every `v` is stored as it is, so the check is the
+/// exact one.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fast_pass<const RELU: bool, const UNIT: bool>(
+    xs: &[[f32; L]],
+    ys: &mut [[f32; L]],
+    vs: __m256,
+    vb: __m256,
+) -> __m256 {
+    let zero = _mm256_setzero_ps();
+    let mut acc = zero;
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` holds the 8 values loaded.
+        let x = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        let v = if UNIT {
+            _mm256_add_ps(x, vb)
+        } else {
+            _mm256_add_ps(_mm256_mul_ps(x, vs), vb)
+        };
+        acc = check(acc, v);
+        let v = if RELU { _mm256_max_ps(v, zero) } else { v };
+        // SAFETY: `y` holds the 8 values stored.
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr(), v) };
+    }
+    acc
+}
+
+/// The ReLU of `x · scale + bias` of the vectors `xs` into `ys`, a NaN for a NaN (see
+/// [`activate_row`]); the [`check`] of every value stored.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exact_pass(xs: &[[f32; L]], ys: &mut [[f32; L]], vs: __m256, vb: __m256) -> __m256 {
+    let (zero, nan) = (_mm256_setzero_ps(), _mm256_set1_ps(f32::NAN));
+    let mut acc = zero;
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` holds the 8 values loaded.
+        let x = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        let v = _mm256_add_ps(_mm256_mul_ps(x, vs), vb);
+        let is_nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+        let v = _mm256_blendv_ps(_mm256_max_ps(v, zero), nan, is_nan);
+        acc = check(acc, v);
+        // SAFETY: `y` holds the 8 values stored.
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr(), v) };
+    }
+    acc
 }
 
 /// [`activate_row`] for rows `p` of the `elems`-value source at `at_src` of `from` and the
