@@ -268,8 +268,8 @@ fn transpose_planes(
 ) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     if simd::level() >= Level::Avx2Fma {
-        // SAFETY: AVX2 was detected on this CPU (`simd::level` never answers a level the CPU
-        // lacks); `avx2::transpose` has no other requirement.
+        // SAFETY: AVX2 and FMA were detected on this CPU (`simd::level` never answers a level
+        // the CPU lacks); `avx2::transpose` has no other requirement.
         return unsafe { avx2::transpose(planes, (p, f), at_src, at_dst) };
     }
     // Blocks of `TB` × `TB`: `TB` values of each of `TB` source rows go to the next slots of
