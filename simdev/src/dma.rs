@@ -369,7 +369,7 @@ pub trait Bus {
     ///
     /// `read` should return something small (`()`, a `bool`): its result comes back right
     /// after the copy, and a large one (a `Result` of a [`Fault`]) moved through memory there
-    /// makes the CPU wait for all of the copy's stores to drain (see [`CopyError`]).
+    /// makes the CPU wait for all of the copy's stores to drain (see `CopyError` here).
     ///
     /// # Errors
     /// [`Fault::ForeignSbuf`] when the NC is not the client's (`read` is not called).
