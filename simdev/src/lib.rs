@@ -25,7 +25,7 @@
 //! - [`engines`]: the five engines interpreting the simulator ISA, and their scheduler.
 //! - [`shape_only`]: a NEFF program run shape-only (streams charged, DGE table read, outputs a
 //!   documented function of the inputs).
-//! - [`reference`]: NEFFs bound to a CPU reference (a Python function in a worker process),
+//! - [`reference`](mod@reference): NEFFs bound to a CPU reference (a Python function in a worker process),
 //!   which computes their outputs instead of the shape-only function.
 //! - [`compute`]: each NC's SBUF and PSUM, and the compute instructions (matmul, activation,
 //!   tensor ops, reduce, copy, transpose, iota) the engines run on them.
