@@ -468,11 +468,14 @@ impl DmaQueue {
         len: u64,
         barrier: bool,
     ) -> Result<(), DmaError> {
-        let (tx, _) = udma::m2m_copy_descriptors(src, dst, len, self.tx.ring_id(), barrier)
+        // Encoded once; each ring's id set in its descriptor (`with_ring_id` changes nothing
+        // else, as `append_prebuilt` relies on too).
+        let (tx, rx) = udma::m2m_copy_descriptors(src, dst, len, RingId::INITIAL, barrier)
             .map_err(DmaError::Build)?;
-        let (_, rx) = udma::m2m_copy_descriptors(src, dst, len, self.rx.ring_id(), barrier)
-            .map_err(DmaError::Build)?;
-        self.push_descriptors(&tx, &rx)
+        self.push_descriptors(
+            &tx.with_ring_id(self.tx.ring_id()),
+            &rx.with_ring_id(self.rx.ring_id()),
+        )
     }
 
     /// Writes a raw TX/RX descriptor pair (for callers that build descriptors themselves, and

@@ -34,7 +34,7 @@ use shared::{AddressMap, NrtStatus, Register};
 use zerocopy::IntoBytes;
 
 use crate::backend::{Allocation, Device, DmaQueueId};
-use crate::dma::DmaQueue;
+use crate::dma::{DmaQueue, PrebuiltPair, build_copy};
 use crate::error::NrtError;
 
 /// Bytes of one request-buffer slot: the 52-byte request, the 4-byte `cc_dma_increment`
@@ -111,9 +111,13 @@ pub struct HwExecState {
     last_exec_req_flags: Option<[u32; 13]>,
     last_exec_req_tbl_hashes: Option<([u8; 32], [u8; 32])>,
     io_queues: FastHashMap<(u32, u32), DmaQueue>,
+    /// The three trigger pairs of each request slot (request copy, event poke, RX and TX tail
+    /// increments: four descriptor pairs), encoded once here: they depend only on the slot and
+    /// this NC's fixed DMEM and register addresses. A batch appends its slot's pairs with the
+    /// ring ids of their pass.
+    trigger_pairs: Vec<[PrebuiltPair; TRIGGER_PAIRS]>,
     /// The NC's dynamic DMA queues of loaded NEFF models, with how many models use each.
     dynamic_queues: FastHashMap<(u32, u32), (DmaQueue, u32)>,
-    map: AddressMap,
 }
 
 /// What the main TPB's `compute_req_lock` guards: the single `compute_idx_tail` of the vNC and
@@ -363,17 +367,20 @@ impl HwExecState {
                 )
                 .map_err(fail)?;
         }
+        let trigger_pairs = (0..u64::from(slots))
+            .map(|s| trigger_pairs(&map, nc, req_alloc.pa + s * REQUEST_SLOT_SIZE))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             nc,
             exec_queue,
             req_buf,
             req_alloc,
             slots,
+            trigger_pairs,
             last_exec_req_flags: None,
             last_exec_req_tbl_hashes: None,
             io_queues: FastHashMap::default(),
             dynamic_queues: FastHashMap::default(),
-            map,
         })
     }
 
@@ -543,37 +550,20 @@ impl HwExecState {
         self.req_buf
             .write(slot_pa + CC_DMA_INCREMENT_WORD, &m.to_le_bytes())
             .map_err(|e| fail(format!("Unable to copy CC DMA increment to device: {e}")))?;
-        let dmem = self.map.dmem_address(nc, 0);
-        let event = self.map.register_address(Register::Event {
-            nc,
-            index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
-        });
-        let rx_inc = self.map.register_address(Register::RxTailIncrement {
-            nc,
-            engine: EXEC_QUEUE_ENGINE,
-            queue: EXEC_QUEUE,
-        });
-        let tx_inc = self.map.register_address(Register::TxTailIncrement {
-            nc,
-            engine: EXEC_QUEUE_ENGINE,
-            queue: EXEC_QUEUE,
-        });
         let q = &mut self.exec_queue;
+        let trigger = self
+            .trigger_pairs
+            .get((compute_idx % self.slots) as usize)
+            .ok_or_else(|| fail(format!("NC {nc}: no trigger pairs for request slot")))?;
         // Counted as written, not computed: the pairs this batch really put in the ring.
-        let mut exec_pairs = 0u32;
-        let mut push = |src: u64, dst: u64, len: u64| {
-            exec_pairs += q
-                .push_copy(src, dst, len)
-                .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))?;
-            Ok::<(), NrtError>(())
-        };
-        push(slot_pa, dmem, DEVICE_EXEC_REQUEST_SIZE as u64)?; // pair 1
-        push(slot_pa + EVENT_POKE_WORD, event, 4)?; // pair 2
-        push(slot_pa + CC_DMA_INCREMENT_WORD, rx_inc, 4)?; // pair 3, RX tail increment
-        push(slot_pa + CC_DMA_INCREMENT_WORD, tx_inc, 4)?; // pair 3, TX tail increment
+        let mut exec_pairs = q
+            .append_prebuilt(trigger)
+            .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))?;
         if let Some(chain) = program.cc_chain {
             for &(src, dst, len) in &chain.pairs {
-                push(src, dst, len)?;
+                exec_pairs += q
+                    .push_copy(src, dst, len)
+                    .map_err(|e| fail(format!("NC {nc}: exec queue: {e}")))?;
             }
         }
         self.exec_queue.hand_to_device();
@@ -585,6 +575,54 @@ impl HwExecState {
             exec_pairs,
         })
     }
+}
+
+/// Descriptor pairs per request slot that [`trigger_pairs`] encodes.
+const TRIGGER_PAIRS: usize = 4;
+
+/// The trigger pairs of the request slot at `slot_pa` on NC `nc` (seed 000 §3), ring ids not
+/// yet set: the request copy into DMEM, the event poke, then the RX and TX tail increments of
+/// the exec queue (both from the slot's `cc_dma_increment` word).
+fn trigger_pairs(
+    map: &AddressMap,
+    nc: u32,
+    slot_pa: u64,
+) -> Result<[PrebuiltPair; TRIGGER_PAIRS], NrtError> {
+    let event = map.register_address(Register::Event {
+        nc,
+        index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+    });
+    let tail_increment = |register| (slot_pa + CC_DMA_INCREMENT_WORD, register, 4);
+    let copies = [
+        (
+            slot_pa,
+            map.dmem_address(nc, 0),
+            DEVICE_EXEC_REQUEST_SIZE as u64,
+        ), // pair 1
+        (slot_pa + EVENT_POKE_WORD, event, 4), // pair 2
+        tail_increment(map.register_address(Register::RxTailIncrement {
+            nc,
+            engine: EXEC_QUEUE_ENGINE,
+            queue: EXEC_QUEUE,
+        })), // pair 3, RX
+        tail_increment(map.register_address(Register::TxTailIncrement {
+            nc,
+            engine: EXEC_QUEUE_ENGINE,
+            queue: EXEC_QUEUE,
+        })), // pair 3, TX
+    ];
+    let mut pairs = Vec::with_capacity(TRIGGER_PAIRS);
+    for (src, dst, len) in copies {
+        build_copy(src, dst, len, &mut pairs)
+            .map_err(|e| fail(format!("NC {nc}: encoding a trigger pair: {e}")))?;
+    }
+    // Each copy is at most 64 KiB: one pair each.
+    pairs.try_into().map_err(|built: Vec<PrebuiltPair>| {
+        fail(format!(
+            "NC {nc}: {} trigger pairs encoded, {TRIGGER_PAIRS} expected",
+            built.len()
+        ))
+    })
 }
 
 /// Builds raw descriptor pairs for a collectives chain, checking each ≤ 64 KiB (used when the
@@ -791,6 +829,105 @@ mod tests {
             assert_eq!(q.rx().read(slot), Some(descs[piece].rx().with_ring_id(rid)));
         }
         assert_eq!((q.tx().next_index(), q.tx().ring_id()), (2, pass2));
+    }
+
+    /// The trigger pairs encoded at creation are what seed 000 §3 appends per batch: the
+    /// request copy of the batch's slot (`compute_idx % slots`) into DMEM, the event poke, the
+    /// RX then TX tail increments from the slot's `cc_dma_increment` word — each one M2M pair
+    /// with a write barrier, carrying the ring id of the pass its slot is on (checked here on
+    /// both sides of the exec queue's first wrap).
+    #[test]
+    fn each_batch_appends_its_request_slots_trigger_pairs_with_its_passs_ring_id() {
+        const SLOTS: u32 = 4;
+        let device = Arc::new(MemoryOnlyDevice::new());
+        let info = device.info.clone();
+        let hw = HwExecQueue::new(device, &[0], SLOTS).unwrap();
+        let (flags, act, dve) = ([0u32; 13], [1u8; 32], [2u8; 32]);
+        let program = StagedProgram {
+            engine_addresses: [0x1000, 0x2000, 0x3000, 0x4000, 0x5000],
+            exec_req_flags: &flags,
+            table_hashes: (&act, &dve),
+            io: &[],
+            cc_chain: None,
+            encoding: ProgramEncoding::SimdevIsa,
+            dge: None,
+        };
+        let mut req = hw.compute_req_lock.lock().unwrap();
+        let per_pass = EXEC_QUEUE_DESCS / 4; // batches of four pairs
+        for _ in 0..per_pass + 2 {
+            let idx = req.next_compute_idx();
+            let staged = req
+                .tpb_mut(0)
+                .unwrap()
+                .add_exec_request(idx, &program, false, true)
+                .unwrap();
+            assert_eq!(staged.exec_pairs, 4);
+        }
+        let tpb = req.tpb(0).unwrap();
+        let map = AddressMap {
+            arch: info.arch,
+            nc_count: info.nc_count,
+            hbm_bytes_per_nc: info.hbm_bytes_per_nc,
+        };
+        let q = &tpb.exec_queue;
+        let reg = |r| map.register_address(r);
+        let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
+        // The last batch of pass 1, then the first two of pass 2.
+        for (compute_idx, first_slot, rid) in [
+            (per_pass - 1, EXEC_QUEUE_DESCS - 4, RingId::INITIAL),
+            (per_pass, 0, RingId::INITIAL.next()),
+            (per_pass + 1, 4, RingId::INITIAL.next()),
+        ] {
+            let slot_pa = tpb.req_alloc.pa + u64::from(compute_idx % SLOTS) * REQUEST_SLOT_SIZE;
+            let increment = slot_pa + CC_DMA_INCREMENT_WORD;
+            let want = [
+                (
+                    slot_pa,
+                    map.dmem_address(0, 0),
+                    DEVICE_EXEC_REQUEST_SIZE as u64,
+                ),
+                (
+                    slot_pa + EVENT_POKE_WORD,
+                    reg(Register::Event {
+                        nc: 0,
+                        index: EVENT_HW_EXEC_QUEUE_REQUEST_LOAD,
+                    }),
+                    4,
+                ),
+                (
+                    increment,
+                    reg(Register::RxTailIncrement {
+                        nc: 0,
+                        engine,
+                        queue,
+                    }),
+                    4,
+                ),
+                (
+                    increment,
+                    reg(Register::TxTailIncrement {
+                        nc: 0,
+                        engine,
+                        queue,
+                    }),
+                    4,
+                ),
+            ];
+            for (k, (src, dst, len)) in (0u32..).zip(want) {
+                let (tx, rx) = udma::m2m_copy_descriptors(src, dst, len, rid, true).unwrap();
+                let slot = first_slot + k;
+                assert_eq!(
+                    q.tx().read(slot),
+                    Some(tx),
+                    "batch {compute_idx}, pair {k}: TX"
+                );
+                assert_eq!(
+                    q.rx().read(slot),
+                    Some(rx),
+                    "batch {compute_idx}, pair {k}: RX"
+                );
+            }
+        }
     }
 
     #[test]

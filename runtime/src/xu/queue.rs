@@ -139,6 +139,9 @@ struct CacheLine<T>(T);
 struct Meta<T> {
     buffer: Box<[XuqExecInfo<T>]>,
     capacity: u64,
+    /// `capacity - 1` when the capacity is a power of two (the default 16): the slot index is
+    /// then a mask, not a division (about ten per execution).
+    mask: Option<u64>,
     xu_id: XuId,
 }
 
@@ -263,6 +266,7 @@ impl<T> XuQueue<T> {
             meta: CacheLine(Meta {
                 buffer,
                 capacity: capacity as u64,
+                mask: capacity.is_power_of_two().then(|| capacity as u64 - 1),
                 xu_id,
             }),
             exec_head: CacheLine(AtomicU64::new(1)),
@@ -308,7 +312,10 @@ impl<T> XuQueue<T> {
 
     /// The index of the slot that `cursor` maps to (`cursor % capacity`).
     pub fn slot_index(&self, cursor: u64) -> u64 {
-        cursor % self.meta.0.capacity
+        match self.meta.0.mask {
+            Some(mask) => cursor & mask,
+            None => cursor % self.meta.0.capacity,
+        }
     }
 
     fn slot_usize(&self, cursor: u64) -> usize {
@@ -709,6 +716,14 @@ mod tests {
         let got: Vec<u64> = (1..=10).map(|c| q.slot_index(c)).collect();
         assert_eq!(got, [1, 2, 0, 1, 2, 0, 1, 2, 0, 1]);
         assert_eq!(q.slot_index(3 * 1_000_003 + 2), 2);
+        // A power-of-two capacity takes the mask: the same slots.
+        for capacity in [1, 2, 16, 64] {
+            let (p, _c) = ring(capacity);
+            let q = p.queue();
+            for c in [1, 2, 15, 16, 17, 63, 64, 65, 1_000_003, u64::MAX >> 16] {
+                assert_eq!(q.slot_index(c), c % capacity as u64, "{c} % {capacity}");
+            }
+        }
     }
 
     #[test]
