@@ -776,6 +776,23 @@ mod tests {
         }
     }
 
+    /// Stages `n` batches of `program` on TPB 0 (the next `n` compute indexes); each appends
+    /// the four trigger pairs to the exec queue.
+    fn stage_batches(req: &mut ComputeReq, program: &StagedProgram<'_>, n: u32) {
+        for _ in 0..n {
+            let idx = req.next_compute_idx();
+            let staged = req
+                .tpb_mut(0)
+                .unwrap()
+                .add_exec_request(idx, program, false, true)
+                .unwrap();
+            assert_eq!(
+                staged.exec_pairs, 4,
+                "the trigger pairs are still the stage's"
+            );
+        }
+    }
+
     #[test]
     fn stage_appends_binds_descriptors_as_they_are_patching_only_ring_ids() {
         const ENGINE: u32 = 3;
@@ -801,18 +818,7 @@ mod tests {
         // 5462 executions of 3 pairs: the one at 5461 lands on slots 16383 (pass 1), 0 and 1
         // (pass 2) of the 16384-descriptor ring.
         let wrap_at = IO_RING_DESCS / 3;
-        for _ in 0..=wrap_at {
-            let idx = req.next_compute_idx();
-            let staged = req
-                .tpb_mut(0)
-                .unwrap()
-                .add_exec_request(idx, &program, false, true)
-                .unwrap();
-            assert_eq!(
-                staged.exec_pairs, 4,
-                "the trigger pairs are still the stage's"
-            );
-        }
+        stage_batches(&mut req, &program, wrap_at + 1);
         assert_eq!(
             pairs_built_on_this_thread(),
             built,
@@ -854,15 +860,7 @@ mod tests {
         };
         let mut req = hw.compute_req_lock.lock().unwrap();
         let per_pass = EXEC_QUEUE_DESCS / 4; // batches of four pairs
-        for _ in 0..per_pass + 2 {
-            let idx = req.next_compute_idx();
-            let staged = req
-                .tpb_mut(0)
-                .unwrap()
-                .add_exec_request(idx, &program, false, true)
-                .unwrap();
-            assert_eq!(staged.exec_pairs, 4);
-        }
+        stage_batches(&mut req, &program, per_pass + 2);
         let tpb = req.tpb(0).unwrap();
         let map = AddressMap {
             arch: info.arch,
