@@ -261,12 +261,25 @@ impl Generation {
     }
 }
 
-/// Chunks a [`ChunkCache`] holds.
-pub const CHUNK_CACHE_SLOTS: usize = 16;
+/// Sets of a [`ChunkCache`]: a lookup of `pa` that is neither of the last two tries the set
+/// of `pa`'s 4 KiB page (chunks are 4 KiB-aligned, so chunks allocated one after another
+/// fall in different sets).
+const CHUNK_CACHE_SETS: usize = 64;
+/// Chunks each set holds.
+const CHUNK_CACHE_WAYS: usize = 2;
+/// Chunks a [`ChunkCache`] holds: the chunks of 16 executions in flight with an input and an
+/// output tensor each, and their request slots, stay cached together.
+pub const CHUNK_CACHE_SLOTS: usize = CHUNK_CACHE_SETS * CHUNK_CACHE_WAYS;
+const _: () = assert!(CHUNK_CACHE_WAYS >= 2 && CHUNK_CACHE_SETS.is_power_of_two());
 
 /// The chunks recent accesses of one user (an NC's DMA queues, an engine's instruction
 /// fetch) resolved to, so that steady-state resolution is O(1) instead of a B-tree search of
 /// the [`AddressSpace`].
+///
+/// A lookup tries, in order, the slot of the last lookup (a run of pairs reads or writes one
+/// tensor), the slot of the one before it (a run copying between two chunks alternates), and
+/// the ways of `pa`'s page's set (executions cycling over many tensor sets); a miss searches
+/// and fills a way of that set. Each step is a constant number of comparisons.
 ///
 /// # Invariants
 /// Every cached chunk was live (resolvable) in the address space when the generation was
@@ -275,19 +288,36 @@ pub const CHUNK_CACHE_SLOTS: usize = 16;
 /// else was placed in its range), for the chunk's own client, and when the chunk holds the
 /// whole range: exactly what [`AddressSpace::resolve`] would answer then. Any other lookup
 /// searches; a generation change empties the cache. A miss never fills the slot of the lookup
-/// before it, so the answers of two lookups in a row at one generation stay cached together
-/// ([`ChunkCache::find`], [`ChunkCache::lend`]).
-#[derive(Debug, Default)]
+/// before it (`last`), so the answers of two lookups in a row at one generation stay cached
+/// together ([`ChunkCache::find`], [`ChunkCache::lend`]). `last` and `prev` are slot indexes
+/// (below [`CHUNK_CACHE_SLOTS`]).
+#[derive(Debug)]
 pub struct ChunkCache {
     generation: u64,
     chunks: [Option<Arc<Chunk>>; CHUNK_CACHE_SLOTS],
     /// The slot of the last hit or fill, tried first.
     last: usize,
-    /// The slot the next miss fills (round robin).
-    next: usize,
+    /// The slot `last` was before it, tried second.
+    prev: usize,
+}
+
+impl Default for ChunkCache {
+    fn default() -> Self {
+        Self::empty(0)
+    }
 }
 
 impl ChunkCache {
+    /// A cache holding nothing, labelled `generation`.
+    fn empty(generation: u64) -> Self {
+        Self {
+            generation,
+            chunks: std::array::from_fn(|_| None),
+            last: 0,
+            prev: 0,
+        }
+    }
+
     /// The chunk of `owner` that holds all of `pa..pa+len`: from the cache while the address
     /// space is at `generation` (read from its [`Generation`] *before* `search` runs), else
     /// what `search` (an [`AddressSpace::resolve`]) finds, which is then cached.
@@ -339,18 +369,32 @@ impl ChunkCache {
     ) -> Option<CacheSlot> {
         // The last slot's hit, inlined into the caller (a DMA pair's lookup nearly always is
         // one: its run of pairs reads or writes one tensor).
-        if generation == self.generation
-            && let Some(Some(chunk)) = self.chunks.get(self.last)
-            && chunk.owner == owner
-            && chunk.memory.contains(pa, len)
-        {
+        if generation == self.generation && self.holds(self.last, owner, pa, len) {
             return Some(CacheSlot(self.last));
         }
         self.find_or_fill(generation, owner, pa, len, search)
     }
 
-    /// [`ChunkCache::find`] past its last slot (which `find` tried): the other slots, else
-    /// `search`.
+    /// Whether `slot` holds a chunk of `owner` containing all of `pa..pa+len`.
+    #[inline]
+    fn holds(&self, slot: usize, owner: ClientId, pa: u64, len: usize) -> bool {
+        matches!(
+            self.chunks.get(slot),
+            Some(Some(chunk)) if chunk.owner == owner && chunk.memory.contains(pa, len)
+        )
+    }
+
+    /// Makes `slot` the last lookup's.
+    fn touch(&mut self, slot: usize) -> Option<CacheSlot> {
+        if slot != self.last {
+            self.prev = self.last;
+            self.last = slot;
+        }
+        Some(CacheSlot(slot))
+    }
+
+    /// [`ChunkCache::find`] past its last slot (which `find` tried): the slot before it, then
+    /// the ways of `pa`'s set, else `search`.
     fn find_or_fill(
         &mut self,
         generation: u64,
@@ -359,38 +403,36 @@ impl ChunkCache {
         len: usize,
         search: impl FnOnce() -> Option<Arc<Chunk>>,
     ) -> Option<CacheSlot> {
+        // Masked: the set is below CHUNK_CACHE_SETS, its ways below CHUNK_CACHE_SLOTS.
+        let set = ((pa >> 12) as usize & (CHUNK_CACHE_SETS - 1)) * CHUNK_CACHE_WAYS;
+        let ways = set..set + CHUNK_CACHE_WAYS;
         if generation == self.generation {
-            let holds = |chunk: &Arc<Chunk>| chunk.owner == owner && chunk.memory.contains(pa, len);
-            let hit = self
-                .chunks
-                .iter()
-                .position(|slot| slot.as_ref().is_some_and(holds));
-            if let Some(at) = hit {
-                self.last = at;
-                return Some(CacheSlot(at));
+            if self.holds(self.prev, owner, pa, len) {
+                return self.touch(self.prev);
+            }
+            if let Some(at) = ways.clone().find(|&at| self.holds(at, owner, pa, len)) {
+                return self.touch(at);
             }
         } else {
-            *self = Self {
-                generation,
-                ..Self::default()
-            };
+            *self = Self::empty(generation);
         }
         let chunk = search()?;
         // Labelled with the generation read before the search: a change during the search
         // empties the cache at the next lookup. Never into the slot of the lookup before,
-        // which may still be lent beside this one's answer.
-        let at =
-            if self.next == self.last && self.chunks.get(self.last).is_some_and(Option::is_some) {
-                (self.next + 1) % CHUNK_CACHE_SLOTS
-            } else {
-                self.next
-            };
+        // which may still be lent beside this one's answer; an empty way first, then one that
+        // is not `prev` either (a run alternating between two chunks keeps both).
+        let free = ways.clone().filter(|&at| at != self.last);
+        let at = free
+            .clone()
+            .find(|&at| self.chunks.get(at).is_some_and(Option::is_none))
+            .or_else(|| free.clone().find(|&at| at != self.prev))
+            .or_else(|| free.clone().next())
+            // Never taken: a set has another way than `last` (asserted below).
+            .unwrap_or(set);
         if let Some(slot) = self.chunks.get_mut(at) {
             *slot = Some(chunk);
         }
-        self.last = at;
-        self.next = (at + 1) % CHUNK_CACHE_SLOTS;
-        Some(CacheSlot(at))
+        self.touch(at)
     }
 }
 
@@ -810,15 +852,28 @@ mod tests {
         assert!(Arc::ptr_eq(&hit, &b), "the new chunk, never the freed one");
     }
 
+    /// Allocates 4 KiB chunks of `A` until `n` of them fall in the cache set of the first.
+    fn chunks_of_one_set(mem: &mut AddressSpace, n: usize) -> Vec<Arc<Chunk>> {
+        let first = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+        let set = |c: &Arc<Chunk>| (c.pa() >> 12) as usize % CHUNK_CACHE_SETS;
+        let mut same = vec![first];
+        while same.len() < n {
+            let c = mem.allocate(A, Region::Host, 4096, 0).unwrap();
+            if set(&c) == set(&same[0]) {
+                same.push(c);
+            }
+        }
+        same
+    }
+
     /// A DMA pair lends its source's and destination's chunks together: the destination's
-    /// miss must not fill the source's slot, even when the round robin comes round to it.
+    /// miss must not fill the source's slot, even when it is in the destination's set and
+    /// that set is full.
     #[test]
     fn a_miss_never_fills_the_slot_of_the_lookup_before_it() {
         let mut mem = space();
+        let chunks = chunks_of_one_set(&mut mem, 3);
         let generation = mem.generation().get();
-        let chunks: Vec<_> = (0..=CHUNK_CACHE_SLOTS)
-            .map(|_| mem.allocate(A, Region::Host, 4096, 0).unwrap())
-            .collect();
         let mut cache = ChunkCache::default();
         let find = |cache: &mut ChunkCache, c: &Arc<Chunk>| {
             cache
@@ -827,21 +882,61 @@ mod tests {
                 })
                 .unwrap()
         };
-        // Fill every slot (the round robin back at slot 0), then hit slot 0: the next miss
-        // would fill it.
-        for c in &chunks[..CHUNK_CACHE_SLOTS] {
-            find(&mut cache, c);
-        }
+        // Both ways of the set filled, then the first way hit again.
+        let first = find(&mut cache, &chunks[0]);
+        find(&mut cache, &chunks[1]);
         let src = find(&mut cache, &chunks[0]);
-        let dst = find(&mut cache, &chunks[CHUNK_CACHE_SLOTS]);
+        assert_eq!(src, first, "a hit in the set");
+        let dst = find(&mut cache, &chunks[2]);
         assert_ne!(src, dst);
         assert!(
             Arc::ptr_eq(cache.lend(src).unwrap(), &chunks[0]),
             "the source stays lent"
         );
-        assert!(Arc::ptr_eq(
-            cache.lend(dst).unwrap(),
-            &chunks[CHUNK_CACHE_SLOTS]
-        ));
+        assert!(Arc::ptr_eq(cache.lend(dst).unwrap(), &chunks[2]));
+    }
+
+    /// What the cache is for (issue 17, target 3): executions in flight cycle over many
+    /// tensors, a run of pairs walks one chunk page by page, a copy alternates between two
+    /// chunks; after one pass, none of them searches.
+    #[test]
+    fn steady_state_lookups_of_cycling_walking_and_alternating_runs_search_nothing() {
+        let mut mem = space();
+        // 16 executions in flight: 16 inputs and 16 outputs; and two 512 KiB chunks, whose
+        // 128 pages each fill every set twice over.
+        let tensors: Vec<_> = (0..32)
+            .map(|_| mem.allocate(A, Region::Host, 4096, 0).unwrap())
+            .collect();
+        let big: Vec<_> = (0..2)
+            .map(|_| mem.allocate(A, Region::Host, 512 * 1024, 0).unwrap())
+            .collect();
+        let generation = mem.generation().get();
+        let mut cache = ChunkCache::default();
+        let lookups = |cache: &mut ChunkCache| {
+            let mut find = |c: &Arc<Chunk>, offset: u64| {
+                let pa = c.pa() + offset;
+                let at = cache
+                    .find(generation, A, pa, 64, || mem.resolve(A, pa, 64).ok())
+                    .unwrap();
+                assert!(Arc::ptr_eq(cache.lend(at).unwrap(), c));
+            };
+            for pair in tensors.chunks(2) {
+                find(&pair[0], 0);
+                find(&pair[1], 0);
+            }
+            for page in 0..16 {
+                find(&big[0], page * 4096);
+            }
+            for page in 0..128 {
+                find(&big[0], page * 4096 + 64);
+                find(&big[1], page * 4096 + 64);
+            }
+        };
+        lookups(&mut cache);
+        let warm = mem.searches();
+        for _ in 0..3 {
+            lookups(&mut cache);
+        }
+        assert_eq!(mem.searches(), warm, "hits do not search");
     }
 }

@@ -49,6 +49,38 @@ fn steady_state_dma_searches_the_address_space_zero_times() {
     assert_eq!(a.counters(0).dma_aborts, 0);
 }
 
+/// Sixteen executions in flight copy from sixteen input tensors to sixteen output tensors,
+/// each its own chunk: more chunks than a run's last two lookups, all cached at once.
+#[test]
+fn steady_state_dma_cycling_over_32_tensors_searches_the_address_space_zero_times() {
+    let dev = device();
+    let a = Client::new(&dev, 10);
+    a.claim(0);
+    let inputs: Vec<_> = (0..16)
+        .map(|_| a.alloc(MemLocation::Hbm { nc: 0 }, 4 * KIB))
+        .collect();
+    let outputs: Vec<_> = (0..16)
+        .map(|_| a.alloc(MemLocation::Hbm { nc: 0 }, 4 * KIB))
+        .collect();
+    let mut q = Queue::new(&a, 0, 0, 0, 32);
+    for (i, o) in inputs.iter().zip(&outputs) {
+        copy(&a, &mut q, i.pa, o.pa, 64);
+    }
+    let warm = searches(&dev);
+    for n in 0..64u64 {
+        let k = (n % 16) as usize;
+        inputs[k].write(0, &n.to_le_bytes());
+        copy(&a, &mut q, inputs[k].pa, outputs[k].pa, 8);
+        assert_eq!(outputs[k].read(0, 8), n.to_le_bytes());
+    }
+    assert_eq!(
+        searches(&dev) - warm,
+        0,
+        "64 DMA runs over 16 tensor pairs after warm-up resolved every pair from the cache"
+    );
+    assert_eq!(a.counters(0).dma_aborts, 0);
+}
+
 #[test]
 fn a_chunk_freed_after_the_cache_saw_it_is_refused() {
     let dev = device();
