@@ -496,20 +496,26 @@ fn step(
     host: &mut impl Host,
 ) -> Result<Step, Stop> {
     let began = host.timed().then(Instant::now);
-    let Current {
+    if state.current.is_none() {
+        let inst = host.fetch(state.engine, state.pc)?;
+        let (op, compute) = check(state.engine, state.pc, &inst, limits)?;
+        state.current = Some(Current { inst, op, compute });
+    }
+    // Read in place (a copy of the decoded instruction per step would cost more than most
+    // instructions' work); `state`'s other fields stay writable beside it.
+    let Some(Current {
         inst,
         op,
         compute: compute_op,
-    } = match state.current {
-        Some(current) => current,
-        None => {
-            let inst = host.fetch(state.engine, state.pc)?;
-            let (op, compute) = check(state.engine, state.pc, &inst, limits)?;
-            let current = Current { inst, op, compute };
-            state.current = Some(current);
-            current
-        }
+    }) = &state.current
+    else {
+        return Err(Stop::generic(format!(
+            "{} instruction at {:#x} was not fetched (a simdev bug)",
+            state.engine.name(),
+            state.pc
+        )));
     };
+    let op = *op;
     if state.executed >= limits.max_instructions {
         return Err(Stop::generic(format!(
             "{} executed more than {} instructions",
@@ -562,7 +568,7 @@ fn step(
                 )));
             }
             let effect = host
-                .compute(|cs| compute::execute(cs, &compute_op))?
+                .compute(|cs| compute::execute(cs, compute_op))?
                 .map_err(|e| {
                     Stop::generic(format!("{} instruction at {pc:#x}: {e}", engine.name()))
                 })?;
