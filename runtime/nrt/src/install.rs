@@ -88,6 +88,15 @@ fn library_beside(exe: &Path) -> Option<PathBuf> {
         .or_else(|| Some(dir.join("libnrt.so")))
 }
 
+/// The cargo command that builds libnrt beside `exe`: a release build for an `nrt` in a
+/// `release` directory (where `cargo build --release` puts it), a dev build otherwise.
+fn build_command(exe: &Path) -> &'static str {
+    match exe.parent().and_then(Path::file_name) {
+        Some(dir) if dir == "release" => "cargo build --release -p libnrt",
+        _ => "cargo build -p libnrt",
+    }
+}
+
 /// Checks that `path` is an ELF shared object (`e_type` ET_DYN), so that a wrong `--lib` is
 /// said now rather than by the linker of every program built against the prefix.
 fn check_shared_object(path: &Path) -> Result<(), String> {
@@ -127,8 +136,9 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
     };
     if !source.is_file() {
         return Err(format!(
-            "{} not found: build it with `cargo build -p libnrt` (beside nrt) or pass --lib FILE",
-            source.display()
+            "{} not found: build it with `{}` (beside nrt) or pass --lib FILE",
+            source.display(),
+            build_command(&exe)
         ));
     }
     check_shared_object(&source)?;
@@ -162,6 +172,19 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_hint_matches_the_profile_nrt_was_built_in() {
+        assert_eq!(
+            build_command(Path::new("/w/target/release/nrt")),
+            "cargo build --release -p libnrt",
+            "a release nrt looks for a release libnrt beside it"
+        );
+        assert_eq!(
+            build_command(Path::new("/w/target/debug/nrt")),
+            "cargo build -p libnrt"
+        );
+    }
 
     #[test]
     fn every_header_is_carried() {
