@@ -1117,7 +1117,7 @@ fn run_neff(
             let t = Instant::now();
             let m = rt
                 .load(&bytes, i32::try_from(v).unwrap_or(0))
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("loading {}: {e}", path.display()))?;
             load_seconds.get_or_insert(t.elapsed().as_secs_f64());
             (0..opts.in_flight.max(1))
                 .map(|i| neff_core(rt, v, m, &neff, opts.seed.wrapping_add(u64::from(i))))

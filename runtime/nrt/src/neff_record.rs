@@ -82,7 +82,8 @@ pub fn record(file: &Path, out: &Path, executions: u32, seed: u64) -> Result<Rec
     }
     let backend = dev.backend_name();
     let rt = Runtime::init(Arc::from(dev), config).map_err(|e| e.to_string())?;
-    let result = run(&rt, &neff, &bytes, executions, seed, backend);
+    let result = run(&rt, &neff, &bytes, executions, seed, backend)
+        .map_err(|e| format!("{}: {e}", file.display()));
     rt.close();
     let (recorded, source) = result?;
     let bytes = golden::write(out, &neff, source, &recorded)?;

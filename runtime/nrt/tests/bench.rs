@@ -455,10 +455,13 @@ fn bench_neff_runs_a_real_neff_sync_and_async_and_says_shape_only() {
             && !e.contains("--help"),
         "{e}"
     );
-    // On a trn1 simdev it names the arch to ask for too.
+    // On a trn1 simdev it names the arch to ask for too, and the file (both shipped NEFFs
+    // call themselves "file.neff" inside).
     let e = nrt_fails(&["bench", "--neff", &small, "--iterations", "1"], &[]);
     assert!(
-        e.contains("needs LNC=2") && e.contains("NEURON_SIMDEV_ARCH=trn2"),
+        e.contains("needs LNC=2")
+            && e.contains("NEURON_SIMDEV_ARCH=trn2")
+            && e.contains(&format!("loading {small}: ")),
         "{e}"
     );
 }
