@@ -61,6 +61,9 @@ enum Command {
     /// Load a model (by default the digits MLP, built on the fly), run it over the whole test set
     /// (or K executions) with every output checked, and report accuracy, max |logit - reference|,
     /// latency percentiles and throughput.
+    // A negative number is a value (refused as one: "invalid value '-5' for '--bytes'"), not
+    // an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Bench {
         /// `digits` (the trained MLP on the UCI digits test set) or `identity`.
         #[arg(long, default_value = "digits")]

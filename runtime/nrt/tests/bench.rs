@@ -222,6 +222,17 @@ fn a_flag_of_the_other_model_is_refused_not_ignored() {
 }
 
 #[test]
+fn a_negative_count_is_refused_as_a_bad_value_of_its_flag() {
+    for (flag, value) in [("--bytes", "-5"), ("--iterations", "-1"), ("--async", "-2")] {
+        let err = nrt_fails(&["bench", "--model", "identity", flag, value], &[]);
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{flag}")),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+#[test]
 fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
     // The XU queue holds 16: 17 and 40 slots must wait for completions, not fail.
     for slots in ["17", "40"] {
