@@ -403,8 +403,7 @@ impl ChunkCache {
         len: usize,
         search: impl FnOnce() -> Option<Arc<Chunk>>,
     ) -> Option<CacheSlot> {
-        // Masked: the set is below CHUNK_CACHE_SETS, its ways below CHUNK_CACHE_SLOTS.
-        let set = ((pa >> 12) as usize & (CHUNK_CACHE_SETS - 1)) * CHUNK_CACHE_WAYS;
+        let set = set_of(pa) * CHUNK_CACHE_WAYS;
         let ways = set..set + CHUNK_CACHE_WAYS;
         if generation == self.generation {
             if self.holds(self.prev, owner, pa, len) {
@@ -427,13 +426,20 @@ impl ChunkCache {
             .find(|&at| self.chunks.get(at).is_some_and(Option::is_none))
             .or_else(|| free.clone().find(|&at| at != self.prev))
             .or_else(|| free.clone().next())
-            // Never taken: a set has another way than `last` (asserted below).
+            // Never taken: a set has another way than `last` (CHUNK_CACHE_WAYS >= 2).
             .unwrap_or(set);
         if let Some(slot) = self.chunks.get_mut(at) {
             *slot = Some(chunk);
         }
         self.touch(at)
     }
+}
+
+/// The [`ChunkCache`] set of `pa`: its chunk granule's number, masked (below
+/// [`CHUNK_CACHE_SETS`]).
+fn set_of(pa: u64) -> usize {
+    // The mask keeps the low bits, so the cast truncates nothing that is kept.
+    (pa / CHUNK_GRANULE) as usize & (CHUNK_CACHE_SETS - 1)
 }
 
 /// A slot of a [`ChunkCache`] that a lookup answered from, to [`ChunkCache::lend`].
@@ -855,11 +861,10 @@ mod tests {
     /// Allocates 4 KiB chunks of `A` until `n` of them fall in the cache set of the first.
     fn chunks_of_one_set(mem: &mut AddressSpace, n: usize) -> Vec<Arc<Chunk>> {
         let first = mem.allocate(A, Region::Host, 4096, 0).unwrap();
-        let set = |c: &Arc<Chunk>| (c.pa() >> 12) as usize % CHUNK_CACHE_SETS;
         let mut same = vec![first];
         while same.len() < n {
             let c = mem.allocate(A, Region::Host, 4096, 0).unwrap();
-            if set(&c) == set(&same[0]) {
+            if set_of(c.pa()) == set_of(same[0].pa()) {
                 same.push(c);
             }
         }
