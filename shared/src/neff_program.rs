@@ -275,7 +275,9 @@ pub mod shape_only {
     /// Word by word: the bytes before `offset`'s next multiple of 8, then whole 8-byte words
     /// (one [`splitmix64`] each, stored whole), then the bytes left. This is the inner loop of
     /// every shape-only execution (megabytes of output each), so it stores no byte twice and
-    /// slices nothing per word.
+    /// slices nothing per word. Inlined into callers, so that one built for a wider vector
+    /// unit (simdev's) compiles it for that unit.
+    #[inline]
     pub fn fill(stream: u64, offset: u64, buf: &mut [u8]) {
         let word = |index: u64| splitmix64(stream.wrapping_add(index)).to_le_bytes();
         let mut index = offset / 8;

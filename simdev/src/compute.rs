@@ -1065,6 +1065,31 @@ fn sgemm(
     Ok(())
 }
 
+/// [`shared::neff_program::shape_only::fill`], compiled for AVX2 where this CPU has it: every
+/// shape-only NEFF execution writes its outputs with it (megabytes each). The bytes are the
+/// same at every level (integer arithmetic; only how many words are computed at once
+/// differs), and the tests compare the levels.
+pub(crate) fn shape_only_fill(stream: u64, offset: u64, buf: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::level() >= simd::Level::Avx2Fma {
+        // SAFETY: AVX2 was detected on this CPU (`simd::level` never answers a level the CPU
+        // lacks).
+        return unsafe { shape_only_fill_avx2(stream, offset, buf) };
+    }
+    shared::neff_program::shape_only::fill(stream, offset, buf);
+}
+
+/// [`shared::neff_program::shape_only::fill`] inlined here and vectorized for AVX2 (the
+/// 64-bit multiplies of four words at once).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn shape_only_fill_avx2(stream: u64, offset: u64, buf: &mut [u8]) {
+    shared::neff_program::shape_only::fill(stream, offset, buf);
+}
+
 mod gemm;
 mod in_place;
 mod pages;

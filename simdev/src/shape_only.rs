@@ -21,7 +21,8 @@
 //! 4. **Inputs.** The [`shape_only::Seed`] absorbs each input in table order, reading only its
 //!    first and last [`shape_only::EDGE_BYTES`]: a 4 GiB input costs 8 KiB of reads.
 //! 5. **Outputs.** Output `j` (in table order) gets this subgraph's
-//!    [`shape_only::share`] written with [`shape_only::fill`], in pieces of at most
+//!    [`shape_only::share`] written with [`shape_only::fill`] (compiled for the widest vector
+//!    unit this CPU has: [`crate::compute::shape_only_fill`]), in pieces of at most
 //!    [`WRITE_PIECE`] bytes through the chunk's bounds-checked accessor.
 //!
 //! **Reference-backed runs** ([`crate::reference`]): when the header's `neff_uuid` and
@@ -364,7 +365,7 @@ pub fn run(addresses: [u64; 5], host: &mut impl Host) -> Result<Stats, Stop> {
                 .unwrap_or(WRITE_PIECE)
                 .min(WRITE_PIECE);
             piece.resize(n, 0);
-            shape_only::fill(stream, offset, &mut piece);
+            crate::compute::shape_only_fill(stream, offset, &mut piece);
             chunk
                 .memory()
                 .write(entry.pa + offset, &piece)

@@ -1,7 +1,8 @@
 //! Every vector level this CPU has ([`simd::supported`]) against the others, forced on the
 //! test's thread ([`simd::force`]): the GEMM kernels (AVX-512F and AVX2+FMA compute the same
 //! fused chains), the in-place transposes and the identity and ReLU activations (every level
-//! the same values as the portable loops), bit for bit, with the same non-finite effect.
+//! the same values as the portable loops), bit for bit, with the same non-finite effect; and
+//! the shape-only NEFF output function, byte for byte.
 
 use shared::isa::{ActFunc, Instruction, Opcode, ScalarMode};
 
@@ -284,6 +285,34 @@ fn transposes_move_the_same_values_at_every_level() {
             &inst,
             &format!("transpose {src:?} -> {dst:?}"),
         );
+    }
+}
+
+/// The shape-only output function at every level: random streams, offsets (word-aligned or
+/// not) and lengths (short, and long enough for many vector iterations with edges), each
+/// byte as the portable `shared` function writes it, and nothing outside `buf` touched.
+#[test]
+fn shape_only_outputs_are_the_same_bytes_at_every_level() {
+    let mut rng = Rng(53);
+    for case in 0..200 {
+        let stream = rng.next();
+        let offset = rng.below(1 << 40);
+        let len = if case % 2 == 0 {
+            below(&mut rng, 40)
+        } else {
+            below(&mut rng, 5000)
+        };
+        let mut expected = vec![0xA5u8; len + 16];
+        shared::neff_program::shape_only::fill(stream, offset, &mut expected[8..8 + len]);
+        for level in simd::supported() {
+            let _forced = Forced::new(level);
+            let mut got = vec![0xA5u8; len + 16];
+            shape_only_fill(stream, offset, &mut got[8..8 + len]);
+            assert!(
+                got == expected,
+                "{level:?}: stream {stream:#x}, offset {offset}, {len} bytes"
+            );
+        }
     }
 }
 
