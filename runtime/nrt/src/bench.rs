@@ -517,8 +517,8 @@ pub fn run(
 /// latencies.
 fn on_each_core(
     all: &[Vec<Core>],
-    f: impl Fn(usize, &[Core]) -> Result<Vec<Duration>, String> + Sync,
-) -> Result<Vec<Duration>, String> {
+    f: impl Fn(usize, &[Core]) -> Result<Timed, String> + Sync,
+) -> Result<(Vec<Duration>, f64), String> {
     std::thread::scope(|s| {
         let f = &f;
         let handles: Vec<_> = all
@@ -526,21 +526,43 @@ fn on_each_core(
             .enumerate()
             .map(|(v, slots)| s.spawn(move || f(v, slots)))
             .collect();
-        let mut samples = Vec::new();
+        let mut runs = Vec::new();
         for h in handles {
-            samples.extend(
+            runs.push(
                 h.join()
                     .map_err(|_| "a bench thread panicked".to_string())??,
             );
         }
-        Ok(samples)
+        Ok(Timed::merge(runs))
     })
+}
+
+/// One core's timed executions: their latencies, and when the first timed one started and
+/// the last one ended (the untimed warm-up executions before it are outside that span).
+struct Timed {
+    times: Vec<Duration>,
+    start: Instant,
+    end: Instant,
+}
+
+impl Timed {
+    /// Every core's latencies, and the wall time in seconds from the first core's timed start
+    /// to the last core's end: the time throughput is over (never a warm-up execution's).
+    fn merge(runs: Vec<Self>) -> (Vec<Duration>, f64) {
+        let start = runs.iter().map(|r| r.start).min();
+        let end = runs.iter().map(|r| r.end).max();
+        let wall = match (start, end) {
+            (Some(s), Some(e)) => e.saturating_duration_since(s).as_secs_f64(),
+            _ => 0.0,
+        };
+        (runs.into_iter().flat_map(|r| r.times).collect(), wall)
+    }
 }
 
 /// Runs executions `es` of one core through `slots` (tensor sets): synchronously with one slot,
 /// or keeping `slots.len()` in flight through the explicit async API. `prepare` writes slot
 /// inputs for execution `e`; `finish` checks its outputs. Returns each execution's latency
-/// (schedule to observed completion).
+/// (schedule to observed completion) and the span of the timed executions (after warm-up).
 #[allow(clippy::too_many_arguments)]
 fn pipeline(
     rt: &Runtime,
@@ -551,7 +573,7 @@ fn pipeline(
     mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
     mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
     pb: &indicatif::ProgressBar,
-) -> Result<Vec<Duration>, String> {
+) -> Result<Timed, String> {
     let mut times = Vec::new();
     // One untimed execution per slot first (table loads, first-touch of ring pages).
     for c in slots {
@@ -564,6 +586,12 @@ fn pipeline(
         rt.execute(c.model, &c.ins, &c.outs)
             .map_err(|err| format!("warm-up: {err}"))?;
     }
+    let start = Instant::now();
+    let timed = |times| Timed {
+        times,
+        start,
+        end: Instant::now(),
+    };
     if !asynchronous {
         let c = &slots[0];
         for e in es {
@@ -575,7 +603,7 @@ fn pipeline(
             finish(e, c)?;
             pb.inc(1);
         }
-        return Ok(times);
+        return Ok(timed(times));
     }
     type Pending = std::collections::VecDeque<(u64, usize, Instant, runtime::ScheduledExecution)>;
     let mut pending: Pending = std::collections::VecDeque::new();
@@ -623,7 +651,7 @@ fn pipeline(
     while !pending.is_empty() {
         complete(&mut pending, &mut free, &mut times)?;
     }
-    Ok(times)
+    Ok(timed(times))
 }
 
 /// Latency figures of the timed executions, in µs.
@@ -688,8 +716,7 @@ fn run_digits(
     )?;
     let pb = bar(executions, opts.progress);
     let logits = std::sync::Mutex::new(vec![f32::NAN; count * CLASSES]);
-    let started = Instant::now();
-    let samples = on_each_core(&all, |v, slots| {
+    let (samples, wall) = on_each_core(&all, |v, slots| {
         let mut input = vec![0f32; b * FEATURES];
         let mut out = vec![0u8; b * CLASSES * 4];
         let rows_of = |e: u64| {
@@ -731,7 +758,6 @@ fn run_digits(
             &pb,
         )
     })?;
-    let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
     let logits = logits
         .into_inner()
@@ -882,8 +908,7 @@ fn identity_samples(
     let len = opts.bytes as usize;
     let all = cores(rt, ncs, opts.in_flight, &container, len as u64, len as u64)?;
     let failures = std::sync::atomic::AtomicU64::new(0);
-    let started = Instant::now();
-    let samples = on_each_core(&all, |v, slots| {
+    let (samples, wall) = on_each_core(&all, |v, slots| {
         let pattern = |e: u64| -> Vec<u8> {
             (0..len)
                 .map(|j| j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0])
@@ -910,11 +935,7 @@ fn identity_samples(
             pb,
         )
     })?;
-    Ok((
-        samples,
-        failures.into_inner(),
-        started.elapsed().as_secs_f64(),
-    ))
+    Ok((samples, failures.into_inner(), wall))
 }
 
 /// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes
@@ -1130,8 +1151,7 @@ fn run_neff(
     let counters_before = nc_counters(rt.device().as_ref());
     let executions = u64::from(opts.iterations.unwrap_or(1000));
     let pb = bar(executions, opts.progress);
-    let started = Instant::now();
-    let samples = on_each_core(&all, |v, slots| {
+    let (samples, wall) = on_each_core(&all, |v, slots| {
         let es = (v as u64..executions).step_by(ncs as usize);
         pipeline(
             rt,
@@ -1144,7 +1164,6 @@ fn run_neff(
             &pb,
         )
     })?;
-    let wall = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
     let source = (backend == "sim").then(|| {
         // No execution counted (NEURON_RT_FUNTIME=1): shape-only is what simdev would run.
@@ -1260,6 +1279,30 @@ pub fn print(r: &BenchReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throughput_is_over_the_timed_span_of_every_core_not_the_warm_up() {
+        // Core 0 warmed up for 40 ms and timed from 40 to 43 ms; core 1 timed from 41 to
+        // 45 ms. The wall is 40..45 ms: 5 ms, not the 45 ms since the first warm-up.
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let us = Duration::from_micros;
+        let (times, wall) = Timed::merge(vec![
+            Timed {
+                times: vec![us(10), us(20)],
+                start: at(40),
+                end: at(43),
+            },
+            Timed {
+                times: vec![us(30)],
+                start: at(41),
+                end: at(45),
+            },
+        ]);
+        assert_eq!(times, [us(10), us(20), us(30)]);
+        assert!((wall - 0.005).abs() < 1e-9, "wall {wall}");
+        assert_eq!(Timed::merge(Vec::new()), (Vec::new(), 0.0));
+    }
 
     #[test]
     fn without_ncs_the_bench_runs_on_the_cores_the_environment_asks_for() {
