@@ -80,8 +80,9 @@ enum Command {
         /// Benchmark a NEFF file instead of --model: inputs filled with seeded random data (an
         /// input above 64 MiB in its first and last MiB only, as the report says), on
         /// simdev run shape-only (outputs are checked against the documented shape-only
-        /// function of the inputs, not the model's numbers).
-        #[arg(long, conflicts_with = "model")]
+        /// function of the inputs, not the model's numbers). A NEFF's tensors have the sizes it
+        /// declares, so --batch and --bytes are refused with it.
+        #[arg(long, conflicts_with_all = ["model", "batch", "bytes"])]
         neff: Option<std::path::PathBuf>,
         /// Untimed executions per core before the timed ones (after one per in-flight slot).
         #[arg(long, default_value_t = 0)]

@@ -233,6 +233,23 @@ fn a_negative_count_is_refused_as_a_bad_value_of_its_flag() {
 }
 
 #[test]
+fn a_neff_refuses_the_flags_that_size_a_built_in_model() {
+    // A NEFF declares its tensors' sizes: --batch and --bytes would be silently ignored.
+    let neff = neff("matmul_small");
+    for (flag, value) in [
+        ("--batch", "4"),
+        ("--bytes", "4096"),
+        ("--model", "identity"),
+    ] {
+        let err = nrt_fails(&["bench", "--neff", &neff, flag, value], &[]);
+        assert!(
+            err.contains(&format!("'{flag}")) && err.contains("cannot be used with"),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+#[test]
 fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
     // The XU queue holds 16: 17 and 40 slots must wait for completions, not fail.
     for slots in ["17", "40"] {
