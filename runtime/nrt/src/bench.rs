@@ -977,6 +977,23 @@ pub(crate) fn neff_core(
     })
 }
 
+/// Why in-flight slot `i` of `n` (`--async n`) could not be set up: each slot has I/O tensors
+/// of its own, which a large NEFF's `n` sets may not fit in device memory.
+fn slot_failure(neff: &neff::Neff, i: u32, n: u32, e: &str) -> String {
+    let io: u64 = neff
+        .inputs
+        .iter()
+        .chain(&neff.outputs)
+        .map(|t| t.size)
+        .sum();
+    format!(
+        "in-flight slot {} of {n} (--async {n}: each slot allocates its own I/O tensors, {io} \
+         bytes, {} in all; a smaller --async needs less): {e}",
+        i + 1,
+        u64::from(n).saturating_mul(io)
+    )
+}
+
 /// Writes the seeded random inputs of `seed` into `c`'s NEFF inputs (what [`neff_core`] wrote
 /// with that seed).
 pub(crate) fn fill_neff_inputs(neff: &neff::Neff, c: &Core, seed: u64) -> Result<(), String> {
@@ -1140,8 +1157,16 @@ fn run_neff(
                 .load(&bytes, i32::try_from(v).unwrap_or(0))
                 .map_err(|e| format!("loading {}: {e}", path.display()))?;
             load_seconds.get_or_insert(t.elapsed().as_secs_f64());
-            (0..opts.in_flight.max(1))
-                .map(|i| neff_core(rt, v, m, &neff, opts.seed.wrapping_add(u64::from(i))))
+            let slots = opts.in_flight.max(1);
+            (0..slots)
+                .map(|i| {
+                    neff_core(rt, v, m, &neff, opts.seed.wrapping_add(u64::from(i))).map_err(|e| {
+                        match slots {
+                            1 => e,
+                            n => slot_failure(&neff, i, n, &e),
+                        }
+                    })
+                })
                 .collect::<Result<Vec<_>, String>>()
         })
         .collect::<Result<Vec<_>, String>>()?;

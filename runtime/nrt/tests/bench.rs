@@ -250,6 +250,30 @@ fn a_neff_refuses_the_flags_that_size_a_built_in_model() {
 }
 
 #[test]
+fn async_slots_that_do_not_fit_say_it_is_the_slots() {
+    // matmul_large's I/O is 4.3 GB a set: on the default 12 GiB of NC 0, --async 4's third
+    // set does not fit, and the error says so rather than only "out of memory".
+    let err = nrt_fails(
+        &[
+            "bench",
+            "--neff",
+            &neff("matmul_large"),
+            "--iterations",
+            "1",
+            "--async",
+            "4",
+        ],
+        &[("NEURON_SIMDEV_ARCH", "trn2")],
+    );
+    assert!(
+        err.contains("in-flight slot 3 of 4 (--async 4: each slot allocates its own I/O tensors")
+            && err.contains("a smaller --async needs less")
+            && err.contains("OutOfMemory"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
     // The XU queue holds 16: 17 and 40 slots must wait for completions, not fail.
     for slots in ["17", "40"] {
