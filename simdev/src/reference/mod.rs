@@ -361,15 +361,34 @@ pub struct References {
 
 impl References {
     /// Loads every binding of `specs` (see the module doc); `timeout` bounds one execution of
-    /// a Python reference.
+    /// a Python reference. A spec given twice (on the command line and in
+    /// `NEURON_SIMDEV_REFERENCE`, say) counts once.
     ///
     /// # Errors
-    /// The first binding that cannot be loaded, named.
+    /// The first binding that cannot be loaded, named; or two different bindings of one NEFF
+    /// (the same header uuid and hash), both named: which one would run is not the user's
+    /// to guess.
     pub fn load(specs: &[String], timeout: Duration) -> Result<Self, String> {
-        let bindings = specs
-            .iter()
-            .map(|s| BindingSpec::parse(s).and_then(|b| Binding::load(&b).map(Arc::new)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut bindings: Vec<(&str, Arc<Binding>)> = Vec::new();
+        for spec in specs {
+            if bindings.iter().any(|(s, _)| s == spec) {
+                continue;
+            }
+            let b = BindingSpec::parse(spec).and_then(|b| Binding::load(&b).map(Arc::new))?;
+            if let Some((first, _)) = bindings
+                .iter()
+                .find(|(_, o)| o.uuid == b.uuid && o.hash == b.hash)
+            {
+                return Err(format!(
+                    "two references for one NEFF ({:?}, the same uuid and hash): {first:?} and \
+                     {spec:?}; bind each NEFF once (simdev's --reference and \
+                     NEURON_SIMDEV_REFERENCE are combined)",
+                    b.name
+                ));
+            }
+            bindings.push((spec, b));
+        }
+        let bindings = bindings.into_iter().map(|(_, b)| b).collect();
         Ok(Self {
             bindings,
             worker: Mutex::new(python::WorkerSlot::new(timeout)),
@@ -530,6 +549,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_neff_bound_twice_differently_is_refused_naming_both_and_a_repeat_counts_once() {
+        let t = Duration::from_secs(1);
+        let module = format!("{}/python/ref_matmul.py", env!("CARGO_MANIFEST_DIR"));
+        let a = format!("{}={module}:matmul", data("matmul_small.neff"));
+        let b = format!("{}={module}:other", data("matmul_small.neff"));
+        let e = References::load(&[a.clone(), b.clone()], t).unwrap_err();
+        assert!(
+            e.starts_with("two references for one NEFF") && e.contains(&a) && e.contains(&b),
+            "{e}"
+        );
+        // The same spec twice (command line and environment): one binding.
+        let refs = References::load(&[a.clone(), a], t).unwrap();
+        assert_eq!(refs.bindings.len(), 1);
+        // Two NEFFs, one binding each: both kept.
+        let large = format!("{}={module}:matmul", data("matmul_large.neff"));
+        let small = format!("{}={module}:matmul", data("matmul_small.neff"));
+        assert_eq!(
+            References::load(&[small, large], t).unwrap().bindings.len(),
+            2
+        );
     }
 
     #[test]
