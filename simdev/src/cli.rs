@@ -255,6 +255,14 @@ mod tests {
         Args::command().debug_assert();
     }
 
+    /// The help is written from doc comments, which rustdoc reads too: an intra-doc link there
+    /// would print as "[`NAME`]" in `simdev --help`.
+    #[test]
+    fn the_help_carries_no_rustdoc_links() {
+        let help = Args::command().render_long_help().to_string();
+        assert!(!help.contains("[`") && !help.contains("`]"), "{help}");
+    }
+
     #[test]
     fn sizes_take_binary_suffixes_and_4k_multiples() {
         assert_eq!(parse_size("4096"), Ok(4096));

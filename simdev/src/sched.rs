@@ -35,8 +35,8 @@ pub const DEVICE_SLICE: Duration = Duration::from_micros(100);
 /// The scheduling policy simdev gives its threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ThreadPolicy {
-    /// `SCHED_BATCH` with the [`DEVICE_SLICE`]: device threads never preempt a running thread
-    /// when they wake, and run first among the threads waiting once it blocks.
+    /// `SCHED_BATCH` with a 100 us time slice (`DEVICE_SLICE`): device threads never preempt a
+    /// running thread when they wake, and run first among the threads waiting once it blocks.
     #[default]
     Batch,
     /// `SCHED_OTHER` with the kernel's default slice, Linux's defaults.

@@ -52,7 +52,7 @@ use shared::protocol::MAX_MSG_SIZE;
 /// How a connection thread receives its client's messages (`--receive`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ReceivePath {
-    /// Through a [`ReceiveRing`] where the kernel allows it, else `recvmmsg`.
+    /// Through an io_uring (`ReceiveRing`) where the kernel allows it, else `recvmmsg`.
     #[default]
     #[value(name = "io-uring")]
     IoUring,
