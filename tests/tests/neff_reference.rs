@@ -496,6 +496,74 @@ impl Drop for Child {
     }
 }
 
+/// A simdev started by hand on `socket` with `--reference spec` and `env`, its stderr in
+/// `log`, and a runtime on it with matmul_small loaded: the execution's result (its first).
+fn one_reference_execution(
+    dir: &Path,
+    spec: &str,
+    env: &[(&str, &str)],
+) -> (runtime::NrtResult<()>, String) {
+    use std::io::BufRead;
+    let program = tests::simdev_command(&[]).program;
+    let socket = dir.join("s.sock");
+    let log = dir.join("simdev.log");
+    let mut child = Child(
+        std::process::Command::new(&program)
+            .args(["--socket", socket.to_str().unwrap()])
+            .args(["--arch", "trn2", "--hbm", "1G", "--reference", spec])
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("simdev listening on"), "{line}");
+    let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
+    let cfg = RuntimeConfig {
+        lnc: Some(2),
+        exec_timeout: Duration::from_secs(60),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev, cfg).unwrap();
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+        .unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    let (r, out, want) = run_with_sentinel(&rt, h, &t, 0, false);
+    if r.is_ok() {
+        assert_close(&out, &want, spec);
+    }
+    drop(t);
+    rt.unload(h).unwrap();
+    rt.close();
+    drop(child);
+    (r, std::fs::read_to_string(&log).unwrap())
+}
+
+#[test]
+fn a_worker_that_cannot_start_names_its_interpreter_and_what_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = binding("matmul_small", &example_reference(), "matmul");
+    // An interpreter that exits at once, as python3 without numpy does.
+    let (r, log) =
+        one_reference_execution(dir.path(), &spec, &[("NEURON_SIMDEV_PYTHON", "/bin/false")]);
+    assert_eq!(r.unwrap_err().status, NrtStatus::ExecCompletedWithErr);
+    assert!(
+        log.contains("the reference worker (\"/bin/false\", from NEURON_SIMDEV_PYTHON")
+            && log.contains("/bin/false -m pip install numpy")
+            && log.contains("did not start"),
+        "{log}"
+    );
+    // Empty is unset: python3, which computes x @ y.
+    let dir = tempfile::tempdir().unwrap();
+    let (r, log) = one_reference_execution(dir.path(), &spec, &[("NEURON_SIMDEV_PYTHON", "")]);
+    r.unwrap_or_else(|e| panic!("{e}\n{log}"));
+}
+
 #[test]
 fn the_environment_binds_a_reference_as_the_command_line_does() {
     use std::io::BufRead;

@@ -134,7 +134,11 @@ impl WorkerSlot {
         if self.worker.is_none() {
             let (ours, theirs) = shared::fd_passing::seqpacket_pair()
                 .map_err(|e| format!("socketpair for the reference worker: {e}"))?;
-            let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_owned());
+            // Unset or empty: `python3`.
+            let python = std::env::var(ENV_PYTHON)
+                .ok()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "python3".to_owned());
             let stdout = std::io::stderr()
                 .as_fd()
                 .try_clone_to_owned()
@@ -166,7 +170,10 @@ impl WorkerSlot {
             };
             if let Some(t) = trouble {
                 let how = self.discard();
-                return Err(format!("the reference worker {t}; {how}"));
+                return Err(format!(
+                    "the reference worker ({python:?}, from {ENV_PYTHON} or else python3; it \
+                     needs numpy: `{python} -m pip install numpy`) {t}; {how}"
+                ));
             }
         }
         self.worker
