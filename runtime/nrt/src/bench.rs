@@ -1249,61 +1249,139 @@ fn run_neff(
 
 /// Prints a report as text.
 pub fn print(r: &BenchReport) {
-    println!(
-        "model {} on {} — batch {}, {} NC(s), {} executions, {} images",
-        r.model, r.backend, r.batch, r.nc_count, r.executions, r.images
+    print!("{}", text(r));
+}
+
+/// A report as text. Images and the batch are the digits model's; the identity model and a
+/// NEFF count executions only.
+fn text(r: &BenchReport) -> String {
+    use std::fmt::Write;
+    let digits = r.model == "digits";
+    let mut o = String::new();
+    let batch = if digits {
+        format!("batch {}, ", r.batch)
+    } else {
+        String::new()
+    };
+    let images = if digits {
+        format!(", {} images", r.images)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        o,
+        "model {} on {} — {batch}{} logical core(s), {} executions{images}",
+        r.model, r.backend, r.nc_count, r.executions
     );
     if let Some(note) = &r.note {
-        println!("{note}");
+        let _ = writeln!(o, "{note}");
     }
     if !r.ran_on_device {
         // No accuracy: the outputs were never computed.
     } else if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
-        println!("accuracy {acc:.6}   max |logit - reference| {diff:.2e}");
+        let _ = writeln!(o, "accuracy {acc:.6}   max |logit - reference| {diff:.2e}");
     } else if r.model == "digits" {
-        println!(
+        let _ = writeln!(
+            o,
             "accuracy: not computed (it needs a full pass over the 360 test images; raise --iterations)"
         );
     }
     if r.failures > 0 {
-        println!("{} outputs did not match", r.failures);
+        let _ = writeln!(o, "{} outputs did not match", r.failures);
     }
-    println!(
+    let _ = writeln!(
+        o,
         "latency  p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   mean {:.1} us   min {:.1} us   max {:.1} us   std {:.1} us",
         r.p50_us, r.p90_us, r.p99_us, r.mean_us, r.min_us, r.max_us, r.std_us
     );
     if let Some(d) = &r.datastore {
-        println!(
+        let _ = writeln!(
+            o,
             "datastore off  p50 {:.1} us   mean {:.1} us   ({} executions in {} alternating blocks)",
             d.off_p50_us,
             d.off_mean_us,
             d.executions_per_side,
             d.blocks / 2
         );
-        println!(
+        let _ = writeln!(
+            o,
             "datastore on   p50 {:.1} us   mean {:.1} us   ({} executions in {} alternating blocks)",
             d.on_p50_us,
             d.on_mean_us,
             d.executions_per_side,
             d.blocks / 2
         );
-        println!(
+        let _ = writeln!(
+            o,
             "on/off         p50 {:.4}   mean {:.4}",
             d.p50_ratio, d.mean_ratio
         );
     }
     if let Some(s) = r.load_seconds {
-        println!("load {:.1} ms", s * 1e3);
+        let _ = writeln!(o, "load {:.1} ms", s * 1e3);
     }
-    println!(
-        "throughput {:.0} executions/s, {:.0} images/s",
-        r.executions_per_second, r.images_per_second
-    );
+    let _ = write!(o, "throughput {:.0} executions/s", r.executions_per_second);
+    if digits {
+        let _ = write!(o, ", {:.0} images/s", r.images_per_second);
+    }
+    o.push('\n');
+    o
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_digits_report_counts_images_and_cores_are_logical_cores() {
+        let opts = |model: &str| BenchOptions {
+            model: model.into(),
+            batch: 8,
+            bytes: 64,
+            iterations: Some(4),
+            ncs: 1,
+            in_flight: 0,
+            progress: false,
+            neff: None,
+            warmup: 0,
+            seed: 1,
+            trace: None,
+            datastore: DatastoreChoice::Env,
+        };
+        let samples = vec![Duration::from_micros(50); 4];
+        let report = |model: &str, images| {
+            let mut r = BenchReport::timed(
+                model.into(),
+                "sim",
+                &opts(model),
+                1,
+                (4, images),
+                samples.clone(),
+                0.001,
+            );
+            // As the digits run sets it.
+            r.batch = 8;
+            text(&r)
+        };
+        let digits = report("digits", 32);
+        assert!(
+            digits.starts_with(
+                "model digits on sim — batch 8, 1 logical core(s), 4 executions, 32 images\n"
+            ) && digits.ends_with("throughput 4000 executions/s, 32000 images/s\n"),
+            "{digits}"
+        );
+        for model in ["identity", "matmul_small.neff"] {
+            let t = report(model, 4);
+            assert!(
+                t.starts_with(&format!(
+                    "model {model} on sim — 1 logical core(s), 4 executions\n"
+                )) && t.ends_with("throughput 4000 executions/s\n")
+                    && !t.contains("image")
+                    && !t.contains("batch"),
+                "{t}"
+            );
+        }
+    }
 
     #[test]
     fn throughput_is_over_the_timed_span_of_every_core_not_the_warm_up() {
