@@ -313,7 +313,7 @@ pub fn plan<'a>(
         return Err(NrtError::new(
             NrtStatus::LoadNotEnoughNc,
             format!(
-                "NEFF {name:?} needs LNC={lnc_size} ({sg_count} subgraphs), logical core {} has {} {nc_word} (NEURON_LOGICAL_NC_CONFIG={} on {}){remedy}",
+                "NEFF {name:?} needs LNC={lnc_size} ({sg_count} subgraphs), logical core {} has {} {nc_word} (LNC={} on {}){remedy}",
                 vnc.vnc,
                 vnc.ncs.len(),
                 vnc.ncs.len(),

@@ -336,7 +336,7 @@ fn an_lnc2_neff_is_refused_on_a_core_of_one_nc_naming_both() {
             }
         };
         let want = format!(
-            "NEFF \"file.neff\" needs LNC=2 (2 subgraphs), logical core 0 has 1 NC (NEURON_LOGICAL_NC_CONFIG=1 on {}); {remedy}",
+            "NEFF \"file.neff\" needs LNC=2 (2 subgraphs), logical core 0 has 1 NC (LNC=1 on {}); {remedy}",
             arch.name()
         );
         assert_eq!(e.message, want);
