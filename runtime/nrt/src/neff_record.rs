@@ -50,6 +50,7 @@ pub fn record(file: &Path, out: &Path, executions: u32, seed: u64) -> Result<Rec
     if executions == 0 {
         return Err("--executions must be at least 1".into());
     }
+    check_out(out)?;
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let neff = neff::Neff::parse(&bytes, &neff::ParseOptions::default())
         .map_err(|e| format!("{}: {e}", file.display()))?;
@@ -92,6 +93,26 @@ pub fn record(file: &Path, out: &Path, executions: u32, seed: u64) -> Result<Rec
         source,
         bytes,
     })
+}
+
+/// Refuses an `--out` that could not be written before any execution runs: a directory, or
+/// a file in a directory that does not exist.
+fn check_out(out: &Path) -> Result<(), String> {
+    if out.is_dir() {
+        return Err(format!("--out {}: is a directory", out.display()));
+    }
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "--out {}: directory {} does not exist",
+            out.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Loads the NEFF, runs the executions and reads every tensor back; returns them and the

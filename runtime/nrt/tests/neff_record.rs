@@ -207,15 +207,34 @@ fn record_refuses_tensors_a_golden_file_cannot_hold_whole() {
 }
 
 #[test]
-fn record_into_a_missing_directory_names_the_path_and_the_os_error() {
+fn record_into_a_missing_directory_or_a_directory_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("absent").join("g.safetensors");
-    let o = record(&neff_path("matmul_small"), &out, &["--executions", "1"]);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!("{}: No such file or directory", out.display()))
-            && !stderr.contains("IoError"),
-        "{stderr}"
-    );
+    let missing = dir.path().join("absent").join("g.safetensors");
+    let neff = neff_path("matmul_small");
+    // No trn2 asked for: had anything been loaded, the LNC=2 refusal would come first.
+    for (out, says) in [
+        (
+            missing.clone(),
+            format!(
+                "--out {}: directory {} does not exist",
+                missing.display(),
+                dir.path().join("absent").display()
+            ),
+        ),
+        (
+            dir.path().to_path_buf(),
+            format!("--out {}: is a directory", dir.path().display()),
+        ),
+    ] {
+        let o = nrt(
+            &["neff", "record", &neff, "--out", out.to_str().unwrap()],
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&says) && !stderr.contains("LNC"),
+            "{stderr}"
+        );
+    }
 }
