@@ -496,52 +496,88 @@ impl Drop for Child {
     }
 }
 
-/// A simdev started by hand on `socket` with `--reference spec` and `env`, its stderr in
-/// `log`, and a runtime on it with matmul_small loaded: the execution's result (its first).
+/// A simdev started by hand in a directory (its socket there, its stderr in `simdev.log`),
+/// with `--arch trn2 --hbm 1G`, `args` and `env`, and a runtime on it with matmul_small loaded.
+struct ByHand {
+    rt: Runtime,
+    h: runtime::ModelHandle,
+    t: tests::matmul_neff::MatmulIo,
+    child: Child,
+    log: PathBuf,
+}
+
+impl ByHand {
+    fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        use std::io::BufRead;
+        let program = tests::simdev_command(&[]).program;
+        let socket = dir.join("s.sock");
+        let log = dir.join("simdev.log");
+        let mut child = Child(
+            std::process::Command::new(&program)
+                .args(["--socket", socket.to_str().unwrap()])
+                .args(["--arch", "trn2", "--hbm", "1G"])
+                .args(args)
+                .envs(env.iter().copied())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let mut line = String::new();
+        std::io::BufReader::new(child.0.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("simdev listening on"), "{line}");
+        let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
+        let cfg = RuntimeConfig {
+            lnc: Some(2),
+            exec_timeout: Duration::from_secs(60),
+            ..RuntimeConfig::default()
+        };
+        let rt = Runtime::init(dev, cfg).unwrap();
+        let h = rt
+            .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+            .unwrap();
+        let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+        Self {
+            rt,
+            h,
+            t,
+            child,
+            log,
+        }
+    }
+
+    /// Unloads, closes the runtime, stops simdev: its log.
+    fn stop(self) -> String {
+        let Self {
+            rt,
+            h,
+            t,
+            child,
+            log,
+        } = self;
+        drop(t);
+        rt.unload(h).unwrap();
+        rt.close();
+        drop(child);
+        std::fs::read_to_string(log).unwrap()
+    }
+}
+
+/// One execution of matmul_small bound by `--reference spec` on a simdev started with `env`:
+/// its result (its outputs checked when it succeeded) and simdev's log.
 fn one_reference_execution(
     dir: &Path,
     spec: &str,
     env: &[(&str, &str)],
 ) -> (runtime::NrtResult<()>, String) {
-    use std::io::BufRead;
-    let program = tests::simdev_command(&[]).program;
-    let socket = dir.join("s.sock");
-    let log = dir.join("simdev.log");
-    let mut child = Child(
-        std::process::Command::new(&program)
-            .args(["--socket", socket.to_str().unwrap()])
-            .args(["--arch", "trn2", "--hbm", "1G", "--reference", spec])
-            .envs(env.iter().copied())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("simdev listening on"), "{line}");
-    let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
-    let cfg = RuntimeConfig {
-        lnc: Some(2),
-        exec_timeout: Duration::from_secs(60),
-        ..RuntimeConfig::default()
-    };
-    let rt = Runtime::init(dev, cfg).unwrap();
-    let h = rt
-        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
-        .unwrap();
-    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
-    let (r, out, want) = run_with_sentinel(&rt, h, &t, 0, false);
+    let s = ByHand::start(dir, &["--reference", spec], env);
+    let (r, out, want) = run_with_sentinel(&s.rt, s.h, &s.t, 0, false);
     if r.is_ok() {
         assert_close(&out, &want, spec);
     }
-    drop(t);
-    rt.unload(h).unwrap();
-    rt.close();
-    drop(child);
-    (r, std::fs::read_to_string(&log).unwrap())
+    (r, s.stop())
 }
 
 #[test]
@@ -566,53 +602,18 @@ fn a_worker_that_cannot_start_names_its_interpreter_and_what_it_needs() {
 
 #[test]
 fn the_environment_binds_a_reference_as_the_command_line_does() {
-    use std::io::BufRead;
-    let program = tests::simdev_command(&[]).program;
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("s.sock");
     // Two bindings, `;`-separated; the first names a NEFF this test does not run.
     let env = format!(
         "{} ; {}",
         binding("matmul_large", &example_reference(), "matmul"),
         binding("matmul_small", &example_reference(), "matmul")
     );
-    let mut child = Child(
-        std::process::Command::new(&program)
-            .args([
-                "--socket",
-                socket.to_str().unwrap(),
-                "--arch",
-                "trn2",
-                "--hbm",
-                "1G",
-            ])
-            .env("NEURON_SIMDEV_REFERENCE", &env)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("simdev listening on"), "{line}");
-    let dev = Arc::new(runtime::backend::sim::SimDevice::connect(&socket).unwrap());
-    let cfg = RuntimeConfig {
-        lnc: Some(2),
-        exec_timeout: Duration::from_secs(60),
-        ..RuntimeConfig::default()
-    };
-    let rt = Runtime::init(dev, cfg).unwrap();
-    let h = rt
-        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
-        .unwrap();
-    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    let s = ByHand::start(dir.path(), &[], &[("NEURON_SIMDEV_REFERENCE", &env)]);
     for e in 0..3 {
-        execute_and_check(&rt, h, &t, e, &format!("execution {e}"));
+        execute_and_check(&s.rt, s.h, &s.t, e, &format!("execution {e}"));
     }
-    drop(t);
-    rt.unload(h).unwrap();
-    rt.close();
+    s.stop();
 }
 
 #[test]
