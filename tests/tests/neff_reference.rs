@@ -357,9 +357,9 @@ def exits(x, y):
 "#;
 
 /// Binds matmul_small to `function` of [`MISBEHAVING`]: an execution with the sentinel ends
-/// with 1004 and `messages` in simdev's log (a `tracing::error!` line naming the reference),
-/// then simdev keeps serving: the next executions (a fresh worker where the old one was
-/// killed) compute `x @ y`.
+/// with 1004 and `messages` in simdev's log (once per failure, on the failure's line naming
+/// the NEFF and the reference), then simdev keeps serving: the next executions (a fresh
+/// worker where the old one was killed) compute `x @ y`.
 /// Execution `e` (x with the test's sentinel, 7 at `x[0, 0]`, when `sentinel`): its result,
 /// output0 read back, and x @ y.
 fn run_with_sentinel(
@@ -410,9 +410,19 @@ fn misbehaving(function: &str, messages: &[&str]) {
     }
     let log = std::fs::read_to_string(sim.dir().join("simdev.log")).unwrap();
     for m in messages {
+        // Once per failed execution (two), on the failure's line naming the NEFF: not a
+        // second line that says the same.
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(m)).collect();
+        assert_eq!(
+            lines.len(),
+            2,
+            "{function}: {m:?} once per failure in simdev's log:\n{log}"
+        );
         assert!(
-            log.contains(m),
-            "{function}: {m:?} not in simdev's log:\n{log}"
+            lines
+                .iter()
+                .all(|l| l.contains("failed (error flags 0x2): NEFF \"file.neff\"")),
+            "{function}: {m:?} on the failure's line naming the NEFF:\n{log}"
         );
     }
     assert!(

@@ -27,9 +27,10 @@
 //! # Errors
 //! Anything that goes wrong in the reference — an exception, a missing output, a wrong dtype
 //! or shape, a worker that exits or outlives [`Config::reference_timeout`](crate::config::Config)
-//! — ends the execution with GENERIC (the runtime reports `NRT_EXEC_COMPLETED_WITH_ERR`) and a
-//! `tracing::error!` line with the reference's message. A dead or timed-out worker is killed
-//! and reaped; the next execution starts a fresh one ([`python`]).
+//! — ends the execution with GENERIC (the runtime reports `NRT_EXEC_COMPLETED_WITH_ERR`); the
+//! execution's one failure line in simdev's log (WARN) names the NEFF, the reference and its
+//! message. A dead or timed-out worker is killed and reaped; the next execution starts a fresh
+//! one ([`python`]).
 
 pub mod golden;
 pub mod python;

@@ -262,13 +262,10 @@ impl shape_only::Host for ExecHost<'_> {
     }
 
     fn run_reference(&mut self, binding: &Binding, tensors: &[BoundTensor]) -> Result<(), String> {
-        self.core.references.run(binding, tensors).inspect_err(|e| {
-            tracing::error!(
-                "NC {} execution {} of NEFF {:?}: {e}",
-                self.nc.index,
-                self.acct.compute_idx,
-                binding.name
-            );
-        })
+        // The error is the execution's failure reason, logged once with it.
+        self.core
+            .references
+            .run(binding, tensors)
+            .map_err(|e| format!("NEFF {:?}: {e}", binding.name))
     }
 }
