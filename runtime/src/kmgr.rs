@@ -631,11 +631,16 @@ impl ModelDb {
         if let Some(None) = neff_load::simulated_outputs(ctx.device.as_ref(), neff) {
             tracing::warn!(
                 target: neff_load::SHAPE_ONLY_TARGET,
-                "NEFF {:?} runs shape-only on simdev: simdev cannot decode the NEFF instruction \
-                 encoding, so its outputs have the right shapes and sizes but are not the \
-                 model's numbers. Bind a CPU reference to get them (simdev --reference, or \
-                 NEURON_SIMDEV_REFERENCE for a private simdev; README \"Real numbers for a NEFF\")",
-                plan.name
+                "NEFF {:?} (uuid {}) runs shape-only on simdev: simdev cannot decode the NEFF \
+                 instruction encoding, so its outputs have the right shapes and sizes but are \
+                 not the model's numbers. Bind a CPU reference to get them (simdev --reference, or \
+                 NEURON_SIMDEV_REFERENCE for a private simdev; README \"Real numbers for a \
+                 NEFF\"){}",
+                plan.name,
+                neff.uuid_hex(),
+                neff_load::unused_reference_hint(
+                    std::env::var_os(neff_load::REFERENCE_ENV).as_deref()
+                )
             );
         }
         Ok(loaded)

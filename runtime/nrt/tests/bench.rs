@@ -11,6 +11,11 @@ fn nrt(args: &[&str]) -> serde_json::Value {
 
 /// `nrt args` with extra environment variables `env`; returns its `--json` output.
 fn nrt_with(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    nrt_logged(args, env).0
+}
+
+/// [`nrt_with`], and what it logged (its stderr).
+fn nrt_logged(args: &[&str], env: &[(&str, &str)]) -> (serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
         .args(args)
         .env_remove("NEURON_SIMDEV_SOCKET")
@@ -25,12 +30,13 @@ fn nrt_with(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
         "nrt {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "nrt {args:?}: not JSON ({e}): {}",
             String::from_utf8_lossy(&out.stdout)
         )
-    })
+    });
+    (json, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
@@ -545,6 +551,64 @@ fn bench_neff_with_a_reference_bound_through_the_environment_says_reference() {
         "{r}"
     );
     assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+}
+
+#[test]
+fn a_reference_variable_the_simdev_in_use_never_read_is_named_beside_shape_only() {
+    let small = neff("matmul_small");
+    let binding = format!(
+        "{small}={}/../../simdev/python/ref_matmul.py:matmul",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    // A shared simdev, started without the binding: it never reads the client's variable.
+    let sim =
+        runtime::backend::sim::PrivateSimdev::spawn(&tests::simdev_command(&["--arch", "trn2"]))
+            .unwrap();
+    let socket = sim.socket().to_str().unwrap().to_owned();
+    let args = ["bench", "--neff", &small, "--iterations", "2", "--json"];
+    let shared = [
+        ("NEURON_SIMDEV_SOCKET", socket.as_str()),
+        ("NEURON_LOGICAL_NC_CONFIG", "2"),
+    ];
+    let (r, log) = nrt_logged(
+        &args,
+        &[&shared[..], &[("NEURON_SIMDEV_REFERENCE", &binding)]].concat(),
+    );
+    assert_eq!(r["outputs"], "shape-only", "{r}");
+    let hint = "NEURON_SIMDEV_REFERENCE is set in this process";
+    let line = log
+        .lines()
+        .find(|l| l.contains("runs shape-only"))
+        .unwrap_or_else(|| panic!("the shape-only line:\n{log}"));
+    assert!(
+        line.contains(&format!("{hint} ({binding:?})"))
+            && line
+                .contains("a shared simdev (NEURON_SIMDEV_SOCKET) needs it in its own environment"),
+        "{line}"
+    );
+    // The line names the NEFF by its uuid too: both shipped NEFFs call themselves
+    // "file.neff", so a program that loads several could not tell which one it is.
+    let uuid = line
+        .split_once("(uuid ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(hex, _)| hex)
+        .unwrap_or_else(|| panic!("a uuid in: {line}"));
+    assert!(
+        uuid.len() == 32 && uuid.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{line}"
+    );
+    // Unset, or empty: the shape-only line without the hint.
+    for env in [
+        &shared[..],
+        &[&shared[..], &[("NEURON_SIMDEV_REFERENCE", "")]].concat(),
+    ] {
+        let (r, log) = nrt_logged(&args, env);
+        assert_eq!(r["outputs"], "shape-only", "{r}");
+        assert!(
+            log.contains("runs shape-only") && !log.contains(hint),
+            "{env:?}: {log}"
+        );
+    }
 }
 
 /// `nrt bench` of the identity model that runs until stopped, with a private simdev and its

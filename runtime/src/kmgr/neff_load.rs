@@ -213,6 +213,27 @@ pub fn simulated_outputs(device: &dyn Device, neff: &Neff) -> Option<Option<Stri
     )
 }
 
+/// simdev's variable of CPU-reference bindings (`FILE.neff=REFERENCE`, `;`-separated), read by
+/// a simdev when it starts: a private simdev inherits it from the runtime's process.
+pub const REFERENCE_ENV: &str = "NEURON_SIMDEV_REFERENCE";
+
+/// What the shape-only line adds when this process sets [`REFERENCE_ENV`] (`value`) and the
+/// simdev in use still binds nothing to the NEFF: the variable is read by a simdev at its
+/// start, so a shared simdev never sees this process's value, and a private one binds only
+/// the NEFF files it names, by uuid and content. Empty when the variable is unset or empty.
+pub fn unused_reference_hint(value: Option<&std::ffi::OsStr>) -> String {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return String::new();
+    };
+    format!(
+        ". {REFERENCE_ENV} is set in this process ({:?}) but the simdev in use binds nothing \
+         to this NEFF: a simdev reads the variable when it starts, so a shared \
+         simdev (NEURON_SIMDEV_SOCKET) needs it in its own environment or --reference, and a \
+         private one binds only the NEFF files the variable names, matched by uuid and content",
+        value.to_string_lossy()
+    )
+}
+
 /// The `tracing` target of the line that says a NEFF runs shape-only: libnrt logs it at WARN
 /// even where it logs only errors (its default), since a program's outputs are otherwise
 /// silently not its model's numbers.
