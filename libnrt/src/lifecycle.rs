@@ -90,19 +90,13 @@ pub unsafe extern "C" fn nrt_init(
 pub unsafe extern "C" fn nrt_close() {
     boundary::value("nrt_close", (), || {
         // The runtime drained its requests: write their `ret`, pass on their completions, drop
-        // the eventfd relay's state. A forked child's relay state is its parent's: untouched.
-        let closed = match nrt::close() {
-            nrt::Closed::Drained => {
-                crate::completions::reset(true);
-                true
-            }
-            nrt::Closed::Abandoned => {
-                crate::completions::reset(false);
-                true
-            }
-            nrt::Closed::Inherited | nrt::Closed::Refused => false,
-        };
-        if closed {
+        // the eventfd relay's state — before a `nrt_close` racing this one on another thread
+        // returns (it waits for this close). A forked child's relay state is its parent's:
+        // untouched.
+        let closed = nrt::close_then(|closed| {
+            crate::completions::reset(closed == nrt::Closed::Drained);
+        });
+        if matches!(closed, nrt::Closed::Drained | nrt::Closed::Abandoned) {
             // Output-completion waits in progress end (NRT_CLOSED): nothing counts any more.
             CLOSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }

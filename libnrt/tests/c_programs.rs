@@ -852,7 +852,11 @@ fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd(
         true,
     );
     let model = identity_model_of(&prefix, 4 << 20);
-    for (mode, marker) in [("fds", "CLOSE FDS OK"), ("threads", "CLOSE THREADS OK")] {
+    for (mode, marker) in [
+        ("fds", "CLOSE FDS OK"),
+        ("threads", "CLOSE THREADS OK"),
+        ("two", "CLOSE TWO OK"),
+    ] {
         let o = run({
             let mut c = Command::new(&exe);
             c.arg(&model).arg(mode);

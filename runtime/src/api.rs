@@ -1893,17 +1893,40 @@ pub mod nrt {
     enum State {
         Uninitialized,
         Initialized(Arc<Runtime>),
+        /// Being closed by process `pid`: calls answer NRT_CLOSED; another `close` or an `init`
+        /// waits on [`CLOSED`] until it is closed. (A pid, not a lock held across the drain: a
+        /// child forked meanwhile sees its parent's close and is not stuck behind it.)
+        Closing(u32),
         /// Closed by process `pid`.
         Closed(u32),
     }
 
     static STATE: Mutex<State> = Mutex::new(State::Uninitialized);
+    /// Notified when a `Closing` state becomes `Closed`.
+    static CLOSED: std::sync::Condvar = std::sync::Condvar::new();
 
-    fn runtime() -> NrtResult<Arc<Runtime>> {
-        match &*STATE
+    fn state() -> std::sync::MutexGuard<'static, State> {
+        STATE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-        {
+    }
+
+    /// `st`, once no close of this process is in progress (one on another thread is waited
+    /// for: its drain ends within the execution timeout).
+    fn after_closing(
+        mut st: std::sync::MutexGuard<'static, State>,
+    ) -> std::sync::MutexGuard<'static, State> {
+        let me = crate::process::id();
+        while matches!(*st, State::Closing(pid) if pid == me) {
+            st = CLOSED
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        st
+    }
+
+    fn runtime() -> NrtResult<Arc<Runtime>> {
+        match &*state() {
             State::Initialized(rt) => {
                 rt.check_process()?;
                 Ok(rt.clone())
@@ -1912,13 +1935,15 @@ pub mod nrt {
                 NrtStatus::Uninitialized,
                 "nrt_init has not been called",
             )),
-            State::Closed(pid) if *pid != crate::process::id() => Err(NrtError::new(
-                NrtStatus::Uninitialized,
-                format!(
-                    "nrt_init has not been called in this process (nrt_close was called in process {pid}, which this one was forked from)"
-                ),
-            )),
-            State::Closed(_) => Err(NrtError::new(
+            State::Closed(pid) | State::Closing(pid) if *pid != crate::process::id() => {
+                Err(NrtError::new(
+                    NrtStatus::Uninitialized,
+                    format!(
+                        "nrt_init has not been called in this process (nrt_close was called in process {pid}, which this one was forked from)"
+                    ),
+                ))
+            }
+            State::Closed(_) | State::Closing(_) => Err(NrtError::new(
                 NrtStatus::Closed,
                 "nrt_close has been called",
             )),
@@ -1937,13 +1962,12 @@ pub mod nrt {
     /// NRT_FAILURE when already initialised; the device's and configuration's errors (a
     /// runtime abandoned by `close` still holding its cores: NRT_LOAD_NOT_ENOUGH_NC).
     pub fn init_with(opts: &OpenOptions) -> NrtResult<()> {
-        let mut st = STATE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // An init while this process closes the runtime on another thread waits for the close.
+        let mut st = after_closing(state());
         let me = crate::process::id();
         let inherited = match &*st {
             State::Initialized(rt) => rt.pid() != me,
-            State::Closed(pid) => *pid != me,
+            State::Closed(pid) | State::Closing(pid) => *pid != me,
             State::Uninitialized => false,
         };
         if inherited {
@@ -1983,31 +2007,49 @@ pub mod nrt {
     /// schedules is accepted and drained like any other — for at most the execution timeout
     /// (at most an hour) and [`CLOSE_GRACE`] more (a sync execution ends within its timeout).
     ///
-    /// Says how it ended ([`Closed`]).
+    /// Says how it ended ([`Closed`]). A `close` while another thread of this process closes
+    /// waits for that close and then says [`Closed::Drained`]: when any `close` returns, the
+    /// runtime is closed.
     pub fn close() -> Closed {
+        close_then(|_| {})
+    }
+
+    /// [`close`], with `after` run once the runtime is closed and before any other `close` or
+    /// `init` of this process returns: the C library writes the drained requests' statuses
+    /// there. It runs only in the call that closed a runtime (how: its argument), not in one
+    /// that found it closed.
+    pub fn close_then(after: impl FnOnce(Closed)) -> Closed {
         if crate::async_pool::in_exec_callback() {
             tracing::error!(
                 "nrt_close called from the async exec callback, which runs on the runtime's own exec thread: closing waits for that thread, so it would wait for itself; not closed (close after the callback returns)"
             );
             return Closed::Refused;
         }
-        let mut st = STATE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let me = crate::process::id();
+        let mut st = after_closing(state());
         if let State::Initialized(rt) = &*st
             && rt.check_process().is_err()
         {
             return Closed::Inherited;
         }
-        let prev = std::mem::replace(&mut *st, State::Closed(crate::process::id()));
-        drop(st);
-        let State::Initialized(rt) = prev else {
+        let State::Initialized(rt) = std::mem::replace(&mut *st, State::Closing(me)) else {
+            *st = State::Closed(me);
             return Closed::Drained;
         };
+        drop(st);
+        // Published (and waiters woken) however the drain ends, a panic included.
+        struct Publish;
+        impl Drop for Publish {
+            fn drop(&mut self) {
+                *state() = State::Closed(crate::process::id());
+                CLOSED.notify_all();
+            }
+        }
+        let _publish = Publish;
         // An execution timeout of hours is not waited for in full.
         let budget = rt.config().exec_timeout.min(Duration::from_secs(3600)) + CLOSE_GRACE;
         let deadline = Instant::now() + budget;
-        match wait_for_calls(rt, deadline) {
+        let closed = match wait_for_calls(rt, deadline) {
             Ok(rt) => {
                 let device = rt.device().clone();
                 rt.close();
@@ -2023,7 +2065,9 @@ pub mod nrt {
                 );
                 Closed::Abandoned
             }
-        }
+        };
+        after(closed);
+        closed
     }
 
     /// How [`close`] ended.

@@ -1,7 +1,7 @@
 /*
  * nrt_close with explicit async requests in flight: every request accepted before or during the
  * close gets its `ret` written, and the eventfds registered for it are signalled exactly.
- * Usage: close_in_flight MODEL fds|threads (MODEL: an identity model over MODEL_BYTES bytes,
+ * Usage: close_in_flight MODEL fds|threads|two (MODEL: an identity model over MODEL_BYTES bytes,
  * slow enough that requests are still in flight when nrt_close is called)
  *
  * fds:     one thread schedules executions until NRT_QUEUE_FULL, registers an eventfd for the
@@ -12,6 +12,9 @@
  *          while the main thread calls nrt_close: each thread's loop ends with NRT_CLOSED, and
  *          every request either call accepted has its `ret` written by the time nrt_close
  *          returns.
+ * two:     as fds, but two threads call nrt_close at once: whichever returns first, every `ret`
+ *          is written and both eventfds hold their counts when it does (the second close waits
+ *          for the first's drain, it does not return early).
  */
 #define _GNU_SOURCE
 #include <poll.h>
@@ -59,7 +62,51 @@ static uint64_t eventfd_count(int fd) {
     return count;
 }
 
-static int fds_mode(void) {
+struct closer {
+    pthread_barrier_t *together;
+    const NRT_STATUS *rets;
+    int n;
+    int unwritten; /* rets still UNWRITTEN when this thread's nrt_close returned */
+};
+
+static void *close_together(void *arg) {
+    struct closer *c = arg;
+    int i;
+    pthread_barrier_wait(c->together);
+    nrt_close();
+    for (i = 0; i < c->n; i++) {
+        if (c->rets[i] == UNWRITTEN) {
+            c->unwritten++;
+        }
+    }
+    return NULL;
+}
+
+/* Both closers, started together; 0 when each saw every ret written on return. */
+static int close_twice(const NRT_STATUS *rets, int n) {
+    pthread_barrier_t together;
+    struct closer c[2] = {{&together, rets, n, 0}, {&together, rets, n, 0}};
+    pthread_t t[2];
+    int k;
+    ASSERT(pthread_barrier_init(&together, NULL, 2) == 0);
+    for (k = 0; k < 2; k++) {
+        ASSERT(pthread_create(&t[k], NULL, close_together, &c[k]) == 0);
+    }
+    for (k = 0; k < 2; k++) {
+        ASSERT(pthread_join(t[k], NULL) == 0);
+    }
+    pthread_barrier_destroy(&together);
+    for (k = 0; k < 2; k++) {
+        if (c[k].unwritten) {
+            fprintf(stderr, "closer %d: %d of %d rets unwritten when its nrt_close returned\n", k,
+                    c[k].unwritten, n);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int fds_mode(int two_closers) {
     static NRT_STATUS rets[64];
     nrta_seq_t seqs[64];
     int n = 0, i;
@@ -81,7 +128,13 @@ static int fds_mode(void) {
     }
     ASSERT(n >= 2);
     CHECK(nrta_event_register_seq_id_completion(seqs[n - 1], seq_fd));
-    nrt_close();
+    if (two_closers) {
+        if (close_twice(rets, n)) {
+            return 1;
+        }
+    } else {
+        nrt_close();
+    }
     for (i = 0; i < n; i++) {
         if (rets[i] != NRT_SUCCESS) {
             fprintf(stderr, "request %d of %d: ret %d after nrt_close\n", i, n, (int)rets[i]);
@@ -100,7 +153,7 @@ static int fds_mode(void) {
                 (unsigned long long)count, n);
         return 1;
     }
-    printf("CLOSE FDS OK %d requests\n", n);
+    printf("CLOSE %s OK %d requests\n", two_closers ? "TWO" : "FDS", n);
     return 0;
 }
 
@@ -175,12 +228,15 @@ static int threads_mode(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODEL fds|threads\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL fds|threads|two\n", argv[0]);
         return 2;
     }
     setup(argv[1]);
     if (strcmp(argv[2], "fds") == 0) {
-        return fds_mode();
+        return fds_mode(0);
+    }
+    if (strcmp(argv[2], "two") == 0) {
+        return fds_mode(1);
     }
     if (strcmp(argv[2], "threads") == 0) {
         return threads_mode();
