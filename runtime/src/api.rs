@@ -1088,7 +1088,7 @@ impl Runtime {
             return Ok(());
         }
         let m = self.resolve(model)?;
-        check_input_count(&m, inputs)?;
+        self.refused(&m, check_input_count(&m, inputs))?;
         // The fork: sync clones host tensors to device memory and copies results back.
         let clone = |set: &TensorSet,
                      copy_in: bool|
@@ -1111,13 +1111,15 @@ impl Runtime {
             Ok((dev, clones))
         };
         if self.pool.is_some() {
-            return self.execute_implicit_async(&m, inputs, outputs).map(|_| ());
+            return self
+                .refused(&m, self.execute_implicit_async(&m, inputs, outputs))
+                .map(|_| ());
         }
         let has_host = |set: &TensorSet| set.iter().any(|(_, t)| t.placement() == Placement::Host);
         let mode = ExecMode::from_async_workers_present(false);
         let (in_dev, out_dev, out_clones) = if has_host(inputs) || has_host(outputs) {
-            let (in_dev, _) = clone(inputs, true)?;
-            let (out_dev, out_clones) = clone(outputs, false)?;
+            let (in_dev, _) = self.refused(&m, clone(inputs, true))?;
+            let (out_dev, out_clones) = self.refused(&m, clone(outputs, false))?;
             (Some(in_dev), Some(out_dev), out_clones)
         } else {
             (None, None, Vec::new())
@@ -1290,7 +1292,7 @@ impl Runtime {
         let xu = self
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
-        let seq = schedule_retrying_queue_full(self.wait_budget, || {
+        let scheduled = schedule_retrying_queue_full(self.wait_budget, || {
             let cell = status.clone();
             let span = self.timeline.now();
             let resources = bind();
@@ -1298,12 +1300,23 @@ impl Runtime {
             self.funnel(m, resources?, move |xu, info, stage, doorbell| {
                 xu.schedule_request(info, Some(cell), stage, doorbell)
             })
-        })?;
+        });
+        let seq = self.refused(m, scheduled)?;
         let span = self.timeline.now();
         let waited = wait_sync(xu, seq, self.wait_budget);
         self.timeline.pend(SpanKind::Wait, span);
         waited?;
         Ok(status.get().unwrap_or(NrtStatus::Failure))
+    }
+
+    /// `r`; when it is an error (the execution of `m` was refused: nothing was scheduled), the
+    /// refusal counted in the monitor's figures ([`Metrics::record_refusal`]).
+    fn refused<T>(&self, m: &LoadedModel, r: NrtResult<T>) -> NrtResult<T> {
+        if let Err(e) = &r {
+            self.metrics
+                .record_refusal(m.vnc(), m.datastore_slot(), e.status);
+        }
+        r
     }
 
     /// `vtpb_get_virtual_core` then `db_get_nn_ref_count`: the handle's logical core must be
@@ -1473,6 +1486,17 @@ impl Runtime {
     ) -> NrtResult<ScheduledExecution> {
         self.check_process()?;
         let m = self.resolve(model)?;
+        let scheduled = self.schedule_resolved(&m, inputs, outputs);
+        self.refused(&m, scheduled)
+    }
+
+    /// [`Runtime::execute_schedule`] of the resolved model `m`.
+    fn schedule_resolved(
+        &self,
+        m: &Arc<LoadedModel>,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<ScheduledExecution> {
         if self.pool.is_some() {
             return Err(status_err(
                 NrtStatus::Invalid,
@@ -1491,10 +1515,10 @@ impl Runtime {
                 ),
             ));
         }
-        check_input_count(&m, inputs)?;
+        check_input_count(m, inputs)?;
         let span = self.timeline.now();
         let resources = build_compute_resources(
-            &m,
+            m,
             inputs,
             outputs,
             ExecMode::from_async_workers_present(false),
@@ -1506,7 +1530,7 @@ impl Runtime {
         // Marks every bound tensor as used by this request until its work item is freed.
         let hold = UseHold::on(inputs.iter().chain(outputs.iter()).map(|(_, t)| t));
         let namer = hold.namer();
-        let seq_id = self.funnel(&m, resources, move |xu, mut info, stage, doorbell| {
+        let seq_id = self.funnel(m, resources, move |xu, mut info, stage, doorbell| {
             info.sync_exec = false;
             info.request.hold = Some(hold);
             xu.schedule_request(info, Some(cell), stage, doorbell)

@@ -184,6 +184,19 @@ impl Metrics {
         }
     }
 
+    /// Counts one execution of logical core `vnc` (of the model in `model_slot`) that the
+    /// runtime refused with `status` before it was scheduled: a wrong input or tensor set,
+    /// a full queue, a degraded core. neuron-monitor counts these (`incorrect_input`,
+    /// `failed_to_queue`); the per-TPB counters do not (the seed updates them only when the
+    /// worker completes an execution).
+    pub fn record_refusal(&self, vnc: u32, model_slot: Option<ModelSlot>, status: NrtStatus) {
+        let Some(s) = &self.store else { return };
+        s.record_core_refusal(vnc, status);
+        if let Some(slot) = model_slot {
+            s.record_model_refusal(slot, status);
+        }
+    }
+
     /// A copy of NC `nc`'s counters (`None` for an NC outside the device).
     pub fn snapshot(&self, nc: usize) -> Option<NcMetrics> {
         if nc >= self.nc_count {

@@ -173,3 +173,60 @@ fn a_queue_an_execution_unit_lacks_is_refused_naming_the_queues_it_has() {
     }
     rt.close();
 }
+
+#[test]
+fn refused_executions_count_in_the_monitors_figures_with_their_status_and_no_latency() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let m = load(&rt, &identity(64), 0);
+    let (_i, _o, ins, outs) = io(&rt, 64);
+    rt.execute(m, &ins, &outs).unwrap();
+    // A tensor of the wrong size: NRT_INVALID, sync and async; a host tensor to the async
+    // API: NRT_INVALID too. Nothing of these ran.
+    let small = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 32, "small")
+        .unwrap();
+    let mut wrong = TensorSet::new();
+    wrong.add("input", &small);
+    let host = rt.tensor_allocate(Placement::Host, 64, "host").unwrap();
+    let mut on_host = TensorSet::new();
+    on_host.add("input", &host);
+    let refusals = [
+        rt.execute(m, &wrong, &outs).unwrap_err().status,
+        rt.execute_schedule(m, &wrong, &outs).unwrap_err().status,
+        rt.execute_schedule(m, &on_host, &outs).unwrap_err().status,
+    ];
+    assert_eq!(refusals, [NrtStatus::Invalid; 3]);
+    // A doorbell that fails (NRT_FAILURE), then the degraded core's refusals (101).
+    rig.backend.fail_next_doorbells(1);
+    let after = [
+        rt.execute(m, &ins, &outs).unwrap_err().status,
+        rt.execute(m, &ins, &outs).unwrap_err().status,
+    ];
+    assert_eq!(
+        after,
+        [NrtStatus::Failure, NrtStatus::ExecUnitUnrecoverable]
+    );
+    let snap = rt.datastore().snapshot();
+    let core = &snap.cores[0];
+    let model = &snap.models[0];
+    for (what, counts) in [("core", &core.executions), ("model", &model.executions)] {
+        assert_eq!(
+            [
+                counts.get(NrtStatus::Success),
+                counts.get(NrtStatus::Invalid),
+                counts.get(NrtStatus::Failure),
+                counts.get(NrtStatus::ExecUnitUnrecoverable),
+                counts.total(),
+            ],
+            [1, 3, 1, 1, 6],
+            "{what}: {counts:?}"
+        );
+    }
+    assert_eq!(
+        (core.total_latency.count, model.total_latency.count),
+        (1, 1),
+        "only the execution that ran has a latency"
+    );
+    rt.close();
+}

@@ -437,6 +437,27 @@ impl Datastore {
         r.hist(offsets::CORE_DEVICE_LATENCY, device_ns);
     }
 
+    /// Counts one execution of logical core `vnc` that the runtime refused before it ran (a
+    /// wrong input, a full queue): its status only; nothing ran, so no latency is recorded.
+    pub fn record_core_refusal(&self, vnc: u32, status: NrtStatus) {
+        if let Some(r) = self
+            .core_base(vnc)
+            .and_then(|b| self.record::<CoreRecord>(b))
+        {
+            r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        }
+    }
+
+    /// Counts one refused execution of the model in `slot` ([`Datastore::record_core_refusal`]).
+    pub fn record_model_refusal(&self, slot: ModelSlot, status: NrtStatus) {
+        if let Some(r) = self
+            .slot_base(slot)
+            .and_then(|b| self.record::<ModelSlotRecord>(b))
+        {
+            r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        }
+    }
+
     /// Records one execution of the model in `slot`.
     pub fn record_model(&self, slot: ModelSlot, status: NrtStatus, e2e: Duration) {
         let Some(r) = self
