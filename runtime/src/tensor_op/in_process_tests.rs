@@ -579,3 +579,38 @@ fn a_raw_read_destination_receives_the_bytes() {
     assert_eq!(e.status, NrtStatus::Invalid);
     rt.close();
 }
+
+#[test]
+fn a_pool_keeps_one_chunk_larger_than_its_budget_and_reuses_it() {
+    use super::staging::StagingPool;
+    const MIB: u64 = 1 << 20;
+    let rig = Rig::new();
+    let device: Arc<dyn Device> = rig.backend.clone();
+    let chunks = || rig.device.stats().chunks;
+    let base = chunks();
+    // A budget of 1 MiB; requests of 3 and 4 MiB (chunks of 4 MiB).
+    let pool = Arc::new(StagingPool::new(device, MIB));
+    drop(pool.lease(4 * MIB).unwrap());
+    assert_eq!(pool.retained(), 4 * MIB, "the large chunk is kept");
+    let a = pool.lease(3 * MIB).unwrap();
+    assert_eq!(chunks(), base + 1, "and reused: nothing allocated");
+    let b = pool.lease(4 * MIB).unwrap();
+    assert_eq!(chunks(), base + 2, "a second one in flight is allocated");
+    drop((a, b));
+    assert_eq!(
+        (pool.retained(), chunks()),
+        (4 * MIB, base + 1),
+        "one of the two is kept, the other freed"
+    );
+    // A small one given back does not join it: the pool stays at one chunk.
+    let big = pool.lease(4 * MIB).unwrap();
+    let small = pool.lease(64 * 1024).unwrap();
+    assert_eq!(chunks(), base + 2, "the small one is allocated");
+    drop((big, small));
+    assert_eq!((pool.retained(), chunks()), (4 * MIB, base + 1));
+    pool.release();
+    assert_eq!((pool.retained(), chunks()), (0, base));
+    // After release a chunk given back is freed.
+    drop(pool.lease(4 * MIB).unwrap());
+    assert_eq!((pool.retained(), chunks()), (0, base));
+}

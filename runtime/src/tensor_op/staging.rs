@@ -5,7 +5,11 @@
 //! holds the request, or allocates one of the next power of two (at least 4 KiB) — so a
 //! steady stream of requests of one size allocates only while the number in flight grows.
 //! A chunk given back is kept for reuse while the pool retains at most `retain` bytes; beyond
-//! that it is freed. Everything kept is freed by [`StagingPool::release`] (runtime close).
+//! that it is freed — except that a queue moving tensors larger than `retain` keeps its one
+//! largest chunk, up to [`KEEP_ONE_MAX`], in place of the small ones ([`keep`]): a stream of
+//! large writes (weights uploaded tensor by tensor) then allocates, maps and first-touches
+//! its staging once instead of once per request. Everything kept is freed by
+//! [`StagingPool::release`] (runtime close).
 
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +19,35 @@ use shared::protocol::MemLocation;
 
 use crate::backend::{Allocation, Device};
 use crate::error::NrtError;
+
+/// The largest chunk a pool keeps beyond its `retain` budget, alone (1 GiB).
+pub const KEEP_ONE_MAX: u64 = 1 << 30;
+
+/// What becomes of a chunk given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Kept beside the free chunks.
+    Beside,
+    /// Kept alone: the free chunks are freed instead.
+    Alone,
+    /// Freed.
+    Free,
+}
+
+/// The pool's rule for a chunk of `size` bytes given back while free chunks of `kept` sizes
+/// are held: beside them while the total stays within `retain`; otherwise alone when it is
+/// larger than `retain` and than every kept chunk and at most [`KEEP_ONE_MAX`]; else freed.
+/// So a pool holds at most `max(retain, KEEP_ONE_MAX)` bytes.
+pub fn keep(kept: &[u64], size: u64, retain: u64) -> Keep {
+    let total = kept.iter().fold(size, |t, k| t.saturating_add(*k));
+    if total <= retain {
+        Keep::Beside
+    } else if size > retain && size <= KEEP_ONE_MAX && kept.iter().all(|k| *k < size) {
+        Keep::Alone
+    } else {
+        Keep::Free
+    }
+}
 
 /// One staging chunk, mapped.
 #[derive(Debug)]
@@ -27,7 +60,8 @@ struct StagingBuf {
 #[derive(Debug)]
 pub struct StagingPool {
     device: Arc<dyn Device>,
-    free: Mutex<Vec<StagingBuf>>,
+    /// The free chunks; `None` once released (a chunk given back then is freed).
+    free: Mutex<Option<Vec<StagingBuf>>>,
     retain: u64,
 }
 
@@ -36,12 +70,12 @@ impl StagingPool {
     pub fn new(device: Arc<dyn Device>, retain: u64) -> Self {
         Self {
             device,
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Some(Vec::new())),
             retain,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<StagingBuf>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<StagingBuf>>> {
         self.free
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -54,14 +88,16 @@ impl StagingPool {
     /// errors.
     pub fn lease(self: &Arc<Self>, len: u64) -> Result<StagingLease, NrtError> {
         let reuse = {
-            let mut free = self.lock();
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.allocation.size >= len)
-                .min_by_key(|(_, b)| b.allocation.size)
-                .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
+            let mut guard = self.lock();
+            guard.as_mut().and_then(|free| {
+                let best = free
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.allocation.size >= len)
+                    .min_by_key(|(_, b)| b.allocation.size)
+                    .map(|(i, _)| i);
+                best.map(|i| free.swap_remove(i))
+            })
         };
         let buf = match reuse {
             Some(b) => b,
@@ -94,14 +130,26 @@ impl StagingPool {
     }
 
     fn give_back(&self, buf: StagingBuf) {
-        let mut free = self.lock();
-        let kept: u64 = free.iter().map(|b| b.allocation.size).sum();
-        if kept.saturating_add(buf.allocation.size) <= self.retain {
-            free.push(buf);
-            return;
+        let mut guard = self.lock();
+        let freed = match guard.as_mut() {
+            None => vec![buf],
+            Some(free) => {
+                let kept: Vec<u64> = free.iter().map(|b| b.allocation.size).collect();
+                match keep(&kept, buf.allocation.size, self.retain) {
+                    Keep::Beside => {
+                        free.push(buf);
+                        return;
+                    }
+                    Keep::Alone => std::mem::replace(free, vec![buf]),
+                    Keep::Free => vec![buf],
+                }
+            }
+        };
+        // Freed outside the lock (each is a device call).
+        drop(guard);
+        for b in freed {
+            self.free_chunk(b);
         }
-        drop(free);
-        self.free_chunk(buf);
     }
 
     fn free_chunk(&self, buf: StagingBuf) {
@@ -114,13 +162,17 @@ impl StagingPool {
 
     /// Bytes of free chunks kept for reuse.
     pub fn retained(&self) -> u64 {
-        self.lock().iter().map(|b| b.allocation.size).sum()
+        self.lock()
+            .iter()
+            .flatten()
+            .map(|b| b.allocation.size)
+            .sum()
     }
 
-    /// Frees every chunk kept (leases still out free theirs when they drop, as the pool is
-    /// then over its budget of 0).
+    /// Frees every chunk kept; from now on a chunk given back is freed (leases still out free
+    /// theirs when they drop).
     pub fn release(&self) {
-        let bufs = std::mem::take(&mut *self.lock());
+        let bufs = self.lock().take().unwrap_or_default();
         for b in bufs {
             self.free_chunk(b);
         }
@@ -168,5 +220,33 @@ impl Drop for StagingLease {
         if let Some(b) = self.buf.take() {
             self.pool.give_back(b);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn small_chunks_are_kept_within_the_budget_and_one_large_one_alone() {
+        let retain = 64 * MIB;
+        // Within the budget: beside the others.
+        assert_eq!(keep(&[], 4096, retain), Keep::Beside);
+        assert_eq!(keep(&[32 * MIB], 32 * MIB, retain), Keep::Beside);
+        // Over it, but no larger than the budget: freed (the pool stays within it).
+        assert_eq!(keep(&[32 * MIB, 16 * MIB], 32 * MIB, retain), Keep::Free);
+        // Larger than the budget: kept alone, the small ones freed instead.
+        assert_eq!(keep(&[32 * MIB, 16 * MIB], 128 * MIB, retain), Keep::Alone);
+        assert_eq!(keep(&[], 256 * MIB, retain), Keep::Alone);
+        assert_eq!(keep(&[], KEEP_ONE_MAX, retain), Keep::Alone);
+        // A second one as large, a smaller one, or one above the cap: freed.
+        assert_eq!(keep(&[256 * MIB], 256 * MIB, retain), Keep::Free);
+        assert_eq!(keep(&[256 * MIB], 128 * MIB, retain), Keep::Free);
+        assert_eq!(keep(&[256 * MIB], 4096, retain), Keep::Free);
+        assert_eq!(keep(&[], 2 * KEEP_ONE_MAX, retain), Keep::Free);
+        // A larger one replaces it.
+        assert_eq!(keep(&[256 * MIB], 512 * MIB, retain), Keep::Alone);
     }
 }
