@@ -1143,7 +1143,19 @@ impl Runtime {
             NrtStatus::Success => Ok(()),
             s => {
                 let detail = match s {
-                    NrtStatus::Timeout => self.engine.timeout_detail(m.vnc()),
+                    NrtStatus::Timeout => self.engine.timeout_detail(m.vnc()).map(|d| {
+                        match m.reference() {
+                            Some(r) => format!(
+                                "{d}; simdev computes this NEFF's outputs with the CPU reference \
+                                 {r}: one that runs longer than the execution timeout \
+                                 ({:?}, NEURON_RT_EXEC_TIMEOUT) times the execution out — \
+                                 give it more time, and a shared simdev's --reference-timeout \
+                                 too; its log says what the reference did",
+                                self.config.exec_timeout
+                            ),
+                            None => d,
+                        }
+                    }),
                     NrtStatus::HwError
                         if self.vncs[m.vnc() as usize]
                             .ncs

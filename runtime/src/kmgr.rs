@@ -70,6 +70,8 @@ pub struct LoadedModel {
     runtime: RuntimeId,
     /// Its datastore slot, set once after load.
     datastore_slot: std::sync::OnceLock<Option<ModelSlot>>,
+    /// The CPU reference simdev runs for this NEFF (its label), set once after load.
+    reference: std::sync::OnceLock<String>,
 }
 
 impl LoadedModel {
@@ -81,6 +83,12 @@ impl LoadedModel {
     /// The model's name.
     pub fn name(&self) -> &str {
         &self.model.name
+    }
+
+    /// The CPU reference simdev computes this NEFF's outputs with (`module.py:function`, or a
+    /// golden file's name), if one is bound.
+    pub fn reference(&self) -> Option<&str> {
+        self.reference.get().map(String::as_str)
     }
 
     /// The NEFF header's uuid; zeros for a simdev model container, which has none.
@@ -628,7 +636,10 @@ impl ModelDb {
         }
         let loaded = self.finish(ctx, plan.meta, vnc, tpbs, result)?;
         // Where simdev cannot know what silicon knows (the instruction encoding), say so.
-        if let Some(None) = neff_load::simulated_outputs(ctx.device.as_ref(), neff) {
+        let simulated = neff_load::simulated_outputs(ctx.device.as_ref(), neff);
+        if let Some(Some(label)) = simulated {
+            let _ = loaded.reference.set(label);
+        } else if simulated.is_some() {
             tracing::warn!(
                 target: neff_load::SHAPE_ONLY_TARGET,
                 "NEFF {:?} (uuid {}) runs shape-only on simdev: simdev cannot decode the NEFF \
@@ -677,6 +688,7 @@ impl ModelDb {
             device: device.clone(),
             runtime,
             datastore_slot: std::sync::OnceLock::new(),
+            reference: std::sync::OnceLock::new(),
         });
         if let Err(e) = result {
             loaded.free();

@@ -27,6 +27,15 @@ fn example_reference() -> PathBuf {
 
 /// A runtime at LNC=2 on a private trn2 simdev started with `args`.
 fn runtime(args: &[&str], hbm: Option<&str>) -> (Runtime, runtime::backend::sim::PrivateSimdev) {
+    runtime_timing_out(args, hbm, Duration::from_secs(60))
+}
+
+/// [`runtime`] with an execution timeout of `exec_timeout`.
+fn runtime_timing_out(
+    args: &[&str],
+    hbm: Option<&str>,
+    exec_timeout: Duration,
+) -> (Runtime, runtime::backend::sim::PrivateSimdev) {
     let mut all = vec!["--arch", "trn2"];
     if let Some(h) = hbm {
         all.extend(["--hbm", h]);
@@ -36,7 +45,7 @@ fn runtime(args: &[&str], hbm: Option<&str>) -> (Runtime, runtime::backend::sim:
     let dev = Arc::new(connect(&sim));
     let cfg = RuntimeConfig {
         lnc: Some(2),
-        exec_timeout: Duration::from_secs(60),
+        exec_timeout,
         ..RuntimeConfig::default()
     };
     (Runtime::init(dev, cfg).unwrap(), sim)
@@ -460,6 +469,33 @@ fn a_reference_returning_a_wrong_dtype_gives_1004_naming_both_dtypes() {
 #[test]
 fn a_reference_missing_an_output_gives_1004_naming_it() {
     misbehaving("missing", &["did not return output 'output0'"]);
+}
+
+#[test]
+fn a_runtime_timeout_while_a_reference_runs_names_the_reference_and_both_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(dir.path(), "bad.py", MISBEHAVING);
+    let spec = binding("matmul_small", &m, "sleeps");
+    // simdev gives its reference 60 s (as a shared simdev started by hand may), the runtime
+    // its execution 2 s.
+    let (rt, _sim) = runtime_timing_out(
+        &["--reference", &spec, "--reference-timeout", "60s"],
+        Some("1G"),
+        Duration::from_secs(2),
+    );
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+        .unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    let (r, _, _) = run_with_sentinel(&rt, h, &t, 1, true);
+    let e = r.unwrap_err();
+    assert_eq!(e.status, NrtStatus::Timeout, "{e}");
+    assert!(
+        e.message.contains("the CPU reference bad.py:sleeps")
+            && e.message.contains("(2s, NEURON_RT_EXEC_TIMEOUT)")
+            && e.message.contains("--reference-timeout"),
+        "{e}"
+    );
 }
 
 #[test]
