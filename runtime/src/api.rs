@@ -1424,6 +1424,30 @@ impl Runtime {
         Ok(job)
     }
 
+    /// `nrt_execute` under the implicit async pool, returning the job id that the completion
+    /// callback ([`Runtime::register_async_exec_callback`]) reports the execution's status
+    /// with: for a caller that matches statuses to executions (libnrt's callers count jobs).
+    ///
+    /// # Errors
+    /// NRT_INVALID when the pool is off; otherwise as [`Runtime::execute`]'s refusals.
+    pub fn execute_implicit(
+        &self,
+        model: ModelHandle,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+    ) -> NrtResult<u64> {
+        self.check_process()?;
+        let m = self.resolve(model)?;
+        if self.pool.is_none() {
+            return Err(status_err(
+                NrtStatus::Invalid,
+                "the implicit async pool is off (NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS)",
+            ));
+        }
+        self.refused(&m, check_input_count(&m, inputs))?;
+        self.refused(&m, self.execute_implicit_async(&m, inputs, outputs))
+    }
+
     /// `nrt_register_async_exec_callback`: `cb(model_id, vnc, job_id, status)` runs on the pool's
     /// worker after each implicit-async execution.
     ///

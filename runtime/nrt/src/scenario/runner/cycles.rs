@@ -46,6 +46,7 @@ impl Runner<'_> {
             check: true,
             inflight: 1,
             seed: self.sc.device.seed,
+            jobs: None,
         };
         let s = if exec {
             match slot(&rt, &m, &p) {

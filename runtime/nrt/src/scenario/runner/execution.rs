@@ -1,6 +1,7 @@
 //! `execute` and `join`: an `execute` step's executions on one or more threads, each thread
-//! with its own tensors ("slots"), through the sync API (`execute`, then `async_drain` under the
-//! implicit async pool) or the explicit async API (`execute_schedule` + `wait`, keeping up to
+//! with its own tensors ("slots"), through the sync API (under the implicit async pool:
+//! `execute`, `async_drain`, and the status the completion callback gave that job) or the
+//! explicit async API (`execute_schedule` + `wait`, keeping up to
 //! `inflight` requests outstanding and waiting for the oldest on NRT_QUEUE_FULL).
 //!
 //! Each execution writes a distinct input (from the seed and its index) and clears the output
@@ -68,6 +69,34 @@ pub(super) struct ExecParams {
     pub(super) inflight: usize,
     /// The input patterns' seed.
     pub(super) seed: u64,
+    /// Under the implicit async pool: the statuses its completion callback reports.
+    pub(super) jobs: Option<Arc<JobStatuses>>,
+}
+
+/// The statuses the implicit async pool's completion callback reported, by (logical core,
+/// job id), until taken.
+#[derive(Debug, Default)]
+pub(super) struct JobStatuses(std::sync::Mutex<std::collections::HashMap<(u32, u64), NrtStatus>>);
+
+impl JobStatuses {
+    /// The callback to register: records each job's status.
+    pub(super) fn callback(self: &Arc<Self>) -> runtime::async_pool::AsyncCallback {
+        let jobs = self.clone();
+        Arc::new(move |_, vnc, job, status| {
+            jobs.lock().insert((vnc, job), status);
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(u32, u64), NrtStatus>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Job `job`'s status on `vnc`, once (`None` if the callback has not reported it).
+    fn take(&self, vnc: u32, job: u64) -> Option<NrtStatus> {
+        self.lock().remove(&(vnc, job))
+    }
 }
 
 /// A background `execute` step.
@@ -243,17 +272,43 @@ fn exec_thread_sync(
             }
         };
         let t0 = Instant::now();
-        let r = rt.execute(h, &s.ins, &s.outs);
-        if r.is_ok() && rt.implicit_async() {
-            // The implicit async pool returns at submission: wait for the results.
-            rt.async_drain(h.vnc);
-        }
+        let (status, message) = match &p.jobs {
+            None => {
+                let r = rt.execute(h, &s.ins, &s.outs);
+                (
+                    status_of(&r),
+                    r.err().map(|e| e.message).unwrap_or_default(),
+                )
+            }
+            // The implicit async pool returns at submission: the execution's status is the
+            // one its completion callback reports, which has run when the drain returns.
+            Some(jobs) => match rt.execute_implicit(h, &s.ins, &s.outs) {
+                Err(err) => (err.status, err.message),
+                Ok(job) => {
+                    rt.async_drain(h.vnc);
+                    match jobs.take(h.vnc, job) {
+                        Some(NrtStatus::Success) => (NrtStatus::Success, String::new()),
+                        Some(st) => (
+                            st,
+                            format!(
+                                "job {job} completed with {st} (the completion callback's status)"
+                            ),
+                        ),
+                        None => (
+                            NrtStatus::Failure,
+                            format!(
+                                "job {job}: drained, but the completion callback never reported it"
+                            ),
+                        ),
+                    }
+                }
+            },
+        };
         let secs = t0.elapsed().as_secs_f64();
-        let status = status_of(&r);
         out.records.push(ExecRecord {
             e,
             status,
-            message: r.err().map(|e| e.message).unwrap_or_default(),
+            message,
             secs,
             output: verify(m, p, &s, e, status, &input),
         });
@@ -387,6 +442,7 @@ impl Runner<'_> {
                 usize::try_from(i).unwrap_or(1)
             }),
             seed: self.sc.device.seed,
+            jobs: rt.implicit_async().then(|| self.jobs.clone()),
         };
         if let Some(bg) = &step.background {
             let model = l.model.clone();

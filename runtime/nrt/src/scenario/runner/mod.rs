@@ -70,6 +70,8 @@ pub struct Runner<'a> {
     /// resets simdev's clocks: `sim_time` checks count from it. Kept with the runtime it was
     /// read from (a later runtime's metrics start at 0).
     sim_time_base: Option<(Arc<Runtime>, BTreeMap<u32, i128>)>,
+    /// The implicit async pool's completion statuses, registered on the scenario's runtime.
+    jobs: Arc<execution::JobStatuses>,
 }
 
 /// A call's status (NRT_SUCCESS for `Ok`).
@@ -100,6 +102,7 @@ impl<'a> Runner<'a> {
             snapshots: BTreeMap::new(),
             background: BTreeMap::new(),
             clients: BTreeMap::new(),
+            jobs: Arc::default(),
         }
     }
 
@@ -147,6 +150,15 @@ impl<'a> Runner<'a> {
     /// Opens the scenario's runtime on its own connection to simdev.
     fn init_runtime(&mut self) -> Result<(), NrtError> {
         let rt = self.open_runtime(None)?;
+        self.adopt(rt)
+    }
+
+    /// Makes `rt` the scenario's runtime; under the implicit async pool, with the completion
+    /// callback that reports each execution's status to the `execute` steps.
+    fn adopt(&mut self, rt: Runtime) -> Result<(), NrtError> {
+        if rt.implicit_async() {
+            rt.register_async_exec_callback(self.jobs.callback())?;
+        }
         self.rt = Some(Arc::new(rt));
         Ok(())
     }
@@ -289,7 +301,7 @@ impl<'a> Runner<'a> {
                 let t0 = Instant::now();
                 let r = self
                     .open_runtime(s.visible_cores.as_ref())
-                    .map(|rt| self.rt = Some(Arc::new(rt)));
+                    .and_then(|rt| self.adopt(rt));
                 self.judge_call(at, s.call_expect(), &r, t0.elapsed().as_secs_f64());
             }
             Action::Load(s) => self.load(at, s),
