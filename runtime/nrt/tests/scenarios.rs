@@ -231,3 +231,41 @@ fn a_file_that_checks_nothing_a_bad_time_limit_and_a_multi_line_reason_each_fail
         );
     }
 }
+
+#[test]
+fn a_client_whose_device_is_gone_stops_executing_and_waits_for_its_signal() {
+    use std::io::BufRead;
+    let mut sim =
+        runtime::backend::sim::PrivateSimdev::spawn(&tests::simdev_command(&["--hbm", "16M"]))
+            .unwrap();
+    let mut client = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["scenario", "client", "--bytes", "64", "--socket"])
+        .arg(sim.socket())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(client.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    assert!(ready.starts_with("ready "), "{ready}");
+    // Some executions, then the device goes away under the client.
+    let progress = lines.next().unwrap().unwrap();
+    assert!(progress.starts_with("progress "), "{progress}");
+    sim.stop();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(client.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let done = lines
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("done ").map(str::to_owned))
+        .expect("a done line");
+    assert!(client.wait().unwrap().success());
+    let d: serde_json::Value = serde_json::from_str(&done).unwrap();
+    let (executions, failures) = (
+        d["executions"].as_u64().unwrap(),
+        d["failures"].as_u64().unwrap(),
+    );
+    // Each of its two cores failed at most twice (the doorbell to a gone device, NRT_FAILURE,
+    // degrades the core; the next call is 101) and took no more: half a second of retrying
+    // would have been tens of thousands.
+    assert!((1..=4).contains(&failures) && executions < 10_000, "{done}");
+}

@@ -7,7 +7,10 @@
 //! "message"}` and exits 3 when init fails, e.g. an NC owned by another process). It then
 //! executes round-robin over its cores, checking every output, printing `progress N` every 16
 //! executions, until `--count` executions are done or SIGINT/SIGTERM arrives; then it closes the
-//! runtime, prints `done {"executions", "failures", "first_failure"}` and exits 0.
+//! runtime, prints `done {"executions", "failures", "first_failure"}` and exits 0. A core whose
+//! execution failed with NRT_HW_ERROR (the device is gone) or 101 (degraded) takes no more;
+//! with none left the client stops executing: it ends at once when `--count` was given (the
+//! count cannot be reached), else it waits for its signal.
 //!
 //! Lifecycle mode (`--lifecycle`) drives the process-global `nrt` facade through its state
 //! gates (before init, after close, a second close) and prints `lifecycle {op: status}`.
@@ -42,6 +45,9 @@ pub struct ClientArgs {
     /// Execution timeout, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub exec_timeout: f64,
+    /// NCs per logical core (`NEURON_LOGICAL_NC_CONFIG`; the arch's default when absent).
+    #[arg(long)]
+    pub lnc: Option<u32>,
     /// Executions before exiting (0: until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0)]
     pub count: u64,
@@ -91,22 +97,36 @@ pub fn main(args: &ClientArgs) -> ExitCode {
         visible_cores,
         num_cores: args.num_cores,
         exec_timeout: Duration::from_secs_f64(args.exec_timeout.max(0.001)),
+        lnc: args.lnc,
         ..RuntimeConfig::default()
     };
     let rt = match Runtime::init(Arc::new(dev) as Arc<dyn Device>, config) {
         Ok(rt) => rt,
         Err(e) => return refused(e.status, &e.message),
     };
-    let model = runtime::builder::identity(args.bytes.max(1));
-    let container = match model.to_container(Target::Simdev) {
-        Ok(c) => c,
-        Err(e) => return refused(NrtStatus::Invalid, &e.to_string()),
-    };
     let mut cores = Vec::new();
     for v in 0..rt.visible_vnc_count() {
+        // A logical core of two NCs runs the identity split in halves, one per NC.
+        let (model, bytes) = match rt.vnc_ncs(v).map_or(1, <[u32]>::len) {
+            1 => (
+                runtime::builder::identity(args.bytes.max(1)),
+                args.bytes.max(1),
+            ),
+            _ => (
+                runtime::builder::identity_split(args.bytes.max(2)),
+                args.bytes.max(2),
+            ),
+        };
+        let container = match model.to_container(Target::Simdev) {
+            Ok(c) => c,
+            Err(e) => {
+                rt.close();
+                return refused(NrtStatus::Invalid, &e.to_string());
+            }
+        };
         let setup = || -> NrtResult<_> {
             let h = rt.load(&container, i32::try_from(v).unwrap_or(0))?;
-            let size = u64::from(args.bytes.max(1));
+            let size = u64::from(bytes);
             let input = rt.tensor_allocate(Placement::Device { vnc: v }, size, "input")?;
             let output = rt.tensor_allocate(Placement::Device { vnc: v }, size, "output")?;
             let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
@@ -132,12 +152,26 @@ pub fn main(args: &ClientArgs) -> ExitCode {
     );
     let (mut executions, mut failures, mut first_failure) = (0u64, 0u64, None::<String>);
     let mut e = 0u64;
+    // Cores that can take no more executions: the device is gone (NRT_HW_ERROR) or the core
+    // degraded (101). Executing on them again would only fail at once, in a busy loop.
+    let mut dead = vec![false; cores.len()];
     'outer: while !stop.load(Ordering::SeqCst) {
-        for (h, input, output, ins, outs) in &cores {
+        if dead.iter().all(|d| *d) {
+            if args.count > 0 {
+                break; // the count can no longer be reached
+            }
+            // Until stopped, as asked, without spinning.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        for (k, (h, input, output, ins, outs)) in cores.iter().enumerate() {
             if stop.load(Ordering::SeqCst) || (args.count > 0 && executions >= args.count) {
                 break 'outer;
             }
-            let pattern: Vec<u8> = (0..u64::from(args.bytes.max(1)))
+            if dead[k] {
+                continue;
+            }
+            let pattern: Vec<u8> = (0..input.size())
                 .map(|i| {
                     (args.seed ^ e.wrapping_mul(31) ^ i.wrapping_mul(7))
                         .wrapping_add(i)
@@ -163,6 +197,10 @@ pub fn main(args: &ClientArgs) -> ExitCode {
             e += 1;
             if let Err(err) = r {
                 failures += 1;
+                dead[k] |= matches!(
+                    err.status,
+                    NrtStatus::HwError | NrtStatus::ExecUnitUnrecoverable
+                );
                 if first_failure.is_none() {
                     first_failure = Some(err.to_string());
                 }

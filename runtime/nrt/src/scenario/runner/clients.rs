@@ -91,6 +91,9 @@ impl Runner<'_> {
         if let Some(n) = step.count {
             cmd.arg("--count").arg(n.to_string());
         }
+        if let Some(lnc) = self.sc.runtime.lnc {
+            cmd.arg("--lnc").arg(lnc.to_string());
+        }
         match self
             .log_path(&name)
             .and_then(|p| std::fs::File::create(p).ok())
