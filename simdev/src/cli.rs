@@ -72,7 +72,8 @@ pub struct Args {
     /// costs RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub hbm: Option<u64>,
-    /// Also accept clients running as this uid (simdev's own effective uid is always allowed).
+    /// Also accept clients running as this uid (simdev's own effective uid is always allowed;
+    /// with any, the socket is mode 0666 and each client's uid is checked when it connects).
     #[arg(long = "allow-uid", value_name = "UID")]
     pub allow_uid: Vec<u32>,
     /// Write a Chrome trace-event JSON trace (Perfetto, chrome://tracing) of instructions, DMA

@@ -263,9 +263,16 @@ impl Server {
             path: path.clone(),
             source,
         })?;
-        // Linux creates the socket file with the socket inode's mode (minus the umask), so this
-        // closes the window between bind and chmod; the chmod below is the guarantee.
-        let _ = fchmod(&listener, Mode::from_bits_truncate(0o600));
+        // Only the owner may connect; with --allow-uid anyone may, and the peer's uid
+        // (SO_PEERCRED) is what admits or refuses it. Linux creates the socket file with the
+        // socket inode's mode (minus the umask), so this closes the window between bind and
+        // chmod; the chmod below is the guarantee.
+        let mode = if config.allow_uids.is_empty() {
+            0o600
+        } else {
+            0o666
+        };
+        let _ = fchmod(&listener, Mode::from_bits_truncate(mode));
         bind(listener.as_raw_fd(), &addr).map_err(|source| SimdevError::Bind {
             path: path.clone(),
             source,
@@ -279,7 +286,7 @@ impl Server {
             dev: meta.dev(),
             ino: meta.ino(),
         };
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(
             |source| SimdevError::Chmod {
                 path: path.clone(),
                 source,

@@ -631,13 +631,15 @@ fn a_client_of_another_uid_is_refused() {
     let client = dir.path().join("sim-client");
     std::fs::copy(env!("CARGO_BIN_EXE_sim-client"), &client).unwrap();
     std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let run_as_nobody = |socket: &std::path::Path| {
+    let run_as_nobody = |socket: &std::path::Path, open_socket: bool| {
         std::fs::set_permissions(
             socket.parent().unwrap(),
             std::fs::Permissions::from_mode(0o755),
         )
         .unwrap();
-        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+        if open_socket {
+            std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
         let out = Command::new(&client)
             .arg("0")
             .env("NEURON_SIMDEV_SOCKET", socket)
@@ -660,12 +662,27 @@ fn a_client_of_another_uid_is_refused() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600, "the socket is created 0600");
-    let (status, stderr, _) = run_as_nobody(sim.socket());
+    // The 0600 socket keeps the other user out before simdev sees it, and the client says why.
+    let (status, stderr, _) = run_as_nobody(sim.socket(), false);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("permission denied connecting to") && stderr.contains("--allow-uid"),
+        "{stderr}"
+    );
+    // Made connectable, simdev's uid check refuses it.
+    let (status, stderr, _) = run_as_nobody(sim.socket(), true);
     assert!(!status.success());
     assert!(stderr.contains("not allowed"), "{stderr}");
-    // With --allow-uid the same client is served.
+    // With --allow-uid the same client is served, on the socket as simdev made it (0666:
+    // the uid check admits it).
     let allowed = start_simdev(&["--hbm", HBM, "--allow-uid", "65534"]);
-    let (status, stderr, stdout) = run_as_nobody(allowed.socket());
+    let mode = std::fs::metadata(allowed.socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o666, "with --allow-uid the socket is created 0666");
+    let (status, stderr, stdout) = run_as_nobody(allowed.socket(), false);
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim(), "ready");
 }

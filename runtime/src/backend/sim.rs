@@ -162,12 +162,19 @@ impl SimDevice {
             op,
             source: std::io::Error::new(
                 std::io::Error::from(e).kind(),
-                format!(
-                    "no simdev listening on {} ({e}); start one there with `simdev --socket {}` (or `nrt simdev --socket {}`), or unset NEURON_SIMDEV_SOCKET to let the runtime start its own",
-                    socket.display(),
-                    socket.display(),
-                    socket.display()
-                ),
+                if e == nix::errno::Errno::EACCES {
+                    format!(
+                        "permission denied connecting to {} ({e}): a simdev serves only its own user unless started with --allow-uid (its socket is then mode 0666), and this user must be able to search the socket's directory",
+                        socket.display()
+                    )
+                } else {
+                    format!(
+                        "no simdev listening on {} ({e}); start one there with `simdev --socket {}` (or `nrt simdev --socket {}`), or unset NEURON_SIMDEV_SOCKET to let the runtime start its own",
+                        socket.display(),
+                        socket.display(),
+                        socket.display()
+                    )
+                },
             ),
         })?;
         let mut dev = SimDevice {
