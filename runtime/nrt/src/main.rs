@@ -271,7 +271,12 @@ fn main() -> ExitCode {
     }
     if matches!(
         cli.command,
-        Command::Bench { .. } | Command::Neff { .. } | Command::Ls { .. }
+        Command::Bench { .. }
+            | Command::Neff { .. }
+            | Command::Ls { .. }
+            | Command::Scenario {
+                command: scenario::ScenarioCommand::Run { .. }
+            }
     ) {
         exit_cleanly_on_signals();
     }

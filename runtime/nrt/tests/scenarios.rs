@@ -269,3 +269,63 @@ fn a_client_whose_device_is_gone_stops_executing_and_waits_for_its_signal() {
     // would have been tens of thousands.
     assert!((1..=4).contains(&failures) && executions < 10_000, "{done}");
 }
+
+/// Starts `nrt scenario run` of scenario 11 (two client processes) with its temporary files
+/// in `tmp`; returns once a client is running.
+fn two_clients_running(tmp: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut run = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["scenario", "run"])
+        .arg(repo().join("scenarios/11_two_clients.toml"))
+        .env("TMPDIR", tmp)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("spawn_client(a)"), "{first}");
+    // The rest is read on (a closed pipe would end the run with SIGPIPE first).
+    std::thread::spawn(move || lines.for_each(drop));
+    run
+}
+
+/// Whether `dir` becomes empty within 10 s.
+fn empties(dir: &Path) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_secs(10) {
+        if std::fs::read_dir(dir).unwrap().next().is_none() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn a_scenario_run_stopped_by_a_signal_or_killed_leaves_nothing_in_tmpdir() {
+    use nix::sys::signal::{Signal, kill};
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGKILL] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut run = two_clients_running(tmp.path());
+        kill(
+            nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap()),
+            signal,
+        )
+        .unwrap();
+        let status = run.wait().unwrap();
+        if signal == Signal::SIGKILL {
+            assert!(!status.success(), "{signal}: {status}");
+        } else {
+            assert_eq!(status.code(), Some(130), "{signal}: {status}");
+        }
+        // The private simdev (and its clients' stderr) left nothing: a signal runs the exit
+        // hook; after SIGKILL simdev, orphaned, removes its own directory.
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .collect();
+        assert!(empties(tmp.path()), "{signal}: {left:?}");
+    }
+}

@@ -34,6 +34,38 @@ pub(super) struct Client {
     lines: mpsc::Receiver<String>,
     /// The lines read so far.
     seen: Vec<String>,
+    /// Its stderr ([`stderr_file`]).
+    log: Option<std::fs::File>,
+}
+
+/// A file for a child's stderr, and the runner's handle to read it back: unlinked from the
+/// start, so nothing is left behind however the runner ends (a file beside simdev's socket
+/// would keep its private directory from being removed when the runner is killed).
+fn stderr_file() -> Option<(std::fs::File, Stdio)> {
+    let file = tempfile::tempfile().ok()?;
+    let child = file.try_clone().ok()?;
+    Some((file, Stdio::from(child)))
+}
+
+/// The last lines a child wrote to its stderr (at most 2 KiB), for a failure's message; empty
+/// when it wrote nothing.
+fn stderr_tail(log: Option<&std::fs::File>) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Some(mut f) = log else {
+        return String::new();
+    };
+    let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+    let start = len.saturating_sub(2048);
+    let mut text = String::new();
+    if f.seek(SeekFrom::Start(start)).is_err() || f.read_to_string(&mut text).is_err() {
+        return String::new();
+    }
+    let text = text.trim();
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ends: {}", text.replace('\n', " | "))
+    }
 }
 
 /// The process id, for signals.
@@ -52,13 +84,6 @@ impl Runner<'_> {
     /// simdev's socket, while it runs.
     fn socket(&self) -> Option<PathBuf> {
         self.simdev.as_ref().map(|s| s.socket().to_owned())
-    }
-
-    /// A log file beside simdev's, for a child's stderr.
-    fn log_path(&self, name: &str) -> Option<PathBuf> {
-        self.simdev
-            .as_ref()
-            .map(|s| s.dir().join(format!("{name}.log")))
     }
 
     /// `spawn_client`: starts a client and judges its first line (`ready` or `refused`) as
@@ -94,12 +119,15 @@ impl Runner<'_> {
         if let Some(lnc) = self.sc.runtime.lnc {
             cmd.arg("--lnc").arg(lnc.to_string());
         }
-        match self
-            .log_path(&name)
-            .and_then(|p| std::fs::File::create(p).ok())
-        {
-            Some(f) => cmd.stderr(f),
-            None => cmd.stderr(Stdio::null()),
+        let log = match stderr_file() {
+            Some((file, stderr)) => {
+                cmd.stderr(stderr);
+                Some(file)
+            }
+            None => {
+                cmd.stderr(Stdio::null());
+                None
+            }
         };
         let t0 = Instant::now();
         let mut child = match cmd.spawn() {
@@ -124,6 +152,7 @@ impl Runner<'_> {
             child,
             lines: rx,
             seen: Vec::new(),
+            log,
         };
         let first = client.lines.recv_timeout(Duration::from_secs(20));
         let took = t0.elapsed().as_secs_f64();
@@ -230,6 +259,11 @@ impl Runner<'_> {
             ExitKind::Clean => status.code() == Some(0) && done.is_some(),
             ExitKind::Killed => status.signal() == sig.map(|s| s as i32),
         };
+        let seen = if ok {
+            seen
+        } else {
+            format!("{seen}{}", stderr_tail(c.log.as_ref()))
+        };
         self.rec.record(
             ok,
             &at,
@@ -299,12 +333,15 @@ impl Runner<'_> {
             .env_remove("NEURON_RT_FUNTIME")
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
-        match self
-            .log_path("lifecycle")
-            .and_then(|p| std::fs::File::create(p).ok())
-        {
-            Some(f) => cmd.stderr(f),
-            None => cmd.stderr(Stdio::null()),
+        let log = match stderr_file() {
+            Some((file, stderr)) => {
+                cmd.stderr(stderr);
+                Some(file)
+            }
+            None => {
+                cmd.stderr(Stdio::null());
+                None
+            }
         };
         let t0 = Instant::now();
         let out = match cmd.output() {
@@ -322,11 +359,21 @@ impl Runner<'_> {
             .find_map(|l| l.strip_prefix("lifecycle "))
             .and_then(|j| serde_json::from_str(j).ok())
             .unwrap_or_default();
+        let ran = out.status.success() && !codes.is_empty();
         self.rec.record(
-            out.status.success() && !codes.is_empty(),
+            ran,
             at,
             "the lifecycle client runs to the end and exits 0",
-            format!("{} after {}", out.status, secs(took)),
+            format!(
+                "{} after {}{}",
+                out.status,
+                secs(took),
+                if ran {
+                    String::new()
+                } else {
+                    stderr_tail(log.as_ref())
+                }
+            ),
         );
         for (op, want) in step.expect_codes.clone().unwrap_or_default() {
             let want = match want.status() {
