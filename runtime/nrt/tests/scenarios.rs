@@ -329,3 +329,27 @@ fn a_scenario_run_stopped_by_a_signal_or_killed_leaves_nothing_in_tmpdir() {
         assert!(empties(tmp.path()), "{signal}: {left:?}");
     }
 }
+
+#[test]
+fn a_lifecycle_that_could_not_initialise_fails_without_expect_codes() {
+    // The scenario's own runtime holds NC 0, so the lifecycle client's init is refused: it
+    // used to pass, as the client still exits 0.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vacuous_lifecycle.toml");
+    std::fs::write(
+        &file,
+        "description = \"a lifecycle on a held NC\"\n\
+         [device]\nncs = 1\nhbm = \"16M\"\n\
+         [models.id]\nbuilder = \"identity\"\n\
+         [[steps]]\naction = \"lifecycle\"\n",
+    )
+    .unwrap();
+    let (out, text) = nrt(&["scenario", "run"], &[file]);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(
+            "FAIL vacuous_lifecycle step 1 lifecycle: init returns NRT_SUCCESS — NRT_EXEC_NC_BUSY"
+        ) && text.contains("execute returns NRT_SUCCESS — NRT_UNINITIALIZED"),
+        "{text}"
+    );
+}

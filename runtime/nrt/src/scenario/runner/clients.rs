@@ -375,8 +375,24 @@ impl Runner<'_> {
                 }
             ),
         );
-        for (op, want) in step.expect_codes.clone().unwrap_or_default() {
-            let want = match want.status() {
+        let named = step.expect_codes.clone().unwrap_or_default();
+        // Unless the file says otherwise, the lifecycle must have run: its init and its
+        // execute succeed (an NC held by the scenario's own runtime would fail both).
+        let defaults: Vec<_> = ["init", "execute"]
+            .into_iter()
+            .filter(|op| !named.contains_key(*op))
+            .map(|op| (op.to_string(), Ok(NrtStatus::Success)))
+            .collect();
+        let wanted: Vec<_> = named
+            .into_iter()
+            .map(|(op, want)| {
+                let s = want.status();
+                (op, s)
+            })
+            .chain(defaults)
+            .collect();
+        for (op, want) in wanted {
+            let want = match want {
                 Ok(s) => s,
                 Err(e) => {
                     self.rec.fail(at, format!("a valid status for {op}"), e);
