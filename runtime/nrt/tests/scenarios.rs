@@ -353,3 +353,35 @@ fn a_lifecycle_that_could_not_initialise_fails_without_expect_codes() {
         "{text}"
     );
 }
+
+#[test]
+fn a_failed_step_is_followed_on_stderr_by_what_simdev_logged() {
+    // The reference worker cannot start: the executions end with 1004, and why is in simdev's
+    // log, which goes with its private directory.
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["scenario", "run"])
+        .arg(repo().join("scenarios/29_neff_reference.toml"))
+        .env("NEURON_SIMDEV_PYTHON", "/bin/false")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "29_neff_reference step 2 reference-backed executions: simdev: NC 0 execution 0 failed"
+        ) && stderr.contains("the reference worker (\"/bin/false\""),
+        "{stderr}"
+    );
+    // stdout keeps its one-line-per-expectation format.
+    assert!(
+        stdout.lines().all(|l| l.starts_with("PASS ")
+            || l.starts_with("FAIL ")
+            || l.starts_with("FAILED ")
+            || l.starts_with("PASSED ")
+            || l.starts_with("scenario files:")),
+        "{stdout}"
+    );
+}

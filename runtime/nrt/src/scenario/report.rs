@@ -104,6 +104,11 @@ impl Recorder {
         self.record(false, at, expected, seen);
     }
 
+    /// The scenario's name.
+    pub fn scenario(&self) -> &str {
+        &self.scenario
+    }
+
     /// Whether anything failed.
     pub fn failed(&self) -> bool {
         self.outcomes.iter().any(|o| !o.pass)

@@ -213,12 +213,36 @@ impl<'a> Runner<'a> {
                 Some(l) => format!("step {} {l}", i + 1),
                 None => format!("step {} {}", i + 1, step.action.describe()),
             };
+            let failures = self.failures();
             self.step(i + 1, &at, step);
+            self.pass_on_device_log(&at, failures);
         }
         for (i, c) in sc.expect.iter().enumerate() {
-            self.check(&format!("expect {} {}", i + 1, c.what()), c);
+            let failures = self.failures();
+            let at = format!("expect {} {}", i + 1, c.what());
+            self.check(&at, c);
+            self.pass_on_device_log(&at, failures);
         }
         self.cleanup();
+    }
+
+    /// Failed expectations so far.
+    fn failures(&self) -> usize {
+        self.rec.outcomes.iter().filter(|o| !o.pass).count()
+    }
+
+    /// What simdev logged at warn or error level during `at` (a reference's exception, a DMA
+    /// abort's reason), written to stderr when `at` failed an expectation (`before`: the
+    /// failures before it) — the log file goes with simdev's private directory. The PASS/FAIL
+    /// lines on stdout are unchanged.
+    fn pass_on_device_log(&mut self, at: &str, before: usize) {
+        let Some(sim) = &self.simdev else { return };
+        let lines = sim.take_log();
+        if self.failures() > before {
+            for l in lines {
+                eprintln!("{} {at}: simdev: {l}", self.rec.scenario());
+            }
+        }
     }
 
     /// Kills remaining clients, joins (and fails) unjoined background steps, closes the
