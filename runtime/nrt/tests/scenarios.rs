@@ -171,17 +171,47 @@ fn a_scenario_past_its_time_limit_reports_what_held_before_it() {
          [[steps]]\naction = \"sleep\"\nms = 30000\n",
     )
     .unwrap();
-    let (out, text) = nrt(&["scenario", "run", "--json"], &[file]);
-    assert!(!out.status.success(), "{text}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect(&text);
+    // A file after it is not run, and says so.
+    let after = repo().join("scenarios/01_timeout.toml");
+    let (out, text) = nrt(
+        &["scenario", "run", "--json"],
+        &[file.clone(), after.clone()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    let records: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(&text))
+        .collect();
+    assert_eq!(records.len(), 2, "one record per file: {text}");
+    let r = &records[0];
     assert_eq!(r["passed"], false, "{r}");
     assert_eq!(r["pass_count"], 1, "the load held: {r}");
     assert_eq!(r["fail_count"], 1, "{r}");
+    assert_eq!(
+        r["results"][0]["at"], "step 1 load(id)",
+        "what held is listed: {r}"
+    );
     assert!(
-        r["results"][0]["expected"]
+        r["results"][1]["expected"]
             .as_str()
             .is_some_and(|e| e.contains("within 0.5 s")),
         "{r}"
+    );
+    let n = &records[1];
+    assert_eq!(n["passed"], false, "{n}");
+    assert!(
+        n["results"][0]["seen"]
+            .as_str()
+            .is_some_and(|s| s.contains("not run: slow ran past its time limit")),
+        "{n}"
+    );
+    // In text, the file's FAILED line and the run's summary still come.
+    let (out, text) = nrt(&["scenario", "run"], &[file, after]);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("FAILED slow (")
+            && text.contains("scenario files: 0 of 2 passed (1 not run after the time limit)"),
+        "{text}"
     );
 }
 
@@ -203,7 +233,15 @@ fn a_file_that_checks_nothing_a_bad_time_limit_and_a_multi_line_reason_each_fail
                 "limit.toml",
                 "time_limit_s = 0\n[[steps]]\naction = \"sleep\"\nms = 1\n",
             ),
-            "time_limit_s = 0: a time limit is a number of seconds above 0",
+            "0 seconds: must be a positive number of seconds",
+        ),
+        (
+            // Not "0 or more", as it said for a negative limit while refusing 0.
+            write(
+                "negative.toml",
+                "time_limit_s = -1\n[[steps]]\naction = \"sleep\"\nms = 1\n",
+            ),
+            "-1 seconds: must be a positive number of seconds",
         ),
         (
             write(

@@ -107,8 +107,35 @@ fn file_name(path: &Path) -> String {
     )
 }
 
+/// Where a file stands in the run: the files after it and how many before it failed (the
+/// time-limit watchdog, which ends the process, reports the run's end too).
+struct RunPosition<'a> {
+    after: &'a [PathBuf],
+    total: usize,
+    failed_before: usize,
+}
+
+/// The report of a file that was not run because an earlier one ran past its time limit.
+fn not_run(path: &Path, because: &str) -> FileReport {
+    FileReport {
+        file: path.display().to_string(),
+        scenario: file_name(path),
+        description: None,
+        passed: false,
+        pass_count: 0,
+        fail_count: 1,
+        seconds: 0.0,
+        results: vec![Outcome {
+            pass: false,
+            at: "file".into(),
+            expected: "the file runs".into(),
+            seen: format!("not run: {because} ran past its time limit"),
+        }],
+    }
+}
+
 /// Runs one file; returns its report.
-fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
+fn run_file(path: &Path, json: bool, exe: &Path, pos: &RunPosition<'_>) -> FileReport {
     let start = Instant::now();
     let stem = file_name(path);
     let fail_report = |name: String, at: &str, expected: &str, seen: String| {
@@ -153,6 +180,9 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
     // watchdog reports it and ends the process (simdev and clients die with it).
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let (wname, wfile) = (name.clone(), path.display().to_string());
+    let wdescription = sc.description.clone();
+    let after: Vec<PathBuf> = pos.after.to_vec();
+    let (total, failed_before) = (pos.total, pos.failed_before);
     let tally = std::sync::Arc::new(report::Tally::default());
     let counted = tally.clone();
     let watchdog = std::thread::spawn(move || {
@@ -163,20 +193,33 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
                 expected: format!("the scenario finishes within {} s", limit.as_secs_f64()),
                 seen: "it did not (a step hung, or the limit is too short); stopping: the files after this one are not run".into(),
             };
+            let mut results = counted.outcomes();
+            results.push(o.clone());
+            let fail_count = results.iter().filter(|r| !r.pass).count();
+            let r = FileReport {
+                file: wfile,
+                scenario: wname,
+                description: wdescription,
+                passed: false,
+                pass_count: results.len() - fail_count,
+                fail_count,
+                seconds: limit.as_secs_f64(),
+                results,
+            };
             if json {
-                let r = FileReport {
-                    file: wfile,
-                    scenario: wname,
-                    description: None,
-                    passed: false,
-                    pass_count: counted.passed.load(std::sync::atomic::Ordering::Relaxed),
-                    fail_count: counted.failed.load(std::sync::atomic::Ordering::Relaxed) + 1,
-                    seconds: limit.as_secs_f64(),
-                    results: vec![o],
-                };
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                for f in &after {
+                    let n = not_run(f, &r.scenario);
+                    println!("{}", serde_json::to_string(&n).unwrap_or_default());
+                }
             } else {
-                println!("{}", report::line(&wname, &o));
+                println!("{}", report::line(&r.scenario, &o));
+                print_file_line(&r);
+                println!(
+                    "scenario files: {} of {total} passed ({} not run after the time limit)",
+                    total - failed_before - 1 - after.len(),
+                    after.len()
+                );
             }
             std::process::exit(2);
         }
@@ -217,6 +260,19 @@ fn run_file(path: &Path, json: bool, exe: &Path) -> FileReport {
     }
 }
 
+/// The `PASSED|FAILED <scenario> (<file>): ...` line.
+fn print_file_line(r: &FileReport) {
+    println!(
+        "{} {} ({}): {} expectations held, {} did not, {:.2} s",
+        if r.passed { "PASSED" } else { "FAILED" },
+        r.scenario,
+        r.file,
+        r.pass_count,
+        r.fail_count,
+        r.seconds
+    );
+}
+
 /// Runs every file in turn.
 fn run_files(files: &[PathBuf], json: bool) -> ExitCode {
     let exe = match std::env::current_exe() {
@@ -227,23 +283,20 @@ fn run_files(files: &[PathBuf], json: bool) -> ExitCode {
         }
     };
     let mut failed = 0usize;
-    for f in files {
-        let r = run_file(f, json, &exe);
+    for (i, f) in files.iter().enumerate() {
+        let pos = RunPosition {
+            after: &files[i + 1..],
+            total: files.len(),
+            failed_before: failed,
+        };
+        let r = run_file(f, json, &exe, &pos);
         if !r.passed {
             failed += 1;
         }
         if json {
             println!("{}", serde_json::to_string(&r).unwrap_or_default());
         } else {
-            println!(
-                "{} {} ({}): {} expectations held, {} did not, {:.2} s",
-                if r.passed { "PASSED" } else { "FAILED" },
-                r.scenario,
-                r.file,
-                r.pass_count,
-                r.fail_count,
-                r.seconds
-            );
+            print_file_line(&r);
         }
     }
     if !json {

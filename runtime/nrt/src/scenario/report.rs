@@ -37,14 +37,21 @@ pub struct FileReport {
     pub results: Vec<Outcome>,
 }
 
-/// Outcomes counted as they are recorded, readable from another thread (the time-limit
-/// watchdog reports what held before it stopped the scenario).
+/// Outcomes as they are recorded, readable from another thread (the time-limit watchdog
+/// reports what held and what did not before it stopped the scenario).
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// Expectations that held.
-    pub passed: std::sync::atomic::AtomicUsize,
-    /// Expectations that did not.
-    pub failed: std::sync::atomic::AtomicUsize,
+    outcomes: std::sync::Mutex<Vec<Outcome>>,
+}
+
+impl Tally {
+    /// The outcomes so far.
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// Collects outcomes and prints them as they come (text mode).
@@ -90,12 +97,11 @@ impl Recorder {
         if self.print {
             println!("{}", line(&self.scenario, &o));
         }
-        let count = if o.pass {
-            &self.tally.passed
-        } else {
-            &self.tally.failed
-        };
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tally
+            .outcomes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(o.clone());
         self.outcomes.push(o);
     }
 

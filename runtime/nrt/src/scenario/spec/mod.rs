@@ -29,6 +29,18 @@ pub(crate) mod seconds {
             .map_err(D::Error::custom)
     }
 
+    /// An optional number of seconds above 0.
+    pub fn opt_positive<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(|secs| {
+                runtime::config::check_seconds(secs, true)
+                    .map(|_| secs)
+                    .map_err(|why| format!("{secs} seconds: {why}"))
+            })
+            .transpose()
+            .map_err(D::Error::custom)
+    }
+
     /// A number of seconds above 0.
     pub fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         let secs = f64::deserialize(d)?;
@@ -62,7 +74,7 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Wall-clock limit for the whole scenario in seconds, above 0 (default 60): past it the
     /// runner reports a failure and exits.
-    #[serde(default, deserialize_with = "seconds::opt")]
+    #[serde(default, deserialize_with = "seconds::opt_positive")]
     pub time_limit_s: Option<f64>,
     /// The simulated device.
     #[serde(default)]
@@ -588,13 +600,6 @@ pub fn parse(text: &str) -> Result<Scenario, String> {
             e.to_string()
         }
     })?;
-    if let Some(t) = scenario.time_limit_s
-        && !(t.is_finite() && t > 0.0)
-    {
-        return Err(format!(
-            "time_limit_s = {t}: a time limit is a number of seconds above 0"
-        ));
-    }
     scenario.check_faults()?;
     scenario.check_bounds()?;
     scenario.check_names()?;
