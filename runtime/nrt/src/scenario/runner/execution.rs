@@ -486,3 +486,72 @@ impl Runner<'_> {
         self.judge_exec(&at, &b.step, &outcome, m.as_deref());
     }
 }
+
+impl Runner<'_> {
+    /// `tensor_op`: one write, read or copy on a TENSOR_OP queue, waited for; judged by its
+    /// status (the schedule call's refusal, else the completion's), and on success by the
+    /// bytes where they landed.
+    pub(super) fn tensor_op(&mut self, at: &str, step: &crate::scenario::spec::TensorOpStep) {
+        use crate::scenario::spec::TensorOpKind;
+        let Some(rt) = self.runtime(at) else { return };
+        let (bytes, vnc, queue) = (
+            step.bytes.unwrap_or(4096),
+            step.vnc.unwrap_or(0),
+            step.queue.unwrap_or(0),
+        );
+        let t0 = Instant::now();
+        let data: Vec<u8> = (0..bytes)
+            .map(|i| (i.wrapping_mul(131) ^ self.sc.device.seed).to_le_bytes()[0])
+            .collect();
+        let tensor = |name: &str| rt.tensor_allocate(Placement::Device { vnc }, bytes, name);
+        let lnc = i32::try_from(vnc).unwrap_or(i32::MAX);
+        // The operation's result and, when it completed, where its bytes should now be.
+        let run = || -> Result<Vec<u8>, runtime::NrtError> {
+            let settled = |op: &ScheduledExecution| match rt.wait(op)? {
+                NrtStatus::Success => Ok(()),
+                s => Err(runtime::NrtError::new(
+                    s,
+                    format!("the tensor operation completed with {s}"),
+                )),
+            };
+            let mut landed = vec![0u8; data.len()];
+            match step.op.unwrap_or_default() {
+                TensorOpKind::Write => {
+                    let t = tensor("tensor_op_dst")?;
+                    settled(&rt.tensor_write_schedule(&t, &data, 0, lnc, queue)?)?;
+                    t.read(&mut landed, 0)?;
+                }
+                TensorOpKind::Read => {
+                    let t = tensor("tensor_op_src")?;
+                    t.write(&data, 0)?;
+                    let dest = runtime::tensor_op::ReadBuffer::new(bytes)?;
+                    settled(&rt.tensor_read_schedule(&dest, &t, 0, bytes, lnc, queue)?)?;
+                    landed = dest.to_vec().unwrap_or_default();
+                }
+                TensorOpKind::Copy => {
+                    let (src, dst) = (tensor("tensor_op_src")?, tensor("tensor_op_dst")?);
+                    src.write(&data, 0)?;
+                    settled(&rt.tensor_copy_schedule(&src, 0, &dst, 0, bytes, queue)?)?;
+                    dst.read(&mut landed, 0)?;
+                }
+            }
+            Ok(landed)
+        };
+        let r = run();
+        let took = t0.elapsed().as_secs_f64();
+        let landed = r.as_ref().ok().cloned();
+        self.judge_call(at, step.call_expect(), &r.map(|_| ()), took);
+        if let Some(landed) = landed {
+            self.rec.record(
+                landed == data,
+                at,
+                format!("the {bytes} bytes arrived"),
+                match landed.iter().zip(&data).position(|(a, b)| a != b) {
+                    None if landed.len() == data.len() => "they did".to_string(),
+                    None => format!("{} bytes arrived", landed.len()),
+                    Some(i) => format!("byte {i} differs"),
+                },
+            );
+        }
+    }
+}

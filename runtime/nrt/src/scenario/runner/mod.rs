@@ -364,6 +364,7 @@ impl<'a> Runner<'a> {
             Action::RestartSimdev(_) => self.restart_simdev(at),
             Action::Lifecycle(s) => self.lifecycle(at, s),
             Action::Cycles(s) => self.cycles(at, s),
+            Action::TensorOp(s) => self.tensor_op(at, s),
         }
     }
 

@@ -61,7 +61,8 @@ use shared::protocol::{FaultKind, FaultSpec, FaultWhen, LatencyModel};
 pub use check::Check;
 pub use step::{
     Action, CallExpect, CloseStep, CyclesStep, ExecMode, ExecuteStep, ExitKind, InitStep, JoinStep,
-    LifecycleStep, LoadStep, SetLatencyStep, SpawnClientStep, Step, UnloadStep, WaitClientStep,
+    LifecycleStep, LoadStep, SetLatencyStep, SpawnClientStep, Step, TensorOpKind, TensorOpStep,
+    UnloadStep, WaitClientStep,
 };
 
 /// One scenario file.

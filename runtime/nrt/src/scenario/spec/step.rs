@@ -84,6 +84,8 @@ pub enum Action {
     Lifecycle(LifecycleStep),
     /// Load / unload (/ execute) cycles.
     Cycles(CyclesStep),
+    /// A tensor operation through the explicit async API (`nrta_tensor_write`/`read`/`copy`).
+    TensorOp(TensorOpStep),
 }
 
 impl Action {
@@ -109,6 +111,7 @@ impl Action {
             Self::RestartSimdev(_) => "restart_simdev",
             Self::Lifecycle(_) => "lifecycle",
             Self::Cycles(_) => "cycles",
+            Self::TensorOp(_) => "tensor_op",
         }
     }
 
@@ -144,6 +147,17 @@ impl Action {
                 parts.extend(s.model.clone());
                 parts.extend(s.name.clone());
                 parts.extend(s.count.map(|c| format!("×{c}")));
+            }
+            Self::TensorOp(s) => {
+                parts.push(
+                    match s.op.unwrap_or_default() {
+                        TensorOpKind::Write => "write",
+                        TensorOpKind::Read => "read",
+                        TensorOpKind::Copy => "copy",
+                    }
+                    .into(),
+                );
+                parts.push(format!("queue {}", s.queue.unwrap_or(0)));
             }
             Self::ClearFaults(_)
             | Self::SetLatency(_)
@@ -212,6 +226,42 @@ pub struct LoadStep {
     /// The error message contains this.
     pub expect_message_contains: Option<String>,
     /// The call returns within this many seconds.
+    #[serde(default, deserialize_with = "super::seconds::opt")]
+    pub max_step_s: Option<f64>,
+}
+
+/// What a `tensor_op` step moves.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorOpKind {
+    /// Host bytes to a device tensor (`nrta_tensor_write`).
+    #[default]
+    Write,
+    /// A device tensor's bytes to the host (`nrta_tensor_read`).
+    Read,
+    /// One device tensor to another on the same logical core (`nrta_tensor_copy`).
+    Copy,
+}
+
+/// `tensor_op`: one tensor operation on a TENSOR_OP queue, waited for; when it succeeds, the
+/// bytes are checked where they landed.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorOpStep {
+    /// `write` (default), `read` or `copy`.
+    pub op: Option<TensorOpKind>,
+    /// The TENSOR_OP queue, 0 (default) or 1.
+    pub queue: Option<i32>,
+    /// Bytes moved (default 4096).
+    pub bytes: Option<u64>,
+    /// The logical core of the device tensors (default 0).
+    pub vnc: Option<u32>,
+    /// The operation's status (default NRT_SUCCESS): the schedule call's, else the
+    /// completion's.
+    pub expect: Option<StatusSel>,
+    /// The error message contains this.
+    pub expect_message_contains: Option<String>,
+    /// The step takes at most this many seconds.
     #[serde(default, deserialize_with = "super::seconds::opt")]
     pub max_step_s: Option<f64>,
 }
@@ -520,7 +570,13 @@ macro_rules! call_expect {
     )*};
 }
 
-call_expect!(InitStep, LoadStep, UnloadStep, SpawnClientStep);
+call_expect!(
+    InitStep,
+    LoadStep,
+    UnloadStep,
+    SpawnClientStep,
+    TensorOpStep
+);
 
 #[cfg(test)]
 mod tests {
