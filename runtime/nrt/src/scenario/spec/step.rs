@@ -604,6 +604,7 @@ mod tests {
         ("restart_simdev", ""),
         ("lifecycle", ""),
         ("cycles", "model = \"id\""),
+        ("tensor_op", "op = \"copy\""),
     ];
 
     fn one_step(action: &str, body: &str) -> Result<Step, String> {
