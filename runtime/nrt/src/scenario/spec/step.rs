@@ -584,7 +584,7 @@ mod tests {
     use crate::scenario::spec::parse;
 
     /// Every action with a minimal body (the keys it needs, if any).
-    const MINIMAL: [(&str, &str); 19] = [
+    const MINIMAL: [(&str, &str); 20] = [
         ("init", ""),
         ("load", "model = \"id\""),
         ("unload", "model = \"id\""),
