@@ -38,13 +38,22 @@ pub(super) struct Client {
     log: Option<std::fs::File>,
 }
 
-/// A file for a child's stderr, and the runner's handle to read it back: unlinked from the
-/// start, so nothing is left behind however the runner ends (a file beside simdev's socket
-/// would keep its private directory from being removed when the runner is killed).
-fn stderr_file() -> Option<(std::fs::File, Stdio)> {
-    let file = tempfile::tempfile().ok()?;
-    let child = file.try_clone().ok()?;
-    Some((file, Stdio::from(child)))
+/// Sends `cmd`'s stderr to a file and returns the runner's handle to read it back: unlinked
+/// from the start, so nothing is left behind however the runner ends (a file beside simdev's
+/// socket would keep its private directory from being removed when the runner is killed).
+/// Without one, stderr goes nowhere.
+fn stderr_to_file(cmd: &mut Command) -> Option<std::fs::File> {
+    let file = tempfile::tempfile().ok();
+    match file.as_ref().and_then(|f| f.try_clone().ok()) {
+        Some(child) => {
+            cmd.stderr(Stdio::from(child));
+            file
+        }
+        None => {
+            cmd.stderr(Stdio::null());
+            None
+        }
+    }
 }
 
 /// The last lines a child wrote to its stderr (at most 2 KiB), for a failure's message; empty
@@ -119,16 +128,7 @@ impl Runner<'_> {
         if let Some(lnc) = self.sc.runtime.lnc {
             cmd.arg("--lnc").arg(lnc.to_string());
         }
-        let log = match stderr_file() {
-            Some((file, stderr)) => {
-                cmd.stderr(stderr);
-                Some(file)
-            }
-            None => {
-                cmd.stderr(Stdio::null());
-                None
-            }
-        };
+        let log = stderr_to_file(&mut cmd);
         let t0 = Instant::now();
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -333,16 +333,7 @@ impl Runner<'_> {
             .env_remove("NEURON_RT_FUNTIME")
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
-        let log = match stderr_file() {
-            Some((file, stderr)) => {
-                cmd.stderr(stderr);
-                Some(file)
-            }
-            None => {
-                cmd.stderr(Stdio::null());
-                None
-            }
-        };
+        let log = stderr_to_file(&mut cmd);
         let t0 = Instant::now();
         let out = match cmd.output() {
             Ok(o) => o,
