@@ -681,6 +681,8 @@ impl Scenario {
     /// Every counters and device_stats check names at least one bound: one naming none would
     /// pass having checked nothing.
     fn check_bounds(&self) -> Result<(), String> {
+        /// The most bytes a `tensor_op` step moves.
+        const TENSOR_OP_MAX_BYTES: u64 = 1 << 30;
         let empty = |c: &Check| match c {
             Check::Counters(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
             Check::DeviceStats(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
@@ -693,6 +695,17 @@ impl Scenario {
             }
         }
         for (i, step) in self.steps.iter().enumerate() {
+            // The step builds its bytes in this process: a size is refused here, not by an
+            // allocation failing.
+            if let Action::TensorOp(t) = &step.action
+                && let Some(b) = t.bytes
+                && !(1..=TENSOR_OP_MAX_BYTES).contains(&b)
+            {
+                return Err(format!(
+                    "step {} (tensor_op): bytes = {b}: must be 1 to {TENSOR_OP_MAX_BYTES} (1 GiB)",
+                    i + 1
+                ));
+            }
             if let Action::Check(cs) = &step.action {
                 for (j, c) in cs.check.iter().enumerate() {
                     if empty(c) {
@@ -805,6 +818,28 @@ mod tests {
         let e = parse("[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"device_stats\"\n")
             .unwrap_err();
         assert!(e.starts_with("step 1 check 1 (device_stats)"), "{e}");
+    }
+
+    #[test]
+    fn a_tensor_op_of_no_bytes_or_of_more_than_a_gib_is_refused_before_anything_runs() {
+        for (bytes, ok) in [
+            (0u64, false),
+            (1, true),
+            (1 << 30, true),
+            ((1 << 30) + 1, false),
+        ] {
+            let r = parse(&format!(
+                "[[steps]]\naction = \"tensor_op\"\nbytes = {bytes}\n"
+            ));
+            match (r, ok) {
+                (Ok(_), true) => {}
+                (Err(e), false) => assert!(
+                    e.starts_with("step 1 (tensor_op): bytes = ") && e.contains("1 GiB"),
+                    "{e}"
+                ),
+                (r, _) => panic!("bytes = {bytes}: {:?}", r.map(|_| ())),
+            }
+        }
     }
 
     #[test]
