@@ -109,6 +109,49 @@ fn a_misplaced_key_is_refused_with_its_step() {
 }
 
 #[test]
+fn check_reads_every_file_without_running_it() {
+    let mut files = scenario_files();
+    let (out, text) = nrt(&["scenario", "check"], &files);
+    assert!(out.status.success(), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "scenario files: {n} of {n} valid",
+            n = files.len()
+        )),
+        "{text}"
+    );
+    // A wrong file among them: named with its error, the others still checked, exit 1.
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(
+        &typo,
+        "[models.id]\nbuilder = \"identity\"\n[[steps]]\naction = \"load\"\nmodel = \"di\"\n",
+    )
+    .unwrap();
+    files.insert(0, typo.clone());
+    let (out, text) = nrt(&["scenario", "check"], &files);
+    assert!(!out.status.success(), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "{}: step 1 (load): model \"di\" is not in [models]",
+            typo.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        stdout.contains(&format!("{} of {} valid", files.len() - 1, files.len())),
+        "{text}"
+    );
+    // Nothing ran: no simdev directory was made.
+    assert!(
+        !stdout.contains("PASS") && !stdout.contains("FAIL"),
+        "{text}"
+    );
+}
+
+#[test]
 fn json_prints_one_object_per_file() {
     let files = [
         repo().join("runtime/nrt/tests/data/wrong_expectations.toml"),

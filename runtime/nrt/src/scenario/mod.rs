@@ -33,6 +33,14 @@ pub enum ScenarioCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check scenario files without running them: each parses and its models build (what
+    /// `run` refuses before its first step). Prints `ok FILE` or the error; exits non-zero
+    /// on any error.
+    Check {
+        /// Scenario files (TOML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Write a built-in model as a container file (for `file = ...` models).
     BuildModel {
         /// `identity`, `identity_split`, `identity_cc`, `never_ending` or `digits`.
@@ -71,6 +79,7 @@ pub fn init_tracing(cmd: &ScenarioCommand) {
 pub fn main(cmd: ScenarioCommand) -> ExitCode {
     match cmd {
         ScenarioCommand::Run { files, json } => run_files(&files, json),
+        ScenarioCommand::Check { files } => check_files(&files),
         ScenarioCommand::Client(args) => client::main(&args),
         ScenarioCommand::BuildModel {
             builder,
@@ -98,6 +107,41 @@ pub fn main(cmd: ScenarioCommand) -> ExitCode {
             }
         }
     }
+}
+
+/// `nrt scenario check`: what `run` checks before its first step, for every file.
+fn check_files(files: &[PathBuf]) -> ExitCode {
+    let mut failed = 0usize;
+    for f in files {
+        match check_file(f) {
+            Ok(steps) => println!("ok {} ({steps} steps)", f.display()),
+            Err(e) => {
+                failed += 1;
+                println!("{}: {}", f.display(), e.trim_end().replace('\n', "; "));
+            }
+        }
+    }
+    println!(
+        "scenario files: {} of {} valid",
+        files.len() - failed,
+        files.len()
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One file read, parsed and its models built; its step count.
+fn check_file(path: &Path) -> Result<usize, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading the file: {e}"))?;
+    let sc = spec::parse(&text)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for (name, spec) in &sc.models {
+        models::BuiltModel::build(name, spec, dir).map_err(|e| format!("model {name:?}: {e}"))?;
+    }
+    Ok(sc.steps.len())
 }
 
 fn file_name(path: &Path) -> String {

@@ -50,7 +50,7 @@ pub(crate) mod seconds {
     }
 }
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use serde::de::{DeserializeOwned, Error as _};
@@ -605,10 +605,108 @@ pub fn parse(text: &str) -> Result<Scenario, String> {
     scenario.check_bounds()?;
     scenario.check_names()?;
     scenario.check_sizes()?;
+    scenario.check_references()?;
     Ok(scenario)
 }
 
+/// The snapshot names a check's bounds compare with (`same = "name"`), and whether the check
+/// takes them at all (`stale_notifications` and `sim_time` do not).
+fn snapshot_names(c: &Check) -> (Vec<&str>, bool) {
+    fn same(b: Option<&Bound>) -> Option<&str> {
+        match b {
+            Some(Bound::Same(name)) => Some(name.as_str()),
+            _ => None,
+        }
+    }
+    match c {
+        Check::Counters(c) => (
+            c.bounds().iter().filter_map(|(_, b)| same(*b)).collect(),
+            true,
+        ),
+        Check::DeviceStats(c) => (
+            c.bounds().iter().filter_map(|(_, b)| same(*b)).collect(),
+            true,
+        ),
+        Check::StaleNotifications(c) => (same(c.count.as_ref()).into_iter().collect(), false),
+        Check::SimTime(c) => (same(c.ns.as_ref()).into_iter().collect(), false),
+        Check::NoLeaks(_) | Check::XuHealth(_) | Check::Simdev(_) => (Vec::new(), true),
+    }
+}
+
 impl Scenario {
+    /// What the file names is there before anything runs: a `load` or `cycles` step's
+    /// `[models]` name; a snapshot a check compares with, recorded by an earlier step (or the
+    /// automatic `baseline`); no `host_tensors` with an `async` execute (the explicit async
+    /// API takes device tensors only). Found at run time, each of these failed a step after
+    /// the earlier steps had run, typo and all.
+    fn check_references(&self) -> Result<(), String> {
+        let defined = |n: usize, kind: &str, model: Option<&str>| -> Result<(), String> {
+            let name = model.unwrap_or_default();
+            if self.models.contains_key(name) {
+                return Ok(());
+            }
+            let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
+            Err(match model {
+                None => format!("step {n} ({kind}): no model: give model = one of {known:?}"),
+                Some(m) => {
+                    format!("step {n} ({kind}): model {m:?} is not in [models] (it has {known:?})")
+                }
+            })
+        };
+        let compare = |at: &str, c: &Check, taken: &BTreeSet<&str>| -> Result<(), String> {
+            let (names, takes_them) = snapshot_names(c);
+            if let Some(name) = names.first() {
+                if !takes_them {
+                    return Err(format!(
+                        "{at} ({}): compares with snapshot {name:?}, but this check takes no \
+                         snapshot names",
+                        c.what()
+                    ));
+                }
+            }
+            for name in names {
+                if !taken.contains(name) {
+                    return Err(format!(
+                        "{at} ({}): snapshot {name:?} is not taken before it (taken: {:?})",
+                        c.what(),
+                        taken
+                    ));
+                }
+            }
+            Ok(())
+        };
+        let mut taken: BTreeSet<&str> = BTreeSet::from(["baseline"]);
+        for (i, step) in self.steps.iter().enumerate() {
+            let n = i + 1;
+            match &step.action {
+                Action::Load(s) => defined(n, "load", s.model.as_deref())?,
+                Action::Cycles(s) => {
+                    defined(n, "cycles", s.model.as_deref())?;
+                    taken.insert(s.name.as_deref().unwrap_or("warmup"));
+                }
+                Action::Snapshot(s) => {
+                    taken.insert(s.name.as_deref().unwrap_or_default());
+                }
+                Action::Check(cs) => {
+                    for (j, c) in cs.check.iter().enumerate() {
+                        compare(&format!("step {n} check {}", j + 1), c, &taken)?;
+                    }
+                }
+                Action::Execute(e) if e.mode == ExecMode::Async && e.host_tensors == Some(true) => {
+                    return Err(format!(
+                        "step {n} (execute): host_tensors = true with mode = \"async\": the \
+                         explicit async API takes device tensors only (host_tensors is for sync)"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for (i, c) in self.expect.iter().enumerate() {
+            compare(&format!("expect {}", i + 1), c, &taken)?;
+        }
+        Ok(())
+    }
+
     /// Background `execute` names and client names are unique while in use: a second
     /// background step (client) of a name before the first is joined (waited for or killed)
     /// would leave the first one unjudged.
@@ -840,6 +938,56 @@ mod tests {
                 (r, _) => panic!("bytes = {bytes}: {:?}", r.map(|_| ())),
             }
         }
+    }
+
+    #[test]
+    fn a_model_snapshot_or_host_tensor_that_cannot_be_is_refused_before_anything_runs() {
+        const MODELS: &str = "[models.id]\nbuilder = \"identity\"\n";
+        let e = parse(&format!("{MODELS}[[steps]]\naction = \"load\"\n")).unwrap_err();
+        assert_eq!(e, "step 1 (load): no model: give model = one of [\"id\"]");
+        let e = parse(&format!(
+            "{MODELS}[[steps]]\naction = \"sleep\"\nms = 1\n[[steps]]\naction = \"cycles\"\nmodel = \"idd\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "step 2 (cycles): model \"idd\" is not in [models] (it has [\"id\"])"
+        );
+        parse(&format!(
+            "{MODELS}[[steps]]\naction = \"load\"\nmodel = \"id\"\n"
+        ))
+        .unwrap();
+        // A snapshot is compared with only after the step that takes it.
+        let check = "[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"counters\"\nexecutions = \"s\"\n";
+        let snap = "[[steps]]\naction = \"snapshot\"\nname = \"s\"\n";
+        let e = parse(&format!("{check}{snap}")).unwrap_err();
+        assert!(
+            e.starts_with("step 1 check 1 (counters): snapshot \"s\" is not taken before it"),
+            "{e}"
+        );
+        parse(&format!("{snap}{check}")).unwrap();
+        let expect = "[[expect]]\nwhat = \"device_stats\"\nchunks = \"warmup\"\n";
+        let e = parse(expect).unwrap_err();
+        assert!(
+            e.starts_with("expect 1 (device_stats): snapshot \"warmup\""),
+            "{e}"
+        );
+        // `cycles` takes `warmup` unless named; `baseline` is always there.
+        parse(&format!(
+            "{MODELS}[[steps]]\naction = \"cycles\"\nmodel = \"id\"\n{expect}"
+        ))
+        .unwrap();
+        parse("[[expect]]\nwhat = \"device_stats\"\nchunks = \"baseline\"\n").unwrap();
+        let e = parse("[[expect]]\nwhat = \"sim_time\"\nns = \"baseline\"\n").unwrap_err();
+        assert!(e.contains("this check takes no snapshot names"), "{e}");
+        // The explicit async API takes device tensors only.
+        let e = parse("[[steps]]\naction = \"execute\"\nmode = \"async\"\nhost_tensors = true\n")
+            .unwrap_err();
+        assert!(
+            e.starts_with("step 1 (execute): host_tensors = true with mode = \"async\""),
+            "{e}"
+        );
+        parse("[[steps]]\naction = \"execute\"\nmode = \"async\"\nhost_tensors = false\n").unwrap();
     }
 
     #[test]
