@@ -655,14 +655,14 @@ impl Scenario {
         };
         let compare = |at: &str, c: &Check, taken: &BTreeSet<&str>| -> Result<(), String> {
             let (names, takes_them) = snapshot_names(c);
-            if let Some(name) = names.first() {
-                if !takes_them {
-                    return Err(format!(
-                        "{at} ({}): compares with snapshot {name:?}, but this check takes no \
-                         snapshot names",
-                        c.what()
-                    ));
-                }
+            if let Some(name) = names.first()
+                && !takes_them
+            {
+                return Err(format!(
+                    "{at} ({}): compares with snapshot {name:?}, but this check takes no \
+                     snapshot names",
+                    c.what()
+                ));
             }
             for name in names {
                 if !taken.contains(name) {
