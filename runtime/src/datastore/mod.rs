@@ -361,6 +361,7 @@ impl Datastore {
                 runtime_version: String::new(),
                 lnc: 0,
                 uptime: Duration::ZERO,
+                created_unix_ns: 0,
                 liveness: snapshot::Liveness::Live,
                 cores: Vec::new(),
                 models: Vec::new(),

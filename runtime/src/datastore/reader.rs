@@ -373,6 +373,7 @@ pub(crate) fn read_chunk(chunk: &SharedChunk, own: bool) -> Result<ProcessSnapsh
         uptime: SystemTime::now()
             .duration_since(created)
             .unwrap_or_default(),
+        created_unix_ns: h.created_unix_ns,
         liveness,
         cores,
         models,

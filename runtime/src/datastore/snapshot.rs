@@ -332,6 +332,10 @@ pub struct ProcessSnapshot {
     pub lnc: u32,
     /// Time since the writer's `nrt_init`.
     pub uptime: Duration,
+    /// When the writer's runtime was initialised (ns since the Unix epoch): with the pid, the
+    /// identity of one runtime across samples (a process that closes and re-initialises has
+    /// two datastores of one pid; a reused pid is another process).
+    pub created_unix_ns: u64,
     /// Live or stale.
     pub liveness: Liveness,
     /// The process's logical cores.

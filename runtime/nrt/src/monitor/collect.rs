@@ -2,11 +2,12 @@
 //! core utilisation (Δbusy / Δwall), executions per second, latency percentiles and errors, per
 //! process; the counts since start beside them.
 //!
-//! A process's baseline is its snapshot in the previous sample (same pid, uptime not gone
-//! backwards). Without one (first sample, or a process that started since) the baseline is
-//! zero and the wall time is the process's uptime, so the first figures are averages since its
-//! `nrt_init`. Stale processes (the writer is gone) are listed with their last totals and no
-//! period figures: they are never merged into live ones.
+//! A runtime's baseline is its snapshot in the previous sample (same pid, same `nrt_init`
+//! instant). Without one (first sample, or a runtime that started since) the baseline is zero
+//! and the wall time is the runtime's uptime, so the first figures are averages since its
+//! `nrt_init`. A stale runtime (its process died without closing it) has its last executions
+//! counted in the period it is found gone, then is listed with its totals and no period
+//! figures: it is never merged into a live one.
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +69,9 @@ pub struct ProcessFigures {
     pub lnc: u32,
     /// Time since its `nrt_init`.
     pub uptime: Duration,
+    /// When its runtime was initialised (ns since the Unix epoch; see
+    /// [`ProcessSnapshot::created_unix_ns`]).
+    pub created_unix_ns: u64,
     /// The writer is gone: only the `*_total` figures and models are meaningful.
     pub stale: bool,
     /// The runtime closed during the period: its figures are its last (it is not shown again).
@@ -192,9 +196,13 @@ fn core_figures(now: &CoreSnapshot, then: Option<&CoreSnapshot>, wall: Duration)
     }
 }
 
+/// `now`'s figures; the period's from `then` (its live snapshot in the previous sample; none:
+/// since its `nrt_init`) unless `counted` (a stale runtime whose last executions an earlier
+/// period counted, or that this monitor never saw live: only its totals are listed).
 fn process_figures(
     now: &ProcessSnapshot,
     then: Option<&ProcessSnapshot>,
+    counted: bool,
     elapsed: Duration,
 ) -> ProcessFigures {
     let stale = now.liveness == Liveness::Stale;
@@ -214,9 +222,10 @@ fn process_figures(
         runtime_version: now.runtime_version.clone(),
         lnc: now.lnc,
         uptime: now.uptime,
+        created_unix_ns: now.created_unix_ns,
         stale,
         closed: now.liveness == Liveness::Closed,
-        period: if stale { Duration::ZERO } else { wall },
+        period: if counted { Duration::ZERO } else { wall },
         cores: Vec::new(),
         models: now.models.clone(),
         execution_summary: ExecutionSummary::default(),
@@ -228,7 +237,7 @@ fn process_figures(
         total_latency_all,
         device_latency_all,
     };
-    if stale {
+    if counted {
         return fig;
     }
     let mut period_counts = StatusCounts::default();
@@ -266,13 +275,14 @@ fn add_counts(a: &StatusCounts, b: &StatusCounts) -> StatusCounts {
     }
 }
 
-/// `now`'s runtime in `prev`: same pid, started no later, and of those (a process that closed a
-/// runtime and started another has both files) the one started last.
+/// `now`'s runtime in `prev`: the same pid and the same `nrt_init` instant. A process that
+/// closed a runtime and started another has both files, and a reused pid is another process:
+/// neither is `now`'s baseline. (Uptimes cannot tell: they are read at different instants, so
+/// the closed runtime's uptime in `prev` can be below the new one's now.)
 fn earlier<'a>(prev: &'a Sample, now: &ProcessSnapshot) -> Option<&'a ProcessSnapshot> {
     prev.processes
         .iter()
-        .filter(|t| t.pid == now.pid && t.uptime <= now.uptime)
-        .max_by_key(|t| t.uptime)
+        .find(|t| t.pid == now.pid && t.created_unix_ns == now.created_unix_ns)
 }
 
 /// The figures of the period from `prev` (none for the first sample) to `cur`.
@@ -280,7 +290,9 @@ fn earlier<'a>(prev: &'a Sample, now: &ProcessSnapshot) -> Option<&'a ProcessSna
 /// Every execution counts in exactly one period: a live runtime's since `prev` (since its
 /// `nrt_init` when `prev` lacks it); a runtime that closed since `prev` once more, with its last
 /// executions (a closed datastore lingers for readers, [`runtime::datastore::CLOSED_LINGER`]),
-/// and then no more; one that started and closed between the samples, all of its executions.
+/// and then no more; one that started and closed between the samples, all of its executions;
+/// a runtime whose process died without closing (stale) the same way, in the period it is found
+/// gone, and afterwards its totals only.
 pub fn collect(prev: Option<&Sample>, cur: &Sample) -> Figures {
     let elapsed = prev.map_or(Duration::ZERO, |p| cur.at.saturating_duration_since(p.at));
     let mut processes: Vec<ProcessFigures> = cur
@@ -294,8 +306,14 @@ pub fn collect(prev: Option<&Sample>, cur: &Sample) -> Figures {
             {
                 return None;
             }
+            // A stale runtime's last executions (since the sample that saw it live, or all of
+            // them when it started after that sample) count once, in the period it is found
+            // gone; one already stale at the previous sample, or with no previous sample, is
+            // listed with its totals only.
+            let counted = now.liveness == Liveness::Stale
+                && (prev.is_none() || before.is_some_and(|t| t.liveness != Liveness::Live));
             let then = before.filter(|t| t.liveness == Liveness::Live);
-            Some(process_figures(now, then, elapsed))
+            Some(process_figures(now, then, counted, elapsed))
         })
         .collect();
     processes.sort_by_key(|p| (p.stale, p.pid));
@@ -357,6 +375,7 @@ pub(crate) mod tests {
             runtime_version: "2.0.0".into(),
             lnc: 1,
             uptime: Duration::from_secs(uptime_s),
+            created_unix_ns: u64::from(pid) << 32,
             liveness: Liveness::Live,
             cores,
             models: vec![ModelSnapshot {
@@ -447,18 +466,22 @@ pub(crate) mod tests {
         assert!(collect(Some(&s1), &s2).processes.is_empty());
         // The same pid's next runtime (started after the closed one) is diffed against its own
         // earlier sample, not the closed one's.
+        let next = |uptime_s, ok| ProcessSnapshot {
+            created_unix_ns: (7 << 32) + 12_000_000_000,
+            ..process(7, uptime_s, vec![core(0, ok, 0, 10, 0)])
+        };
         let s3 = Sample {
             at: at(3),
             processes: vec![
                 closed(process(7, 13, vec![core(0, 120, 0, 10, 0)])),
-                process(7, 1, vec![core(0, 3, 0, 10, 0)]),
+                next(1, 3),
             ],
         };
         let s4 = Sample {
             at: at(4),
             processes: vec![
                 closed(process(7, 14, vec![core(0, 120, 0, 10, 0)])),
-                process(7, 2, vec![core(0, 10, 0, 10, 0)]),
+                next(2, 10),
             ],
         };
         let f3 = collect(Some(&s2), &s3);
@@ -467,6 +490,99 @@ pub(crate) mod tests {
         let f4 = collect(Some(&s3), &s4);
         assert_eq!(f4.processes.len(), 1);
         assert_eq!(f4.processes[0].execution_summary.completed, 7);
+    }
+
+    /// A process that closed its runtime and initialised another within one period: each
+    /// runtime's executions count once, though the closed one's uptime at the earlier sample
+    /// is below the new one's now (they are read a period apart).
+    #[test]
+    fn a_second_runtime_of_a_process_is_not_counted_again_every_period() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // Runtime 1 initialised at 0 ms, closed at 400 ms after 50 executions; runtime 2
+        // initialised at 500 ms. Samples at 900 ms and 1900 ms.
+        let snap = |created_ms: u64, now_ms: u64, ok, liveness| ProcessSnapshot {
+            created_unix_ns: created_ms * 1_000_000,
+            uptime: Duration::from_millis(now_ms - created_ms),
+            liveness,
+            ..process(21, 0, vec![core(0, ok, 0, 10, 0)])
+        };
+        let s0 = Sample {
+            at: at(900),
+            processes: vec![
+                snap(0, 900, 50, Liveness::Closed),
+                snap(500, 900, 70, Liveness::Live),
+            ],
+        };
+        let s1 = Sample {
+            at: at(1900),
+            processes: vec![
+                snap(0, 1900, 50, Liveness::Closed),
+                snap(500, 1900, 70, Liveness::Live),
+            ],
+        };
+        let s2 = Sample {
+            at: at(2900),
+            processes: vec![
+                snap(0, 2900, 50, Liveness::Closed),
+                snap(500, 2900, 75, Liveness::Live),
+            ],
+        };
+        let f0 = collect(None, &s0);
+        let sum = |f: &Figures| -> u64 { f.live().map(|p| p.execution_summary.completed).sum() };
+        assert_eq!(sum(&f0), 120);
+        let f1 = collect(Some(&s0), &s1);
+        assert_eq!(sum(&f1), 0, "{f1:#?}");
+        assert_eq!(f1.processes.len(), 1, "the closed runtime was reported");
+        assert_eq!(f1.processes[0].period, Duration::from_secs(1));
+        assert_eq!(sum(&collect(Some(&s1), &s2)), 5);
+    }
+
+    /// A process killed mid-run: its executions since the last sample are reported once, in
+    /// the period it is found gone; then only its totals are listed.
+    #[test]
+    fn a_killed_runtime_counts_its_last_executions_once() {
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        let stale = |p: ProcessSnapshot| ProcessSnapshot {
+            liveness: Liveness::Stale,
+            ..p
+        };
+        let s0 = Sample {
+            at: at(0),
+            processes: vec![process(31, 10, vec![core(0, 100, 0, 10, 0)])],
+        };
+        let s1 = Sample {
+            at: at(1),
+            processes: vec![
+                stale(process(31, 11, vec![core(0, 130, 2, 10, 500)])),
+                // Started and killed between the samples: all of its executions.
+                stale(process(32, 1, vec![core(0, 4, 0, 10, 0)])),
+            ],
+        };
+        let f1 = collect(Some(&s0), &s1);
+        let by_pid = |f: &Figures, pid| f.processes.iter().find(|p| p.pid == pid).cloned();
+        let p31 = by_pid(&f1, 31).unwrap();
+        assert!(p31.stale);
+        assert_eq!(p31.execution_summary.completed, 30);
+        assert_eq!(p31.execution_summary.timed_out, 2);
+        assert_eq!(p31.period, Duration::from_secs(1));
+        assert_eq!(p31.cores[0].executions, 32);
+        assert!((p31.cores[0].utilization_pct - 50.0).abs() < 1e-9);
+        assert_eq!(by_pid(&f1, 32).unwrap().execution_summary.completed, 4);
+        // The next period: listed, totals only.
+        let s2 = Sample {
+            at: at(2),
+            processes: s1.processes.clone(),
+        };
+        let f2 = collect(Some(&s1), &s2);
+        for pid in [31, 32] {
+            let p = by_pid(&f2, pid).unwrap();
+            assert!(p.stale && p.cores.is_empty(), "{p:#?}");
+            assert_eq!(p.execution_summary, ExecutionSummary::default());
+            assert_eq!(p.period, Duration::ZERO);
+        }
+        assert_eq!(by_pid(&f2, 31).unwrap().execution_total.completed, 130);
     }
 
     #[test]
@@ -490,10 +606,13 @@ pub(crate) mod tests {
             at: t0,
             processes: vec![process(12, 100, vec![core(0, 1000, 0, 10, 1000)])],
         };
-        // Same pid, but uptime went backwards: a new process.
+        // Same pid, another nrt_init (a new process): not the old one's successor.
         let cur = Sample {
             at: t0 + Duration::from_secs(1),
-            processes: vec![process(12, 1, vec![core(0, 10, 0, 10, 100)])],
+            processes: vec![ProcessSnapshot {
+                created_unix_ns: 99,
+                ..process(12, 1, vec![core(0, 10, 0, 10, 100)])
+            }],
         };
         let c = &collect(Some(&prev), &cur).processes[0].cores[0];
         assert_eq!(c.executions, 10);

@@ -264,19 +264,18 @@ mod tests {
     use super::exposition;
 
     /// Two samples a second apart: pid 101 with two cores (one idle in the period), pid 303
-    /// stale.
+    /// stale in both (its last executions were counted before).
     fn figures() -> collect::Figures {
         let t0 = Instant::now();
-        let prev = Sample {
-            at: t0,
-            processes: vec![process(
-                101,
-                5,
-                vec![core(0, 10, 0, 100, 0), core(1, 3, 0, 5, 0)],
-            )],
-        };
         let mut stale = process(303, 9, vec![core(0, 5, 0, 1, 0)]);
         stale.liveness = Liveness::Stale;
+        let prev = Sample {
+            at: t0,
+            processes: vec![
+                process(101, 5, vec![core(0, 10, 0, 100, 0), core(1, 3, 0, 5, 0)]),
+                stale.clone(),
+            ],
+        };
         let cur = Sample {
             at: t0 + Duration::from_secs(1),
             processes: vec![
@@ -548,6 +547,32 @@ mod tests {
                 .all(|s| s.label("pid") != Some("303")),
             "stale"
         );
+    }
+
+    /// A process that closed its runtime and started another has both in the period: one
+    /// series per label set, the new runtime's.
+    #[test]
+    fn a_process_with_two_runtimes_exports_one_series_per_label_set() {
+        let t0 = Instant::now();
+        let old = ProcessSnapshot {
+            liveness: Liveness::Closed,
+            ..process(101, 3, vec![core(0, 50, 0, 10, 0)])
+        };
+        let new = ProcessSnapshot {
+            created_unix_ns: old.created_unix_ns + 2_000_000_000,
+            ..process(101, 1, vec![core(0, 70, 0, 10, 0)])
+        };
+        let cur = Sample {
+            at: t0,
+            processes: vec![old, new],
+        };
+        let text = prometheus::render(&collect(None, &cur), &hw());
+        let e = exposition::validate(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+        let runs: Vec<f64> = e
+            .named("neuroncore_executions_total")
+            .map(|s| s.value)
+            .collect();
+        assert_eq!(runs, [70.0], "{text}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! `execution_latency_seconds`, `neuroncore_memory_usage_*`, `neuron_runtime_memory_used_bytes`,
 //! `neuron_hardware_info`), with a `pid` label per runtime process. Counters are totals since
 //! each process's `nrt_init` (simdev's since it started); latency is a summary over the same span.
-//! Only live processes are exported.
+//! Only live processes are exported, one runtime per process: after `nrt_close` and a new
+//! `nrt_init`, the new runtime's (its counters start again: a counter reset).
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use runtime::datastore::snapshot::MemKind;
 
-use super::collect::Figures;
+use super::collect::{Figures, ProcessFigures};
 use super::hw::HwSample;
 use super::schema::PERCENTILES;
 
@@ -83,7 +84,17 @@ fn f(n: u64) -> f64 {
 /// The exposition of `fig` and `hw`.
 pub fn render(fig: &Figures, hw: &HwSample) -> String {
     let mut w = Writer { out: String::new() };
-    let live: Vec<_> = fig.live().collect();
+    // One runtime per pid, the one initialised last: a process that closed a runtime and
+    // started another has both in the period, and two series of one label set are invalid.
+    // Its counters start again with the new runtime (a counter reset).
+    let mut live: Vec<&ProcessFigures> = Vec::new();
+    for p in fig.live() {
+        match live.iter_mut().find(|q| q.pid == p.pid) {
+            Some(q) if q.created_unix_ns < p.created_unix_ns => *q = p,
+            Some(_) => {}
+            None => live.push(p),
+        }
+    }
 
     w.family(
         "neuron_runtime_processes",

@@ -511,7 +511,13 @@ pub fn memory_info(period: f64) -> MemoryInfo {
 
 fn runtime_data(p: &ProcessFigures) -> RuntimeData {
     let period = p.period.as_secs_f64();
-    let error = if p.stale {
+    let error = if p.stale && !p.period.is_zero() {
+        format!(
+            "stale datastore: process {} ended without nrt_close; the period's figures are its \
+             last executions, reported once",
+            p.pid
+        )
+    } else if p.stale {
         format!(
             "stale datastore: process {} is gone; its last counts are not live figures",
             p.pid

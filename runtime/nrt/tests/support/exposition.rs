@@ -136,6 +136,8 @@ pub fn validate(text: &str) -> Result<Exposition, String> {
     let mut helped = BTreeSet::new();
     let mut finished = BTreeSet::new();
     let mut current: Option<String> = None;
+    // Every series (name and label set, labels in any order) once.
+    let mut series: BTreeSet<(String, Vec<(String, String)>)> = BTreeSet::new();
     for (i, line) in text.lines().enumerate() {
         let at = |e: String| format!("line {}: {e}: {line:?}", i + 1);
         if line.is_empty() {
@@ -210,6 +212,11 @@ pub fn validate(text: &str) -> Result<Exposition, String> {
             }
             current = Some(family);
         }
+        let mut key = labels.clone();
+        key.sort();
+        if !series.insert((name.to_string(), key)) {
+            return Err(at("a second sample of the same series".into()));
+        }
         exp.samples.push(ParsedSample {
             name: name.to_string(),
             labels,
@@ -241,6 +248,11 @@ pub fn self_test() {
         validate("# TYPE s summary\ns 1\n").is_err(),
         "summary without quantile"
     );
+    assert!(
+        validate("# TYPE a counter\na{x=\"1\",y=\"2\"} 1\na{y=\"2\",x=\"1\"} 2\n").is_err(),
+        "one series twice"
+    );
+    assert!(validate("# TYPE a counter\na{x=\"1\"} 1\na{x=\"2\"} 2\n").is_ok());
     let e = validate(
         "# HELP s x y\n# TYPE s summary\ns{quantile=\"0.5\",p=\"a\\\"b\"} 1e-3\ns_sum 2\ns_count 3\n",
     )
