@@ -313,6 +313,25 @@ impl RuntimeConfig {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
+    /// `NEURON_RT_DATASTORE` and `NEURON_RT_DATASTORE_DIR` alone, through `get`: where the
+    /// counters are published, for a tool that takes every other setting from elsewhere (the
+    /// scenario runner's `[runtime]`).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a `NEURON_RT_DATASTORE` that is no boolean.
+    pub fn datastore_from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<(bool, Option<std::path::PathBuf>), ConfigError> {
+        let mut on = true;
+        if let Some(v) = get("NEURON_RT_DATASTORE").filter(|v| !v.trim().is_empty()) {
+            on = parse_bool("NEURON_RT_DATASTORE", v.trim())?;
+        }
+        let dir = get("NEURON_RT_DATASTORE_DIR")
+            .filter(|v| !v.trim().is_empty())
+            .map(Into::into);
+        Ok((on, dir))
+    }
+
     /// Reads the variables through `get` (the environment, or a map in tests).
     ///
     /// # Errors
@@ -384,12 +403,7 @@ impl RuntimeConfig {
         if let Some(v) = get("NEURON_RT_VALIDATE_HASH") {
             c.validate_hash = parse_bool("NEURON_RT_VALIDATE_HASH", &v)?;
         }
-        if let Some(v) = get("NEURON_RT_DATASTORE").filter(|v| !v.trim().is_empty()) {
-            c.datastore = parse_bool("NEURON_RT_DATASTORE", v.trim())?;
-        }
-        if let Some(v) = get("NEURON_RT_DATASTORE_DIR").filter(|v| !v.trim().is_empty()) {
-            c.datastore_dir = Some(v.into());
-        }
+        (c.datastore, c.datastore_dir) = Self::datastore_from_lookup(&get)?;
         if let Some(v) = get("NEURON_RT_FUNTIME") {
             c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
         }

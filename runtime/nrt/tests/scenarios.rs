@@ -151,6 +151,58 @@ fn check_reads_every_file_without_running_it() {
     );
 }
 
+/// The runner takes where its runtimes publish their counters from the environment (a CI job
+/// with a monitor beside it, or one that wants no shared file), and nothing else.
+#[test]
+fn the_datastore_goes_where_the_environment_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ds.toml");
+    std::fs::write(
+        &file,
+        "[runtime]\nvisible_cores = \"0\"\n[models.id]\nbuilder = \"identity\"\n[[steps]]\naction = \"load\"\nmodel = \"id\"\n\
+         [[steps]]\naction = \"execute\"\nmodel = \"id\"\ncount = 3\n\
+         [[steps]]\naction = \"spawn_client\"\nvisible_cores = \"1\"\ncount = 2\n[[steps]]\naction = \"wait_client\"\n",
+    )
+    .unwrap();
+    let run = |vars: &[(&str, &std::path::Path)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+            .args(["scenario", "run"])
+            .arg(&file)
+            .envs(vars.iter().copied())
+            .output()
+            .expect("run nrt");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let files = |d: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let published = tempfile::tempdir().unwrap();
+    run(&[("NEURON_RT_DATASTORE_DIR", published.path())]);
+    // The runner's runtime and its client's, each closed and left for readers.
+    let names = files(published.path());
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names.iter().all(|n| n.starts_with("nrt-datastore-")),
+        "{names:?}"
+    );
+    let off = tempfile::tempdir().unwrap();
+    run(&[
+        ("NEURON_RT_DATASTORE_DIR", off.path()),
+        ("NEURON_RT_DATASTORE", std::path::Path::new("off")),
+    ]);
+    assert_eq!(files(off.path()), Vec::<String>::new());
+}
+
 #[test]
 fn json_prints_one_object_per_file() {
     let files = [

@@ -93,7 +93,15 @@ pub fn main(args: &ClientArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => return refused(NrtStatus::Invalid, &e),
     };
+    // Where its counters go, as the runner's own runtime (the environment is inherited).
+    let (datastore, datastore_dir) =
+        match RuntimeConfig::datastore_from_lookup(|k| std::env::var(k).ok()) {
+            Ok(d) => d,
+            Err(e) => return refused(NrtStatus::Invalid, &e.to_string()),
+        };
     let config = RuntimeConfig {
+        datastore,
+        datastore_dir,
         visible_cores,
         num_cores: args.num_cores,
         exec_timeout: Duration::from_secs_f64(args.exec_timeout.max(0.001)),

@@ -111,10 +111,15 @@ impl<'a> Runner<'a> {
         self.sc.runtime.exec_timeout
     }
 
-    /// The runtime's configuration from `[runtime]` (never from the environment), with an
-    /// `init` step's `visible_cores` instead of `[runtime]`'s if given.
+    /// The runtime's configuration from `[runtime]` (never from the environment, but for
+    /// where its counters are published: `NEURON_RT_DATASTORE` and `NEURON_RT_DATASTORE_DIR`,
+    /// which change no behaviour), with an `init` step's `visible_cores` instead of
+    /// `[runtime]`'s if given.
     fn config(&self, visible: Option<&Cores>) -> Result<RuntimeConfig, String> {
         let r = &self.sc.runtime;
+        let (datastore, datastore_dir) =
+            RuntimeConfig::datastore_from_lookup(|k| std::env::var(k).ok())
+                .map_err(|e| e.to_string())?;
         if !(r.exec_timeout > 0.0 && r.exec_timeout.is_finite()) {
             return Err(format!(
                 "[runtime] exec_timeout = {}: must be a positive number of seconds",
@@ -143,6 +148,8 @@ impl<'a> Runner<'a> {
             xu_capacity: r.xu_capacity,
             lnc: r.lnc,
             report_numerical_errors,
+            datastore,
+            datastore_dir,
             ..RuntimeConfig::default()
         })
     }
