@@ -125,6 +125,9 @@ pub struct BenchReport {
     /// Why the figures do not describe a device, when they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// A signal stopped the run early: the figures are of the executions before it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    interrupted: bool,
     /// Where the outputs came from: `"computed"` (the model's numbers), `"shape-only"` (a NEFF
     /// on simdev: the documented function of the inputs, not the model's numbers),
     /// `"reference"` (a NEFF on simdev whose outputs a bound reference computed) or
@@ -238,6 +241,12 @@ impl BenchReport {
         samples: Vec<Duration>,
         wall: f64,
     ) -> Self {
+        // A run stopped by a signal timed fewer executions than it was asked for: its figures
+        // are of those (one latency sample each).
+        let (executions, images) = match u64::try_from(samples.len()) {
+            Ok(ran) if ran < executions => (ran, images / executions.max(1) * ran),
+            _ => (executions, images),
+        };
         let st = stats(samples);
         Self {
             model,
@@ -261,6 +270,7 @@ impl BenchReport {
             images_per_second: images as f64 / wall,
             ran_on_device: true,
             note: None,
+            interrupted: false,
             outputs: "computed",
             warmup: opts.warmup,
             load_seconds: None,
@@ -501,6 +511,12 @@ pub fn run(
     let funtime = rt.config().funtime;
     rt.close();
     result.map(|mut r| {
+        r.interrupted = crate::interrupted();
+        if r.interrupted {
+            // Its pass over the test set may be partial: no accuracy is claimed.
+            r.accuracy = None;
+            r.max_abs_logit_diff = None;
+        }
         r.failures += failures.load(std::sync::atomic::Ordering::Relaxed);
         if funtime {
             // Nothing ran: the outputs are whatever the tensors held.
@@ -595,6 +611,9 @@ fn pipeline(
     if !asynchronous {
         let c = &slots[0];
         for e in es {
+            if crate::interrupted() {
+                break;
+            }
             prepare(e, c)?;
             let t = Instant::now();
             rt.execute(c.model, &c.ins, &c.outs)
@@ -628,6 +647,9 @@ fn pipeline(
         Ok(())
     };
     for e in es {
+        if crate::interrupted() {
+            break;
+        }
         if free.is_empty() {
             complete(&mut pending, &mut free, &mut times)?;
         }
@@ -1276,8 +1298,15 @@ fn text(r: &BenchReport) -> String {
     if let Some(note) = &r.note {
         let _ = writeln!(o, "{note}");
     }
-    if !r.ran_on_device {
-        // No accuracy: the outputs were never computed.
+    if r.interrupted {
+        let _ = writeln!(
+            o,
+            "interrupted by a signal: the figures are of the {} executions before it",
+            r.executions
+        );
+    }
+    if !r.ran_on_device || r.interrupted {
+        // No accuracy: the outputs were never computed, or not all of them.
     } else if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
         let _ = writeln!(o, "accuracy {acc:.6}   max |logit - reference| {diff:.2e}");
     } else if r.model == "digits" {

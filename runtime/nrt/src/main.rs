@@ -23,6 +23,7 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand};
 use runtime::backend::sim::SimdevCommand;
@@ -181,11 +182,41 @@ pub(crate) const TOOL_CONTROL_TIMEOUT: std::time::Duration = std::time::Duration
 /// status 130.
 fn exit_cleanly_on_signals() {
     if let Err(e) = ctrlc::set_handler(|| {
+        if STOP_GRACEFULLY.load(Ordering::Acquire) && !INTERRUPTED.swap(true, Ordering::AcqRel) {
+            eprintln!(
+                "nrt: interrupted; stopping after the executions in flight (again to exit at once)"
+            );
+            // A stop that hangs (an execution that never completes) ends as the others do.
+            let watchdog = std::thread::Builder::new().spawn(|| {
+                std::thread::sleep(GRACEFUL_STOP_LIMIT);
+                eprintln!("nrt: still stopping after {GRACEFUL_STOP_LIMIT:?}; exiting");
+                std::process::exit(130);
+            });
+            if watchdog.is_ok() {
+                return;
+            }
+        }
         eprintln!("nrt: interrupted; stopping");
         std::process::exit(130);
     }) {
         tracing::warn!("installing the SIGINT/SIGTERM handler: {e}");
     }
+}
+
+/// Set while a command that can stop in order runs (`nrt bench`): its first signal sets
+/// [`INTERRUPTED`] instead of exiting, and the command stops submitting, lets what is in
+/// flight end, closes its runtime (writing `--trace`), reports what ran and exits 130.
+static STOP_GRACEFULLY: AtomicBool = AtomicBool::new(false);
+
+/// A signal asked the running command to stop ([`STOP_GRACEFULLY`]).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// How long a stop in order may take before the process exits anyway.
+const GRACEFUL_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a signal asked the command to stop (checked between executions).
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Acquire)
 }
 
 /// Opens the device (starting a private simdev, as this very binary, when none is set up).
@@ -367,7 +398,14 @@ fn main() -> ExitCode {
                         .unwrap_or_else(|_| p.clone())
                 }),
             };
-            match bench::run(&opts, open_device) {
+            STOP_GRACEFULLY.store(true, Ordering::Release);
+            let ran = bench::run(&opts, open_device);
+            let code_if_ok = if interrupted() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::SUCCESS
+            };
+            match ran {
                 Ok(report) => {
                     if json {
                         println!("{}", serde_json::to_string(&report).unwrap_or_default());
@@ -388,14 +426,18 @@ fn main() -> ExitCode {
                         }
                     }
                     if report.failures == 0 {
-                        ExitCode::SUCCESS
+                        code_if_ok
                     } else {
                         ExitCode::FAILURE
                     }
                 }
                 Err(e) => {
                     eprintln!("nrt bench: {e}");
-                    ExitCode::FAILURE
+                    if interrupted() {
+                        ExitCode::from(130)
+                    } else {
+                        ExitCode::FAILURE
+                    }
                 }
             }
         }

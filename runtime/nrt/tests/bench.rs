@@ -668,6 +668,59 @@ fn sigterm_stops_a_bench_and_leaves_nothing_behind() {
     );
 }
 
+/// A signal stops a bench in order: what ran is reported (marked interrupted, no more
+/// executions than it ran), its `--trace` is written, and it exits 130.
+#[test]
+fn an_interrupted_bench_reports_what_ran_and_writes_its_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t.json");
+    let mut cmd = endless_bench(tmp.path());
+    cmd.arg("--json")
+        .arg("--trace")
+        .arg(&trace)
+        .stdout(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // Running: its datastore file counts executions.
+    let t = std::time::Instant::now();
+    loop {
+        let ran = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .filter_map(|e| runtime::datastore::read_file(&e.unwrap().path()).ok())
+            .any(|s| s.cores.iter().any(|c| c.executions.total() > 100));
+        if ran {
+            break;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(r["interrupted"], true, "{r}");
+    let executions = r["executions"].as_u64().unwrap();
+    assert!(
+        executions > 0 && executions < 100_000_000,
+        "{executions}: {r}"
+    );
+    assert_eq!(r["failures"], 0, "{r}");
+    let t: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a complete trace");
+    let spans = t["traceEvents"].as_array().unwrap();
+    assert!(
+        spans.iter().any(|e| e["name"] == "execute"),
+        "no execute span in {} events",
+        spans.len()
+    );
+    assert!(stderr.contains("trace written to"), "{stderr}");
+}
+
 /// A bench running an identity model with a private simdev in `tmp`, once its simdev's
 /// directory exists: (the bench, the directory).
 #[allow(clippy::zombie_processes, reason = "returned: the caller waits for it")]
