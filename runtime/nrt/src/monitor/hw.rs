@@ -17,6 +17,9 @@ pub struct DeviceSummary {
     pub nc_count: u32,
     /// HBM bytes per NC.
     pub hbm_bytes_per_nc: u64,
+    /// NCs per logical core for a runtime started now: `NEURON_LOGICAL_NC_CONFIG`, else the
+    /// arch's default (2 on trn2), as `nrt ls` says.
+    pub lnc: u32,
 }
 
 /// One reading of simdev's counters.
@@ -76,10 +79,19 @@ impl HwReader {
             return HwSample::default();
         };
         let info = dev.info();
+        let config = runtime::config::RuntimeConfig {
+            lnc: runtime::config::RuntimeConfig::lnc_from_lookup(|k| std::env::var(k).ok())
+                .ok()
+                .flatten(),
+            ..runtime::config::RuntimeConfig::default()
+        };
         let device = DeviceSummary {
             arch: info.arch.name(),
             nc_count: info.nc_count,
             hbm_bytes_per_nc: info.hbm_bytes_per_nc,
+            lnc: config
+                .lnc_on(info.arch)
+                .unwrap_or_else(|_| runtime::config::default_lnc(info.arch)),
         };
         let mut ncs = Vec::new();
         for nc in 0..info.nc_count {

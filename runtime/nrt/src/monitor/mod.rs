@@ -293,6 +293,7 @@ mod tests {
                 arch: "trn2",
                 nc_count: 8,
                 hbm_bytes_per_nc: 1 << 30,
+                lnc: 2,
             }),
             ncs: vec![(
                 0,
@@ -413,11 +414,27 @@ mod tests {
             (&42.into(), &4096.into(), &43.into())
         );
         assert_eq!(nc0["notifications"], 0);
+        // The live runtime's LNC (1, set by the process on this trn2)...
         let hi = &v["neuron_hardware_info"];
         assert_eq!(hi["neuron_device_count"], 1);
         assert_eq!(hi["neuroncore_per_device_count"], 8);
         assert_eq!(hi["logical_neuroncore_config"], 1);
         assert_eq!(hi["neuron_device_type"], "trn2");
+        // ... and with none live, the one a runtime started now would use (trn2's 2).
+        let idle = collect::Figures {
+            period: Duration::from_secs(1),
+            processes: Vec::new(),
+        };
+        let doc = schema::document(
+            &idle,
+            &hw(),
+            schema::VcpuUsage::default(),
+            schema::memory_info(1.0),
+        );
+        let idle_doc: Value = serde_json::to_value(&doc).unwrap();
+        let hi = &idle_doc["neuron_hardware_info"];
+        assert_eq!(hi["neuroncore_per_device_count"], 4);
+        assert_eq!(hi["logical_neuroncore_config"], 2);
         assert!(
             v["instance_info"]["error"]
                 .as_str()

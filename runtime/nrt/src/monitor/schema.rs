@@ -621,7 +621,14 @@ pub fn document(
     memory: MemoryInfo,
 ) -> MonitorDocument {
     let period = fig.period.as_secs_f64();
-    let lnc = fig.live().map(|p| p.lnc).max().unwrap_or(1).max(1);
+    // The live runtimes' LNC; with none, what a runtime started now would use (as `nrt ls`).
+    let lnc = fig
+        .live()
+        .map(|p| p.lnc)
+        .max()
+        .or(hw.device.as_ref().map(|d| d.lnc))
+        .unwrap_or(1)
+        .max(1);
     let neuron_devices = if hw.ncs.is_empty() {
         Vec::new()
     } else {
