@@ -114,13 +114,16 @@ pub(crate) fn closes() -> u64 {
 
 /// The version this library reports.
 fn version() -> NrtVersion {
+    let [rt_major, rt_minor, rt_patch, rt_maintenance] = runtime::RUNTIME_API_VERSION;
     NrtVersion {
-        rt_major: 2,
-        rt_minor: 0,
-        rt_patch: 0,
-        rt_maintenance: 0,
+        rt_major,
+        rt_minor,
+        rt_patch,
+        rt_maintenance,
         rt_detail: c_field(&format!(
-            "libnrt C ABI over the Rust runtime {} (device or simdev)",
+            "the API of libnrt {}, implemented by this project's Rust runtime {} (device or \
+             simdev); not AWS's library",
+            runtime::RUNTIME_VERSION,
             env!("CARGO_PKG_VERSION")
         )),
         git_hash: c_field(env!("LIBNRT_GIT_HASH")),

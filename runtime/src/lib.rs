@@ -44,9 +44,22 @@ mod test_support;
 pub mod trace;
 pub mod xu;
 
+/// The libnrt release whose API this runtime and its C library implement: the 2.34.10 headers
+/// (the batch calls without `unsafe`, pinned host buffers, async 3.x with eventfd
+/// registration). `nrt_get_version` reports it, so that a framework gating a feature on
+/// `rt_major`/`rt_minor` finds it; its `rt_detail` says which library this is.
+pub const RUNTIME_API_VERSION: [u64; 4] = [2, 34, 10, 0];
+
 /// The runtime version this runtime reports to other processes (neuron-ls's
-/// `neuron_runtime_version`): libnrt's version as `nrt_get_version` reports it.
-pub const RUNTIME_VERSION: &str = "2.0.0.0";
+/// `neuron_runtime_version`): [`RUNTIME_API_VERSION`], as `nrt_get_version` reports it.
+pub const RUNTIME_VERSION: &str = "2.34.10.0";
+
+#[cfg(test)]
+#[test]
+fn the_version_string_is_the_api_version() {
+    let parts: Vec<String> = RUNTIME_API_VERSION.iter().map(u64::to_string).collect();
+    assert_eq!(RUNTIME_VERSION, parts.join("."));
+}
 
 /// The hash map of the execute path's lookups (tensor names, model handles, queue ids):
 /// `foldhash`'s fast hasher with a per-map random seed, not std's SipHash, which costs about

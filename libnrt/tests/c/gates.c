@@ -41,6 +41,10 @@ int main(int argc, char **argv) {
     EXPECT(nrt_get_vnc_memory_stats(0, &stats, sizeof stats, &stats_size), NRT_UNINITIALIZED);
     CHECK(nrt_get_version(&ver, sizeof ver));
     ASSERT(ver.rt_major == NRT_MAJOR_VERSION);
+    /* The API level of the headers (2.34.10): a framework gating the async 3.x API on
+     * runtime >= 2.31 finds it. */
+    ASSERT(ver.rt_minor == 34 && ver.rt_patch == 10 && ver.rt_maintenance == 0);
+    ASSERT(strstr(ver.rt_detail, "not AWS") != NULL);
     CHECK(nrt_get_total_vnc_count(&count));
     ASSERT(count >= 1);
     CHECK(nrt_get_visible_nc_count(&count));
