@@ -241,6 +241,71 @@ pub unsafe extern "C" fn nrt_host_device_id_get(neuron_dev: i32, host_device_id:
     })
 }
 
+/// `nrt_host_device_id_rid_map_get`: the routing-ID table indexed by host device id. This
+/// process sees one device, host id 0, whose routing id is 0: one entry. `*count` is the
+/// array's capacity on entry and the entries written on return; a capacity of 0 is
+/// NRT_RESOURCE with `*count` set to the entries needed.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_host_device_id_rid_map_get(
+    count: *mut u32,
+    host_did_to_rid_map: *mut u32,
+) -> u32 {
+    boundary::status("nrt_host_device_id_rid_map_get", || {
+        rt()?;
+        const ROUTING_IDS: [u32; 1] = [0];
+        let capacity = raw::read_in(count, "count")?;
+        let needed = u32::try_from(ROUTING_IDS.len()).unwrap_or(u32::MAX);
+        if capacity < needed {
+            raw::write_out(count, needed, "count")?;
+            return Err(NrtError::new(
+                NrtStatus::Resource,
+                format!("host_did_to_rid_map holds {capacity} entries; {needed} are needed"),
+            ));
+        }
+        raw::check_out(host_did_to_rid_map, "host_did_to_rid_map")?;
+        for (i, rid) in ROUTING_IDS.iter().enumerate() {
+            // The array holds `capacity` >= `needed` entries (the caller's word).
+            raw::write_out(
+                host_did_to_rid_map.wrapping_add(i),
+                *rid,
+                "host_did_to_rid_map",
+            )?;
+        }
+        raw::write_out(count, needed, "count")
+    })
+}
+
+/// `nrt_get_libnccl_net`: no NCCL network plugin (simdev has no network): NULL, `*err` = 1 and
+/// the reason in `err_msg` (truncated to `err_msg_size` with its terminator). NULL `err` or
+/// `err_msg` are skipped.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_libnccl_net(
+    err: *mut i32,
+    err_msg: *mut c_char,
+    err_msg_size: usize,
+) -> *mut c_void {
+    const WHY: &str = "no NCCL network plugin: this libnrt runs collectives on one host (simdev)";
+    let _ = std::panic::catch_unwind(|| {
+        if !err.is_null() {
+            let _ = raw::write_out(err, 1, "err");
+        }
+        if !err_msg.is_null() && err_msg_size > 0 {
+            let n = WHY.len().min(err_msg_size - 1);
+            if let Ok(out) = raw::bytes_mut(err_msg.cast(), n + 1, "err_msg") {
+                out[..n].copy_from_slice(&WHY.as_bytes()[..n]);
+                out[n] = 0;
+            }
+        }
+    });
+    std::ptr::null_mut()
+}
+
 /// `nrt_get_device_id`: the device holding visible logical core `lnc_idx` — device 0.
 ///
 /// # Safety

@@ -636,7 +636,7 @@ fn a_cxx17_program_includes_every_header_and_links() {
         true,
     );
     let o = run(Command::new(&exe));
-    assert_ran(&o, "c++", "CXX OK libnrt C ABI");
+    assert_ran(&o, "c++", "CXX OK the API of libnrt 2.34.10.0");
 }
 
 #[test]

@@ -206,6 +206,14 @@ NRT_STATUS nrt_get_instance_info(nrt_instance_info_t *info, size_t instance_info
 NRT_STATUS nrt_host_device_id_get(int neuron_dev, uint32_t *host_device_id);
 
 /**
+ * The routing-ID table indexed by host device id: `*count` holds the capacity of
+ * `host_did_to_rid_map` on entry and the entries written on return. With simdev (one device,
+ * host id 0, routing id 0) one entry; NRT_RESOURCE, with `*count` set to the entries needed,
+ * when the array is too small.
+ */
+NRT_STATUS nrt_host_device_id_rid_map_get(uint32_t *count, uint32_t *host_did_to_rid_map);
+
+/**
  * Device memory used and available on logical core `vnc`. Writes at most `stats_size_in` bytes
  * of `stats` and the number written to `*stats_size_out`.
  */

@@ -66,6 +66,13 @@ NRT_STATUS nrt_memcpy_to_device(void *dest, const void *src, size_t size);
 /** The Neuron device (its index, as in neuron-ls) holding visible logical core `lnc_idx`. */
 NRT_STATUS nrt_get_device_id(int lnc_idx, int *device_id);
 
+/**
+ * libnrt's hook for the NCCL network plugin (internal, temporary in libnrt too): NULL here,
+ * with `*err` non-zero and the reason in `err_msg` (at most `err_msg_size` bytes, terminated)
+ * — simdev has no network for collectives across hosts.
+ */
+void *nrt_get_libnccl_net(int *err, char *err_msg, size_t err_msg_size);
+
 /** Completion callback of the implicit asynchronous mode. */
 typedef void (*nrt_async_exec_callback_t)(void *params, uint32_t model_id, uint32_t vnc,
                                           uint64_t job_id, NRT_STATUS status);

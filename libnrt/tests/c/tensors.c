@@ -126,6 +126,25 @@ int main(int argc, char **argv) {
     CHECK(nrt_host_device_id_get(0, &host_device_id));
     ASSERT(host_device_id == 0);
     EXPECT(nrt_host_device_id_get(1, &host_device_id), NRT_INVALID);
+    {
+        /* The routing-ID table: one device; too small an array says how many are needed. */
+        uint32_t rid_count = 0, rids[4] = {7, 7, 7, 7};
+        EXPECT(nrt_host_device_id_rid_map_get(&rid_count, rids), NRT_RESOURCE);
+        ASSERT(rid_count == 1 && rids[0] == 7);
+        rid_count = 4;
+        CHECK(nrt_host_device_id_rid_map_get(&rid_count, rids));
+        ASSERT(rid_count == 1 && rids[0] == 0 && rids[1] == 7);
+        EXPECT(nrt_host_device_id_rid_map_get(NULL, rids), NRT_INVALID);
+        EXPECT(nrt_host_device_id_rid_map_get(&rid_count, NULL), NRT_INVALID);
+    }
+    {
+        /* No NCCL network plugin: NULL, with the reason. */
+        int err = 0;
+        char why[16];
+        ASSERT(nrt_get_libnccl_net(&err, why, sizeof why) == NULL);
+        ASSERT(err != 0 && strlen(why) == sizeof why - 1);
+        ASSERT(nrt_get_libnccl_net(NULL, NULL, 0) == NULL);
+    }
 
     /* Copy between tensors; an empty tensor with the caller's buffer attached. */
     CHECK(nrt_tensor_allocate_empty("empty", &empty));
