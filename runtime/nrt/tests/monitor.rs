@@ -424,6 +424,8 @@ fn bad_options_are_refused_with_a_reason() {
         (&["--prometheus", "not-an-address"][..], "HOST:PORT"),
         (&["--period", "0s"][..], "more than zero"),
         (&["--period", "soon"][..], "e.g. 100ms"),
+        // Zero documents would print nothing and succeed, checking nothing.
+        (&["--count", "0"][..], "not in 1.."),
     ] {
         let out = monitor(args, store.path(), None).output().unwrap();
         assert!(!out.status.success(), "{args:?} accepted");

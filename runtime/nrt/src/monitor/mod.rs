@@ -133,8 +133,8 @@ pub struct MonitorArgs {
     /// Time between documents (`100ms`, `1s`, ...).
     #[arg(long, default_value = "1s", value_parser = parse_period)]
     pub period: Duration,
-    /// Stop after N documents (default: until SIGINT or SIGTERM).
-    #[arg(long)]
+    /// Stop after N documents, 1 or more (default: until SIGINT or SIGTERM).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
     /// Also serve the figures in Prometheus text format at http://ADDR/metrics (ADDR is
     /// HOST:PORT; port 0 picks a free one, printed on stderr).
