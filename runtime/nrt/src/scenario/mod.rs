@@ -126,6 +126,11 @@ fn check_files(files: &[PathBuf]) -> ExitCode {
         files.len() - failed,
         files.len()
     );
+    exit_code(failed)
+}
+
+/// Success when no file failed.
+fn exit_code(failed: usize) -> ExitCode {
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
@@ -350,9 +355,5 @@ fn run_files(files: &[PathBuf], json: bool) -> ExitCode {
             files.len()
         );
     }
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    exit_code(failed)
 }
