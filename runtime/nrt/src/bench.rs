@@ -266,8 +266,17 @@ impl BenchReport {
             min_us: st.min,
             max_us: st.max,
             std_us: st.std,
-            executions_per_second: executions as f64 / wall,
-            images_per_second: images as f64 / wall,
+            // No time (a run stopped before its first timed execution): no rate.
+            executions_per_second: if wall > 0.0 {
+                executions as f64 / wall
+            } else {
+                0.0
+            },
+            images_per_second: if wall > 0.0 {
+                images as f64 / wall
+            } else {
+                0.0
+            },
             ran_on_device: true,
             note: None,
             interrupted: false,
@@ -591,6 +600,15 @@ fn pipeline(
     pb: &indicatif::ProgressBar,
 ) -> Result<Timed, String> {
     let mut times = Vec::new();
+    if crate::interrupted() {
+        // Stopping (a later block of `--datastore both`, say): nothing more runs.
+        let now = Instant::now();
+        return Ok(Timed {
+            times,
+            start: now,
+            end: now,
+        });
+    }
     // One untimed execution per slot first (table loads, first-touch of ring pages).
     for c in slots {
         rt.execute(c.model, &c.ins, &c.outs)
