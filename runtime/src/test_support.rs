@@ -123,6 +123,8 @@ pub(crate) struct Recorder {
     inner: Box<dyn Device>,
     doorbells: Mutex<Vec<u32>>,
     fail_doorbells: AtomicU32,
+    /// The injected failures say the device is gone (else: a generic I/O error).
+    fail_as_lost: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
@@ -131,6 +133,7 @@ impl Recorder {
             inner,
             doorbells: Mutex::new(Vec::new()),
             fail_doorbells: AtomicU32::new(0),
+            fail_as_lost: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -139,8 +142,15 @@ impl Recorder {
         self.doorbells.lock().expect("doorbell log").clone()
     }
 
-    /// Fails the next `n` INFERENCE_START doorbells.
+    /// Fails the next `n` INFERENCE_START doorbells (an I/O error of a device still there).
     pub fn fail_next_doorbells(&self, n: u32) {
+        self.fail_as_lost.store(false, Ordering::SeqCst);
+        self.fail_doorbells.store(n, Ordering::SeqCst);
+    }
+
+    /// Fails the next `n` INFERENCE_START doorbells as a device that is gone.
+    pub fn lose_device_at_next_doorbells(&self, n: u32) {
+        self.fail_as_lost.store(true, Ordering::SeqCst);
         self.fail_doorbells.store(n, Ordering::SeqCst);
     }
 }
@@ -190,12 +200,26 @@ impl Device for Recorder {
             let fail = self.fail_doorbells.load(Ordering::SeqCst);
             if fail > 0 {
                 self.fail_doorbells.store(fail - 1, Ordering::SeqCst);
-                return Err(DeviceError::Disconnected {
-                    op: "SemaphoreIncrement (injected)",
+                return Err(if self.fail_as_lost.load(Ordering::SeqCst) {
+                    DeviceError::Disconnected {
+                        op: "SemaphoreIncrement (injected)",
+                    }
+                } else {
+                    DeviceError::Ioctl {
+                        op: "SemaphoreIncrement (injected)",
+                        request: 0x8008_4E29,
+                        source: nix::errno::Errno::EIO,
+                    }
                 });
             }
         }
         self.inner.semaphore_increment(nc, index, value)
+    }
+    fn hung_up(&self) -> bool {
+        self.inner.hung_up()
+    }
+    fn take_device_log(&self) -> Vec<String> {
+        self.inner.take_device_log()
     }
     fn semaphore_decrement(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
         self.inner.semaphore_decrement(nc, index, value)

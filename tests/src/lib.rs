@@ -348,11 +348,21 @@ impl runtime::Device for InterposedDevice {
         let fail = self.fail_doorbells.load(Ordering::SeqCst);
         if fail > 0 {
             self.fail_doorbells.store(fail - 1, Ordering::SeqCst);
-            return Err(DeviceError::Disconnected {
+            // A driver ioctl that failed (EIO, NRT_HW_ERROR on its own), the device still
+            // there: the doorbell reports it as NRT_FAILURE (seed 000 §5).
+            return Err(DeviceError::Ioctl {
                 op: "SemaphoreIncrement (injected)",
+                request: 0x8008_4E29,
+                source: nix::errno::Errno::EIO,
             });
         }
         self.inner.semaphore_increment(nc, index, value)
+    }
+    fn hung_up(&self) -> bool {
+        self.inner.hung_up()
+    }
+    fn take_device_log(&self) -> Vec<String> {
+        self.inner.take_device_log()
     }
     fn semaphore_decrement(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
         self.count("semaphore_decrement");

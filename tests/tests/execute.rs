@@ -413,6 +413,30 @@ fn unload_waits_and_a_stale_handle_is_invalid() {
     rig.rt.close();
 }
 
+/// A device lost between executions: the next execute's doorbell finds it gone and says
+/// NRT_HW_ERROR, as a loss during an execution does (not NRT_FAILURE, which the doorbell
+/// reports for a device still there).
+#[test]
+fn a_device_lost_between_executions_is_nrt_hw_error_at_the_next_doorbell() {
+    let rig = rig();
+    let m = load(&rig.rt, &identity(64), 0);
+    let (_, _, ins, outs) = io(&rig.rt, 64, Placement::Device { vnc: 0 });
+    rig.rt.execute(m, &ins, &outs).unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(rig.sim.pid()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    // Gone: its connection hung up (the kernel has torn the process down; an io_uring
+    // receive it had pending holds its socket a little longer).
+    let gone = tests::wait_for(Duration::from_secs(10), || rig.dev.hung_up().then_some(()));
+    assert!(gone.is_some(), "simdev {pid}'s connection never hung up");
+    let e = rig.rt.execute(m, &ins, &outs).unwrap_err();
+    assert!(
+        e.message.contains("Failed to post inference request"),
+        "the doorbell found it gone: {e}"
+    );
+    assert_eq!(e.status, NrtStatus::HwError, "{e}");
+    rig.rt.close();
+}
+
 #[test]
 fn sigterm_to_simdev_ends_an_execution_in_flight_with_an_error() {
     let rig = rig_with(RuntimeConfig {

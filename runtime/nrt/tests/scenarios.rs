@@ -397,7 +397,7 @@ fn a_client_whose_device_is_gone_stops_executing_and_waits_for_its_signal() {
         d["executions"].as_u64().unwrap(),
         d["failures"].as_u64().unwrap(),
     );
-    // Each of its two cores failed at most twice (the doorbell to a gone device, NRT_FAILURE,
+    // Each of its two cores failed at most twice (the doorbell to a gone device, NRT_HW_ERROR,
     // degrades the core; the next call is 101) and took no more: half a second of retrying
     // would have been tens of thousands.
     assert!((1..=4).contains(&failures) && executions < 10_000, "{done}");

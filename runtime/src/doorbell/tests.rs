@@ -1,5 +1,5 @@
 //! The doorbell against the emulated device in-process: fan-out order, the first failure
-//! stops the loop, and every failure is NRT_FAILURE.
+//! stops the loop, and every failure is NRT_FAILURE but a lost device's (NRT_HW_ERROR).
 
 use shared::NrtStatus;
 
@@ -41,6 +41,20 @@ fn the_first_failing_doorbell_stops_the_loop_with_nrt_failure() {
     assert_eq!(
         (rig.counters(0).doorbells, rig.counters(1).doorbells),
         (0, 0)
+    );
+}
+
+#[test]
+fn a_doorbell_to_a_device_that_is_gone_is_nrt_hw_error() {
+    let rig = Rig::new();
+    rig.backend.claim_nc(0).unwrap();
+    rig.backend.lose_device_at_next_doorbells(1);
+    let e = kickoff_exec(&*rig.backend, &[0]).unwrap_err();
+    assert_eq!(e.status, NrtStatus::HwError, "{e}");
+    assert!(
+        e.message
+            .contains("Failed to post inference request on NC 0"),
+        "{e}"
     );
 }
 
