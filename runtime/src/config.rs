@@ -174,7 +174,12 @@ impl ConfigError {
 /// A message naming the problem.
 pub fn parse_visible_cores(value: &str) -> Result<(u32, u32), String> {
     let mut cores = Vec::new();
-    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for part in value.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(format!(
+                "{value:?} has an empty entry (two commas in a row, or one at an end)"
+            ));
+        }
         let (a, b) = match part.split_once('-') {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
@@ -493,6 +498,11 @@ mod tests {
         assert!(parse_visible_cores("3,5").is_err(), "not contiguous");
         assert!(parse_visible_cores("6-3").is_err());
         assert!(parse_visible_cores("x").is_err());
+        // An empty entry is a typo, not a separator to skip.
+        for v in ["1,,2", "1,", ",1", "0-1,,2"] {
+            let e = parse_visible_cores(v).unwrap_err();
+            assert!(e.contains("empty entry"), "{v}: {e}");
+        }
     }
 
     #[test]

@@ -511,7 +511,17 @@ pub fn run(
         }))
         .map_err(|e| e.to_string())?;
     }
-    let ncs = rt.visible_vnc_count().min(opts.ncs);
+    let visible = rt.visible_vnc_count();
+    if opts.ncs > visible {
+        // Running on fewer cores than asked would report another benchmark than the one
+        // asked for (--ncs without NEURON_RT_VISIBLE_CORES was asked of the runtime above).
+        rt.close();
+        return Err(format!(
+            "--ncs {} but NEURON_RT_VISIBLE_CORES makes {visible} logical core(s) visible",
+            opts.ncs
+        ));
+    }
+    let ncs = opts.ncs;
     let result = match opts.model.as_str() {
         _ if opts.neff.is_some() => run_neff(&rt, opts, ncs, backend),
         "digits" => run_digits(&rt, opts, ncs, backend),

@@ -117,6 +117,32 @@ fn bench_without_ncs_runs_on_the_cores_neuron_rt_num_cores_asks_for() {
     assert_eq!(r["nc_count"].as_u64(), Some(1), "{r}");
 }
 
+/// `--ncs` above the cores NEURON_RT_VISIBLE_CORES leaves is refused, not run on fewer.
+#[test]
+fn bench_refuses_more_ncs_than_the_visible_cores() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args([
+            "bench",
+            "--model",
+            "identity",
+            "--iterations",
+            "10",
+            "--ncs",
+            "2",
+        ])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("NEURON_RT_VISIBLE_CORES", "0")
+        .output()
+        .expect("nrt runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--ncs 2 but NEURON_RT_VISIBLE_CORES makes 1 logical core(s) visible"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bench_with_lnc_2_on_trn2_gives_the_same_results_as_lnc_1() {
     let args = ["bench", "--batch", "360", "--ncs", "2", "--json"];
