@@ -608,8 +608,12 @@ mod tests {
     ];
 
     fn one_step(action: &str, body: &str) -> Result<Step, String> {
-        // `[[steps.check]]` must come after the step's own keys.
-        let text = format!("[[steps]]\naction = \"{action}\"\n{body}\n");
+        // `[[steps.check]]` must come after the step's own keys; the models the snippets name
+        // (`id`, `m`) are defined, as a file must define them.
+        let text = format!(
+            "[models.id]\nbuilder = \"identity\"\n[models.m]\nbuilder = \"identity\"\n\
+             [[steps]]\naction = \"{action}\"\n{body}\n"
+        );
         parse(&text).map(|mut sc| {
             assert_eq!(sc.steps.len(), 1);
             sc.steps.remove(0)
