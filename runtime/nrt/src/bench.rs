@@ -248,6 +248,8 @@ impl BenchReport {
             _ => (executions, images),
         };
         let st = stats(samples);
+        // No time (a run stopped before its first timed execution): no rate.
+        let rate = |n: u64| if wall > 0.0 { n as f64 / wall } else { 0.0 };
         Self {
             model,
             backend,
@@ -266,17 +268,8 @@ impl BenchReport {
             min_us: st.min,
             max_us: st.max,
             std_us: st.std,
-            // No time (a run stopped before its first timed execution): no rate.
-            executions_per_second: if wall > 0.0 {
-                executions as f64 / wall
-            } else {
-                0.0
-            },
-            images_per_second: if wall > 0.0 {
-                images as f64 / wall
-            } else {
-                0.0
-            },
+            executions_per_second: rate(executions),
+            images_per_second: rate(images),
             ran_on_device: true,
             note: None,
             interrupted: false,
