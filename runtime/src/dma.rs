@@ -510,17 +510,37 @@ impl DmaQueue {
     /// # Errors
     /// [`DmaError::Device`] (e.g. the queue was stopped by a DMA abort).
     pub fn kick(&mut self, dev: &dyn Device) -> Result<(), DmaError> {
+        self.ring(|id, tx, rx| dev.dma_queue_copy_start(id, tx, rx))
+    }
+
+    /// [`DmaQueue::kick`] waiting on the device no later than `deadline`
+    /// ([`Device::dma_queue_copy_start_by`]): for the XU worker.
+    ///
+    /// # Errors
+    /// As [`DmaQueue::kick`], and [`DmaError::Device`] with [`DeviceError::Late`] when the
+    /// device did not answer by `deadline`.
+    pub fn kick_by(
+        &mut self,
+        dev: &dyn Device,
+        deadline: std::time::Instant,
+    ) -> Result<(), DmaError> {
+        self.ring(|id, tx, rx| dev.dma_queue_copy_start_by(id, tx, rx, deadline))
+    }
+
+    fn ring(
+        &mut self,
+        copy_start: impl FnOnce(DmaQueueId, u32, u32) -> Result<(), DeviceError>,
+    ) -> Result<(), DmaError> {
         if self.posted_rx == 0 {
             return Ok(());
         }
         let (tx, rx) = (self.posted_tx, self.posted_rx);
         self.posted_tx = 0;
         self.posted_rx = 0;
-        dev.dma_queue_copy_start(self.id, tx, rx)
-            .map_err(|source| DmaError::Device {
-                queue: self.id,
-                error: source,
-            })
+        copy_start(self.id, tx, rx).map_err(|source| DmaError::Device {
+            queue: self.id,
+            error: source,
+        })
     }
 
     /// Releases the queue and frees its rings.

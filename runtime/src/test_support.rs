@@ -194,6 +194,16 @@ impl Device for Recorder {
     fn dma_queue_copy_start(&self, queue: DmaQueueId, tx: u32, rx: u32) -> Result<(), DeviceError> {
         self.inner.dma_queue_copy_start(queue, tx, rx)
     }
+
+    fn dma_queue_copy_start_by(
+        &self,
+        queue: DmaQueueId,
+        tx: u32,
+        rx: u32,
+        deadline: std::time::Instant,
+    ) -> Result<(), DeviceError> {
+        self.inner.dma_queue_copy_start_by(queue, tx, rx, deadline)
+    }
     fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
         if index == SEM_INFERENCE_START {
             self.doorbells.lock().expect("doorbell log").push(nc);

@@ -339,6 +339,17 @@ impl runtime::Device for InterposedDevice {
         self.count("dma_queue_copy_start");
         self.inner.dma_queue_copy_start(queue, tx, rx)
     }
+
+    fn dma_queue_copy_start_by(
+        &self,
+        queue: DmaQueueId,
+        tx: u32,
+        rx: u32,
+        deadline: std::time::Instant,
+    ) -> Result<(), DeviceError> {
+        self.count("dma_queue_copy_start");
+        self.inner.dma_queue_copy_start_by(queue, tx, rx, deadline)
+    }
     fn semaphore_increment(&self, nc: u32, index: u32, value: u32) -> Result<(), DeviceError> {
         self.count("semaphore_increment");
         if index == shared::sequencer::SEM_INFERENCE_START {

@@ -506,3 +506,112 @@ fn unknown_tensor_op_queues_and_foreign_tensor_op_seq_ids_are_invalid_naming_the
     other.close();
     rt.close();
 }
+
+/// Seed 004's worker steps every XU of its vNC, so no step may wait on the device longer than
+/// its request's deadline. With simdev stopped (SIGSTOP), a tensor write's DMA doorbell — on
+/// simdev a request simdev answers — and an execution on the same logical core both end
+/// NRT_TIMEOUT after `NEURON_RT_EXEC_TIMEOUT` (1 s here), not after the connection's control
+/// timeout (10 minutes here: the old worker sat in the doorbell's reply wait that long). Once
+/// simdev runs again the connection still works: the late reply is taken as the one owed,
+/// not as the answer to the next request, and the other tensor-op queue moves data.
+#[test]
+fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blocks_no_other_xu() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = Arc::new(
+        runtime::backend::sim::SimDevice::connect_with_timeout(
+            sim.socket(),
+            Duration::from_secs(600),
+        )
+        .unwrap(),
+    );
+    let rt = Runtime::init(
+        dev.clone(),
+        RuntimeConfig {
+            exec_timeout: Duration::from_secs(1),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let on = Placement::Device { vnc: 0 };
+    let i = rt.tensor_allocate(on, 64, "i").unwrap();
+    let o = rt.tensor_allocate(on, 64, "o").unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    // Both queues' staging is allocated now, while simdev answers.
+    for q in 0..2 {
+        let op = rt.tensor_write_schedule(&i, &[1; 64], 0, 0, q).unwrap();
+        assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    }
+    let pid = Pid::from_raw(i32::try_from(sim.pid()).unwrap());
+    /// Lets simdev run again however the test ends (else closing the runtime would wait out
+    /// the control timeout).
+    struct Resume(Pid);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = kill(self.0, Signal::SIGCONT);
+        }
+    }
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let resume = Resume(pid);
+    // kill(2) returns before the stop takes effect: wait until every thread is stopped.
+    let stopped = || {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        tasks
+            .map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .all(|stat| {
+                stat.and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().starts_with('T'))
+                }) == Some(true)
+            })
+            .then_some(())
+    };
+    tests::wait_for(Duration::from_secs(10), stopped).expect("simdev stops on SIGSTOP");
+    let write = Waiting::register(
+        &rt,
+        0,
+        rt.tensor_write_schedule(&i, &[2; 64], 0, 0, 0).unwrap(),
+    );
+    let exec = rt.execute_schedule(m, &ins, &outs).unwrap();
+    let exec_efd = nonblocking_eventfd();
+    rt.event_register_seq_id_completion(exec.seq_id(), Some(exec_efd.as_fd()))
+        .unwrap();
+    for (what, efd) in [
+        ("the tensor write", &write.efd),
+        ("the execution", &exec_efd),
+    ] {
+        let mut pfd = [PollFd::new(efd.as_fd(), PollFlags::POLLIN)];
+        let n = poll(&mut pfd, PollTimeout::from(60_000u16)).unwrap();
+        assert!(
+            n > 0,
+            "{what} did not complete within 60 s of a 1 s execution timeout"
+        );
+    }
+    assert_eq!(
+        rt.wait(&write.req).unwrap(),
+        NrtStatus::Timeout,
+        "the write"
+    );
+    assert_eq!(rt.wait(&exec).unwrap(), NrtStatus::Timeout, "the execution");
+    drop(resume);
+    // The first request after the stop reads the write's late reply (an Ok) first, then its
+    // own: a semaphore's value, which an Ok in its place would not be.
+    use runtime::Device;
+    dev.semaphore_read(0, 0)
+        .expect("the late reply is not taken as this request's");
+    // Tensor-op queue 1 was not involved: it writes once simdev answers again.
+    let op = rt.tensor_write_schedule(&i, &[3; 64], 0, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    let dest = ReadBuffer::new(64).unwrap();
+    let op = rt.tensor_read_schedule(&dest, &i, 0, 64, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    assert_eq!(dest.to_vec().unwrap(), vec![3; 64]);
+    drop((i, o, ins, outs));
+    rt.close();
+}

@@ -151,6 +151,18 @@ pub enum DeviceError {
         /// How long it was waited for.
         waited: std::time::Duration,
     },
+    /// The device did not answer by the caller's deadline ([`Device::dma_queue_copy_start_by`]):
+    /// the request may still run; the connection is kept, and its reply, when it comes, is
+    /// taken as owed, not as the answer to a later request.
+    #[error(
+        "{op}: the device did not answer within {waited:?}, by the request's deadline (is simdev stopped or stuck?)"
+    )]
+    Late {
+        /// Operation.
+        op: &'static str,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
     /// The peer answered something the protocol does not allow here.
     #[error("{op}: protocol violation: {detail}")]
     Protocol {
@@ -230,7 +242,7 @@ impl DeviceError {
                 _ => NrtStatus::HwError,
             },
             Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
-            Self::NotResponding { .. } => NrtStatus::Timeout,
+            Self::NotResponding { .. } | Self::Late { .. } => NrtStatus::Timeout,
             Self::Config { .. } => NrtStatus::Invalid,
             Self::Io { .. }
             | Self::Protocol { .. }
@@ -329,6 +341,26 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         tx_desc_count: u32,
         rx_desc_count: u32,
     ) -> Result<(), DeviceError>;
+
+    /// [`Device::dma_queue_copy_start`] for a caller that must not wait on the device past
+    /// `deadline`: the XU worker, which steps every XU of its vNC (seed 004), ringing a
+    /// tensor operation's DMA doorbell. The ioctl never waits on the device; simdev answers
+    /// this request (it runs the DMA first), so a stopped simdev would hold the worker for
+    /// the control timeout. Default: the plain call.
+    ///
+    /// # Errors
+    /// As [`Device::dma_queue_copy_start`]; [`DeviceError::Late`] when the device has not
+    /// answered by `deadline` (the doorbell may still take effect).
+    fn dma_queue_copy_start_by(
+        &self,
+        queue: DmaQueueId,
+        tx_desc_count: u32,
+        rx_desc_count: u32,
+        deadline: std::time::Instant,
+    ) -> Result<(), DeviceError> {
+        let _ = deadline;
+        self.dma_queue_copy_start(queue, tx_desc_count, rx_desc_count)
+    }
 
     /// Adds `value` to semaphore `index` of NC `nc` (SEMAPHORE_INCREMENT, ioctl 0x80084E29 with
     /// the 12-byte `{nc_id, semaphore_index, value}`). This is the execution doorbell and the

@@ -8,6 +8,14 @@
 //! Every other request holds the connection's lock from send to reply, so replies cannot be
 //! crossed between threads.
 //!
+//! **A request with a deadline** ([`Device::dma_queue_copy_start_by`], the tensor-op DMA
+//! doorbell the XU worker rings) waits for the lock and its reply only until then: the worker
+//! steps every XU of its vNC and must not sit out a stopped simdev for the control timeout.
+//! Past the deadline it answers [`DeviceError::Late`] and the reply is *owed*: simdev answers
+//! in order, so the next request first takes the owed replies off the socket (within its own
+//! bound) and then reads its own. Nothing is given up: once simdev runs again the connection
+//! works.
+//!
 //! **Fork.** A connection belongs to the process that opened it. A child forked after
 //! `connect` inherits the socket, but a request from it would interleave with the parent's on
 //! the same connection (and a reply could be read by the wrong process): every request and
@@ -33,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
 use shared::address_map::SEM_WINDOW_SIZE;
@@ -64,6 +72,19 @@ struct Exchange {
     /// A reply did not come within the control timeout: a late one would answer the wrong
     /// request, so the connection is given up.
     gave_up: Option<std::time::Duration>,
+    /// Replies still to come to requests that stopped waiting at their deadline
+    /// ([`DeviceError::Late`]): the next ones simdev sends, discarded before any later
+    /// request reads its own.
+    owed: u32,
+}
+
+/// How long a request waits for the connection's lock and its reply.
+#[derive(Clone, Copy, Debug)]
+enum Bound {
+    /// The control timeout; past it the connection is given up.
+    Control,
+    /// Until the caller's deadline; past it the reply is owed ([`DeviceError::Late`]).
+    Deadline(Instant),
 }
 
 /// How long a control request (allocation, claim, query: not a doorbell) waits for simdev's
@@ -78,7 +99,7 @@ enum Link {
     /// (posted requests do not take it).
     Socket {
         fd: OwnedFd,
-        exchange: Mutex<Exchange>,
+        exchange: parking_lot::Mutex<Exchange>,
     },
     /// A device in this process, called directly; the lock is held for each message, posted
     /// ones included (the handler's answer is immediate: a doorbell only wakes a sequencer).
@@ -180,9 +201,10 @@ impl SimDevice {
         let mut dev = SimDevice {
             link: Link::Socket {
                 fd,
-                exchange: Mutex::new(Exchange {
+                exchange: parking_lot::Mutex::new(Exchange {
                     buf: Box::new([0; MAX_MSG_SIZE]),
                     gave_up: None,
+                    owed: 0,
                 }),
             },
             info: placeholder_info(),
@@ -381,11 +403,21 @@ impl SimDevice {
         op: &'static str,
         req: &Request,
     ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
+        self.request_bounded(op, req, Bound::Control)
+    }
+
+    /// [`SimDevice::request`] waiting at most as `bound` says.
+    fn request_bounded(
+        &self,
+        op: &'static str,
+        req: &Request,
+        bound: Bound,
+    ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
         debug_assert!(!req.is_posted());
         // Before any lock: a parent thread may have held it at the fork.
         self.check_owner(op)?;
         match &self.link {
-            Link::Socket { fd, exchange } => self.request_socket(op, req, fd, exchange),
+            Link::Socket { fd, exchange } => self.request_socket(op, req, fd, exchange, bound),
             #[cfg(any(test, feature = "test-support"))]
             Link::InProcess(connection) => {
                 use shared::protocol::Answer;
@@ -416,62 +448,102 @@ impl SimDevice {
         op: &'static str,
         req: &Request,
         fd: &OwnedFd,
-        exchange: &Mutex<Exchange>,
+        exchange: &parking_lot::Mutex<Exchange>,
+        bound: Bound,
     ) -> Result<(Reply, Vec<OwnedFd>), DeviceError> {
-        let mut ex = exchange
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let started = Instant::now();
+        let late = |started: Instant| DeviceError::Late {
+            op,
+            waited: started.elapsed(),
+        };
+        let mut ex = match bound {
+            Bound::Control => exchange.lock(),
+            Bound::Deadline(d) => exchange.try_lock_until(d).ok_or_else(|| late(started))?,
+        };
         if let Some(waited) = ex.gave_up {
             return Err(DeviceError::NotResponding { op, waited });
         }
         // A send can fail because simdev already answered and closed (a refused uid): the
         // answer may still be queued, so look for it before reporting the disconnect.
         let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
-        if let Err(e) = self.send(op, req) {
-            if !matches!(e, DeviceError::Disconnected { .. }) {
-                return Err(e);
+        let mut sent = false;
+        if ex.owed == 0 {
+            match self.send(op, req) {
+                Ok(()) => sent = true,
+                Err(DeviceError::Disconnected { .. }) => recv_flags |= MsgFlags::MSG_DONTWAIT,
+                Err(e) => return Err(e),
             }
-            recv_flags |= MsgFlags::MSG_DONTWAIT;
-        } else if !self.reply_within(fd, self.control_timeout) {
-            ex.gave_up = Some(self.control_timeout);
-            self.unresponsive
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!(
-                op,
-                socket = %self.socket.display(),
-                "simdev did not answer within {:?}; the connection is given up",
-                self.control_timeout
-            );
-            return Err(DeviceError::NotResponding {
-                op,
-                waited: self.control_timeout,
-            });
         }
-        let received = fd_passing::recv_with_fds(fd.as_fd(), &mut ex.buf[..], recv_flags).map_err(
-            |e| match e {
-                nix::Error::EAGAIN => DeviceError::Disconnected { op },
-                e => io_err(op)(e),
-            },
-        )?;
-        let fds = received.fds;
-        let len = received.len;
-        let truncated = received.truncated || received.control_truncated;
-        if len == 0 {
-            return Err(DeviceError::Disconnected { op });
+        // The replies owed to requests that stopped waiting come first, then this one's
+        // (sent once nothing is owed: a request sent behind owed replies that then gave up
+        // would leave one more).
+        loop {
+            if !recv_flags.contains(MsgFlags::MSG_DONTWAIT) && !self.reply_within(fd, bound) {
+                return Err(match bound {
+                    Bound::Deadline(_) => {
+                        ex.owed += u32::from(sent);
+                        late(started)
+                    }
+                    Bound::Control => self.give_up(op, &mut ex),
+                });
+            }
+            let received = fd_passing::recv_with_fds(fd.as_fd(), &mut ex.buf[..], recv_flags)
+                .map_err(|e| match e {
+                    nix::Error::EAGAIN => DeviceError::Disconnected { op },
+                    e => io_err(op)(e),
+                })?;
+            if received.len == 0 {
+                return Err(DeviceError::Disconnected { op });
+            }
+            if ex.owed > 0 {
+                // A late reply to an earlier request (its fds, if any, are closed here).
+                ex.owed -= 1;
+                if ex.owed == 0 {
+                    match self.send(op, req) {
+                        Ok(()) => sent = true,
+                        Err(DeviceError::Disconnected { .. }) => {
+                            recv_flags |= MsgFlags::MSG_DONTWAIT;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                continue;
+            }
+            if received.truncated || received.control_truncated {
+                return Err(DeviceError::Protocol {
+                    op,
+                    detail: "truncated reply".into(),
+                });
+            }
+            return parse_reply(op, &ex.buf[..received.len], received.fds);
         }
-        if truncated {
-            return Err(DeviceError::Protocol {
-                op,
-                detail: "truncated reply".into(),
-            });
-        }
-        parse_reply(op, &ex.buf[..len], fds)
     }
 
-    /// Whether `fd` becomes readable (a reply, or the peer hanging up) within `timeout`.
-    fn reply_within(&self, fd: &OwnedFd, timeout: std::time::Duration) -> bool {
+    /// The control timeout passed with no reply: a late one would answer the wrong request, so
+    /// the connection is given up (every later request answers [`DeviceError::NotResponding`]).
+    fn give_up(&self, op: &'static str, ex: &mut Exchange) -> DeviceError {
+        ex.gave_up = Some(self.control_timeout);
+        self.unresponsive
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(
+            op,
+            socket = %self.socket.display(),
+            "simdev did not answer within {:?}; the connection is given up",
+            self.control_timeout
+        );
+        DeviceError::NotResponding {
+            op,
+            waited: self.control_timeout,
+        }
+    }
+
+    /// Whether `fd` becomes readable (a reply, or the peer hanging up) within `bound`.
+    fn reply_within(&self, fd: &OwnedFd, bound: Bound) -> bool {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = match bound {
+            Bound::Control => Instant::now() + self.control_timeout,
+            Bound::Deadline(d) => d,
+        };
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let ms = PollTimeout::try_from(i32::try_from(left.as_millis()).unwrap_or(i32::MAX))
@@ -483,6 +555,37 @@ impl SimDevice {
                 // Readable, hung up or failed: the receive says which.
                 Ok(_) | Err(_) => return true,
             }
+        }
+    }
+
+    /// DMA_QUEUE_COPY_START within `bound`.
+    fn copy_start(
+        &self,
+        queue: DmaQueueId,
+        tx_desc_count: u32,
+        rx_desc_count: u32,
+        bound: Bound,
+    ) -> Result<(), DeviceError> {
+        let op = "DmaQueueCopyStart";
+        check_queue(op, &self.info, queue)?;
+        if rx_desc_count == 0 {
+            return Err(DeviceError::OutOfRange {
+                op,
+                what: "rx_desc_count (must be >= 1)",
+                value: 0,
+                limit: 0,
+            });
+        }
+        let req = Request::DmaQueueCopyStart {
+            nc: queue.nc,
+            engine: queue.engine,
+            queue: queue.queue,
+            tx_desc_count,
+            rx_desc_count,
+        };
+        match self.request_bounded(op, &req, bound)?.0 {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(op, &other)),
         }
     }
 
@@ -704,25 +807,21 @@ impl Device for SimDevice {
         tx_desc_count: u32,
         rx_desc_count: u32,
     ) -> Result<(), DeviceError> {
-        let op = "DmaQueueCopyStart";
-        check_queue(op, &self.info, queue)?;
-        if rx_desc_count == 0 {
-            return Err(DeviceError::OutOfRange {
-                op,
-                what: "rx_desc_count (must be >= 1)",
-                value: 0,
-                limit: 0,
-            });
-        }
-        self.request_ok(
-            op,
-            &Request::DmaQueueCopyStart {
-                nc: queue.nc,
-                engine: queue.engine,
-                queue: queue.queue,
-                tx_desc_count,
-                rx_desc_count,
-            },
+        self.copy_start(queue, tx_desc_count, rx_desc_count, Bound::Control)
+    }
+
+    fn dma_queue_copy_start_by(
+        &self,
+        queue: DmaQueueId,
+        tx_desc_count: u32,
+        rx_desc_count: u32,
+        deadline: Instant,
+    ) -> Result<(), DeviceError> {
+        self.copy_start(
+            queue,
+            tx_desc_count,
+            rx_desc_count,
+            Bound::Deadline(deadline),
         )
     }
 

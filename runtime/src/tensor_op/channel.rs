@@ -108,18 +108,21 @@ impl Channel {
     }
 
     /// Posts one segment — `len` bytes (at most [`Channel::max_segment_bytes`]) from `src` to
-    /// `dst` and the completion pair — and rings the DMA doorbell. Returns the token the
-    /// completion word will hold once the segment has landed.
+    /// `dst` and the completion pair — and rings the DMA doorbell, waiting on the device no
+    /// later than `deadline` (the request's). Returns the token the completion word will hold
+    /// once the segment has landed.
     ///
     /// # Errors
     /// The status the request completes with: the doorbell's (1203 for a queue a DMA abort
-    /// stopped) or NRT_FAILURE when a descriptor cannot be written.
+    /// stopped, NRT_TIMEOUT for a device that did not answer by `deadline`) or NRT_FAILURE
+    /// when a descriptor cannot be written.
     pub fn post(
         &mut self,
         dev: &dyn Device,
         src: u64,
         dst: u64,
         len: u64,
+        deadline: std::time::Instant,
     ) -> Result<u64, NrtStatus> {
         let token = self.next_token;
         self.next_token += 1;
@@ -131,7 +134,7 @@ impl Channel {
             self.queue.push_copy(src, dst, len)?;
             self.queue
                 .push_copy(base + RECORD_WORD, base + COMPLETION_WORD, RECORD_LEN)?;
-            self.queue.kick(dev)
+            self.queue.kick_by(dev, deadline)
         })();
         posted.map_err(|e| {
             tracing::warn!(queue = ?self.queue.id(), error = %e, "posting a tensor-op segment");

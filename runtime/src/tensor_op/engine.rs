@@ -267,11 +267,11 @@ impl CompletionEngine for TensorOpEngine {
         let Some(ch) = guard.as_mut() else {
             return Progress::Error(NrtStatus::Closed);
         };
-        if req.deadline.is_none() {
+        let deadline = *req.deadline.get_or_insert_with(|| {
             let now = Instant::now();
             req.started = Some(now);
-            req.deadline = Some(now + self.timeout);
-        }
+            now + self.timeout
+        });
         loop {
             if let Some((token, bytes)) = req.in_flight {
                 if !ch.arrived(token) {
@@ -289,6 +289,7 @@ impl CompletionEngine for TensorOpEngine {
                 req.src_pa + req.done,
                 req.dst_pa + req.done,
                 bytes,
+                deadline,
             ) {
                 Ok(token) => req.in_flight = Some((token, bytes)),
                 Err(status) => {

@@ -34,7 +34,10 @@
 //!
 //! On simdev the DMA runs inside `dma_queue_copy_start`, so the token is usually there at the
 //! first look; the step is nonetheless written for asynchronous completion (poll, then
-//! return "in flight" after a short sleep).
+//! return "in flight" after a short sleep). Because simdev answers that doorbell, the step
+//! rings it with the request's deadline ([`crate::backend::Device::dma_queue_copy_start_by`]):
+//! a stopped simdev ends the request NRT_TIMEOUT at `NEURON_RT_EXEC_TIMEOUT` and leaves the
+//! worker free to step the vNC's other XUs, instead of holding it for the control timeout.
 
 pub mod channel;
 pub mod engine;
