@@ -433,6 +433,10 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("nrt bench: {e}");
+                    if json {
+                        // A script reading stdout still gets one document, saying why.
+                        println!("{}", serde_json::json!({ "error": e }));
+                    }
                     if interrupted() {
                         ExitCode::from(130)
                     } else {

@@ -638,7 +638,7 @@ fn a_reference_variable_the_simdev_in_use_never_read_is_named_beside_shape_only(
 }
 
 /// `nrt bench` of the identity model that runs until stopped, with a private simdev and its
-/// datastore in `tmp`; stdout discarded, stderr piped.
+/// datastore in `tmp`; stdout discarded (the caller may pipe it), stderr piped.
 fn endless_bench(tmp: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrt"));
     cmd.args(["bench", "--model", "identity", "--iterations", "100000000"])
@@ -898,4 +898,47 @@ fn a_hung_reference_fails_its_execution_before_the_runtime_times_it_out() {
     assert!(!e.contains("NRT_TIMEOUT"), "{e}");
     // Reported, not asserted on: the whole run took about the reference timeout.
     println!("took {:?}", started.elapsed());
+}
+
+/// A bench whose device is lost mid-run fails (exit 1), and with `--json` its stdout is still
+/// one JSON document, naming the error (before, it was empty: a script's parser failed on it).
+#[test]
+fn a_bench_losing_its_device_prints_the_error_as_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = endless_bench(tmp.path())
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let simdev = loop {
+        let found = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.join("simdev.sock").exists())
+            .and_then(|dir| simdevs_in(&dir).first().copied());
+        if let Some(pid) = found {
+            break pid;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("no simdev");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(simdev),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", out.stdout));
+    let error = doc["error"].as_str().unwrap_or_default();
+    assert!(
+        !error.is_empty() && stderr.contains(error),
+        "the error, as stderr says it: {doc} / {stderr}"
+    );
 }
