@@ -128,6 +128,10 @@ pub struct BenchReport {
     /// A signal stopped the run early: the figures are of the executions before it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     interrupted: bool,
+    /// What stopped the run early (an execution that failed, the device lost): the figures
+    /// are of the executions before it, and `nrt bench` exits 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// Where the outputs came from: `"computed"` (the model's numbers), `"shape-only"` (a NEFF
     /// on simdev: the documented function of the inputs, not the model's numbers),
     /// `"reference"` (a NEFF on simdev whose outputs a bound reference computed) or
@@ -273,6 +277,7 @@ impl BenchReport {
             ran_on_device: true,
             note: None,
             interrupted: false,
+            error: None,
             outputs: "computed",
             warmup: opts.warmup,
             load_seconds: None,
@@ -524,7 +529,7 @@ pub fn run(
     rt.close();
     result.map(|mut r| {
         r.interrupted = crate::interrupted();
-        if r.interrupted {
+        if r.interrupted || r.error.is_some() {
             // Its pass over the test set may be partial: no accuracy is claimed.
             r.accuracy = None;
             r.max_abs_logit_diff = None;
@@ -546,7 +551,7 @@ pub fn run(
 fn on_each_core(
     all: &[Vec<Core>],
     f: impl Fn(usize, &[Core]) -> Result<Timed, String> + Sync,
-) -> Result<(Vec<Duration>, f64), String> {
+) -> Result<Ran, String> {
     std::thread::scope(|s| {
         let f = &f;
         let handles: Vec<_> = all
@@ -571,26 +576,50 @@ struct Timed {
     times: Vec<Duration>,
     start: Instant,
     end: Instant,
+    /// What stopped the timed executions early (an execution that failed, a device lost):
+    /// `times` are those before it.
+    error: Option<String>,
+}
+
+/// Every core's timed executions together.
+struct Ran {
+    /// Every core's latencies.
+    samples: Vec<Duration>,
+    /// Seconds from the first core's timed start to the last core's end: the time throughput
+    /// is over (never a warm-up execution's).
+    wall: f64,
+    /// The first core's error that stopped its timed executions, if one did.
+    error: Option<String>,
 }
 
 impl Timed {
-    /// Every core's latencies, and the wall time in seconds from the first core's timed start
-    /// to the last core's end: the time throughput is over (never a warm-up execution's).
-    fn merge(runs: Vec<Self>) -> (Vec<Duration>, f64) {
+    fn merge(runs: Vec<Self>) -> Ran {
         let start = runs.iter().map(|r| r.start).min();
         let end = runs.iter().map(|r| r.end).max();
         let wall = match (start, end) {
             (Some(s), Some(e)) => e.saturating_duration_since(s).as_secs_f64(),
             _ => 0.0,
         };
-        (runs.into_iter().flat_map(|r| r.times).collect(), wall)
+        let mut error = None;
+        let mut samples = Vec::new();
+        for r in runs {
+            samples.extend(r.times);
+            error = error.or(r.error);
+        }
+        Ran {
+            samples,
+            wall,
+            error,
+        }
     }
 }
 
 /// Runs executions `es` of one core through `slots` (tensor sets): synchronously with one slot,
 /// or keeping `slots.len()` in flight through the explicit async API. `prepare` writes slot
 /// inputs for execution `e`; `finish` checks its outputs. Returns each execution's latency
-/// (schedule to observed completion) and the span of the timed executions (after warm-up).
+/// (schedule to observed completion) and the span of the timed executions (after warm-up); an
+/// error among the timed executions ends them and is returned with the latencies before it
+/// (an error in the warm-up, before anything was timed, is the `Err`).
 #[allow(clippy::too_many_arguments)]
 fn pipeline(
     rt: &Runtime,
@@ -598,8 +627,8 @@ fn pipeline(
     asynchronous: bool,
     warmup: u32,
     es: impl Iterator<Item = u64>,
-    mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
-    mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
+    prepare: impl FnMut(u64, &Core) -> Result<(), String>,
+    finish: impl FnMut(u64, &Core) -> Result<(), String>,
     pb: &indicatif::ProgressBar,
 ) -> Result<Timed, String> {
     let mut times = Vec::new();
@@ -610,6 +639,7 @@ fn pipeline(
             times,
             start: now,
             end: now,
+            error: None,
         });
     }
     // One untimed execution per slot first (table loads, first-touch of ring pages).
@@ -624,27 +654,56 @@ fn pipeline(
             .map_err(|err| format!("warm-up: {err}"))?;
     }
     let start = Instant::now();
-    let timed = |times| Timed {
+    let run = if asynchronous {
+        timed_async(rt, slots, es, prepare, finish, pb, &mut times)
+    } else {
+        timed_sync(rt, &slots[0], es, prepare, finish, pb, &mut times)
+    };
+    Ok(Timed {
         times,
         start,
         end: Instant::now(),
-    };
-    if !asynchronous {
-        let c = &slots[0];
-        for e in es {
-            if crate::interrupted() {
-                break;
-            }
-            prepare(e, c)?;
-            let t = Instant::now();
-            rt.execute(c.model, &c.ins, &c.outs)
-                .map_err(|err| format!("execution {e}: {err}"))?;
-            times.push(t.elapsed());
-            finish(e, c)?;
-            pb.inc(1);
+        error: run.err(),
+    })
+}
+
+/// [`pipeline`]'s timed executions, synchronous, through slot `c`; `times` gets each one's
+/// latency.
+fn timed_sync(
+    rt: &Runtime,
+    c: &Core,
+    es: impl Iterator<Item = u64>,
+    mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
+    mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
+    pb: &indicatif::ProgressBar,
+    times: &mut Vec<Duration>,
+) -> Result<(), String> {
+    for e in es {
+        if crate::interrupted() {
+            break;
         }
-        return Ok(timed(times));
+        prepare(e, c)?;
+        let t = Instant::now();
+        rt.execute(c.model, &c.ins, &c.outs)
+            .map_err(|err| format!("execution {e}: {err}"))?;
+        times.push(t.elapsed());
+        finish(e, c)?;
+        pb.inc(1);
     }
+    Ok(())
+}
+
+/// [`pipeline`]'s timed executions, `slots.len()` in flight; `times` gets each one's latency.
+/// On an error the executions still in flight are left to the runtime's close.
+fn timed_async(
+    rt: &Runtime,
+    slots: &[Core],
+    es: impl Iterator<Item = u64>,
+    mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
+    mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
+    pb: &indicatif::ProgressBar,
+    times: &mut Vec<Duration>,
+) -> Result<(), String> {
     type Pending = std::collections::VecDeque<(u64, usize, Instant, runtime::ScheduledExecution)>;
     let mut pending: Pending = std::collections::VecDeque::new();
     let mut free: Vec<usize> = (0..slots.len()).rev().collect();
@@ -658,10 +717,10 @@ fn pipeline(
         let status = rt
             .wait(&req)
             .map_err(|err| format!("execution {e}: {err}"))?;
-        times.push(t.elapsed());
         if status != shared::NrtStatus::Success {
             return Err(format!("execution {e} ended with {status}"));
         }
+        times.push(t.elapsed());
         finish(e, &slots[slot])?;
         free.push(slot);
         pb.inc(1);
@@ -672,7 +731,7 @@ fn pipeline(
             break;
         }
         if free.is_empty() {
-            complete(&mut pending, &mut free, &mut times)?;
+            complete(&mut pending, &mut free, times)?;
         }
         let slot = free.pop().ok_or("no free slot")?;
         let c = &slots[slot];
@@ -684,7 +743,7 @@ fn pipeline(
             match rt.execute_schedule(c.model, &c.ins, &c.outs) {
                 Ok(req) => break req,
                 Err(err) if err.status == shared::NrtStatus::QueueFull && !pending.is_empty() => {
-                    complete(&mut pending, &mut free, &mut times)?;
+                    complete(&mut pending, &mut free, times)?;
                 }
                 Err(err) => return Err(format!("execution {e}: {err}")),
             }
@@ -692,9 +751,9 @@ fn pipeline(
         pending.push_back((e, slot, t, req));
     }
     while !pending.is_empty() {
-        complete(&mut pending, &mut free, &mut times)?;
+        complete(&mut pending, &mut free, times)?;
     }
-    Ok(timed(times))
+    Ok(())
 }
 
 /// Latency figures of the timed executions, in µs.
@@ -759,7 +818,7 @@ fn run_digits(
     )?;
     let pb = bar(executions, opts.progress);
     let logits = std::sync::Mutex::new(vec![f32::NAN; count * CLASSES]);
-    let (samples, wall) = on_each_core(&all, |v, slots| {
+    let ran = on_each_core(&all, |v, slots| {
         let mut input = vec![0f32; b * FEATURES];
         let mut out = vec![0u8; b * CLASSES * 4];
         let rows_of = |e: u64| {
@@ -830,9 +889,10 @@ fn run_digits(
         opts,
         ncs,
         (executions, images),
-        samples,
-        wall,
+        ran.samples,
+        ran.wall,
     );
+    r.error = ran.error;
     r.batch = batch;
     r.accuracy = accuracy;
     r.max_abs_logit_diff = max_diff;
@@ -870,13 +930,17 @@ fn run_datastore_both(
         let ncs = rt.visible_vnc_count().min(opts.ncs);
         let r = identity_samples(&rt, opts, ncs, per_block, &pb);
         rt.close();
-        let (samples, f, wall) = r?;
+        let (ran, f) = r?;
+        if let Some(e) = ran.error {
+            // Half a comparison compares nothing.
+            return Err(e);
+        }
         failures += f;
         if datastore {
-            on.extend(samples);
-            wall_on += wall;
+            on.extend(ran.samples);
+            wall_on += ran.wall;
         } else {
-            off.extend(samples);
+            off.extend(ran.samples);
         }
     }
     pb.finish_and_clear();
@@ -913,7 +977,7 @@ fn run_identity(
 ) -> Result<BenchReport, String> {
     let executions = u64::from(opts.iterations.unwrap_or(1000));
     let pb = bar(executions, opts.progress);
-    let (samples, failures, wall) = identity_samples(rt, opts, ncs, executions, &pb)?;
+    let (ran, failures) = identity_samples(rt, opts, ncs, executions, &pb)?;
     pb.finish_and_clear();
     let mut r = BenchReport::timed(
         "identity".into(),
@@ -921,22 +985,23 @@ fn run_identity(
         opts,
         ncs,
         (executions, executions),
-        samples,
-        wall,
+        ran.samples,
+        ran.wall,
     );
+    r.error = ran.error;
     r.failures = failures;
     Ok(r)
 }
 
-/// Runs `executions` identity executions on `ncs` cores of `rt`, each output checked: their
-/// latencies, the outputs that did not match and the wall time in seconds.
+/// Runs `executions` identity executions on `ncs` cores of `rt`, each output checked: what ran
+/// ([`Ran`]) and the outputs that did not match.
 fn identity_samples(
     rt: &Runtime,
     opts: &BenchOptions,
     ncs: u32,
     executions: u64,
     pb: &indicatif::ProgressBar,
-) -> Result<(Vec<Duration>, u64, f64), String> {
+) -> Result<(Ran, u64), String> {
     if opts.bytes == 0 {
         return Err("--bytes must be at least 1".into());
     }
@@ -951,7 +1016,7 @@ fn identity_samples(
     let len = opts.bytes as usize;
     let all = cores(rt, ncs, opts.in_flight, &container, len as u64, len as u64)?;
     let failures = std::sync::atomic::AtomicU64::new(0);
-    let (samples, wall) = on_each_core(&all, |v, slots| {
+    let ran = on_each_core(&all, |v, slots| {
         let pattern = |e: u64| -> Vec<u8> {
             (0..len)
                 .map(|j| j.to_le_bytes()[0] ^ j.to_le_bytes()[1] ^ e.to_le_bytes()[0])
@@ -978,7 +1043,7 @@ fn identity_samples(
             pb,
         )
     })?;
-    Ok((samples, failures.into_inner(), wall))
+    Ok((ran, failures.into_inner()))
 }
 
 /// One slot of a NEFF: a device tensor per input and output, inputs of seeded random bytes
@@ -1219,7 +1284,7 @@ fn run_neff(
     let counters_before = nc_counters(rt.device().as_ref());
     let executions = u64::from(opts.iterations.unwrap_or(1000));
     let pb = bar(executions, opts.progress);
-    let (samples, wall) = on_each_core(&all, |v, slots| {
+    let ran = on_each_core(&all, |v, slots| {
         let es = (v as u64..executions).step_by(ncs as usize);
         pipeline(
             rt,
@@ -1239,7 +1304,8 @@ fn run_neff(
             .unwrap_or(NeffOutputs::ShapeOnly)
     });
     let mut failures = 0;
-    if source == Some(NeffOutputs::ShapeOnly) && !rt.config().funtime {
+    // After an error the outputs are not checked: the executions that stopped never wrote theirs.
+    if source == Some(NeffOutputs::ShapeOnly) && !rt.config().funtime && ran.error.is_none() {
         for c in all.iter().flatten() {
             for (name, want) in shape_only_outputs(&neff, c)? {
                 let t = c
@@ -1262,9 +1328,10 @@ fn run_neff(
         opts,
         ncs,
         (executions, executions),
-        samples,
-        wall,
+        ran.samples,
+        ran.wall,
     );
+    r.error = ran.error;
     r.failures = failures;
     r.load_seconds = load_seconds;
     if let Some(source) = source {
@@ -1326,7 +1393,14 @@ fn text(r: &BenchReport) -> String {
             r.executions
         );
     }
-    if !r.ran_on_device || r.interrupted {
+    if let Some(error) = &r.error {
+        let _ = writeln!(
+            o,
+            "stopped by an error: the figures are of the {} executions before it: {error}",
+            r.executions
+        );
+    }
+    if !r.ran_on_device || r.interrupted || r.error.is_some() {
         // No accuracy: the outputs were never computed, or not all of them.
     } else if let (Some(acc), Some(diff)) = (r.accuracy, r.max_abs_logit_diff) {
         let _ = writeln!(o, "accuracy {acc:.6}   max |logit - reference| {diff:.2e}");
@@ -1440,21 +1514,69 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let us = Duration::from_micros;
-        let (times, wall) = Timed::merge(vec![
+        let ran = Timed::merge(vec![
             Timed {
                 times: vec![us(10), us(20)],
                 start: at(40),
                 end: at(43),
+                error: None,
             },
             Timed {
                 times: vec![us(30)],
                 start: at(41),
                 end: at(45),
+                error: Some("execution 1 ended with NRT_HW_ERROR (6)".into()),
             },
         ]);
-        assert_eq!(times, [us(10), us(20), us(30)]);
-        assert!((wall - 0.005).abs() < 1e-9, "wall {wall}");
-        assert_eq!(Timed::merge(Vec::new()), (Vec::new(), 0.0));
+        assert_eq!(ran.samples, [us(10), us(20), us(30)]);
+        assert!((ran.wall - 0.005).abs() < 1e-9, "wall {}", ran.wall);
+        assert_eq!(
+            ran.error.as_deref(),
+            Some("execution 1 ended with NRT_HW_ERROR (6)"),
+            "a core's error is the run's"
+        );
+        let none = Timed::merge(Vec::new());
+        assert!(none.samples.is_empty() && none.wall == 0.0 && none.error.is_none());
+    }
+
+    #[test]
+    fn a_report_stopped_by_an_error_says_so_and_claims_no_accuracy() {
+        let opts = BenchOptions {
+            model: "digits".into(),
+            batch: 1,
+            bytes: 64,
+            iterations: None,
+            ncs: 1,
+            in_flight: 0,
+            progress: false,
+            neff: None,
+            warmup: 0,
+            seed: 1,
+            trace: None,
+            datastore: DatastoreChoice::Env,
+        };
+        let mut r = BenchReport::timed(
+            "digits".into(),
+            "sim",
+            &opts,
+            1,
+            (360, 360),
+            vec![Duration::from_micros(50); 3],
+            0.001,
+        );
+        r.error = Some("execution 3: NRT_HW_ERROR (6)".into());
+        r.accuracy = Some(0.5);
+        r.max_abs_logit_diff = Some(0.0);
+        let t = text(&r);
+        assert!(
+            t.contains(
+                "stopped by an error: the figures are of the 3 executions before it: execution 3: NRT_HW_ERROR (6)\n"
+            ) && !t.contains("accuracy"),
+            "{t}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["error"], "execution 3: NRT_HW_ERROR (6)");
+        assert_eq!(json["executions"], 3);
     }
 
     #[test]

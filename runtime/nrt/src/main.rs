@@ -425,7 +425,10 @@ fn main() -> ExitCode {
                             return ExitCode::FAILURE;
                         }
                     }
-                    if report.failures == 0 {
+                    if let Some(e) = &report.error {
+                        eprintln!("nrt bench: {e}");
+                        ExitCode::FAILURE
+                    } else if report.failures == 0 {
                         code_if_ok
                     } else {
                         ExitCode::FAILURE

@@ -900,29 +900,38 @@ fn a_hung_reference_fails_its_execution_before_the_runtime_times_it_out() {
     println!("took {:?}", started.elapsed());
 }
 
-/// A bench whose device is lost mid-run fails (exit 1), and with `--json` its stdout is still
-/// one JSON document, naming the error (before, it was empty: a script's parser failed on it).
+/// A bench whose device is lost mid-run reports what ran before it — the figures of those
+/// executions and the error (in the JSON's `error`; before, stdout was empty and a script's
+/// parser failed on it) — and exits 1.
 #[test]
-fn a_bench_losing_its_device_prints_the_error_as_json() {
+fn a_bench_losing_its_device_mid_run_reports_what_ran_and_the_error() {
     let tmp = tempfile::tempdir().unwrap();
     let mut child = endless_bench(tmp.path())
         .arg("--json")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Its simdev, once some executions completed (its datastore counts them).
     let t = std::time::Instant::now();
     let simdev = loop {
-        let found = std::fs::read_dir(tmp.path())
+        let paths: Vec<PathBuf> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().path())
+            .collect();
+        let ran = paths.iter().any(|p| {
+            runtime::datastore::read_file(p)
+                .is_ok_and(|d| d.cores.iter().map(|c| c.executions.total()).sum::<u64>() > 100)
+        });
+        let simdev = paths
+            .iter()
             .find(|p| p.join("simdev.sock").exists())
-            .and_then(|dir| simdevs_in(&dir).first().copied());
-        if let Some(pid) = found {
+            .and_then(|dir| simdevs_in(dir).first().copied());
+        if let (true, Some(pid)) = (ran, simdev) {
             break pid;
         }
         if t.elapsed() > std::time::Duration::from_secs(60) {
             let _ = child.kill();
-            panic!("no simdev");
+            panic!("no simdev, or no executions");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
@@ -938,7 +947,10 @@ fn a_bench_losing_its_device_prints_the_error_as_json() {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", out.stdout));
     let error = doc["error"].as_str().unwrap_or_default();
     assert!(
-        !error.is_empty() && stderr.contains(error),
+        error.contains("NRT_HW_ERROR") && stderr.contains(error),
         "the error, as stderr says it: {doc} / {stderr}"
     );
+    assert!(doc["executions"].as_u64().unwrap() > 100, "{doc}");
+    assert!(doc["p50_us"].as_f64().unwrap() > 0.0, "{doc}");
+    assert!(doc["accuracy"].is_null(), "{doc}");
 }

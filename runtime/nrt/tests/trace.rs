@@ -111,11 +111,13 @@ fn bench_trace_to_a_path_that_cannot_be_written_fails_first_naming_it() {
             "{stderr}"
         );
         assert!(!stderr.contains("trace written"), "{stderr}");
-        // Refused before the benchmark ran: no report.
+        // Refused before the benchmark ran: no figures, only the error (`--json`).
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let keys: Vec<_> = doc.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["error"], "{doc}");
         assert!(
-            String::from_utf8_lossy(&out.stdout).trim().is_empty(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
+            stderr.contains(doc["error"].as_str().unwrap()),
+            "{doc} / {stderr}"
         );
     }
 }
