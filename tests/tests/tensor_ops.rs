@@ -518,6 +518,7 @@ fn unknown_tensor_op_queues_and_foreign_tensor_op_seq_ids_are_invalid_naming_the
 fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blocks_no_other_xu() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
+    let logs = ErrorLogs::install();
     let sim = start_simdev(&["--hbm", "64M"]);
     let dev = Arc::new(
         runtime::backend::sim::SimDevice::connect_with_timeout(
@@ -599,6 +600,13 @@ fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blo
         "the write"
     );
     assert_eq!(rt.wait(&exec).unwrap(), NrtStatus::Timeout, "the execution");
+    // Said at NEURON_RT_LOG_LEVEL=ERROR, libnrt's default, as a failed execution is.
+    let said = logs.text();
+    assert!(
+        said.contains("a tensor operation's DMA doorbell failed; degrading the execution unit")
+            && said.contains("NRT_TIMEOUT"),
+        "{said}"
+    );
     drop(resume);
     // The first request after the stop reads the write's late reply (an Ok) first, then its
     // own: a semaphore's value, which an Ok in its place would not be.
@@ -614,4 +622,44 @@ fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blo
     assert_eq!(dest.to_vec().unwrap(), vec![3; 64]);
     drop((i, o, ins, outs));
     rt.close();
+}
+
+/// This binary's ERROR events, captured (a global subscriber: the worker threads log too).
+#[derive(Clone, Default)]
+struct ErrorLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl ErrorLogs {
+    fn install() -> Self {
+        let logs = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::ERROR)
+            .with_ansi(false)
+            .with_writer(logs.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
+        logs
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for ErrorLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ErrorLogs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
 }

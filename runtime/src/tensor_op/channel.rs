@@ -137,7 +137,7 @@ impl Channel {
             self.queue.kick_by(dev, deadline)
         })();
         posted.map_err(|e| {
-            tracing::warn!(queue = ?self.queue.id(), error = %e, "posting a tensor-op segment");
+            tracing::error!(queue = ?self.queue.id(), error = %e, "posting a tensor-op segment");
             dma_status(&e)
         })?;
         Ok(token)

@@ -207,14 +207,15 @@ impl TensorOpEngine {
         }
         if let Some(flags) = flags {
             let (status, _) = decode_flags(flags);
-            tracing::warn!(queue = ?ch.id(), flags, %status, "a tensor operation's DMA queue stopped");
+            tracing::error!(queue = ?ch.id(), flags, %status, "a tensor operation's DMA queue stopped; degrading the execution unit");
             return Progress::Error(status);
         }
         if lost {
+            tracing::error!(queue = ?ch.id(), done = req.done, len = req.len, "a tensor operation lost its device (the connection hung up); degrading the execution unit");
             return Progress::Error(NrtStatus::HwError);
         }
         if req.deadline.is_some_and(|d| Instant::now() >= d) {
-            tracing::error!(queue = ?ch.id(), done = req.done, len = req.len, "a tensor operation timed out");
+            tracing::error!(queue = ?ch.id(), done = req.done, len = req.len, "a tensor operation timed out; degrading the execution unit");
             return Progress::Error(NrtStatus::Timeout);
         }
         // Silicon (no notification eventfd): a short sleep between polls; on simdev the
@@ -295,7 +296,9 @@ impl CompletionEngine for TensorOpEngine {
                 Err(status) => {
                     // A queue stopped earlier: its notification says why, if it is there.
                     let flags = self.nq.take_dma_error(ch.nc(), ch.source());
-                    return Progress::Error(flags.map_or(status, |f| decode_flags(f).0));
+                    let status = flags.map_or(status, |f| decode_flags(f).0);
+                    tracing::error!(queue = ?ch.id(), %status, "a tensor operation's DMA doorbell failed; degrading the execution unit");
+                    return Progress::Error(status);
                 }
             }
         }
