@@ -1456,9 +1456,9 @@ fn text(r: &BenchReport) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_the_digits_report_counts_images_and_cores_are_logical_cores() {
-        let opts = |model: &str| BenchOptions {
+    /// `nrt bench --model MODEL --batch 8 --iterations 4`, otherwise the defaults.
+    fn options(model: &str) -> BenchOptions {
+        BenchOptions {
             model: model.into(),
             batch: 8,
             bytes: 64,
@@ -1471,7 +1471,12 @@ mod tests {
             seed: 1,
             trace: None,
             datastore: DatastoreChoice::Env,
-        };
+        }
+    }
+
+    #[test]
+    fn only_the_digits_report_counts_images_and_cores_are_logical_cores() {
+        let opts = options;
         let samples = vec![Duration::from_micros(50); 4];
         let report = |model: &str, images| {
             let mut r = BenchReport::timed(
@@ -1541,24 +1546,10 @@ mod tests {
 
     #[test]
     fn a_report_stopped_by_an_error_says_so_and_claims_no_accuracy() {
-        let opts = BenchOptions {
-            model: "digits".into(),
-            batch: 1,
-            bytes: 64,
-            iterations: None,
-            ncs: 1,
-            in_flight: 0,
-            progress: false,
-            neff: None,
-            warmup: 0,
-            seed: 1,
-            trace: None,
-            datastore: DatastoreChoice::Env,
-        };
         let mut r = BenchReport::timed(
             "digits".into(),
             "sim",
-            &opts,
+            &options("digits"),
             1,
             (360, 360),
             vec![Duration::from_micros(50); 3],
