@@ -497,10 +497,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// The opener is done with the device (`nrt_close`): what it started for itself stops now,
-    /// even while objects that hold the device (tensors not yet freed) live on — their later
-    /// requests fail as on a device that is gone. A private simdev is stopped; a shared one or
-    /// a Neuron device is left as it is.
+    /// The opener is done with the device (`nrt_close`): what it started for itself stops and
+    /// what it holds is given back now, even while objects that hold the device (tensors not
+    /// yet freed) live on — their later requests fail as on a device that is gone. A private
+    /// simdev is stopped; a shared one sees the connection close and frees what it held (as
+    /// the driver does at the device file's last close); a Neuron device is left as it is.
     fn release(&self) {}
 }
 

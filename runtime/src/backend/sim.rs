@@ -983,16 +983,10 @@ impl Device for SimDevice {
     }
 
     fn release(&self) {
-        let Some(mut child) = self
-            .child
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        else {
-            return;
-        };
-        // The connection first, as at drop: later requests fail at once (Disconnected)
-        // instead of reaching a simdev that is stopping.
+        // The connection first, as at drop: later requests (of tensors not freed before
+        // nrt_close) fail at once (Disconnected) instead of reaching a simdev that is stopping,
+        // and a shared simdev lets the connection go — its claims, queues and memory — as the
+        // driver does when the device file is closed.
         match &self.link {
             Link::Socket { fd, .. } => {
                 let _ =
@@ -1001,7 +995,14 @@ impl Device for SimDevice {
             #[cfg(any(test, feature = "test-support"))]
             Link::InProcess(_) => {}
         }
-        child.stop();
+        let child = self
+            .child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut child) = child {
+            child.stop();
+        }
     }
 }
 
