@@ -1888,7 +1888,8 @@ impl Runtime {
     }
 
     /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
-    /// the exec queues and the NCs. A private simdev stops when the device is dropped. In a
+    /// the exec queues and the NCs; no request of the teardown waits on the device longer than
+    /// the execution timeout in all ([`crate::backend::Device::closing_by`]). A private simdev stops when the device is dropped. In a
     /// process forked after init it does nothing to the device: the runtime is leaked.
     pub fn close(mut self) {
         if self.check_process().is_err() {
@@ -1904,6 +1905,12 @@ impl Runtime {
         crate::xu::execution_unit::shutdown(&self.xus.iter().cloned().collect::<Vec<_>>());
         if let Some(w) = self.workers.take() {
             w.destroy();
+        }
+        // Nothing runs any more: what is left are requests that give back what the runtime
+        // holds. A device that has not answered them by then is stopped or stuck, and the
+        // release below gives everything back anyway.
+        if let Some(deadline) = std::time::Instant::now().checked_add(self.config.exec_timeout) {
+            self.device.closing_by(deadline);
         }
         if let Some(t) = self.tensor_ops.take() {
             t.release();

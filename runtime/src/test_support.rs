@@ -182,6 +182,28 @@ impl Device for Recorder {
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
         self.inner.mem_map(allocation)
     }
+    fn mem_alloc_by(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+        deadline: std::time::Instant,
+    ) -> Result<Allocation, DeviceError> {
+        self.inner.mem_alloc_by(location, size, align, deadline)
+    }
+    fn mem_map_by(
+        &self,
+        allocation: &Allocation,
+        deadline: std::time::Instant,
+    ) -> Result<SharedChunk, DeviceError> {
+        self.inner.mem_map_by(allocation, deadline)
+    }
+    fn closing_by(&self, deadline: std::time::Instant) {
+        self.inner.closing_by(deadline);
+    }
+    fn release(&self) {
+        self.inner.release();
+    }
     fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
         self.inner.mem_export_fd(allocation)
     }

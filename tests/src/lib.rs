@@ -302,6 +302,32 @@ impl runtime::Device for InterposedDevice {
         self.count("mem_map");
         self.inner.mem_map(allocation)
     }
+    fn mem_alloc_by(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+        deadline: std::time::Instant,
+    ) -> Result<Allocation, DeviceError> {
+        self.count("mem_alloc");
+        let a = self.inner.mem_alloc_by(location, size, align, deadline)?;
+        self.allocations.lock().unwrap().insert(a.handle, a);
+        Ok(a)
+    }
+    fn mem_map_by(
+        &self,
+        allocation: &Allocation,
+        deadline: std::time::Instant,
+    ) -> Result<shared::SharedChunk, DeviceError> {
+        self.count("mem_map");
+        self.inner.mem_map_by(allocation, deadline)
+    }
+    fn closing_by(&self, deadline: std::time::Instant) {
+        self.inner.closing_by(deadline);
+    }
+    fn release(&self) {
+        self.inner.release();
+    }
 
     fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
         self.inner.mem_export_fd(allocation)

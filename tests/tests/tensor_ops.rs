@@ -516,8 +516,6 @@ fn unknown_tensor_op_queues_and_foreign_tensor_op_seq_ids_are_invalid_naming_the
 /// not as the answer to the next request, and the other tensor-op queue moves data.
 #[test]
 fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blocks_no_other_xu() {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
     let logs = ErrorLogs::install();
     let sim = start_simdev(&["--hbm", "64M"]);
     let dev = Arc::new(
@@ -549,31 +547,7 @@ fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blo
         let op = rt.tensor_write_schedule(&i, &[1; 64], 0, 0, q).unwrap();
         assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
     }
-    let pid = Pid::from_raw(i32::try_from(sim.pid()).unwrap());
-    /// Lets simdev run again however the test ends (else closing the runtime would wait out
-    /// the control timeout).
-    struct Resume(Pid);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let _ = kill(self.0, Signal::SIGCONT);
-        }
-    }
-    kill(pid, Signal::SIGSTOP).unwrap();
-    let resume = Resume(pid);
-    // kill(2) returns before the stop takes effect: wait until every thread is stopped.
-    let stopped = || {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-        tasks
-            .map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
-            .all(|stat| {
-                stat.and_then(|s| {
-                    s.rsplit_once(')')
-                        .map(|(_, rest)| rest.trim_start().starts_with('T'))
-                }) == Some(true)
-            })
-            .then_some(())
-    };
-    tests::wait_for(Duration::from_secs(10), stopped).expect("simdev stops on SIGSTOP");
+    let resume = stop(&sim);
     let write = Waiting::register(
         &rt,
         0,
@@ -622,6 +596,140 @@ fn a_tensor_write_to_a_stopped_simdev_times_out_by_the_execution_timeout_and_blo
     assert_eq!(dest.to_vec().unwrap(), vec![3; 64]);
     drop((i, o, ins, outs));
     rt.close();
+}
+
+/// Lets a stopped simdev run again however the test ends (else closing the runtime would wait
+/// out the control timeout).
+struct Resume(nix::unistd::Pid);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// Stops `sim` (SIGSTOP) and waits until every thread of it is stopped: kill(2) returns before
+/// the stop takes effect.
+fn stop(sim: &runtime::backend::sim::PrivateSimdev) -> Resume {
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(sim.pid()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let resume = Resume(pid);
+    let stopped = || {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        tasks
+            .map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .all(|stat| {
+                stat.and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().starts_with('T'))
+                }) == Some(true)
+            })
+            .then_some(())
+    };
+    tests::wait_for(Duration::from_secs(10), stopped).expect("simdev stops on SIGSTOP");
+    resume
+}
+
+/// Schedule calls never block (nrt-api.md §2.10), and nothing in the runtime's teardown waits
+/// on a stopped simdev for the control timeout (10 minutes here): with simdev stopped, a
+/// queue's first write (whose staging chunk is allocated as it is scheduled) answers
+/// NRT_TIMEOUT by `NEURON_RT_EXEC_TIMEOUT` (1 s here), a tensor free returns at once, and so
+/// does `nrt_close` after the execution timeout. Nothing is lost: once simdev runs, the chunk
+/// it allocated for the write that stopped waiting is freed, and so is the freed tensor's
+/// memory, and after close simdev holds nothing of the runtime.
+#[test]
+fn a_stopped_simdev_holds_no_first_write_free_or_close_past_the_execution_timeout() {
+    const KIB: usize = 1024;
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = runtime::backend::sim::SimDevice::connect_with_timeout(
+        sim.socket(),
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    let rt = Runtime::init(
+        Arc::new(dev),
+        RuntimeConfig {
+            exec_timeout: Duration::from_secs(1),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let observer = connect(&sim);
+    let held = || -> Option<u64> {
+        let clients = observer.clients().unwrap();
+        let runtime = clients.iter().find(|c| !c.ncs.is_empty())?;
+        Some(runtime.memory_bytes)
+    };
+    let on = Placement::Device { vnc: 0 };
+    let t = rt.tensor_allocate(on, 256 * KIB as u64, "t").unwrap();
+    let spare = rt.tensor_allocate(on, 1024 * KIB as u64, "spare").unwrap();
+    // Queue 1's staging is allocated while simdev answers; queue 0 has none.
+    let op = rt.tensor_write_schedule(&t, &[1; 4096], 0, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    let before = held().expect("the runtime is a client");
+
+    let resume = stop(&sim);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rt = Arc::new(rt);
+    let worker = {
+        let (rt, t) = (rt.clone(), t.clone());
+        std::thread::spawn(move || {
+            let write = rt.tensor_write_schedule(&t, &[2; 256 * KIB], 0, 0, 0);
+            tx.send((
+                "the first write on queue 0",
+                write.map(|_| ()).map_err(|e| e.status),
+            ))
+            .unwrap();
+            drop(spare);
+            tx.send(("freeing a tensor", Ok(()))).unwrap();
+        })
+    };
+    let within = Duration::from_secs(60);
+    let (what, write) = rx
+        .recv_timeout(within)
+        .expect("the first write returns within 60 s of a 1 s execution timeout");
+    assert_eq!(write, Err(NrtStatus::Timeout), "{what}");
+    let (what, _) = rx
+        .recv_timeout(within)
+        .expect("a tensor free returns within 60 s");
+    assert_eq!(what, "freeing a tensor");
+    worker.join().unwrap();
+    drop(resume);
+
+    // The next request takes the late replies first: the chunk allocated for the write that
+    // stopped waiting is freed, and the free of `spare` is confirmed.
+    let op = rt.tensor_write_schedule(&t, &[3; 4096], 0, 0, 1).unwrap();
+    assert_eq!(rt.wait(&op).unwrap(), NrtStatus::Success);
+    let after = before - 1024 * KIB as u64;
+    let settled = tests::wait_for(Duration::from_secs(10), || {
+        (held() == Some(after)).then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "simdev holds {:?} bytes of the runtime's, not {after} ({before} before the stop, less \
+         the freed tensor)",
+        held()
+    );
+
+    let resume = stop(&sim);
+    drop(t);
+    let rt = Arc::into_inner(rt).expect("the worker thread is done");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || {
+        rt.close();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(within)
+        .expect("nrt_close returns within 60 s of a 1 s execution timeout");
+    closer.join().unwrap();
+    drop(resume);
+    let gone = tests::wait_for(Duration::from_secs(10), || held().is_none().then_some(()));
+    assert!(
+        gone.is_some(),
+        "simdev still lists the closed runtime: {:?}",
+        observer.clients()
+    );
 }
 
 /// This binary's ERROR events, captured (a global subscriber: the worker threads log too).

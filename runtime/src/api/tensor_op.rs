@@ -323,7 +323,10 @@ impl Runtime {
                     "no staging for queue {queue} of logical core {lnc}"
                 ))
             })?;
-        pool.lease(size)
+        // A request's own deadline, as its DMA doorbell has (the timeout is capped at u32::MAX
+        // seconds: the sum cannot overflow).
+        let timeout = self.tensor_ops()?.engine.timeout();
+        pool.lease(size, std::time::Instant::now() + timeout)
     }
 
     /// The checks a tensor write and read share, in order: the process, the queue index, the

@@ -151,7 +151,7 @@ pub enum DeviceError {
         /// How long it was waited for.
         waited: std::time::Duration,
     },
-    /// The device did not answer by the caller's deadline ([`Device::dma_queue_copy_start_by`]):
+    /// The device did not answer by the caller's deadline (a `Device::*_by` call, or `nrt_close`):
     /// the request may still run; the connection is kept, and its reply, when it comes, is
     /// taken as owed, not as the answer to a later request.
     #[error(
@@ -288,10 +288,33 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         align: u64,
     ) -> Result<Allocation, DeviceError>;
 
-    /// Frees a chunk (MEM_FREE). Mappings of it must be dropped first.
+    /// [`Device::mem_alloc`] for a caller that must not wait on the device past `deadline`: a
+    /// schedule call allocating a tensor operation's staging (schedule calls never block;
+    /// nrt-api.md §2.10). The ioctl never waits on the device; simdev answers the request, so
+    /// a stopped simdev would hold the caller for the control timeout. Default: the plain
+    /// call.
     ///
     /// # Errors
-    /// Unknown handle.
+    /// As [`Device::mem_alloc`]; [`DeviceError::Late`] when the device has not answered by
+    /// `deadline` (a chunk it allocates later is freed).
+    fn mem_alloc_by(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+        deadline: std::time::Instant,
+    ) -> Result<Allocation, DeviceError> {
+        let _ = deadline;
+        self.mem_alloc(location, size, align)
+    }
+
+    /// Frees a chunk (MEM_FREE). Mappings of it must be dropped first. The ioctl does not
+    /// wait on the device, and neither does simdev's: the free is sent and its reply read by a
+    /// later request (an error in it is logged), and simdev frees before it runs any later
+    /// request of this opener.
+    ///
+    /// # Errors
+    /// Unknown handle (the driver; simdev's refusal is logged, later); a dead device.
     fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError>;
 
     /// Maps a whole chunk into this process (the driver's mmap at the chunk's offset; partial
@@ -300,6 +323,20 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Unknown or foreign handle; mmap failure.
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError>;
+
+    /// [`Device::mem_map`] waiting on the device no later than `deadline` (see
+    /// [`Device::mem_alloc_by`]). Default: the plain call.
+    ///
+    /// # Errors
+    /// As [`Device::mem_map`]; [`DeviceError::Late`] past `deadline`.
+    fn mem_map_by(
+        &self,
+        allocation: &Allocation,
+        deadline: std::time::Instant,
+    ) -> Result<SharedChunk, DeviceError> {
+        let _ = deadline;
+        self.mem_map(allocation)
+    }
 
     /// A descriptor that maps a whole chunk from offset 0, for a caller to hand to another
     /// driver (`nrt_get_dmabuf_fd`; simdev: the chunk's memfd). The default: unsupported.
@@ -495,6 +532,15 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// most; false for a device that reports its loss itself (the Neuron driver).
     fn hung_up(&self) -> bool {
         false
+    }
+
+    /// `nrt_close` is tearing the runtime down (its executions drained): no request waits on
+    /// the device past `deadline`, so a stopped simdev cannot hold close for the control
+    /// timeout per request. A late request still takes effect in order should the device run
+    /// again, and [`Device::release`] gives back whatever it held anyway. Default: nothing
+    /// (the driver's ioctls do not wait on the device).
+    fn closing_by(&self, deadline: std::time::Instant) {
+        let _ = deadline;
     }
 
     /// The opener is done with the device (`nrt_close`): what it started for itself stops and

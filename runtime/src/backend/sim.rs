@@ -9,12 +9,19 @@
 //! crossed between threads.
 //!
 //! **A request with a deadline** ([`Device::dma_queue_copy_start_by`], the tensor-op DMA
-//! doorbell the XU worker rings) waits for the lock and its reply only until then: the worker
-//! steps every XU of its vNC and must not sit out a stopped simdev for the control timeout.
-//! Past the deadline it answers [`DeviceError::Late`] and the reply is *owed*: simdev answers
-//! in order, so the next request first takes the owed replies off the socket (within its own
-//! bound) and then reads its own. Nothing is given up: once simdev runs again the connection
-//! works.
+//! doorbell the XU worker rings; [`Device::mem_alloc_by`] and [`Device::mem_map_by`], the
+//! staging a tensor write schedules; every request once [`Device::closing_by`] set
+//! `nrt_close`'s deadline) waits for the lock and its reply only until then: the worker steps
+//! every XU of its vNC, and schedule calls and close must not sit out a stopped simdev for the
+//! control timeout. Past the deadline it answers [`DeviceError::Late`] and the reply is *owed*
+//! ([`Owed`]): simdev answers in order, so every later request takes the owed replies off the
+//! socket (within its own bound) before its own, and settles them: a late allocation nobody
+//! holds is freed. Nothing is given up: once simdev runs again the connection works.
+//!
+//! **MEM_FREE does not wait.** The ioctl frees at once; on simdev the free is sent and its
+//! reply owed, read by the next request (an error in it is logged): `nrt_tensor_free` costs a
+//! `sendmsg`, and a stopped simdev does not hold it. simdev frees in order, before any later
+//! request of the connection.
 //!
 //! **Fork.** A connection belongs to the process that opened it. A child forked after
 //! `connect` inherits the socket, but a request from it would interleave with the parent's on
@@ -72,10 +79,22 @@ struct Exchange {
     /// A reply did not come within the control timeout: a late one would answer the wrong
     /// request, so the connection is given up.
     gave_up: Option<std::time::Duration>,
-    /// Replies still to come to requests that stopped waiting at their deadline
-    /// ([`DeviceError::Late`]): the next ones simdev sends, discarded before any later
-    /// request reads its own.
-    owed: u32,
+    /// Replies still to come to requests that did not wait for them (a free) or stopped
+    /// waiting at their deadline ([`DeviceError::Late`]), oldest first: the next ones simdev
+    /// sends, settled before any later request reads its own.
+    owed: std::collections::VecDeque<Owed>,
+}
+
+/// What to do with a reply that comes after its request stopped waiting for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owed {
+    /// Nothing: the request's effect was all it was for (a doorbell, a query). Fds that came
+    /// with it are closed.
+    Discard(&'static str),
+    /// An error in it is logged: a free, whose caller did not wait.
+    Confirm(&'static str),
+    /// A late MEM_ALLOC: the chunk nobody holds is freed.
+    Free,
 }
 
 /// How long a request waits for the connection's lock and its reply.
@@ -135,6 +154,8 @@ pub struct SimDevice {
     child: Mutex<Option<PrivateSimdev>>,
     /// Whether it started one (stays true after the release).
     private: bool,
+    /// `nrt_close`'s deadline ([`Device::closing_by`]): no request waits past it.
+    closing: std::sync::OnceLock<Instant>,
 }
 
 fn io_err(op: &'static str) -> impl FnOnce(nix::Error) -> DeviceError {
@@ -204,7 +225,7 @@ impl SimDevice {
                 exchange: parking_lot::Mutex::new(Exchange {
                     buf: Box::new([0; MAX_MSG_SIZE]),
                     gave_up: None,
-                    owed: 0,
+                    owed: std::collections::VecDeque::new(),
                 }),
             },
             info: placeholder_info(),
@@ -214,6 +235,7 @@ impl SimDevice {
             unresponsive: std::sync::atomic::AtomicBool::new(false),
             child: Mutex::new(None),
             private: false,
+            closing: std::sync::OnceLock::new(),
         };
         dev.hello(PROTOCOL_VERSION)?;
         Ok(dev)
@@ -248,6 +270,7 @@ impl SimDevice {
             unresponsive: std::sync::atomic::AtomicBool::new(false),
             child: Mutex::new(None),
             private: false,
+            closing: std::sync::OnceLock::new(),
         };
         dev.hello(version)?;
         Ok(dev)
@@ -335,6 +358,16 @@ impl SimDevice {
             Reply::Clients(list) => Ok(list),
             other => Err(unexpected("Clients", &other)),
         }
+    }
+
+    /// MEM_FREE waiting for simdev's answer, so a refusal (a handle that is not this
+    /// client's) is this call's error, as the driver's ioctl answers: for the Neuron shim and
+    /// tests of simdev's checks. [`Device::mem_free`] does not wait.
+    ///
+    /// # Errors
+    /// simdev's refusal ([`DeviceError::Remote`]); the connection's errors.
+    pub fn mem_free_confirmed(&self, handle: MemHandle) -> Result<(), DeviceError> {
+        self.request_ok("MemFree", &Request::MemFree { handle: handle.0 })
     }
 
     /// Whether this device started its own simdev (stopped at release or drop).
@@ -456,6 +489,7 @@ impl SimDevice {
             op,
             waited: started.elapsed(),
         };
+        let bound = self.closing_bound(bound);
         let mut ex = match bound {
             Bound::Control => exchange.lock(),
             Bound::Deadline(d) => exchange.try_lock_until(d).ok_or_else(|| late(started))?,
@@ -466,24 +500,25 @@ impl SimDevice {
         // A send can fail because simdev already answered and closed (a refused uid): the
         // answer may still be queued, so look for it before reporting the disconnect.
         let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
-        let mut sent = false;
-        if ex.owed == 0 {
-            match self.send(op, req) {
-                Ok(()) => sent = true,
-                Err(DeviceError::Disconnected { .. }) => recv_flags |= MsgFlags::MSG_DONTWAIT,
-                Err(e) => return Err(e),
+        // The replies owed to requests that did not wait come first, then this one's; replies
+        // owed to what settling them sends (a free) come after it.
+        let mut ahead = ex.owed.len();
+        let sent = match self.send(op, req) {
+            Ok(()) => {
+                // This request's entry: taken off when its reply is read, or left owed.
+                ex.owed.push_back(owed_for(req, op));
+                true
             }
-        }
-        // The replies owed to requests that stopped waiting come first, then this one's
-        // (sent once nothing is owed: a request sent behind owed replies that then gave up
-        // would leave one more).
+            Err(DeviceError::Disconnected { .. }) => {
+                recv_flags |= MsgFlags::MSG_DONTWAIT;
+                false
+            }
+            Err(e) => return Err(e),
+        };
         loop {
             if !recv_flags.contains(MsgFlags::MSG_DONTWAIT) && !self.reply_within(fd, bound) {
                 return Err(match bound {
-                    Bound::Deadline(_) => {
-                        ex.owed += u32::from(sent);
-                        late(started)
-                    }
+                    Bound::Deadline(_) => late(started),
                     Bound::Control => self.give_up(op, &mut ex),
                 });
             }
@@ -495,19 +530,17 @@ impl SimDevice {
             if received.len == 0 {
                 return Err(DeviceError::Disconnected { op });
             }
-            if ex.owed > 0 {
-                // A late reply to an earlier request (its fds, if any, are closed here).
-                ex.owed -= 1;
-                if ex.owed == 0 {
-                    match self.send(op, req) {
-                        Ok(()) => sent = true,
-                        Err(DeviceError::Disconnected { .. }) => {
-                            recv_flags |= MsgFlags::MSG_DONTWAIT;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+            if ahead > 0
+                && let Some(owed) = ex.owed.pop_front()
+            {
+                // A reply to an earlier request (its fds, if any, are closed here).
+                ahead -= 1;
+                let reply = parse_reply(owed.op(), &ex.buf[..received.len], received.fds);
+                self.settle(owed, reply, &mut ex);
                 continue;
+            }
+            if sent {
+                ex.owed.pop_front();
             }
             if received.truncated || received.control_truncated {
                 return Err(DeviceError::Protocol {
@@ -516,6 +549,97 @@ impl SimDevice {
                 });
             }
             return parse_reply(op, &ex.buf[..received.len], received.fds);
+        }
+    }
+
+    /// Acts on the reply to an earlier request that did not wait for it, with the exchange
+    /// held: logs a failed free, frees a late allocation (its reply owed in turn).
+    fn settle(
+        &self,
+        owed: Owed,
+        reply: Result<(Reply, Vec<OwnedFd>), DeviceError>,
+        ex: &mut Exchange,
+    ) {
+        match (owed, reply) {
+            (Owed::Free, Ok((Reply::MemAllocated { handle, size, .. }, _))) => {
+                tracing::info!(
+                    handle,
+                    size,
+                    "freeing a chunk simdev allocated after its request stopped waiting"
+                );
+                if self.send("MemFree", &Request::MemFree { handle }).is_ok() {
+                    ex.owed.push_back(Owed::Confirm("MemFree"));
+                }
+            }
+            (Owed::Confirm(op), Err(e)) => {
+                tracing::warn!(op, error = %e, "simdev refused a request the runtime did not wait for");
+            }
+            (Owed::Discard(_) | Owed::Confirm(_) | Owed::Free, _) => {}
+        }
+    }
+
+    /// Takes the owed replies that have arrived off the socket and settles them, without
+    /// waiting for the others.
+    fn settle_arrived(&self, fd: &OwnedFd, ex: &mut Exchange) {
+        while let Some(&owed) = ex.owed.front() {
+            let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
+            match fd_passing::recv_with_fds(fd.as_fd(), &mut ex.buf[..], flags) {
+                Ok(received) if received.len > 0 => {
+                    ex.owed.pop_front();
+                    let reply = parse_reply(owed.op(), &ex.buf[..received.len], received.fds);
+                    self.settle(owed, reply, ex);
+                }
+                // Nothing yet, or the peer is gone (the next request says so).
+                Ok(_) | Err(_) => return,
+            }
+        }
+    }
+
+    /// `bound`, made no later than `nrt_close`'s deadline once it is set.
+    fn closing_bound(&self, bound: Bound) -> Bound {
+        match (self.closing.get(), bound) {
+            (None, bound) => bound,
+            (Some(&close), Bound::Control) => {
+                Bound::Deadline(close.min(Instant::now() + self.control_timeout))
+            }
+            (Some(&close), Bound::Deadline(d)) => Bound::Deadline(close.min(d)),
+        }
+    }
+
+    /// Sends `req` (not posted) without waiting for its reply, which is owed: read and settled
+    /// by a later request. With the exchange held, so the reply is counted before any other
+    /// request could read it.
+    fn request_unwaited(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
+        self.check_owner(op)?;
+        match &self.link {
+            Link::Socket { fd, exchange } => {
+                let started = Instant::now();
+                let mut ex = match self.closing_bound(Bound::Control) {
+                    Bound::Control => exchange.lock(),
+                    Bound::Deadline(d) => {
+                        exchange
+                            .try_lock_until(d)
+                            .ok_or_else(|| DeviceError::Late {
+                                op,
+                                waited: started.elapsed(),
+                            })?
+                    }
+                };
+                if let Some(waited) = ex.gave_up {
+                    return Err(DeviceError::NotResponding { op, waited });
+                }
+                // The replies already here first: at most one per unwaited request stays
+                // unread, so simdev never blocks sending a reply to a runtime that sends on.
+                self.settle_arrived(fd, &mut ex);
+                self.send(op, req)?;
+                ex.owed.push_back(Owed::Confirm(op));
+                Ok(())
+            }
+            #[cfg(any(test, feature = "test-support"))]
+            Link::InProcess(_) => match self.request(op, req)?.0 {
+                Reply::Ok => Ok(()),
+                other => Err(unexpected(op, &other)),
+            },
         }
     }
 
@@ -589,6 +713,46 @@ impl SimDevice {
         }
     }
 
+    /// MEM_ALLOC within `bound`.
+    fn alloc(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+        bound: Bound,
+    ) -> Result<Allocation, DeviceError> {
+        let op = "MemAlloc";
+        if let MemLocation::Hbm { nc } = location {
+            self.check_nc(op, nc)?;
+        }
+        let req = Request::MemAlloc {
+            location,
+            size,
+            align,
+        };
+        match self.request_bounded(op, &req, bound)?.0 {
+            Reply::MemAllocated { handle, pa, size } => Ok(Allocation {
+                handle: MemHandle(handle),
+                pa,
+                size,
+                location,
+            }),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    /// MEM_MAP within `bound`, and the mapping of the chunk's memfd.
+    fn map(&self, allocation: &Allocation, bound: Bound) -> Result<SharedChunk, DeviceError> {
+        let op = "MemMap";
+        let (fd, pa, size) = self.chunk_memfd(allocation, bound)?;
+        let len = usize::try_from(size).map_err(|_| DeviceError::Protocol {
+            op,
+            detail: format!("chunk size {size}"),
+        })?;
+        SharedChunk::map_fd(&File::from(fd), pa, len, true)
+            .map_err(|source| DeviceError::Map { op, source })
+    }
+
     fn request_ok(&self, op: &'static str, req: &Request) -> Result<(), DeviceError> {
         match self.request(op, req)?.0 {
             Reply::Ok => Ok(()),
@@ -601,13 +765,15 @@ impl SimDevice {
     fn chunk_memfd(
         &self,
         allocation: &Allocation,
+        bound: Bound,
     ) -> Result<(std::os::fd::OwnedFd, u64, u64), DeviceError> {
         let op = "MemMap";
-        let (reply, mut fds) = self.request(
+        let (reply, mut fds) = self.request_bounded(
             op,
             &Request::MemMap {
                 handle: allocation.handle.0,
             },
+            bound,
         )?;
         let Reply::MemMapped { pa, size, .. } = reply else {
             return Err(unexpected(op, &reply));
@@ -663,6 +829,26 @@ fn parse_reply(
         });
     }
     Ok((reply, fds))
+}
+
+/// What becomes of the reply to `req` (named `op`) should it come after its request stopped
+/// waiting.
+fn owed_for(req: &Request, op: &'static str) -> Owed {
+    match req {
+        Request::MemAlloc { .. } => Owed::Free,
+        Request::MemFree { .. } => Owed::Confirm(op),
+        _ => Owed::Discard(op),
+    }
+}
+
+impl Owed {
+    /// The operation whose reply it is.
+    const fn op(self) -> &'static str {
+        match self {
+            Self::Discard(op) | Self::Confirm(op) => op,
+            Self::Free => "MemAlloc",
+        }
+    }
 }
 
 fn unexpected(op: &'static str, reply: &Reply) -> DeviceError {
@@ -726,49 +912,38 @@ impl Device for SimDevice {
         size: u64,
         align: u64,
     ) -> Result<Allocation, DeviceError> {
-        let op = "MemAlloc";
-        if let MemLocation::Hbm { nc } = location {
-            self.check_nc(op, nc)?;
-        }
-        match self
-            .request(
-                op,
-                &Request::MemAlloc {
-                    location,
-                    size,
-                    align,
-                },
-            )?
-            .0
-        {
-            Reply::MemAllocated { handle, pa, size } => Ok(Allocation {
-                handle: MemHandle(handle),
-                pa,
-                size,
-                location,
-            }),
-            other => Err(unexpected(op, &other)),
-        }
+        self.alloc(location, size, align, Bound::Control)
+    }
+
+    fn mem_alloc_by(
+        &self,
+        location: MemLocation,
+        size: u64,
+        align: u64,
+        deadline: Instant,
+    ) -> Result<Allocation, DeviceError> {
+        self.alloc(location, size, align, Bound::Deadline(deadline))
     }
 
     fn mem_free(&self, handle: MemHandle) -> Result<(), DeviceError> {
-        self.request_ok("MemFree", &Request::MemFree { handle: handle.0 })
+        self.request_unwaited("MemFree", &Request::MemFree { handle: handle.0 })
     }
 
     fn mem_map(&self, allocation: &Allocation) -> Result<SharedChunk, DeviceError> {
-        let op = "MemMap";
-        let (fd, pa, size) = self.chunk_memfd(allocation)?;
-        let len = usize::try_from(size).map_err(|_| DeviceError::Protocol {
-            op,
-            detail: format!("chunk size {size}"),
-        })?;
-        SharedChunk::map_fd(&File::from(fd), pa, len, true)
-            .map_err(|source| DeviceError::Map { op, source })
+        self.map(allocation, Bound::Control)
+    }
+
+    fn mem_map_by(
+        &self,
+        allocation: &Allocation,
+        deadline: Instant,
+    ) -> Result<SharedChunk, DeviceError> {
+        self.map(allocation, Bound::Deadline(deadline))
     }
 
     fn mem_export_fd(&self, allocation: &Allocation) -> Result<std::os::fd::OwnedFd, DeviceError> {
         // The chunk's own memfd: it maps the region from offset 0.
-        Ok(self.chunk_memfd(allocation)?.0)
+        Ok(self.chunk_memfd(allocation, Bound::Control)?.0)
     }
 
     fn dma_queue_init(&self, queue: DmaQueueId, rings: &DmaRings) -> Result<(), DeviceError> {
@@ -980,6 +1155,10 @@ impl Device for SimDevice {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map_or_else(Vec::new, PrivateSimdev::take_log)
+    }
+
+    fn closing_by(&self, deadline: Instant) {
+        let _ = self.closing.set(deadline);
     }
 
     fn release(&self) {

@@ -178,6 +178,11 @@ impl TensorOpEngine {
         StallGuard(lane)
     }
 
+    /// How long a tensor operation may take: the execution timeout.
+    pub(crate) const fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The staging pool of tensor-op queue `queue` of logical core `vnc`.
     pub(crate) fn staging(&self, vnc: u32, queue: u8) -> Option<&Arc<StagingPool>> {
         self.lane(vnc, queue).map(|l| &l.staging)

@@ -3,7 +3,7 @@
 //! scheduled request holds.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shared::NrtStatus;
 use shared::ids::XuType;
@@ -169,7 +169,7 @@ fn a_request_larger_than_the_ring_is_posted_in_segments() {
         .mem_alloc(shared::protocol::MemLocation::Hbm { nc: 0 }, len, 0)
         .unwrap();
     let dst_map = dev.mem_map(&dst).unwrap();
-    let staging = engine.staging(0, 0).unwrap().lease(len).unwrap();
+    let staging = engine.staging(0, 0).unwrap().lease(len, far()).unwrap();
     let data = pattern(usize::try_from(len).unwrap(), 5);
     staging.write(&data).unwrap();
     let req = TensorOpRequest {
@@ -590,11 +590,11 @@ fn a_pool_keeps_one_chunk_larger_than_its_budget_and_reuses_it() {
     let base = chunks();
     // A budget of 1 MiB; requests of 3 and 4 MiB (chunks of 4 MiB).
     let pool = Arc::new(StagingPool::new(device, MIB));
-    drop(pool.lease(4 * MIB).unwrap());
+    drop(pool.lease(4 * MIB, far()).unwrap());
     assert_eq!(pool.retained(), 4 * MIB, "the large chunk is kept");
-    let a = pool.lease(3 * MIB).unwrap();
+    let a = pool.lease(3 * MIB, far()).unwrap();
     assert_eq!(chunks(), base + 1, "and reused: nothing allocated");
-    let b = pool.lease(4 * MIB).unwrap();
+    let b = pool.lease(4 * MIB, far()).unwrap();
     assert_eq!(chunks(), base + 2, "a second one in flight is allocated");
     drop((a, b));
     assert_eq!(
@@ -603,14 +603,19 @@ fn a_pool_keeps_one_chunk_larger_than_its_budget_and_reuses_it() {
         "one of the two is kept, the other freed"
     );
     // A small one given back does not join it: the pool stays at one chunk.
-    let big = pool.lease(4 * MIB).unwrap();
-    let small = pool.lease(64 * 1024).unwrap();
+    let big = pool.lease(4 * MIB, far()).unwrap();
+    let small = pool.lease(64 * 1024, far()).unwrap();
     assert_eq!(chunks(), base + 2, "the small one is allocated");
     drop((big, small));
     assert_eq!((pool.retained(), chunks()), (4 * MIB, base + 1));
     pool.release();
     assert_eq!((pool.retained(), chunks()), (0, base));
     // After release a chunk given back is freed.
-    drop(pool.lease(4 * MIB).unwrap());
+    drop(pool.lease(4 * MIB, far()).unwrap());
     assert_eq!((pool.retained(), chunks()), (0, base));
+}
+
+/// A deadline no test here reaches.
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(600)
 }

@@ -12,6 +12,7 @@
 //! [`StagingPool::release`] (runtime close).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use shared::NrtStatus;
 use shared::memory::SharedChunk;
@@ -81,12 +82,14 @@ impl StagingPool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A chunk of at least `len` bytes, until the lease drops.
+    /// A chunk of at least `len` bytes, until the lease drops. A new chunk's allocation and
+    /// mapping wait on the device no later than `deadline` (the caller is a schedule call,
+    /// which must not block on a stopped simdev).
     ///
     /// # Errors
-    /// NRT_RESOURCE when the device cannot give host memory (naming the size); the device's
-    /// errors.
-    pub fn lease(self: &Arc<Self>, len: u64) -> Result<StagingLease, NrtError> {
+    /// NRT_RESOURCE when the device cannot give host memory (naming the size); NRT_TIMEOUT
+    /// when the device has not answered by `deadline`; the device's errors.
+    pub fn lease(self: &Arc<Self>, len: u64, deadline: Instant) -> Result<StagingLease, NrtError> {
         let reuse = {
             let mut guard = self.lock();
             guard.as_mut().and_then(|free| {
@@ -103,18 +106,18 @@ impl StagingPool {
             Some(b) => b,
             None => {
                 let size = len.max(4096).checked_next_power_of_two().unwrap_or(len);
-                let allocation =
-                    self.device
-                        .mem_alloc(MemLocation::Host, size, 0)
-                        .map_err(|e| {
-                            let mut err = NrtError::from(e);
-                            err.message = format!(
-                                "allocating {size} bytes of DMA-able host staging: {}",
-                                err.message
-                            );
-                            err
-                        })?;
-                match self.device.mem_map(&allocation) {
+                let allocation = self
+                    .device
+                    .mem_alloc_by(MemLocation::Host, size, 0, deadline)
+                    .map_err(|e| {
+                        let mut err = NrtError::from(e);
+                        err.message = format!(
+                            "allocating {size} bytes of DMA-able host staging: {}",
+                            err.message
+                        );
+                        err
+                    })?;
+                match self.device.mem_map_by(&allocation, deadline) {
                     Ok(memory) => StagingBuf { allocation, memory },
                     Err(e) => {
                         let _ = self.device.mem_free(allocation.handle);

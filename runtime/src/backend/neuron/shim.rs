@@ -497,7 +497,7 @@ impl SimIoctlPort {
     fn mem_free(&self, arg: &[u8]) -> Result<(), Errno> {
         let a: ioctl::MemFree = decode(arg)?;
         self.sim
-            .mem_free(MemHandle(a.mem_handle))
+            .mem_free_confirmed(MemHandle(a.mem_handle))
             .map_err(errno_of("MEM_FREE"))?;
         let mut st = self.state();
         st.chunks.remove(&a.mem_handle);
