@@ -656,6 +656,22 @@ fn serve_batch(
     ControlFlow::Continue(())
 }
 
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit: every chunk of device memory
+/// is a memfd simdev keeps open, so the common soft limit of 1024 (which a private simdev
+/// inherits from the program that starts it) would cap a runtime at about a thousand tensors.
+/// A failure is logged and the limit kept.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!("RLIMIT_NOFILE raised from {soft} to {hard}"),
+            Err(e) => tracing::warn!("raising RLIMIT_NOFILE from {soft} to {hard}: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!("reading RLIMIT_NOFILE: {e}"),
+    }
+}
+
 /// Messages one `recvmmsg` takes at most.
 const BATCH: usize = 16;
 
@@ -913,6 +929,7 @@ fn replace_stale(path: &Path) -> Result<(), SimdevError> {
 /// # Errors
 /// [`SimdevError`] naming the failing step.
 pub fn run(config: Config) -> Result<(), SimdevError> {
+    raise_fd_limit();
     // Before any thread exists, so that every device thread inherits the policy.
     if let Err(e) = config.thread_policy.apply_to_current_thread() {
         tracing::warn!(

@@ -38,6 +38,9 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
         AllocError::BadSize { .. } | AllocError::BadAlign { .. } => ErrorKind::InvalidArgument,
         AllocError::NoSuchNc { .. } => ErrorKind::OutOfRange,
         AllocError::OutOfMemory { .. } | AllocError::MapChunk { .. } => ErrorKind::OutOfMemory,
+        AllocError::CreateMemfd { source, .. } if out_of_fds(*source) => {
+            return fds_refusal("creating the chunk's memfd", *source);
+        }
         AllocError::CreateMemfd { source, .. } | AllocError::SizeMemfd { source, .. } => {
             if matches!(
                 source,
@@ -50,6 +53,26 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
         }
     };
     refuse(kind, error_chain(err))
+}
+
+/// Whether `errno` says this process (EMFILE) or the system (ENFILE) has no descriptor left.
+const fn out_of_fds(errno: nix::Error) -> bool {
+    matches!(errno, nix::Error::EMFILE | nix::Error::ENFILE)
+}
+
+/// A chunk refused for want of a file descriptor: a resource running out (NRT_RESOURCE, as
+/// for memory), saying which limit and how to raise it.
+fn fds_refusal(what: &str, errno: nix::Error) -> RemoteError {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or_else(|_| "unknown".to_owned(), |(soft, _)| soft.to_string());
+    refuse(
+        ErrorKind::OutOfMemory,
+        format!(
+            "{what}: {errno}: simdev keeps one memfd per chunk of device memory and has none \
+             left (its RLIMIT_NOFILE is {limit}); free tensors, or raise the hard limit \
+             (`ulimit -Hn`) of the shell that starts simdev (or the program, for a private one)"
+        ),
+    )
 }
 
 fn queue_refusal(err: &QueueError) -> RemoteError {
@@ -455,10 +478,14 @@ impl Core {
         let chunk = read(&self.memory)
             .get(client, handle)
             .map_err(|e| refuse(ErrorKind::BadHandle, e.to_string()))?;
-        let fd = chunk
-            .memfd()
-            .try_clone_to_owned()
-            .map_err(|e| os_refusal("duplicating the chunk's memfd", &e))?;
+        let fd = chunk.memfd().try_clone_to_owned().map_err(|e| {
+            match e.raw_os_error().map(nix::Error::from_raw) {
+                Some(errno) if out_of_fds(errno) => {
+                    fds_refusal("duplicating the chunk's memfd", errno)
+                }
+                _ => os_refusal("duplicating the chunk's memfd", &e),
+            }
+        })?;
         Ok((
             Reply::MemMapped {
                 handle,
