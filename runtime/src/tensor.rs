@@ -541,6 +541,26 @@ impl Tensor {
         }
     }
 
+    /// Gives the pages of a device tensor's memory back to the system, the mapping staying
+    /// ([`SharedChunk::discard`]): for `nrt_close`, after which the device has freed what the
+    /// runtime held while the caller may still hold (and later free) the tensor. Its bytes
+    /// read as zero afterwards. Only in the process that allocated it (a forked child shares
+    /// the parent's memory). Whether it was a device tensor whose pages were given back.
+    pub fn discard_device_memory(&self) -> bool {
+        match &self.inner.storage {
+            Storage::Device { memory, owner, .. } if *owner == crate::process::id() => {
+                match memory.discard() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(tensor = %self.inner.name, error = %e, "giving back a closed runtime's tensor memory");
+                        false
+                    }
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// The device PA of byte 0 (device tensors only).
     pub fn device_pa(&self) -> Option<u64> {
         match &self.inner.storage {

@@ -62,6 +62,17 @@ pub enum MemError {
         #[source]
         source: io::Error,
     },
+    /// `madvise(MADV_REMOVE)` of the chunk failed ([`SharedChunk::discard`]).
+    #[error("giving back the pages of chunk {pa:#x}+{len}")]
+    Discard {
+        /// PA of the chunk.
+        pa: u64,
+        /// Its size in bytes.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// One shared mapping of a whole chunk, placed at device PA `pa`.
@@ -266,6 +277,32 @@ impl SharedChunk {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(off), data.len())
         };
         Ok(())
+    }
+
+    /// Gives the chunk's pages back to the system while the mapping stays
+    /// (`madvise(MADV_REMOVE)`: a hole punched in the memfd behind it, whose memory is freed
+    /// at once, though other mappings of it exist). Later reads see zeros; a later write takes
+    /// a new page. For memory the device has given up (its opener closed) that objects the
+    /// caller still holds map: their pages would otherwise live as long as they do.
+    ///
+    /// # Errors
+    /// [`MemError::ReadOnly`] for a read-only mapping; [`MemError::Discard`] when the kernel
+    /// refuses (memory that is not a shared file mapping, e.g. [`SharedChunk::anonymous`]).
+    pub fn discard(&self) -> Result<(), MemError> {
+        if !self.writable {
+            return Err(MemError::ReadOnly { chunk_pa: self.pa });
+        }
+        // SAFETY: MADV_REMOVE zeroes the pages under the mapping, which stays valid. Nothing
+        // borrows them as plain memory: every access goes through this type's raw-pointer
+        // copies or atomics (`atomic_words`), which already allow the peer process to write
+        // the memory at any time, and zeroing is such a write.
+        unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::Remove) }.map_err(|source| {
+            MemError::Discard {
+                pa: self.pa,
+                len: self.len,
+                source,
+            }
+        })
     }
 
     /// Sets `len` bytes at `pa` to `byte`.
@@ -542,6 +579,38 @@ mod tests {
         ));
         assert!(c.contains(0x1000, 4096));
         assert!(!c.contains(0x1000, 4097));
+    }
+
+    /// The pages are freed in the memfd itself (the memory the device gave up is gone,
+    /// whoever else maps it), the mapping stays and reads zeros, and a later write works.
+    #[test]
+    fn a_discarded_chunk_frees_its_memfds_pages_and_stays_mapped() {
+        use std::os::unix::fs::MetadataExt;
+        let fd =
+            nix::sys::memfd::memfd_create("discard", nix::sys::memfd::MFdFlags::empty()).unwrap();
+        let file = std::fs::File::from(fd);
+        file.set_len(64 * 1024).unwrap();
+        let c = SharedChunk::map_fd(&file, 0x1000, 64 * 1024, true).unwrap();
+        let other = SharedChunk::map_fd(&file, 0x1000, 64 * 1024, true).unwrap();
+        c.fill(0x1000, 64 * 1024, 0xA5).unwrap();
+        assert_eq!(
+            file.metadata().unwrap().blocks(),
+            128,
+            "64 KiB in 512-byte blocks"
+        );
+        c.discard().unwrap();
+        assert_eq!(file.metadata().unwrap().blocks(), 0);
+        let mut buf = [1u8; 16];
+        other.read(0x1000 + 4096, &mut buf).unwrap();
+        assert_eq!(buf, [0; 16]);
+        c.write(0x1000, b"again").unwrap();
+        other.read(0x1000, &mut buf[..5]).unwrap();
+        assert_eq!(&buf[..5], b"again");
+        let read_only = SharedChunk::map_fd(&file, 0, 4096, false).unwrap();
+        assert!(matches!(
+            read_only.discard(),
+            Err(MemError::ReadOnly { .. })
+        ));
     }
 
     #[test]

@@ -2,7 +2,8 @@
  * nrt_init again after nrt_close, as a test suite that opens and closes a runtime per test
  * does: the second runtime loads and executes; a tensor or model of the first is refused by it
  * (NRT_INVALID; a tensor can still be freed); a second nrt_init without a close is NRT_FAILURE.
- * nrt_close stops the private simdev even while a tensor of it is still allocated.
+ * nrt_close stops the private simdev even while a tensor of it is still allocated, and gives
+ * back the memory of tensors not freed: the process's shared memory shrinks by their size.
  * Usage: reinit MODEL (an identity model over 512 bytes)
  */
 #include <errno.h>
@@ -15,6 +16,23 @@
 #include "common.h"
 
 #define BYTES 512u
+#define KEPT_BYTES (64u << 20)
+
+/* This process's resident shared memory (RssShmem in /proc/self/status), in KiB. */
+static long rss_shmem_kib(void) {
+    char line[256];
+    long kib = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    ASSERT(f != NULL);
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "RssShmem: %ld kB", &kib) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    ASSERT(kib >= 0);
+    return kib;
+}
 
 /* Loads MODEL, executes it once on fresh tensors filled with `fill` and checks the output;
  * returns the input tensor (the rest is freed). */
@@ -45,7 +63,8 @@ static nrt_tensor_t *run_once(const void *neff, size_t size, unsigned char fill)
 int main(int argc, char **argv) {
     size_t size = 0;
     void *neff;
-    nrt_tensor_t *first, *second;
+    nrt_tensor_t *first, *second, *kept = NULL;
+    long shmem_before, shmem_after;
     nrt_model_t *stale = NULL, *fresh = NULL;
     nrt_model_info_t info;
     size_t info_size = 0;
@@ -57,8 +76,22 @@ int main(int argc, char **argv) {
     EXPECT(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), NRT_FAILURE);
     CHECK(nrt_load(neff, size, 0, -1, &stale)); /* left loaded at close */
     first = run_once(neff, size, 0x31);
+    /* Written whole, so its pages are resident here; never freed before close. */
+    CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, KEPT_BYTES, "kept", &kept));
+    CHECK(nrt_tensor_memset(kept, 0, 0x5A, KEPT_BYTES));
+    shmem_before = rss_shmem_kib();
+    ASSERT(shmem_before >= (long)(KEPT_BYTES >> 10));
     nrt_close();
+    shmem_after = rss_shmem_kib();
+    if (shmem_after > shmem_before - (long)(KEPT_BYTES >> 10) * 3 / 4) {
+        fprintf(stderr, "nrt_close kept a tensor's memory: RssShmem %ld kB before, %ld kB after\n",
+                shmem_before, shmem_after);
+        return 1;
+    }
     EXPECT(nrt_tensor_read(first, buf, 0, sizeof buf), NRT_CLOSED);
+    EXPECT(nrt_tensor_read(kept, buf, 0, sizeof buf), NRT_CLOSED);
+    nrt_tensor_free(&kept);
+    ASSERT(kept == NULL);
     /* The private simdev nrt_init started is stopped (and reaped) by nrt_close, though a
      * tensor of it is still allocated: this process has no child left. */
     errno = 0;
