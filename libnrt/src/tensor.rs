@@ -535,6 +535,66 @@ fn device_tensor_at(va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
         })
 }
 
+/// `nrt_get_attached_efa_bdf`: the BDF of the EFA NIC attached to the device whose memory
+/// `va` lies in. Libraries that move device memory over EFA (libfabric-based transfer
+/// libraries) look it up by `dlsym` and take a failure as "no NIC for this buffer"; the answer
+/// here is that failure: simdev has no EFA NIC, and this runtime does not read a Neuron
+/// device's PCI topology.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_attached_efa_bdf(
+    va: *const c_void,
+    efa_bdf: *mut c_char,
+    len: *mut usize,
+) -> u32 {
+    boundary::status("nrt_get_attached_efa_bdf", || {
+        let rt = rt()?;
+        raw::check_out(efa_bdf, "efa_bdf")?;
+        let capacity = raw::read_in(len, "len")?;
+        if capacity == 0 {
+            return Err(NrtError::new(NrtStatus::Resource, "*len is 0"));
+        }
+        let (t, _) = device_tensor_at(va as usize, 1)?;
+        Err(NrtError::new(
+            NrtStatus::Failure,
+            format!(
+                "no EFA NIC is attached to the device of {va:p} (tensor {:?}): {}",
+                t.name(),
+                if rt.device().backend_name() == "sim" {
+                    "simdev has no network"
+                } else {
+                    "this runtime does not read the device's PCI topology"
+                }
+            ),
+        ))
+    })
+}
+
+/// `nrt_get_hbm_mmap_va`: the mapping of a whole HBM region. This runtime maps each device
+/// allocation alone (as simdev hands them out), never a region whole: NRT_INVALID, the answer
+/// the API gives where it is unsupported.
+///
+/// # Safety
+/// A C entry point: pointer arguments are NULL or valid as `include/nrt` documents.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_get_hbm_mmap_va(
+    device_id: i32,
+    hbm_idx: i32,
+    addr: *mut *mut c_void,
+    size: *mut usize,
+) -> u32 {
+    boundary::status("nrt_get_hbm_mmap_va", || {
+        rt()?;
+        raw::check_out(addr, "addr")?;
+        raw::check_out(size, "size")?;
+        Err(invalid(format!(
+            "HBM region {hbm_idx} of device {device_id}: unsupported, this runtime maps each device allocation alone, never an HBM region whole (use nrt_tensor_get_va)"
+        )))
+    })
+}
+
 /// `nrt_memcpy_to_device`: copies into a device tensor's mapping, found by address.
 ///
 /// # Safety

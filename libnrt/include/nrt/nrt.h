@@ -428,6 +428,21 @@ NRT_STATUS nrt_get_dmabuf_fd(uint64_t va, uint64_t size, int *fd);
  */
 NRT_STATUS nrt_get_dmabuf_fd_v2(uint64_t va, uint64_t size, int *fd, uint64_t *offset);
 
+/**
+ * The PCI BDF of the EFA NIC attached to the device whose memory `va` lies in, as a
+ * NUL-terminated string in `efa_bdf` (`*len` bytes). NRT_INVALID for an address outside every
+ * device tensor; NRT_FAILURE when no NIC is attached: always here (simdev has no network, and
+ * this runtime does not read a Neuron device's PCI topology).
+ */
+NRT_STATUS nrt_get_attached_efa_bdf(const void *va, char *efa_bdf, size_t *len);
+
+/**
+ * Where HBM region `hbm_idx` of device `device_id` is mapped whole into this process.
+ * NRT_INVALID, unsupported: this runtime maps each device allocation alone
+ * (nrt_tensor_get_va gives a tensor's address).
+ */
+NRT_STATUS nrt_get_hbm_mmap_va(int device_id, int hbm_idx, void **addr, size_t *size);
+
 /* ---- tensor sets ---- */
 
 /** A new, empty tensor set. */

@@ -117,6 +117,19 @@ int main(int argc, char **argv) {
     close(fd);
     EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 513, &fd, &dmabuf_offset), NRT_INVALID);
     EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 512, &fd, NULL), NRT_INVALID);
+    /* No EFA NIC (simdev has no network): a device address is NRT_FAILURE, any other NRT_INVALID;
+     * no HBM region is mapped whole: NRT_INVALID. */
+    {
+        char bdf[32];
+        size_t bdf_len = sizeof bdf;
+        void *region = NULL;
+        size_t region_size = 0;
+        EXPECT(nrt_get_attached_efa_bdf(va, bdf, &bdf_len), NRT_FAILURE);
+        EXPECT(nrt_get_attached_efa_bdf(bdf, bdf, &bdf_len), NRT_INVALID);
+        EXPECT(nrt_get_attached_efa_bdf(va, bdf, NULL), NRT_INVALID);
+        EXPECT(nrt_get_hbm_mmap_va(0, 0, &region, &region_size), NRT_INVALID);
+        EXPECT(nrt_get_hbm_mmap_va(0, 0, NULL, &region_size), NRT_INVALID);
+    }
 
     /* One device, 0, holds every visible core. */
     CHECK(nrt_get_device_id(0, &device_id));
