@@ -75,8 +75,8 @@ pub unsafe extern "C" fn nrt_init(
                 format!("framework type {framework} is not an nrt_framework_type_t"),
             ));
         }
-        let fw = raw::opt_c_str(fw_version, "fw_version")?.unwrap_or_default();
-        let fal = raw::opt_c_str(fal_version, "fal_version")?.unwrap_or_default();
+        let fw = raw::label(fw_version).unwrap_or_default();
+        let fal = raw::label(fal_version).unwrap_or_default();
         tracing::info!(target: "nrt", framework, fw, fal, "nrt_init");
         nrt::init_with(&open_options()?)
     })

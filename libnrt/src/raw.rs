@@ -53,6 +53,24 @@ pub fn opt_c_str<'a>(ptr: *const c_char, what: &str) -> Result<Option<&'a str>, 
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
+/// An optional C string that is only a label for logs (a tensor's name, a framework's version):
+/// NULL is `None`; C strings are bytes, so any bytes are taken — longer than
+/// `NRT_TENSOR_NAME_MAX - 1` bytes it is cut there, and bytes that are not UTF-8 show as
+/// U+FFFD. Never refused.
+pub fn label(ptr: *const c_char) -> Option<String> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` is non-NULL and, by the API's contract, a C string: strnlen reads at most
+    // NRT_TENSOR_NAME_MAX - 1 bytes and stops at the first NUL, so it never reads past the
+    // string.
+    let len = unsafe { libc::strnlen(ptr, NRT_TENSOR_NAME_MAX - 1) };
+    // SAFETY: the string has at least `len` bytes before its NUL (strnlen's result), readable;
+    // the slice lives only as long as this call.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
 /// A required C string naming a file, at most `PATH_MAX - 1` bytes before its NUL, UTF-8.
 ///
 /// # Errors
@@ -290,6 +308,20 @@ mod tests {
         assert_eq!(
             c_str(bad.as_ptr().cast(), "name").unwrap_err().status,
             NrtStatus::Invalid
+        );
+    }
+
+    /// A label is never refused: cut at 255 bytes, not UTF-8 shown lossily.
+    #[test]
+    fn labels_take_any_bytes() {
+        assert_eq!(label(std::ptr::null()), None);
+        assert_eq!(label(c"input".as_ptr()).as_deref(), Some("input"));
+        let long = vec![b'a'; 2 * NRT_TENSOR_NAME_MAX]; // no NUL within the bound
+        assert_eq!(label(long.as_ptr().cast()).map(|l| l.len()), Some(255));
+        let latin1 = *b"caf\xE9\0";
+        assert_eq!(
+            label(latin1.as_ptr().cast()).as_deref(),
+            Some("caf\u{FFFD}")
         );
     }
 

@@ -70,7 +70,7 @@ pub unsafe extern "C" fn nrt_tensor_allocate(
     boundary::status("nrt_tensor_allocate", || {
         let rt = rt()?;
         raw::check_out(tensor, "tensor")?;
-        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
+        let name = raw::label(name).unwrap_or_default();
         let placement = match tensor_placement {
             abi::PLACEMENT_DEVICE => Placement::Device {
                 vnc: u32::try_from(vnc).map_err(|_| {
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn nrt_tensor_allocate(
                 )));
             }
         };
-        let t = rt.tensor_allocate(placement, to_u64(size), name)?;
+        let t = rt.tensor_allocate(placement, to_u64(size), &name)?;
         register(t, tensor)
     })
 }
@@ -365,8 +365,8 @@ pub unsafe extern "C" fn nrt_tensor_allocate_slice(
         let rt = rt()?;
         raw::check_out(tensor_slice, "tensor_slice")?;
         let src = live_tensor(&rt, tensor_source, "tensor_source")?;
-        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
-        let s = src.slice(to_u64(offset), to_u64(size), name)?;
+        let name = raw::label(name).unwrap_or_default();
+        let s = src.slice(to_u64(offset), to_u64(size), &name)?;
         register(s, tensor_slice)
     })
 }
@@ -383,8 +383,8 @@ pub unsafe extern "C" fn nrt_tensor_allocate_empty(
     boundary::status("nrt_tensor_allocate_empty", || {
         rt()?;
         raw::check_out(tensor, "tensor")?;
-        let name = raw::opt_c_str(name, "name")?.unwrap_or_default();
-        register(Tensor::empty(name), tensor)
+        let name = raw::label(name).unwrap_or_default();
+        register(Tensor::empty(&name), tensor)
     })
 }
 

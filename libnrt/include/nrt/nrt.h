@@ -288,7 +288,8 @@ NRT_STATUS nrt_get_model_instance_count(nrt_model_t *model, uint32_t *instance_c
 
 /**
  * Allocates `size` bytes of device memory of logical core `vnc`, or host memory (pass -1 as
- * `vnc`), zero-filled. `name` (may be NULL, at most NRT_TENSOR_NAME_MAX bytes) is for logs.
+ * `vnc`), zero-filled. `name` (may be NULL) is for logs only: any bytes, cut to
+ * NRT_TENSOR_NAME_MAX - 1.
  */
 NRT_STATUS nrt_tensor_allocate(nrt_tensor_placement_t tensor_placement, int vnc, size_t size,
                                const char *name, nrt_tensor_t **tensor);

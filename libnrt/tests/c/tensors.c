@@ -117,6 +117,18 @@ int main(int argc, char **argv) {
     close(fd);
     EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 513, &fd, &dmabuf_offset), NRT_INVALID);
     EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 512, &fd, NULL), NRT_INVALID);
+    /* A name is only a label: bytes that are not UTF-8 and names past NRT_TENSOR_NAME_MAX are
+     * taken (cut). */
+    {
+        char long_name[600];
+        nrt_tensor_t *labelled = NULL;
+        memset(long_name, 'n', sizeof long_name - 1);
+        long_name[sizeof long_name - 1] = '\0';
+        CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, 64, "caf\xe9", &labelled));
+        nrt_tensor_free(&labelled);
+        CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_HOST, 0, 64, long_name, &labelled));
+        nrt_tensor_free(&labelled);
+    }
     /* No EFA NIC (simdev has no network): a device address is NRT_FAILURE, any other NRT_INVALID;
      * no HBM region is mapped whole: NRT_INVALID. */
     {
