@@ -41,11 +41,10 @@ fn library_dir() -> Option<PathBuf> {
 /// `nrt install`), else the runtime's own search (beside the executable, then `PATH`).
 pub(crate) fn open_options() -> Result<OpenOptions, NrtError> {
     let mut opts = OpenOptions::from_env()?;
-    let beside = library_dir().and_then(|d| {
-        [d.join("simdev"), d.join("../bin/simdev")]
-            .into_iter()
-            .find(|p| p.is_file())
-    });
+    if let Some(d) = library_dir() {
+        opts.simdev_searched = vec![d.join("simdev"), d.join("../bin/simdev")];
+    }
+    let beside = opts.simdev_searched.iter().find(|p| p.is_file()).cloned();
     if opts.simdev_bin.is_none()
         && let Some(beside) = beside
     {

@@ -157,7 +157,10 @@ pub(crate) fn resolve_set(set: *const c_void, what: &str) -> Result<Arc<TensorSe
     let mut out = TensorSet::new();
     for (name, h) in &state.members {
         let t = TENSORS
-            .get(*h as *const c_void, &format!("tensor {name:?} of {what}"))?
+            .get(
+                *h as *const c_void,
+                &format!("{what}'s tensor {name:?}, handle"),
+            )?
             .get();
         out.add(name, &t);
     }
@@ -362,6 +365,10 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_free_model_tensor_info(tensor_info: *mut c_void) -> u32 {
     boundary::status("nrt_free_model_tensor_info", || {
+        if tensor_info.is_null() {
+            // As free(NULL): cleanup code frees whatever it has, NULL included.
+            return Ok(());
+        }
         let mut arrays = INFO_ARRAYS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);

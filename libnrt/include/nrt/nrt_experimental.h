@@ -54,7 +54,10 @@ typedef struct nrt_tensor_info_array {
  */
 NRT_STATUS nrt_get_model_tensor_info(nrt_model_t *model, nrt_tensor_info_array_t **tensor_info);
 
-/** Frees an array from nrt_get_model_tensor_info (a pointer it did not return is refused). */
+/**
+ * Frees an array from nrt_get_model_tensor_info; NULL does nothing (NRT_SUCCESS), and a pointer
+ * it did not return is refused.
+ */
 NRT_STATUS nrt_free_model_tensor_info(nrt_tensor_info_array_t *tensor_info);
 
 /**

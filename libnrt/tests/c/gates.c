@@ -165,6 +165,7 @@ int main(int argc, char **argv) {
     CHECK(nrt_get_model_tensor_info(model, &info));
     CHECK(nrt_free_model_tensor_info(info));
     EXPECT(nrt_free_model_tensor_info(info), NRT_INVALID);
+    CHECK(nrt_free_model_tensor_info(NULL)); /* as free(NULL) */
     /* The other tensors kept their data. */
     memset(buf, 0, sizeof buf);
     CHECK(nrt_tensor_read(in, buf, 0, sizeof buf));

@@ -61,6 +61,9 @@ pub struct OpenOptions {
     pub simdev_command: Option<SimdevCommand>,
     /// Options for a private simdev (e.g. `--arch trn2`).
     pub simdev_args: Vec<OsString>,
+    /// Where the caller looked for a simdev program before setting `simdev_command` (libnrt:
+    /// beside the library and in its `../bin`), named when none is found.
+    pub simdev_searched: Vec<PathBuf>,
     /// How long a control request to a running simdev waits for its reply (default
     /// [`crate::backend::sim::CONTROL_TIMEOUT`]).
     pub control_timeout: Option<std::time::Duration>,
@@ -85,6 +88,7 @@ impl Default for OpenOptions {
             simdev_bin: None,
             simdev_command: None,
             simdev_args: Vec::new(),
+            simdev_searched: Vec::new(),
             control_timeout: None,
         }
     }
@@ -174,19 +178,32 @@ fn open_sim(opts: &OpenOptions) -> Result<Box<dyn Device>, DeviceError> {
     }
     let Some(cmd) = opts.simdev_program() else {
         return Err(DeviceError::NoDevice {
-            hint: no_device_hint(&opts.neuron_device),
+            hint: no_device_hint(&opts.neuron_device, &opts.simdev_searched),
         });
     };
     Ok(Box::new(SimDevice::spawn_private(&cmd)?))
 }
 
-fn no_device_hint(node: &Path) -> String {
+fn no_device_hint(node: &Path, searched: &[PathBuf]) -> String {
+    let mut places: Vec<String> = vec!["NEURON_SIMDEV_BIN (unset)".to_owned()];
+    places.extend(searched.iter().map(|p| p.display().to_string()));
+    places.push(
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.join("simdev")))
+            .map_or_else(
+                || "beside this executable".to_owned(),
+                |p| p.display().to_string(),
+            ),
+    );
+    places.push("simdev on PATH".to_owned());
     format!(
-        "{} is absent, NEURON_SIMDEV_SOCKET is unset and no simdev program was found \
-         (NEURON_SIMDEV_BIN, beside this executable, PATH). Start one by hand with \
-         `cargo run --release -p simdev -- --socket /tmp/simdev.sock` and set \
-         NEURON_SIMDEV_SOCKET=/tmp/simdev.sock",
-        node.display()
+        "{} is absent, NEURON_SIMDEV_SOCKET is unset and no simdev program was found (looked \
+         at: {}). Set NEURON_SIMDEV_BIN to the simdev program (`nrt install --prefix P` puts it \
+         in P/bin, beside P/lib/libnrt.so.1), or start one by hand with \
+         `simdev --socket /tmp/simdev.sock` and set NEURON_SIMDEV_SOCKET=/tmp/simdev.sock",
+        node.display(),
+        places.join(", ")
     )
 }
 
@@ -257,7 +274,14 @@ mod tests {
 
     #[test]
     fn no_device_error_says_how_to_start_simdev() {
-        let hint = no_device_hint(Path::new("/dev/neuron0"));
+        let hint = no_device_hint(
+            Path::new("/dev/neuron0"),
+            &[PathBuf::from("/opt/nrt/lib/simdev")],
+        );
         assert!(hint.contains("--socket /tmp/simdev.sock"), "{hint}");
+        assert!(
+            hint.contains("looked at: NEURON_SIMDEV_BIN (unset), /opt/nrt/lib/simdev, /"),
+            "{hint}"
+        );
     }
 }
