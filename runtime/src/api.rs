@@ -1889,8 +1889,9 @@ impl Runtime {
 
     /// `nrt_close`: drains and stops every XU, joins the workers, unloads the models, releases
     /// the exec queues and the NCs; no request of the teardown waits on the device longer than
-    /// the execution timeout in all ([`crate::backend::Device::closing_by`]). A private simdev stops when the device is dropped. In a
-    /// process forked after init it does nothing to the device: the runtime is leaked.
+    /// the execution timeout in all ([`crate::backend::Device::closing_by`]). A private simdev
+    /// stops when the device is dropped. In a process forked after init it does nothing to the
+    /// device: the runtime is leaked.
     pub fn close(mut self) {
         if self.check_process().is_err() {
             tracing::warn!(
