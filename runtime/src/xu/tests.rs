@@ -1833,3 +1833,15 @@ fn a_wake_fd_firing_with_nobody_waiting_does_not_spin_the_worker() {
     wait_until("the next request", || xu.is_completed(next));
     workers.destroy();
 }
+
+/// Shutdown's drain re-checks soon after it starts (the STOP it schedules drains in
+/// microseconds) and never sleeps longer than the seed's 100 ms between checks.
+#[test]
+fn the_drain_poll_backs_off_from_1_ms_to_the_seeds_100_ms() {
+    use super::unit::drain_poll_interval;
+    let ms: Vec<u128> = (0..10)
+        .map(|n| drain_poll_interval(n).as_millis())
+        .collect();
+    assert_eq!(ms, [1, 2, 4, 8, 16, 32, 64, 100, 100, 100]);
+    assert_eq!(drain_poll_interval(u32::MAX), Duration::from_millis(100));
+}

@@ -1081,19 +1081,29 @@ impl<E: CompletionEngine> Xu<E> {
         }
     }
 
-    /// `wait_exec_queue_empty`: polls every 100 ms until `scheduled_head == exec_head`, warning
-    /// every 120 s; never times out (a wedged execution wedges shutdown rather than tearing down
-    /// a ring the device still writes).
+    /// `wait_exec_queue_empty`: polls until `scheduled_head == exec_head`, warning every 120 s;
+    /// never times out (a wedged execution wedges shutdown rather than tearing down a ring the
+    /// device still writes). The seed polls every 100 ms; this polls at most that far apart,
+    /// backing off from 1 ms ([`drain_poll_interval`]): the STOP a shutdown schedules drains in
+    /// microseconds, and `nrt_close` then no longer waits a tenth of a second for nothing.
     pub(crate) fn wait_exec_queue_empty(&self, start: Instant) {
         let mut warned = 1u32;
+        let mut polls = 0u32;
         while !self.work_queue.is_drained() {
             if start.elapsed() > Duration::from_secs(120) * warned {
                 warned += 1;
                 tracing::warn!(vnc = self.vnc, "Waiting for queue to empty");
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(drain_poll_interval(polls));
+            polls = polls.saturating_add(1);
         }
     }
+}
+
+/// The pause before re-check `n` (from 0) of [`Xu::wait_exec_queue_empty`]: 1 ms, doubling, at
+/// most the seed's 100 ms.
+pub(crate) fn drain_poll_interval(n: u32) -> Duration {
+    Duration::from_millis((1u64 << n.min(7)).min(100))
 }
 
 impl<E: CompletionEngine> sealed::Sealed for Xu<E> {}
