@@ -501,7 +501,9 @@ impl SimDevice {
         // answer may still be queued, so look for it before reporting the disconnect.
         let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
         // The replies owed to requests that did not wait come first, then this one's; replies
-        // owed to what settling them sends (a free) come after it.
+        // owed to what settling them sends (a free) come after it. Those already here are
+        // taken before sending, so replies never pile up unread while this one is sent.
+        self.settle_arrived(fd, &mut ex);
         let mut ahead = ex.owed.len();
         let sent = match self.send(op, req) {
             Ok(()) => {
