@@ -720,10 +720,14 @@ fn the_implicit_async_mode_calls_back_from_c_and_drains() {
     let o = run({
         let mut c = Command::new(&exe);
         c.arg(identity_model())
-            .env("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3");
+            .env("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3")
+            .env("NEURON_RT_LOG_LEVEL", "warn");
         c
     });
     assert_ran(&o, "async", "ASYNC OK 20");
+    // libnrt 2.34.10, whose API this reports, removed the mode: a user is told.
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("libnrt 2.34.10 removed it"), "{stderr}");
 }
 
 /// The C program of the README's libnrt section.

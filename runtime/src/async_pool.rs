@@ -171,6 +171,12 @@ impl AsyncPool {
             *lock(&w.inflight) -= 1;
             w.inflight_freed.notify_one();
         };
+        // Checked again: the executions it waited for may have degraded the core meanwhile
+        // (timed out), and one posted now would only time out in turn.
+        if w.degraded.load(Ordering::Acquire) {
+            release();
+            return Err(NrtStatus::ExecUnitUnrecoverable);
+        }
         let mut q = lock(&w.work_queue_lock);
         let is_switch = q.last_posted_model != Some(info.model_id);
         if let Err(rc) = stage(&mut info, is_switch).and_then(|()| doorbell(&info)) {
@@ -275,9 +281,9 @@ fn worker_loop(
         drop(req);
         let cb = lock(callback).clone();
         if let Some(cb) = cb {
-            IN_CALLBACK.with(|c| c.set(true));
+            IN_CALLBACK.with(|c| c.set(Some(w.vnc)));
             cb(model_id, w.vnc, req_id, status);
-            IN_CALLBACK.with(|c| c.set(false));
+            IN_CALLBACK.with(|c| c.set(None));
         }
         *lock(&w.inflight) -= 1;
         w.inflight_freed.notify_one();
@@ -290,13 +296,20 @@ fn worker_loop(
 }
 
 thread_local! {
-    /// Whether this thread is running the completion callback (a pool worker's).
-    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The logical core whose worker this thread is, while it runs the completion callback.
+    static IN_CALLBACK: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
 /// Whether the calling thread is inside the completion callback, on the pool's own worker: a
 /// call that waits for the pool (a drain, `nrt_close`) would wait for itself there.
 pub fn in_exec_callback() -> bool {
+    exec_callback_vnc().is_some()
+}
+
+/// The logical core whose completion callback the calling thread is running, if it is: a call
+/// that waits for an execution of that core (a tensor read behind a queued execution, an
+/// unload) would wait for itself there, as that thread delivers the core's completions.
+pub fn exec_callback_vnc() -> Option<u32> {
     IN_CALLBACK.with(std::cell::Cell::get)
 }
 

@@ -387,6 +387,15 @@ impl RuntimeConfig {
                 );
                 c.async_max_inflight = 63;
             }
+            if c.async_max_inflight > 0 {
+                // libnrt deprecated the mode with a warning (SDK 2.30) and removed it in the
+                // runtime whose API this reports (2.34.10): code tested on it here would take a
+                // path the real library ignores, so say so once per init.
+                tracing::warn!(
+                    "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS={}: the implicit async mode is deprecated, and libnrt 2.34.10 removed it (there the variable only warns); this runtime keeps it, as seed 000 specifies. Use the nrta_* API for new code",
+                    c.async_max_inflight
+                );
+            }
         }
         if let Some(v) = get("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION") {
             c.skip_config_optimization =

@@ -237,6 +237,16 @@ impl LoadedModel {
         })
     }
 
+    /// Executions counted in flight ([`LoadedModel::begin_execution`]).
+    pub fn executions_in_flight(&self) -> u64 {
+        u64::from(
+            self.inflight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .executions,
+        )
+    }
+
     /// Refuses new executions ([`LoadedModel::begin_execution`]) and waits for those in flight.
     fn wait_idle(&self) {
         let mut n = self
@@ -705,19 +715,38 @@ impl ModelDb {
     /// memory.
     ///
     /// # Errors
-    /// NRT_INVALID_HANDLE for an unknown (or already unloaded) handle.
+    /// NRT_INVALID_HANDLE for an unknown (or already unloaded) handle; NRT_INVALID from the
+    /// completion callback of the model's logical core while executions of it are in flight
+    /// (the thread would wait for itself).
     pub fn unload(&self, id: u64) -> Result<(), NrtError> {
-        let model = self
+        let mut models = self
             .models
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&id)
-            .ok_or_else(|| {
-                NrtError::new(
-                    NrtStatus::InvalidHandle,
-                    format!("model handle {id} is not loaded"),
-                )
-            })?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(model) = models.get(&id) else {
+            return Err(NrtError::new(
+                NrtStatus::InvalidHandle,
+                format!("model handle {id} is not loaded"),
+            ));
+        };
+        let in_flight = model.executions_in_flight();
+        if in_flight > 0 && crate::async_pool::exec_callback_vnc() == Some(model.vnc()) {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "model {:?}: {in_flight} execution(s) queued on logical core {} are still in flight, and this is that core's completion callback, the thread that completes them: unloading waits for them and would never end (unload after the callback returns)",
+                    model.name(),
+                    model.vnc()
+                ),
+            ));
+        }
+        let model = models.remove(&id).ok_or_else(|| {
+            NrtError::new(
+                NrtStatus::InvalidHandle,
+                format!("model handle {id} is not loaded"),
+            )
+        })?;
+        drop(models);
         model.wait_idle();
         model.free();
         Ok(())

@@ -276,15 +276,24 @@ pub(crate) struct TensorInner {
     pub(crate) size: u64,
     pub(crate) placement: Placement,
     pub(crate) storage: Storage,
-    /// Implicit-async executions bound to this tensor and not yet completed; reads and writes
-    /// wait for them (libnrt: "tensor read/write implicitly wait for executions using the
-    /// tensor").
-    pending: Mutex<u32>,
+    /// Implicit-async executions bound to this tensor, begun and ended; reads and writes wait
+    /// for those begun before them (libnrt: "tensor read/write implicitly wait for executions
+    /// using the tensor"), not for later ones.
+    uses: Mutex<Uses>,
     idle: std::sync::Condvar,
     /// The device bytes charged to the tensor's logical core while it lives.
     charge: Option<MemCharge>,
     /// The marks of scheduled requests that use the tensor ([`UseHold`]).
     holders: Mutex<Vec<Arc<AtomicU64>>>,
+}
+
+/// A tensor's implicit-async uses ([`Tensor::begin_use`]).
+#[derive(Debug, Default)]
+struct Uses {
+    begun: u64,
+    ended: u64,
+    /// Threads in [`Tensor::wait_idle`] (an ending use wakes them only if there are some).
+    waiters: u32,
 }
 
 /// `len` zero bytes of host memory for `what`, allocated fallibly: a size the allocator refuses
@@ -328,7 +337,7 @@ impl Tensor {
             name: name.into(),
             size,
             placement: Placement::Device { vnc },
-            pending: Mutex::new(0),
+            uses: Mutex::new(Uses::default()),
             idle: std::sync::Condvar::new(),
             charge: None,
             holders: Mutex::new(Vec::new()),
@@ -373,7 +382,7 @@ impl Tensor {
             name: name.into(),
             size,
             placement: Placement::Host,
-            pending: Mutex::new(0),
+            uses: Mutex::new(Uses::default()),
             idle: std::sync::Condvar::new(),
             charge: None,
             holders: Mutex::new(Vec::new()),
@@ -388,7 +397,7 @@ impl Tensor {
             name: name.into(),
             size: 0,
             placement: Placement::Host,
-            pending: Mutex::new(0),
+            uses: Mutex::new(Uses::default()),
             idle: std::sync::Condvar::new(),
             charge: None,
             holders: Mutex::new(Vec::new()),
@@ -403,7 +412,7 @@ impl Tensor {
             name: name.into(),
             size: buffer.len(),
             placement: Placement::Host,
-            pending: Mutex::new(0),
+            uses: Mutex::new(Uses::default()),
             idle: std::sync::Condvar::new(),
             charge: None,
             holders: Mutex::new(Vec::new()),
@@ -620,7 +629,7 @@ impl Tensor {
     /// process forked from the one that allocated it.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, buf.len())?;
-        self.wait_idle();
+        self.wait_idle()?;
         let offset = self.offset + offset;
         match &self.inner.storage {
             Storage::Device {
@@ -649,7 +658,7 @@ impl Tensor {
     /// process forked from the one that allocated it.
     pub fn write(&self, data: &[u8], offset: u64) -> Result<(), NrtError> {
         self.check(offset, data.len())?;
-        self.wait_idle();
+        self.wait_idle()?;
         let offset = self.offset + offset;
         match &self.inner.storage {
             Storage::Device {
@@ -729,40 +738,61 @@ impl Tensor {
 
     /// Marks one implicit-async execution as using the tensor until [`Tensor::end_use`].
     pub(crate) fn begin_use(&self) {
-        *self
-            .inner
-            .pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        self.uses().begun += 1;
     }
 
-    /// Ends one use begun by [`Tensor::begin_use`].
+    /// Ends one use begun by [`Tensor::begin_use`]. A tensor's executions all run on its
+    /// logical core, whose worker ends them in the order they began.
     pub(crate) fn end_use(&self) {
-        let mut n = self
-            .inner
-            .pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *n = n.saturating_sub(1);
-        if *n == 0 {
+        let mut u = self.uses();
+        u.ended += 1;
+        if u.waiters > 0 {
             self.inner.idle.notify_all();
         }
     }
 
-    /// Blocks while implicit-async executions use the tensor.
-    fn wait_idle(&self) {
-        let mut n = self
-            .inner
-            .pending
+    fn uses(&self) -> std::sync::MutexGuard<'_, Uses> {
+        self.inner
+            .uses
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *n > 0 {
-            n = self
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Blocks until the implicit-async executions that began using the tensor before this call
+    /// have ended (later ones do not keep it waiting).
+    ///
+    /// # Errors
+    /// NRT_INVALID when one has not ended and the caller is the completion callback of the
+    /// tensor's logical core: that thread delivers the core's completions, so it would wait for
+    /// itself (hang).
+    fn wait_idle(&self) -> Result<(), NrtError> {
+        let mut u = self.uses();
+        let target = u.begun;
+        if u.ended >= target {
+            return Ok(());
+        }
+        if let Placement::Device { vnc } = self.inner.placement
+            && crate::async_pool::exec_callback_vnc() == Some(vnc)
+        {
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "tensor {:?}: {} execution(s) queued on logical core {vnc} still use it, and this is that core's completion callback, the thread that completes them: waiting here would never end (read or write it after the callback returns)",
+                    self.name(),
+                    target - u.ended
+                ),
+            ));
+        }
+        u.waiters += 1;
+        while u.ended < target {
+            u = self
                 .inner
                 .idle
-                .wait(n)
+                .wait(u)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+        u.waiters -= 1;
+        Ok(())
     }
 
     /// A scheduled request that uses the tensor and has not completed, if any (the oldest).
@@ -989,6 +1019,44 @@ mod tests {
         drop(t);
         ss.read(&mut b[..2], 0).unwrap();
         assert_eq!(&b[..2], &[6, 7], "the storage outlives the source's handle");
+    }
+
+    /// A read waits for the implicit-async executions that began using the tensor before it,
+    /// not for later ones: a thread that keeps executing into a tensor no longer starves a
+    /// reader (it waited seconds behind executions submitted after it).
+    #[test]
+    fn a_read_waits_for_earlier_uses_only() {
+        let t = Tensor::host("t", 8).unwrap();
+        t.begin_use();
+        t.begin_use();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 8];
+                tx.send(t.read(&mut b, 0).map_err(|e| e.status)).unwrap();
+            })
+        };
+        // The reader has taken its turn (it waits), then a later use begins.
+        while t.uses().waiters == 0 {
+            std::thread::yield_now();
+        }
+        t.begin_use();
+        t.end_use();
+        assert!(
+            rx.try_recv().is_err(),
+            "the read waits for both earlier uses"
+        );
+        t.end_use();
+        let read = rx.recv_timeout(std::time::Duration::from_secs(60));
+        // Whatever the outcome, let the reader finish.
+        t.end_use();
+        reader.join().unwrap();
+        assert_eq!(
+            read,
+            Ok(Ok(())),
+            "the read returns once the uses begun before it ended"
+        );
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use shared::NrtStatus;
 
+use crate::backend::Device;
 use crate::builder::{identity, identity_with_collectives};
 use crate::config::RuntimeConfig;
-use crate::test_support::{Rig, io, load, pattern};
+use crate::test_support::{Rig, gated_identity, io, load, pattern};
 
 fn pool_config(max_inflight: u32) -> RuntimeConfig {
     RuntimeConfig {
@@ -103,5 +104,88 @@ fn a_failed_doorbell_poisons_the_core_and_nothing_more_reaches_the_device() {
         "nothing rung after the failure"
     );
     assert_eq!(rig.counters(0).executions, 1);
+    rt.close();
+}
+
+/// The completion callback runs on its core's exec thread, which also completes the executions
+/// queued behind it: a tensor read or an unload there that waits for one of them would wait for
+/// itself (it hung). Both are refused, NRT_INVALID; with nothing queued behind, the read works.
+#[test]
+fn a_read_or_unload_in_the_callback_behind_a_queued_execution_is_refused_not_hung() {
+    use std::sync::mpsc;
+    let rig = Rig::new();
+    let rt = Arc::new(rig.runtime(pool_config(4)));
+    let m = load(&rt, &gated_identity(64, "gated", 9), 0);
+    let (i, o, ins, outs) = io(&rt, 64);
+    i.write(&pattern(64, 3), 0).unwrap();
+    let (posted_tx, posted_rx) = mpsc::channel::<()>();
+    let posted_rx = Mutex::new(posted_rx);
+    let (said_tx, said_rx) = mpsc::channel();
+    let said_tx = Mutex::new(said_tx);
+    {
+        let (rt2, o) = (Arc::downgrade(&rt), o.clone());
+        rt.register_async_exec_callback(Arc::new(move |_, _, job, _| {
+            let Some(rt) = rt2.upgrade() else { return };
+            let mut buf = [0u8; 64];
+            if job == 0 {
+                // The second execution is posted (and in flight) before this reads.
+                let _ = posted_rx.lock().unwrap().recv();
+                let read = o.read(&mut buf, 0).map_err(|e| e.status);
+                let unload = rt.unload(m).map_err(|e| e.status);
+                let _ = said_tx.lock().unwrap().send((read, unload));
+            } else {
+                let read = o.read(&mut buf, 0).map_err(|e| e.status);
+                let _ = said_tx.lock().unwrap().send((read, Ok(())));
+            }
+        }))
+        .unwrap();
+    }
+    rt.execute(m, &ins, &outs).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    posted_tx.send(()).unwrap();
+    rig.backend.event_set(0, 9, 1).unwrap();
+    let Ok(first) = said_rx.recv_timeout(Duration::from_secs(60)) else {
+        // The callback is stuck: leave its thread be rather than hang closing the runtime.
+        std::mem::forget(rt);
+        panic!("the first callback's read did not return within 60 s");
+    };
+    assert_eq!(
+        first,
+        (Err(NrtStatus::Invalid), Err(NrtStatus::Invalid)),
+        "read and unload behind a queued execution"
+    );
+    rig.backend.event_set(0, 9, 1).unwrap();
+    let second = said_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert_eq!(second.0, Ok(()), "nothing queued behind the last one");
+    rt.async_drain(0);
+    let mut out = vec![0u8; 64];
+    o.read(&mut out, 0).unwrap();
+    assert!(out == pattern(64, 3));
+    rt.unload(m).unwrap();
+    drop((i, o, ins, outs));
+    Arc::into_inner(rt).unwrap().close();
+}
+
+/// An execution that waited for an in-flight slot is refused (101) when the executions it
+/// waited for degraded the core: posted, it would only time out in turn.
+#[test]
+fn a_post_that_waited_for_a_slot_on_a_core_degraded_meanwhile_is_101() {
+    let rig = Rig::new();
+    let rt = rig.runtime(RuntimeConfig {
+        async_max_inflight: 1,
+        exec_timeout: Duration::from_millis(300),
+        ..RuntimeConfig::default()
+    });
+    let m = load(&rt, &gated_identity(64, "gated", 9), 0);
+    let (_i, _o, ins, outs) = io(&rt, 64);
+    // In flight until it times out (the event is never set): that degrades the core.
+    rt.execute(m, &ins, &outs).unwrap();
+    let second = rt.execute(m, &ins, &outs);
+    assert_eq!(
+        second.map_err(|e| e.status),
+        Err(NrtStatus::ExecUnitUnrecoverable)
+    );
+    rt.async_drain(0);
+    rig.backend.event_set(0, 9, 1).unwrap();
     rt.close();
 }
