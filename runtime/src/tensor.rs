@@ -296,6 +296,9 @@ struct Uses {
     waiters: u32,
 }
 
+/// Bytes `nrt_tensor_copy` moves at a time ([`Tensor::copy_in_pieces`]).
+const COPY_PIECE: u64 = 1 << 20;
+
 /// `len` zero bytes of host memory for `what`, allocated fallibly: a size the allocator refuses
 /// (or that does not fit the address space) is NRT_RESOURCE naming it, never an abort.
 pub(crate) fn zeroed_host_bytes(what: &str, len: u64) -> Result<Vec<u8>, NrtError> {
@@ -724,16 +727,43 @@ impl Tensor {
                 ),
             ));
         }
-        let mut buf = zeroed_host_bytes(&format!("a copy of tensor {:?}", src.name()), size)?;
-        src.read(&mut buf, src_offset)?;
-        self.write(&buf, dst_offset)
+        self.copy_in_pieces(dst_offset, src, src_offset, size, COPY_PIECE)
     }
 
     /// Copies all of `src` into this tensor (same size).
     pub(crate) fn copy_from(&self, src: &Tensor) -> Result<(), NrtError> {
-        let mut buf = zeroed_host_bytes(&format!("a copy of tensor {:?}", src.name()), src.size())?;
-        src.read(&mut buf, 0)?;
-        self.write(&buf, 0)
+        self.copy_in_pieces(0, src, 0, src.size(), COPY_PIECE)
+    }
+
+    /// Copies through one buffer of at most `piece` bytes, reused for every piece: a large copy
+    /// neither allocates (and faults in) a host buffer of its whole size nor leaves the cache.
+    /// Two views of one storage whose ranges overlap copy as `memmove` does: the pieces go from
+    /// the end when the destination starts after the source, so no piece is overwritten before
+    /// it is read.
+    fn copy_in_pieces(
+        &self,
+        dst_offset: u64,
+        src: &Tensor,
+        src_offset: u64,
+        size: u64,
+        piece: u64,
+    ) -> Result<(), NrtError> {
+        let piece = piece.max(1);
+        let mut buf = zeroed_host_bytes(
+            &format!("a copy of tensor {:?}", src.name()),
+            size.min(piece),
+        )?;
+        let backward = Arc::ptr_eq(&self.inner, &src.inner)
+            && self.offset + dst_offset > src.offset + src_offset;
+        let pieces = size.div_ceil(piece);
+        for i in 0..pieces {
+            let at = if backward { pieces - 1 - i } else { i } * piece;
+            let n = usize::try_from((size - at).min(piece)).unwrap_or(buf.len());
+            let buf = &mut buf[..n];
+            src.read(buf, src_offset + at)?;
+            self.write(buf, dst_offset + at)?;
+        }
+        Ok(())
     }
 
     /// Marks one implicit-async execution as using the tensor until [`Tensor::end_use`].
@@ -1132,6 +1162,35 @@ mod tests {
             b.copy_range(0, &a, 6, 3).unwrap_err().status,
             NrtStatus::Invalid
         );
+    }
+
+    #[test]
+    fn a_copy_in_pieces_between_overlapping_views_of_one_storage_is_a_memmove() {
+        let initial: Vec<u8> = (1..=16).collect();
+        for piece in [1, 3, 4, 16] {
+            for (s, d, n) in (0..16u8).flat_map(|s| {
+                (0..16u8).flat_map(move |d| (1..=16 - s.max(d)).map(move |n| (s, d, n)))
+            }) {
+                let t = Tensor::host("t", 16).unwrap();
+                t.write(&initial, 0).unwrap();
+                // Through two slices, as `nrt_tensor_allocate_slice` makes them.
+                let (src, dst) = (
+                    t.slice(u64::from(s), u64::from(n), "src").unwrap(),
+                    t.slice(u64::from(d), u64::from(n), "dst").unwrap(),
+                );
+                dst.copy_in_pieces(0, &src, 0, u64::from(n), piece).unwrap();
+                let mut want = initial.clone();
+                let (s, d, n) = (usize::from(s), usize::from(d), usize::from(n));
+                want.copy_within(s..s + n, d);
+                let mut got = [0u8; 16];
+                t.read(&mut got, 0).unwrap();
+                assert_eq!(
+                    got[..],
+                    want[..],
+                    "piece {piece}: {n} bytes from {s} to {d}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! 64 KiB and 4 MiB requests on one TENSOR_OP queue and on both, beside a `memcpy` of the same
 //! sizes in the same run (the ratio); and the round trip of one 64-byte tensor write to its
 //! completion — waited with `wait`, and with a seq-id eventfd and poll(2) as serving code does —
-//! beside the sync execute round trip of the identity model (64 bytes).
+//! beside the sync execute round trip of the identity model (64 bytes); and an
+//! `nrt_tensor_copy` of a 16 MiB device tensor into a host tensor beside `nrt_tensor_read` of
+//! it (the ratio).
 //!
 //! Each write is staged (the caller's bytes copied into DMA-able host memory), moved by the
 //! device's DMA in 64 KiB descriptor pairs and acknowledged by a completion pair; every queue
@@ -205,5 +207,50 @@ fn main() {
         );
     }
     drop((t, tensors, i, o, ins, outs));
+    copy_vs_read(&rt);
     rt.close();
+}
+
+/// `nrt_tensor_copy` of a device tensor into a host tensor, beside `nrt_tensor_read` of the
+/// same tensor into a buffer of this process (both destinations touched first, so no page fault
+/// of theirs is timed): the copy moves the same bytes, so the read is its floor.
+fn copy_vs_read(rt: &Runtime) {
+    const SIZE: u64 = 16 << 20;
+    const RUNS: usize = 20;
+    let dev = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, SIZE, "copied")
+        .unwrap();
+    dev.memset(0, 0x6B, SIZE).unwrap();
+    let host = rt.tensor_allocate(Placement::Host, SIZE, "copy").unwrap();
+    host.memset(0, 0, SIZE).unwrap();
+    let mut buf = vec![0u8; usize::try_from(SIZE).unwrap()];
+    let (mut copies, mut reads) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
+    for _ in 0..RUNS {
+        let s = Instant::now();
+        host.copy_range(0, &dev, 0, SIZE).unwrap();
+        copies.push(s.elapsed());
+        let s = Instant::now();
+        dev.read(&mut buf, 0).unwrap();
+        reads.push(s.elapsed());
+    }
+    let mut last = [0u8; 1];
+    host.read(&mut last, SIZE - 1).unwrap();
+    assert_eq!(
+        (buf[0], last[0]),
+        (0x6B, 0x6B),
+        "the copy and the read moved the bytes"
+    );
+    copies.sort();
+    reads.sort();
+    let (c, r) = (percentile(&copies, 500), percentile(&reads, 500));
+    println!(
+        "device -> host tensor copy, {} MiB, interleaved (n = {RUNS} each)",
+        SIZE >> 20
+    );
+    println!(
+        "  median nrt_tensor_copy {:>8.0} us | nrt_tensor_read {:>8.0} us | ratio {:.2}x",
+        us(c),
+        us(r),
+        c.as_secs_f64() / r.as_secs_f64()
+    );
 }
