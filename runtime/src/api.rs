@@ -31,7 +31,7 @@ use shared::model::Target;
 use shared::protocol::MemLocation;
 
 use crate::async_pool::{AsyncCallback, AsyncPool};
-use crate::backend::{ClaimedNc, Device};
+use crate::backend::{ClaimedNc, Device, DeviceError};
 use crate::bind::{ExecMode, ExecResources, build_compute_resources};
 use crate::completion::{ExecRequest, NqEngine, NqReader};
 use crate::config::{Platform, RuntimeConfig};
@@ -198,6 +198,8 @@ impl ScheduledRequest {
 /// A logical core of this process.
 #[derive(Clone, Debug)]
 struct Vnc {
+    /// Its NCs, the first the one that runs its programs. Never empty (`reserve` gives each
+    /// logical core LNC >= 1 NCs).
     ncs: Vec<u32>,
 }
 
@@ -995,15 +997,11 @@ impl Runtime {
             Placement::Host => Tensor::host(name, size),
             Placement::Device { vnc } => {
                 let v = self.vnc_of(i32::try_from(vnc).unwrap_or(i32::MAX))?;
-                let nc = self.vncs[v as usize].ncs[0];
-                let a = self
-                    .device
-                    .mem_alloc(MemLocation::Hbm { nc }, size, 0)
-                    .map_err(|e| {
-                        let mut err = NrtError::from(e);
-                        err.message = format!("tensor {name:?} ({size} bytes): {}", err.message);
-                        err
-                    })?;
+                let a = self.tensor_hbm(v, size).map_err(|e| {
+                    let mut err = NrtError::from(e);
+                    err.message = format!("tensor {name:?} ({size} bytes): {}", err.message);
+                    err
+                })?;
                 let charge = MemCharge::of_kind(
                     &self.mem_used[v as usize],
                     Some(&self.datastore),
@@ -1025,6 +1023,25 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// HBM for a device tensor of logical core `v`: from its first NC's HBM, and when that is
+    /// full from the next NC's (`nrt_get_vnc_memory_stats` counts the HBM of all the core's
+    /// NCs as its limit, and every NC of the device reaches every HBM). Only a refusal for want
+    /// of room moves on; the last NC's refusal is the answer.
+    fn tensor_hbm(&self, v: u32, size: u64) -> Result<crate::backend::Allocation, DeviceError> {
+        let (&last, first) = self.vncs[v as usize]
+            .ncs
+            .split_last()
+            .expect("a logical core has at least one NC (Vnc's invariant)");
+        for &nc in first {
+            match self.device.mem_alloc(MemLocation::Hbm { nc }, size, 0) {
+                Err(e) if e.status() == NrtStatus::Resource => {}
+                done => return done,
+            }
+        }
+        self.device
+            .mem_alloc(MemLocation::Hbm { nc: last }, size, 0)
     }
 
     /// `nrt_execute_repeat`: only `repeat <= 1` is accepted.

@@ -325,3 +325,47 @@ fn many_threads_on_several_cores_and_models_get_exactly_their_own_results() {
     assert_eq!(total, 8 * 150, "no lost or duplicated completions");
     rt.close();
 }
+
+#[test]
+fn a_logical_core_of_two_ncs_holds_tensors_in_the_hbm_of_both_up_to_its_reported_limit() {
+    // 64 MiB of HBM per NC: logical core 0 (NCs 0 and 1) reports 128 MiB. Tensors once came
+    // from NC 0's HBM only, refused at under 64 MiB while the stats said 128.
+    const PIECE: u64 = 8 << 20;
+    let (rt, _dev, _sim) = runtime("trn2", 2);
+    let m = load(&rt, &identity_split(64), 0);
+    let stats = rt.vnc_memory_stats(0).unwrap();
+    assert_eq!(stats.bytes_limit, 128 << 20);
+    let mut held = Vec::new();
+    let refusal = loop {
+        match rt.tensor_allocate(Placement::Device { vnc: 0 }, PIECE, "piece") {
+            Ok(t) => held.push(t),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(refusal.status, NrtStatus::Resource, "{refusal}");
+    let bytes = PIECE * held.len() as u64;
+    assert!(
+        bytes > 64 << 20,
+        "{bytes} bytes of tensors: no more than NC 0's HBM"
+    );
+    let used = rt.vnc_memory_stats(0).unwrap().bytes_used;
+    assert!(used <= stats.bytes_limit, "{used} used");
+    // NC 0's HBM is full: these land in NC 1's, and both NCs move their halves of them.
+    held.pop();
+    let i = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "i")
+        .unwrap();
+    let o = rt
+        .tensor_allocate(Placement::Device { vnc: 0 }, 64, "o")
+        .unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    i.write(&[0xC3; 64], 0).unwrap();
+    rt.execute(m, &ins, &outs).unwrap();
+    let mut out = [0u8; 64];
+    o.read(&mut out, 0).unwrap();
+    assert_eq!(out, [0xC3; 64]);
+    drop((held, ins, outs, i, o));
+    rt.close();
+}
