@@ -94,7 +94,10 @@ pub unsafe extern "C" fn nrt_get_tensor_from_tensor_set(
                     format!("no tensor named {name:?} in the set"),
                 )
             })?;
-        TENSORS.get(h as *const c_void, &format!("tensor {name:?} of the set"))?;
+        TENSORS.get(
+            h as *const c_void,
+            &format!("the set's tensor {name:?}, handle"),
+        )?;
         raw::write_out(tensor, h as *mut c_void, "tensor")
     })
 }

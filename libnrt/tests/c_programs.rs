@@ -257,6 +257,11 @@ fn every_status_gate_answers_from_c() {
         "{stderr}"
     );
     assert!(stderr.contains("already freed"), "{stderr}");
+    // A freed member names itself as the set's tensor, the handle being the tensor's.
+    assert!(
+        stderr.contains("the set's tensor \"input\", handle 0x"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("is a tensor set handle, not a tensor"),
         "{stderr}"

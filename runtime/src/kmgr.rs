@@ -395,6 +395,34 @@ pub struct ModelDb {
 /// no model rather than another runtime's.
 static LAST_MODEL_ID: AtomicU64 = AtomicU64::new(0);
 
+/// Whether every I/O ring of `model` fits the runtime's rings with `max_inflight` executions
+/// in flight: each posts its descriptors once per execution, and the ring of
+/// [`IO_RING_DESCS`] holds `max_inflight + 1` executions' worth. `nrt model` checks a model it
+/// writes against the default configuration with this, as load does against the runtime's.
+///
+/// # Errors
+/// The ring that does not fit, what it posts and the most it could.
+pub fn check_io_rings(model: &Model, max_inflight: u32) -> Result<(), String> {
+    for (i, tpb) in model.tpbs.iter().enumerate() {
+        for ring in &tpb.io_rings {
+            let per_exec = ring.descs.len() as u64 * u64::from(max_inflight + 1);
+            if per_exec > u64::from(IO_RING_DESCS) {
+                // What fits: descriptors per execution, and bytes in full 64 KiB ones.
+                let max_descs = IO_RING_DESCS / (max_inflight + 1);
+                let bytes: u64 = ring.descs.iter().map(|d| u64::from(d.len)).sum();
+                return Err(format!(
+                    "TPB {i} ring ({}, {}) posts {} descriptors ({bytes} bytes) per execution; with {max_inflight} in flight the {IO_RING_DESCS}-descriptor ring takes at most {max_descs} per execution, i.e. at most {} bytes per execution in {MAX_DESC_LEN}-byte descriptors",
+                    ring.engine,
+                    ring.queue,
+                    ring.descs.len(),
+                    u64::from(max_descs) * u64::from(MAX_DESC_LEN),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn load_failure(status: NrtStatus, model: &str, what: impl std::fmt::Display) -> NrtError {
     NrtError::new(status, format!("loading model {model:?}: {what}"))
 }
@@ -515,9 +543,11 @@ impl ModelDb {
                 ),
             ));
         }
+        check_io_rings(&model, max_inflight)
+            .map_err(|why| load_failure(NrtStatus::Resource, &model.name, why))?;
         let mut tpbs: Vec<LoadedTpb> = Vec::with_capacity(ncs.len());
         let result = (|| {
-            for (i, (tpb, &nc)) in model.tpbs.iter().zip(ncs).enumerate() {
+            for (tpb, &nc) in model.tpbs.iter().zip(ncs) {
                 let hwq = hw_queues.get(&nc).ok_or_else(|| {
                     load_failure(
                         NrtStatus::Failure,
@@ -526,23 +556,6 @@ impl ModelDb {
                     )
                 })?;
                 for ring in &tpb.io_rings {
-                    let per_exec = ring.descs.len() as u64 * u64::from(max_inflight + 1);
-                    if per_exec > u64::from(IO_RING_DESCS) {
-                        // What fits: descriptors per execution, and bytes in full 64 KiB ones.
-                        let max_descs = IO_RING_DESCS / (max_inflight + 1);
-                        let bytes: u64 = ring.descs.iter().map(|d| u64::from(d.len)).sum();
-                        return Err(load_failure(
-                            NrtStatus::Resource,
-                            &model.name,
-                            format!(
-                                "TPB {i} ring ({}, {}) posts {} descriptors ({bytes} bytes) per execution; with {max_inflight} in flight the {IO_RING_DESCS}-descriptor ring takes at most {max_descs} per execution, i.e. at most {} bytes per execution in {MAX_DESC_LEN}-byte descriptors",
-                                ring.engine,
-                                ring.queue,
-                                ring.descs.len(),
-                                u64::from(max_descs) * u64::from(MAX_DESC_LEN),
-                            ),
-                        ));
-                    }
                     hwq.ensure_io_queue(nc, ring.engine, ring.queue)?;
                 }
                 let blocks: Vec<Vec<u8>> = tpb

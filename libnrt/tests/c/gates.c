@@ -152,6 +152,9 @@ int main(int argc, char **argv) {
     CHECK(nrt_add_tensor_to_tensor_set(bad_set, "input", other));
     nrt_tensor_free(&other);
     EXPECT(nrt_execute(model, bad_set, outputs), NRT_INVALID);
+    looked_up = sentinel;
+    EXPECT(nrt_get_tensor_from_tensor_set(bad_set, "input", &looked_up), NRT_INVALID);
+    ASSERT(looked_up == sentinel);
     /* Also after the set was used (and its resolution reused) by a good execution. */
     nrt_destroy_tensor_set(&bad_set);
     CHECK(nrt_allocate_tensor_set(&bad_set));

@@ -514,6 +514,10 @@ fn write_model(
         "identity" => runtime::builder::identity(bytes),
         other => return Err(format!("unknown model {other:?} (digits or identity)")),
     };
+    // A model the runtime's default configuration cannot load is not written.
+    let in_flight = runtime::config::RuntimeConfig::default().max_inflight();
+    runtime::kmgr::check_io_rings(&model, in_flight)
+        .map_err(|why| format!("the runtime would refuse to load this model: {why}"))?;
     let container = model
         .to_container(shared::model::Target::Simdev)
         .map_err(|e| e.to_string())?;
