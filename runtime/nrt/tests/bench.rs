@@ -283,8 +283,9 @@ fn a_neff_refuses_the_flags_that_size_a_built_in_model() {
 
 #[test]
 fn async_slots_that_do_not_fit_say_it_is_the_slots() {
-    // matmul_large's I/O is 4.3 GB a set: on the default 12 GiB of NC 0, --async 4's third
-    // set does not fit, and the error says so rather than only "out of memory".
+    // matmul_large's I/O is 4.3 GB a set, its "y" 4 GiB: logical core 0's two NCs (12 GiB of
+    // HBM each by default) hold two sets' "y" each, so --async 8's fifth set does not fit, and
+    // the error says so rather than only "out of memory".
     let err = nrt_fails(
         &[
             "bench",
@@ -293,12 +294,12 @@ fn async_slots_that_do_not_fit_say_it_is_the_slots() {
             "--iterations",
             "1",
             "--async",
-            "4",
+            "8",
         ],
         &[("NEURON_SIMDEV_ARCH", "trn2")],
     );
     assert!(
-        err.contains("in-flight slot 3 of 4 (--async 4: each slot allocates its own I/O tensors")
+        err.contains("in-flight slot 5 of 8 (--async 8: each slot allocates its own I/O tensors")
             && err.contains("a smaller --async needs less")
             && err.contains("OutOfMemory"),
         "{err}"
