@@ -144,7 +144,23 @@ pub struct NrtTensorBatch {
     pub _pad: u32,
 }
 
+/// `NDEBUG_STREAM_EVENT_TYPE_DEBUG_TENSOR_READ`: a device print's tensor.
+pub const NDEBUG_STREAM_EVENT_TYPE_DEBUG_TENSOR_READ: u32 = 1;
+
+/// `ndebug_stream_event_header_t` (64 bytes): the header of one debug-stream event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, IntoBytes, Immutable, KnownLayout)]
+pub struct NdebugStreamEventHeader {
+    /// Bytes of the event's payload.
+    pub data_size: u64,
+    /// `ndebug_stream_event_type_t`.
+    pub event_type: u32,
+    /// Reserved.
+    pub reserved: [u8; 52],
+}
+
 const _: () = {
+    assert!(std::mem::size_of::<NdebugStreamEventHeader>() == 64);
     assert!(std::mem::size_of::<NrtVersion>() == 224);
     assert!(std::mem::size_of::<NrtInstanceInfo>() == 32);
     assert!(std::mem::size_of::<NrtTensorInfo>() == 296);
@@ -208,6 +224,23 @@ mod tests {
         assert_eq!(offset_of!(NrtTensorBatch, tensor), 0);
         assert_eq!(offset_of!(NrtTensorBatch, ops), 8);
         assert_eq!(offset_of!(NrtTensorBatch, num_ops), 16);
+        assert_eq!(offset_of!(NdebugStreamEventHeader, data_size), 0);
+        assert_eq!(offset_of!(NdebugStreamEventHeader, event_type), 8);
+        assert_eq!(offset_of!(NdebugStreamEventHeader, reserved), 12);
+    }
+
+    #[test]
+    fn a_debug_stream_event_header_has_the_golden_bytes() {
+        let h = NdebugStreamEventHeader {
+            data_size: 0x0102_0304_0506_0708,
+            event_type: NDEBUG_STREAM_EVENT_TYPE_DEBUG_TENSOR_READ,
+            reserved: [0; 52],
+        };
+        let b = h.as_bytes();
+        assert_eq!(b.len(), 64);
+        assert_eq!(&b[..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(&b[8..12], &[1, 0, 0, 0]);
+        assert!(b[12..].iter().all(|&x| x == 0));
     }
 
     #[test]

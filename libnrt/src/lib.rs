@@ -19,12 +19,14 @@
 //! (`nrt_async.h`, with [`completions`]: each request's `ret` written before its completion is
 //! reported, and the caller's completion eventfds), [`profiling`] (`nrt_profile.h`,
 //! `nrt_sys_trace.h`), [`collectives`] (`nrt.h` and `nrt_experimental.h` host collectives, a
-//! group of one rank).
+//! group of one rank), [`debug_stream`] (`ndebug_stream.h`, whose connection is refused: no
+//! events exist to deliver).
 
 pub mod abi;
 mod boundary;
 pub mod collectives;
 pub mod completions;
+pub mod debug_stream;
 pub mod explicit_async;
 pub mod handles;
 pub mod implicit_async;

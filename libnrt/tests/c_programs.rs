@@ -257,6 +257,15 @@ fn every_status_gate_answers_from_c() {
         "{stderr}"
     );
     assert!(stderr.contains("already freed"), "{stderr}");
+    // The debug stream's refusal says why, naming the core or descriptor.
+    for needle in [
+        "logical core 99 is not visible to this process",
+        "debug stream of logical core 0: this runtime has no debug-stream events to deliver",
+        "stream_fd 3 is not a debug-stream connection",
+        "stream_fd is NULL",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in:\n{stderr}");
+    }
     // A freed member names itself as the set's tensor, the handle being the tensor's.
     assert!(
         stderr.contains("the set's tensor \"input\", handle 0x"),
@@ -413,6 +422,45 @@ const LAYOUT: &[(&str, i64)] = &[
     ("NRT_NETWORK_PROXY_FAILURE", 1206),
     ("NRTA_SEQ_GET_SEQ_NUM(0x0001000000000005ULL)", 5),
     ("NRTA_SEQ_GET_XU_ID(0x0001000000000005ULL)", 1),
+    ("sizeof(ndebug_stream_event_header_t)", 64),
+    ("offsetof(ndebug_stream_event_header_t,data_size)", 0),
+    ("offsetof(ndebug_stream_event_header_t,type)", 8),
+    ("offsetof(ndebug_stream_event_header_t,reserved)", 12),
+    ("sizeof(ndebug_stream_payload_debug_tensor_read_t)", 1024),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,prefix)",
+        0,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,logical_nc_id)",
+        512,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,pipe)",
+        516,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,tensor_dtype)",
+        520,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,tensor_shape)",
+        536,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,tensor_data_size)",
+        600,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,reserved0)",
+        608,
+    ),
+    (
+        "offsetof(ndebug_stream_payload_debug_tensor_read_t,tensor_data)",
+        1024,
+    ),
+    ("NDEBUG_STREAM_EVENT_TYPE_INVALID", 0),
+    ("NDEBUG_STREAM_EVENT_TYPE_DEBUG_TENSOR_READ", 1),
 ];
 
 #[test]
@@ -595,6 +643,7 @@ fn nrt_install() -> tempfile::TempDir {
         "nrt_experimental.h",
         "nrt_profile.h",
         "nrt_sys_trace.h",
+        "ndebug_stream.h",
     ] {
         let installed = std::fs::read(dir.path().join("include/nrt").join(h)).unwrap();
         assert_eq!(

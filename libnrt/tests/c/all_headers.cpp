@@ -4,6 +4,7 @@
 #include <cstring>
 #include <cstdio>
 
+#include "nrt/ndebug_stream.h"
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
 #include "nrt/nrt_experimental.h"

@@ -2,11 +2,12 @@
  * Every status gate from C: before nrt_init 13, after nrt_close 14; NULL arguments, bad names,
  * sizes, placements and cores NRT_INVALID; freed, foreign and mistyped handles NRT_INVALID
  * (never dereferenced); a tensor-set lookup miss NRT_FAILURE with no write; and the calls that
- * work before nrt_init. Usage: gates MODEL
+ * work before nrt_init; the debug stream refused, with no output written. Usage: gates MODEL
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "nrt/ndebug_stream.h"
 #include "nrt/nrt.h"
 #include "nrt/nrt_experimental.h"
 #include "common.h"
@@ -27,6 +28,9 @@ int main(int argc, char **argv) {
     nrt_tensor_t *looked_up = sentinel;
     nrt_vnc_memory_stats_t stats;
     size_t stats_size = 0;
+    int stream_fd = -7;
+    ndebug_stream_event_header_t event_header;
+    void *event_payload = sentinel;
 
     ASSERT(argc == 2);
     model_bytes = read_file(argv[1], &model_size);
@@ -39,6 +43,7 @@ int main(int argc, char **argv) {
     EXPECT(nrt_allocate_tensor_set(&inputs), NRT_UNINITIALIZED);
     EXPECT(nrt_execute(model, inputs, outputs), NRT_UNINITIALIZED);
     EXPECT(nrt_get_vnc_memory_stats(0, &stats, sizeof stats, &stats_size), NRT_UNINITIALIZED);
+    EXPECT(nrt_debug_client_connect(0, &stream_fd), NRT_UNINITIALIZED);
     CHECK(nrt_get_version(&ver, sizeof ver));
     ASSERT(ver.rt_major == NRT_MAJOR_VERSION);
     /* The API level of the headers (2.34.10): a framework gating the async 3.x API on
@@ -55,6 +60,19 @@ int main(int argc, char **argv) {
     EXPECT(nrt_init((nrt_framework_type_t)99, "", ""), NRT_INVALID);
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
     ASSERT(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", "") != NRT_SUCCESS);
+
+    /* The debug stream: arguments checked, then refused (no events exist), nothing written. */
+    EXPECT(nrt_debug_client_connect(0, NULL), NRT_INVALID);
+    EXPECT(nrt_debug_client_connect(99, &stream_fd), NRT_INVALID);
+    EXPECT(nrt_debug_client_connect(-1, &stream_fd), NRT_INVALID);
+    EXPECT(nrt_debug_client_connect(0, &stream_fd), NRT_INVALID);
+    ASSERT(stream_fd == -7);
+    memset(&event_header, 0xEE, sizeof event_header);
+    EXPECT(nrt_debug_client_read_one_event(3, NULL, &event_payload), NRT_INVALID);
+    EXPECT(nrt_debug_client_read_one_event(3, &event_header, NULL), NRT_INVALID);
+    EXPECT(nrt_debug_client_read_one_event(3, &event_header, &event_payload), NRT_INVALID);
+    ASSERT(event_payload == sentinel && event_header.data_size == 0xEEEEEEEEEEEEEEEEULL);
+    nrt_debug_client_connect_close(3);
 
     /* NULL arguments. */
     EXPECT(nrt_load(NULL, model_size, 0, -1, &model), NRT_INVALID);

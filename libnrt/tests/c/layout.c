@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "nrt/ndebug_stream.h"
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
 #include "nrt/nrt_experimental.h"
@@ -113,5 +114,20 @@ int main(void) {
     VALUE(NRT_NETWORK_PROXY_FAILURE);
     VALUE(NRTA_SEQ_GET_SEQ_NUM(0x0001000000000005ULL));
     VALUE(NRTA_SEQ_GET_XU_ID(0x0001000000000005ULL));
+    SIZE(ndebug_stream_event_header_t);
+    OFF(ndebug_stream_event_header_t, data_size);
+    OFF(ndebug_stream_event_header_t, type);
+    OFF(ndebug_stream_event_header_t, reserved);
+    SIZE(ndebug_stream_payload_debug_tensor_read_t);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, prefix);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, logical_nc_id);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, pipe);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, tensor_dtype);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, tensor_shape);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, tensor_data_size);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, reserved0);
+    OFF(ndebug_stream_payload_debug_tensor_read_t, tensor_data);
+    VALUE(NDEBUG_STREAM_EVENT_TYPE_INVALID);
+    VALUE(NDEBUG_STREAM_EVENT_TYPE_DEBUG_TENSOR_READ);
     return 0;
 }

@@ -36,6 +36,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         "nrt_sys_trace.h",
         include_str!("../../../libnrt/include/nrt/nrt_sys_trace.h"),
     ),
+    (
+        "ndebug_stream.h",
+        include_str!("../../../libnrt/include/nrt/ndebug_stream.h"),
+    ),
 ];
 
 /// What was installed.
