@@ -619,3 +619,33 @@ fn a_pool_keeps_one_chunk_larger_than_its_budget_and_reuses_it() {
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(600)
 }
+
+#[test]
+fn a_chunk_above_the_cap_is_freed_once_and_kept_from_its_second_use() {
+    use super::staging::{KEEP_ONE_MAX, StagingPool};
+    const MIB: u64 = 1 << 20;
+    let rig = Rig::new();
+    let device: Arc<dyn Device> = rig.backend.clone();
+    let chunks = || rig.device.stats().chunks;
+    let base = chunks();
+    let pool = Arc::new(StagingPool::new(device, MIB));
+    // One byte over the cap: a chunk of twice the cap (sparse: never touched here).
+    let huge = KEEP_ONE_MAX + 1;
+    drop(pool.lease(huge, far()).unwrap());
+    assert_eq!(
+        (pool.retained(), chunks()),
+        (0, base),
+        "a single huge request leaves nothing held"
+    );
+    drop(pool.lease(huge, far()).unwrap());
+    assert_eq!(
+        pool.retained(),
+        2 * KEEP_ONE_MAX,
+        "the second is kept for the next"
+    );
+    let again = pool.lease(huge, far()).unwrap();
+    assert_eq!(chunks(), base + 1, "and reused: nothing allocated");
+    drop(again);
+    pool.release();
+    assert_eq!((pool.retained(), chunks()), (0, base));
+}

@@ -8,8 +8,12 @@
 //! that it is freed — except that a queue moving tensors larger than `retain` keeps its one
 //! largest chunk, up to [`KEEP_ONE_MAX`], in place of the small ones ([`keep`]): a stream of
 //! large writes (weights uploaded tensor by tensor) then allocates, maps and first-touches
-//! its staging once instead of once per request. Everything kept is freed by
-//! [`StagingPool::release`] (runtime close).
+//! its staging once instead of once per request. A chunk above [`KEEP_ONE_MAX`] is kept so
+//! only once one at least as large was given back before: a single huge write (a 4 GiB
+//! tensor uploaded once) leaves nothing held, while a loop writing it every step pays for
+//! fresh staging twice, not every step (fresh pages cost about 0.25 s per GiB on a laptop,
+//! seconds per GiB in some VMs). Everything kept is freed by [`StagingPool::release`]
+//! (runtime close).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,14 +40,16 @@ pub enum Keep {
 }
 
 /// The pool's rule for a chunk of `size` bytes given back while free chunks of `kept` sizes
-/// are held: beside them while the total stays within `retain`; otherwise alone when it is
-/// larger than `retain` and than every kept chunk and at most [`KEEP_ONE_MAX`]; else freed.
-/// So a pool holds at most `max(retain, KEEP_ONE_MAX)` bytes.
-pub fn keep(kept: &[u64], size: u64, retain: u64) -> Keep {
+/// are held, `repeated` when a chunk at least as large was given back before: beside them
+/// while the total stays within `retain`; otherwise alone when it is larger than `retain` and
+/// than every kept chunk, and at most [`KEEP_ONE_MAX`] or `repeated`; else freed. So a pool
+/// holds at most `max(retain, KEEP_ONE_MAX)` bytes, or the largest size it moved twice.
+pub fn keep(kept: &[u64], size: u64, retain: u64, repeated: bool) -> Keep {
     let total = kept.iter().fold(size, |t, k| t.saturating_add(*k));
     if total <= retain {
         Keep::Beside
-    } else if size > retain && size <= KEEP_ONE_MAX && kept.iter().all(|k| *k < size) {
+    } else if size > retain && (size <= KEEP_ONE_MAX || repeated) && kept.iter().all(|k| *k < size)
+    {
         Keep::Alone
     } else {
         Keep::Free
@@ -64,6 +70,8 @@ pub struct StagingPool {
     /// The free chunks; `None` once released (a chunk given back then is freed).
     free: Mutex<Option<Vec<StagingBuf>>>,
     retain: u64,
+    /// The largest chunk given back so far ([`keep`]'s `repeated`).
+    largest_given_back: std::sync::atomic::AtomicU64,
 }
 
 impl StagingPool {
@@ -73,6 +81,7 @@ impl StagingPool {
             device,
             free: Mutex::new(Some(Vec::new())),
             retain,
+            largest_given_back: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -133,12 +142,17 @@ impl StagingPool {
     }
 
     fn give_back(&self, buf: StagingBuf) {
+        let size = buf.allocation.size;
+        let repeated = self
+            .largest_given_back
+            .fetch_max(size, std::sync::atomic::Ordering::Relaxed)
+            >= size;
         let mut guard = self.lock();
         let freed = match guard.as_mut() {
             None => vec![buf],
             Some(free) => {
                 let kept: Vec<u64> = free.iter().map(|b| b.allocation.size).collect();
-                match keep(&kept, buf.allocation.size, self.retain) {
+                match keep(&kept, size, self.retain, repeated) {
                     Keep::Beside => {
                         free.push(buf);
                         return;
@@ -236,20 +250,33 @@ mod tests {
     fn small_chunks_are_kept_within_the_budget_and_one_large_one_alone() {
         let retain = 64 * MIB;
         // Within the budget: beside the others.
-        assert_eq!(keep(&[], 4096, retain), Keep::Beside);
-        assert_eq!(keep(&[32 * MIB], 32 * MIB, retain), Keep::Beside);
+        assert_eq!(keep(&[], 4096, retain, false), Keep::Beside);
+        assert_eq!(keep(&[32 * MIB], 32 * MIB, retain, false), Keep::Beside);
         // Over it, but no larger than the budget: freed (the pool stays within it).
-        assert_eq!(keep(&[32 * MIB, 16 * MIB], 32 * MIB, retain), Keep::Free);
+        assert_eq!(
+            keep(&[32 * MIB, 16 * MIB], 32 * MIB, retain, false),
+            Keep::Free
+        );
         // Larger than the budget: kept alone, the small ones freed instead.
-        assert_eq!(keep(&[32 * MIB, 16 * MIB], 128 * MIB, retain), Keep::Alone);
-        assert_eq!(keep(&[], 256 * MIB, retain), Keep::Alone);
-        assert_eq!(keep(&[], KEEP_ONE_MAX, retain), Keep::Alone);
+        assert_eq!(
+            keep(&[32 * MIB, 16 * MIB], 128 * MIB, retain, false),
+            Keep::Alone
+        );
+        assert_eq!(keep(&[], 256 * MIB, retain, false), Keep::Alone);
+        assert_eq!(keep(&[], KEEP_ONE_MAX, retain, false), Keep::Alone);
         // A second one as large, a smaller one, or one above the cap: freed.
-        assert_eq!(keep(&[256 * MIB], 256 * MIB, retain), Keep::Free);
-        assert_eq!(keep(&[256 * MIB], 128 * MIB, retain), Keep::Free);
-        assert_eq!(keep(&[256 * MIB], 4096, retain), Keep::Free);
-        assert_eq!(keep(&[], 2 * KEEP_ONE_MAX, retain), Keep::Free);
+        assert_eq!(keep(&[256 * MIB], 256 * MIB, retain, false), Keep::Free);
+        assert_eq!(keep(&[256 * MIB], 128 * MIB, retain, false), Keep::Free);
+        assert_eq!(keep(&[256 * MIB], 4096, retain, false), Keep::Free);
+        assert_eq!(keep(&[], 2 * KEEP_ONE_MAX, retain, false), Keep::Free);
         // A larger one replaces it.
-        assert_eq!(keep(&[256 * MIB], 512 * MIB, retain), Keep::Alone);
+        assert_eq!(keep(&[256 * MIB], 512 * MIB, retain, false), Keep::Alone);
+        // Above the cap, once one as large came back before: kept alone too.
+        assert_eq!(keep(&[], 2 * KEEP_ONE_MAX, retain, true), Keep::Alone);
+        assert_eq!(keep(&[MIB], 4 * KEEP_ONE_MAX, retain, true), Keep::Alone);
+        assert_eq!(
+            keep(&[4 * KEEP_ONE_MAX], 2 * KEEP_ONE_MAX, retain, true),
+            Keep::Free
+        );
     }
 }
