@@ -198,6 +198,9 @@ impl Device for Recorder {
     ) -> Result<SharedChunk, DeviceError> {
         self.inner.mem_map_by(allocation, deadline)
     }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
     fn closing_by(&self, deadline: std::time::Instant) {
         self.inner.closing_by(deadline);
     }

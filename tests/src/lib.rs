@@ -322,6 +322,9 @@ impl runtime::Device for InterposedDevice {
         self.count("mem_map");
         self.inner.mem_map_by(allocation, deadline)
     }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
     fn closing_by(&self, deadline: std::time::Instant) {
         self.inner.closing_by(deadline);
     }

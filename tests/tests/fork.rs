@@ -290,6 +290,9 @@ fn fork_after_init_leaves_the_parent_alone() {
     facade.input.write(&marker, 0).unwrap();
 
     let observer = SimDevice::connect(sim.socket()).unwrap();
+    // The runtimes' frees are not waited for: simdev has handled them once these return.
+    rt.device().flush().unwrap();
+    own.device().flush().unwrap();
     let before = observer.device_stats().unwrap();
     let parent = std::process::id();
 

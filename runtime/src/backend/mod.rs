@@ -534,6 +534,17 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Returns once the device has handled every request this connection sent before the
+    /// call, those whose replies nobody waits for included (a tool reading the device's own
+    /// view over another connection then sees their effect). simdev: one waited round trip,
+    /// answered in order after them. Default: nothing (the driver's ioctls are synchronous).
+    ///
+    /// # Errors
+    /// The device's, for a device that is gone or not answering.
+    fn flush(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
     /// `nrt_close` is tearing the runtime down (its executions drained): no request waits on
     /// the device past `deadline`, so a stopped simdev cannot hold close for the control
     /// timeout per request. A late request still takes effect in order should the device run

@@ -1159,6 +1159,12 @@ impl Device for SimDevice {
             .map_or_else(Vec::new, PrivateSimdev::take_log)
     }
 
+    fn flush(&self) -> Result<(), DeviceError> {
+        // A waited request: simdev answers a connection's requests in order, so its reply
+        // comes after every earlier one (an unwaited MEM_FREE's included) was handled.
+        self.device_stats().map(|_| ())
+    }
+
     fn closing_by(&self, deadline: Instant) {
         let _ = self.closing.set(deadline);
     }

@@ -247,3 +247,28 @@ fn late_and_unwaited_replies_are_settled_in_order_before_each_requests_own() {
     assert_eq!(peer.next(), Request::SemaphoreRead { nc: 0, index: 2 });
     drop(dev);
 }
+
+/// `flush` returns only after a waited round trip that simdev answers after every request
+/// the connection sent before it, an unwaited MEM_FREE's included.
+#[test]
+fn a_flush_is_a_round_trip_behind_the_unwaited_frees() {
+    use shared::protocol::{DeviceStats, Reply, Request};
+    use std::time::Duration;
+    let info = emulated_device(shared::Arch::Trn1, 1).info().clone();
+    let peer = ScriptedPeer::start(info);
+    let dev = SimDevice::connect_with_timeout(&peer.socket, Duration::from_secs(60)).unwrap();
+    dev.mem_free(crate::backend::MemHandle(3)).unwrap();
+    assert_eq!(peer.next(), Request::MemFree { handle: 3 });
+    // The peer answers the free and the round trip when it receives the next request.
+    peer.replies.send(Reply::Ok).unwrap();
+    peer.replies
+        .send(Reply::DeviceStats(DeviceStats::default()))
+        .unwrap();
+    Device::flush(&dev).unwrap();
+    assert_eq!(
+        peer.next(),
+        Request::DeviceStats,
+        "the round trip, after the free"
+    );
+    drop(dev);
+}

@@ -72,11 +72,23 @@ fn bound_ok(
 }
 
 impl Runner<'_> {
-    /// Device stats and every NC's counters, now (empty without a control connection).
+    /// Waits until simdev has handled every request the scenario's runtimes sent, those whose
+    /// replies nobody waits for (a tensor's or model's MEM_FREE) included: the control
+    /// connection's view of simdev is then the runtimes' own. A runtime whose device is gone
+    /// is left to the check to notice.
+    fn flush_runtimes(&self) {
+        for rt in self.rt.iter().chain(self.others.values()) {
+            let _ = rt.device().flush();
+        }
+    }
+
+    /// Device stats and every NC's counters, now (empty without a control connection), once
+    /// the runtimes' requests were handled ([`Runner::flush_runtimes`]).
     pub(super) fn snapshot(&self) -> Snapshot {
         let Some(c) = &self.control else {
             return Snapshot::default();
         };
+        self.flush_runtimes();
         Snapshot {
             stats: c.device_stats().ok(),
             counters: (0..c.info().nc_count)
@@ -131,6 +143,7 @@ impl Runner<'_> {
             }
             Check::DeviceStats(c) => {
                 let ctl = self.control.as_ref().ok_or("simdev is not running")?;
+                self.flush_runtimes();
                 let v = ctl
                     .device_stats()
                     .map_err(|e| format!("reading device stats: {}", crate::error_chain(&e)))?;
@@ -148,6 +161,7 @@ impl Runner<'_> {
             }
             Check::NoLeaks(_) => {
                 let ctl = self.control.as_ref().ok_or("simdev is not running")?;
+                self.flush_runtimes();
                 let v = ctl
                     .device_stats()
                     .map_err(|e| format!("reading device stats: {}", crate::error_chain(&e)))?;
