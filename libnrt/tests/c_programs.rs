@@ -816,6 +816,19 @@ fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // "A C or C++ program": the same source compiles as C++ too.
+    let cxx_src = prefix.path().join("app.cpp");
+    std::fs::copy(&src, &cxx_src).unwrap();
+    let o = Command::new("c++")
+        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-c"])
+        .arg(&cxx_src)
+        .arg("-I")
+        .arg(prefix.path().join("include"))
+        .arg("-o")
+        .arg(prefix.path().join("app_cxx.o"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run({
         let mut c = Command::new(&exe);
         c.arg(identity_model());

@@ -49,7 +49,9 @@ pub struct Installed {
     pub library: PathBuf,
     /// `DIR/include/nrt`.
     pub headers: PathBuf,
-    /// `DIR/bin/simdev`.
+    /// `DIR/bin/nrt`: this executable, copied.
+    pub nrt: PathBuf,
+    /// `DIR/bin/simdev`: a link to it.
     pub simdev: PathBuf,
     /// `DIR/share/nrt/libnrt.supp`: valgrind suppressions for programs using the library.
     pub suppressions: PathBuf,
@@ -162,12 +164,14 @@ pub fn install(prefix: &Path, lib: Option<&Path>) -> Result<Installed, String> {
     }
     let suppressions = share.join("libnrt.supp");
     std::fs::write(&suppressions, SUPPRESSIONS).map_err(|e| io_err(&suppressions, e))?;
-    replace_with_copy(&exe, &bin.join("nrt"))?;
+    let nrt = bin.join("nrt");
+    replace_with_copy(&exe, &nrt)?;
     let simdev = bin.join("simdev");
     replace_with_link("nrt", &simdev)?;
     Ok(Installed {
         library,
         headers: include,
+        nrt,
         simdev,
         suppressions,
     })

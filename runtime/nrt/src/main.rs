@@ -470,6 +470,7 @@ fn main() -> ExitCode {
             Ok(i) => {
                 println!("library  {}", i.library.display());
                 println!("headers  {}", i.headers.display());
+                println!("nrt      {}", i.nrt.display());
                 println!("simdev   {}", i.simdev.display());
                 println!("valgrind {} (--suppressions)", i.suppressions.display());
                 ExitCode::SUCCESS
