@@ -508,11 +508,16 @@ impl Tensor {
     /// Where a device tensor's bytes are (`nrt_tensor_get_device_allocation_info`).
     pub fn device_allocation(&self) -> Option<DeviceAllocationInfo> {
         match &self.inner.storage {
-            Storage::Device { allocation, .. } => Some(DeviceAllocationInfo {
+            Storage::Device {
+                allocation, device, ..
+            } => Some(DeviceAllocationInfo {
                 physical_address: allocation.pa + self.offset,
                 size: allocation.size,
+                // The HBM stack, as on the silicon: two NCs share one on trn2.
                 hbm_index: match allocation.location {
-                    shared::protocol::MemLocation::Hbm { nc } => nc,
+                    shared::protocol::MemLocation::Hbm { nc } => {
+                        nc / device.info().arch.ncs_per_hbm()
+                    }
                     _ => 0,
                 },
             }),

@@ -113,6 +113,15 @@ impl Arch {
         }
     }
 
+    /// NCs sharing one HBM stack (driver-abi.md §5): NC `n` is on stack `n / ncs_per_hbm` —
+    /// one per stack on V2, two on V3 (4 stacks for 8 NCs).
+    pub const fn ncs_per_hbm(self) -> u32 {
+        match self {
+            Self::Trn1 | Self::Inf2 => 1,
+            Self::Trn2 => 2,
+        }
+    }
+
     /// Semaphores per NC (256 on V2/V3).
     pub const fn semaphores_per_nc(self) -> u32 {
         256

@@ -366,6 +366,17 @@ fn a_logical_core_of_two_ncs_holds_tensors_in_the_hbm_of_both_up_to_its_reported
     let mut out = [0u8; 64];
     o.read(&mut out, 0).unwrap();
     assert_eq!(out, [0xC3; 64]);
-    drop((held, ins, outs, i, o));
+    // Both NCs of the core are on one HBM stack, as on trn2 silicon (two NCs per stack).
+    assert_eq!(i.device_allocation().unwrap().hbm_index, 0);
+    assert_eq!(held[0].device_allocation().unwrap().hbm_index, 0);
+    let on_core_3 = rt
+        .tensor_allocate(Placement::Device { vnc: 3 }, 64, "c3")
+        .unwrap();
+    assert_eq!(
+        on_core_3.device_allocation().unwrap().hbm_index,
+        3,
+        "logical core 3 is NCs 6 and 7: stack 3"
+    );
+    drop((held, ins, outs, i, o, on_core_3));
     rt.close();
 }

@@ -159,22 +159,18 @@ struct ArchFacts {
     hbm_stack_bases: &'static [u64],
     /// HBM bytes each NC gets.
     hbm_bytes_per_nc: u64,
-    /// NCs sharing one HBM stack: NC `n` uses stack `n / ncs_per_hbm`.
-    ncs_per_hbm: u32,
 }
 
 /// V2 (trn1/inf2): 2 HBM × 16 GiB, NC i uses HBM i.
 const V2_FACTS: ArchFacts = ArchFacts {
     hbm_stack_bases: &[0x0, 0x10_0000_0000],
     hbm_bytes_per_nc: 16 << 30,
-    ncs_per_hbm: 1,
 };
 
 /// V3 (trn2): 4 HBM × 24 GiB active = 96 GiB for 8 NCs, two NCs per HBM.
 const V3_FACTS: ArchFacts = ArchFacts {
     hbm_stack_bases: &[0x0, 0x40_0000_0000, 0x8000_0000_0000, 0x8040_0000_0000],
     hbm_bytes_per_nc: 12 << 30,
-    ncs_per_hbm: 2,
 };
 
 const fn arch_facts(arch: Arch) -> &'static ArchFacts {
@@ -189,7 +185,7 @@ fn device_info(arch: Arch, path: &Path) -> DeviceInfo {
     let facts = arch_facts(arch);
     let nc_count = arch.default_nc_count();
     let hbm_bases = (0..nc_count)
-        .map(|nc| facts.hbm_stack_bases[(nc / facts.ncs_per_hbm) as usize])
+        .map(|nc| facts.hbm_stack_bases[(nc / arch.ncs_per_hbm()) as usize])
         .collect();
     DeviceInfo {
         arch,
@@ -385,7 +381,7 @@ impl<P: IoctlPort> NeuronDevice<P> {
 
     /// The HBM stack (MEM_ALLOC_V2 `dram_channel`) NC `nc` allocates from.
     fn hbm_index(&self, nc: u32) -> u32 {
-        nc / arch_facts(self.info.arch).ncs_per_hbm
+        nc / self.info.arch.ncs_per_hbm()
     }
 
     /// The device-wide DMA engine id of `queue` (`nc · dma_engines_per_nc + engine`, < 132).
