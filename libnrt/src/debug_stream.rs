@@ -35,15 +35,7 @@ pub unsafe extern "C" fn nrt_debug_client_connect(
     boundary::status("nrt_debug_client_connect", || {
         let rt = rt()?;
         raw::check_out(stream_fd, "stream_fd")?;
-        let visible = rt.visible_vnc_count();
-        if u32::try_from(logical_nc_idx).map_or(true, |v| v >= visible) {
-            return Err(NrtError::new(
-                NrtStatus::Invalid,
-                format!(
-                    "logical core {logical_nc_idx} is not visible to this process ({visible} visible)"
-                ),
-            ));
-        }
+        rt.visible_core(i64::from(logical_nc_idx))?;
         Err(NrtError::new(
             NrtStatus::Invalid,
             format!("debug stream of logical core {logical_nc_idx}: {NO_EVENTS}"),

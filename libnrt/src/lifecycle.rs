@@ -338,15 +338,7 @@ pub unsafe extern "C" fn nrt_get_device_id(lnc_idx: i32, device_id: *mut i32) ->
     boundary::status("nrt_get_device_id", || {
         let rt = rt()?;
         raw::check_out(device_id, "device_id")?;
-        let visible = rt.visible_vnc_count();
-        if u32::try_from(lnc_idx).map_or(true, |l| l >= visible) {
-            return Err(NrtError::new(
-                NrtStatus::Invalid,
-                format!(
-                    "logical core {lnc_idx} is not visible to this process ({visible} visible)"
-                ),
-            ));
-        }
+        rt.visible_core(i64::from(lnc_idx))?;
         raw::write_out(device_id, 0, "device_id")
     })
 }

@@ -712,6 +712,25 @@ impl Runtime {
         u32::try_from(self.vncs.len()).unwrap_or(u32::MAX)
     }
 
+    /// `lnc` as the index of a logical core this process sees.
+    ///
+    /// # Errors
+    /// NRT_INVALID naming it and how many there are.
+    pub fn visible_core(&self, lnc: i64) -> NrtResult<u32> {
+        u32::try_from(lnc)
+            .ok()
+            .filter(|&v| (v as usize) < self.vncs.len())
+            .ok_or_else(|| {
+                status_err(
+                    NrtStatus::Invalid,
+                    format!(
+                        "logical core {lnc} is not visible to this process ({} visible)",
+                        self.vncs.len()
+                    ),
+                )
+            })
+    }
+
     /// The physical NCs of logical core `vnc`.
     pub fn vnc_ncs(&self, vnc: u32) -> Option<&[u32]> {
         self.vncs.get(vnc as usize).map(|v| v.ncs.as_slice())
@@ -874,16 +893,7 @@ impl Runtime {
     pub fn group_of_one(&self, vnc: i64, device_id: u32, device_count: u32) -> NrtResult<()> {
         self.check_process()?;
         rank_of_one(device_id, device_count)?;
-        if usize::try_from(vnc).map_or(true, |v| v >= self.vncs.len()) {
-            return Err(status_err(
-                NrtStatus::Invalid,
-                format!(
-                    "logical core {vnc} is not visible to this process ({} visible)",
-                    self.vncs.len()
-                ),
-            ));
-        }
-        Ok(())
+        self.visible_core(vnc).map(|_| ())
     }
 
     /// `nrt_all_gather`: every rank's `input` into `output` in rank order; for a group of one,

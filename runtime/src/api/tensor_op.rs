@@ -187,15 +187,7 @@ impl Runtime {
     }
 
     fn tensor_op_lnc(&self, lnc: i32) -> NrtResult<u32> {
-        u32::try_from(lnc)
-            .ok()
-            .filter(|v| (*v as usize) < self.vncs.len())
-            .ok_or_else(|| {
-                invalid(format!(
-                    "logical core {lnc} is not visible to this process ({} visible)",
-                    self.vncs.len()
-                ))
-            })
+        self.visible_core(i64::from(lnc))
     }
 
     /// Checks that `t` (the request's `role`) is a device tensor of this runtime — on logical
