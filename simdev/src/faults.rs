@@ -87,6 +87,32 @@ pub enum ArmError {
     },
 }
 
+/// Whether `spec` can be armed: what [`FaultTable::arm`] refuses, checked alone (a scenario
+/// file's faults are checked so when the file is read, before any simdev runs).
+///
+/// # Errors
+/// [`ArmError`] naming the rule.
+pub fn check(spec: &FaultSpec) -> Result<(), ArmError> {
+    match spec.when {
+        FaultWhen::NthExecution(0) | FaultWhen::NthCopyStart { n: 0, .. } => {
+            Err(ArmError::ZerothExecution)
+        }
+        FaultWhen::NthCopyStart { .. }
+            if !matches!(spec.kind, FaultKind::DmaAbort | FaultKind::OutOfBounds) =>
+        {
+            Err(ArmError::NotADmaFault {
+                kind: kind_name(spec.kind),
+            })
+        }
+        FaultWhen::Probability { per_million, .. } if per_million > PER_MILLION => {
+            Err(ArmError::Probability { per_million })
+        }
+        FaultWhen::NthExecution(_)
+        | FaultWhen::NthCopyStart { .. }
+        | FaultWhen::Probability { .. } => Ok(()),
+    }
+}
+
 /// One armed fault and its trigger state.
 #[derive(Clone, Debug)]
 struct Armed {
@@ -109,21 +135,9 @@ impl FaultTable {
     /// # Errors
     /// [`ArmError`] when `when` cannot fire as asked.
     pub fn arm(&mut self, spec: FaultSpec) -> Result<(), ArmError> {
+        check(&spec)?;
         let seed = match spec.when {
-            FaultWhen::NthExecution(0) | FaultWhen::NthCopyStart { n: 0, .. } => {
-                return Err(ArmError::ZerothExecution);
-            }
-            FaultWhen::NthCopyStart { .. }
-                if !matches!(spec.kind, FaultKind::DmaAbort | FaultKind::OutOfBounds) =>
-            {
-                return Err(ArmError::NotADmaFault {
-                    kind: kind_name(spec.kind),
-                });
-            }
             FaultWhen::NthExecution(_) | FaultWhen::NthCopyStart { .. } => 0,
-            FaultWhen::Probability { per_million, .. } if per_million > PER_MILLION => {
-                return Err(ArmError::Probability { per_million });
-            }
             FaultWhen::Probability { seed, .. } => seed,
         };
         self.armed.push(Armed {

@@ -421,6 +421,13 @@ impl FaultEntry {
             nc: self.nc,
             when,
         })
+        .and_then(|spec| {
+            // The rest of what simdev would refuse to arm (a doorbell fault of a kind no DMA
+            // doorbell has), by simdev's own rule.
+            simdev::faults::check(&spec)
+                .map(|()| spec)
+                .map_err(|e| format!("fault {}: {e}", self.kind))
+        })
     }
 }
 
@@ -709,8 +716,25 @@ impl Scenario {
 
     /// Background `execute` names and client names are unique while in use: a second
     /// background step (client) of a name before the first is joined (waited for or killed)
-    /// would leave the first one unjudged.
+    /// would leave the first one unjudged. A `wait_client` or `kill_client` names a client
+    /// that is running.
     fn check_names(&self) -> Result<(), String> {
+        /// A client a `wait_client` or `kill_client` ends: one spawned and not ended before.
+        fn ended(
+            clients: &mut BTreeMap<&str, usize>,
+            n: usize,
+            action: &str,
+            name: Option<&str>,
+        ) -> Result<(), String> {
+            let name = name.unwrap_or("client");
+            clients.remove(name).map(|_| ()).ok_or_else(|| {
+                let running: Vec<&str> = clients.keys().copied().collect();
+                format!(
+                    "step {n} ({action}): no client {name:?} is running (spawn_client it \
+                     first; running: {running:?})"
+                )
+            })
+        }
         let mut background: BTreeMap<&str, usize> = BTreeMap::new();
         let mut clients: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, step) in self.steps.iter().enumerate() {
@@ -739,10 +763,10 @@ impl Scenario {
                     }
                 }
                 Action::WaitClient(c) => {
-                    clients.remove(c.name.as_deref().unwrap_or("client"));
+                    ended(&mut clients, n, "wait_client", c.name.as_deref())?;
                 }
                 Action::KillClient(c) => {
-                    clients.remove(c.name.as_deref().unwrap_or("client"));
+                    ended(&mut clients, n, "kill_client", c.name.as_deref())?;
                 }
                 _ => {}
             }
@@ -777,20 +801,56 @@ impl Scenario {
     }
 
     /// Every counters and device_stats check names at least one bound: one naming none would
-    /// pass having checked nothing.
+    /// pass having checked nothing. No range is empty (`min` above `max` holds for no value),
+    /// and a check's NC is one the device has.
     fn check_bounds(&self) -> Result<(), String> {
         /// The most bytes a `tensor_op` step moves.
         const TENSOR_OP_MAX_BYTES: u64 = 1 << 30;
+        let ncs = self
+            .device
+            .ncs
+            .unwrap_or_else(|| self.device.arch.default_nc_count());
         let empty = |c: &Check| match c {
             Check::Counters(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
             Check::DeviceStats(c) => c.bounds().iter().all(|(_, b)| b.is_none()),
             _ => false,
         };
         let why = "names no bound: give at least one (e.g. executions = 3)";
+        let sound = |at: &str, c: &Check| -> Result<(), String> {
+            let (bounds, nc): (Vec<(&str, Option<&Bound>)>, Option<u32>) = match c {
+                Check::Counters(c) => (c.bounds().to_vec(), c.nc),
+                Check::DeviceStats(c) => (c.bounds().to_vec(), None),
+                Check::StaleNotifications(c) => (vec![("count", c.count.as_ref())], None),
+                Check::SimTime(c) => (vec![("ns", c.ns.as_ref())], c.nc.max(c.minus_nc)),
+                Check::NoLeaks(_) | Check::XuHealth(_) | Check::Simdev(_) => (Vec::new(), None),
+            };
+            for (key, b) in bounds {
+                if let Some(Bound::Range {
+                    min: Some(lo),
+                    max: Some(hi),
+                }) = b
+                    && lo > hi
+                {
+                    return Err(format!(
+                        "{at} ({}): {key} = {{ min = {lo}, max = {hi} }} holds for no value",
+                        c.what()
+                    ));
+                }
+            }
+            match nc {
+                Some(nc) if nc >= ncs => Err(format!(
+                    "{at} ({}): nc = {nc}, but the device has {ncs} NCs ({} by [device])",
+                    c.what(),
+                    self.device.arch.name()
+                )),
+                _ => Ok(()),
+            }
+        };
         for (i, c) in self.expect.iter().enumerate() {
             if empty(c) {
                 return Err(format!("expect {} ({}): {why}", i + 1, c.what()));
             }
+            sound(&format!("expect {}", i + 1), c)?;
         }
         for (i, step) in self.steps.iter().enumerate() {
             // The step builds its bytes in this process: a size is refused here, not by an
@@ -814,6 +874,21 @@ impl Scenario {
                             c.what()
                         ));
                     }
+                    sound(&format!("step {} check {}", i + 1, j + 1), c)?;
+                }
+            }
+            // Each execution's status, in order: as many as there are executions.
+            if let Action::Execute(e) = &step.action
+                && let Some(each) = &e.expect_each
+            {
+                let count = e.count.unwrap_or(1);
+                if each.len() as u64 != count {
+                    return Err(format!(
+                        "step {} (execute): expect_each lists {} statuses for count = {count} \
+                         executions (one per execution, in order)",
+                        i + 1,
+                        each.len()
+                    ));
                 }
             }
         }
@@ -864,6 +939,53 @@ fn names_its_entry(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_run_would_refuse_is_refused_when_the_file_is_read() {
+        let refused = |text: &str, want: &str| {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        };
+        // A doorbell fault of a kind no DMA doorbell has (simdev's own rule).
+        refused(
+            "[[faults]]\nkind = \"missing_completion\"\nat_copy_start = 1\nengine = 0\nqueue = 0\n",
+            "fault 1: fault missing_completion: NthCopyStart fires only dma_abort or out_of_bounds",
+        );
+        // A range that holds for no value.
+        refused(
+            "[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"counters\"\nnc = 0\n\
+             executions = { min = 5, max = 1 }\n",
+            "step 1 check 1 (counters): executions = { min = 5, max = 1 } holds for no value",
+        );
+        // An NC the device does not have, in a check and in an expectation.
+        refused(
+            "[[steps]]\naction = \"check\"\n[[steps.check]]\nwhat = \"counters\"\nnc = 9\n\
+             executions = 1\n",
+            "step 1 check 1 (counters): nc = 9, but the device has 2 NCs (trn1 by [device])",
+        );
+        refused(
+            "[[expect]]\nwhat = \"sim_time\"\nnc = 0\nminus_nc = 4\nns = 1\n",
+            "expect 1 (sim_time): nc = 4, but the device has 2 NCs",
+        );
+        // One status per execution.
+        refused(
+            "[models.m]\nbuilder = \"identity\"\n[[steps]]\naction = \"init\"\n\
+             [[steps]]\naction = \"load\"\nmodel = \"m\"\n[[steps]]\naction = \"execute\"\n\
+             model = \"m\"\ncount = 3\nexpect_each = [\"NRT_SUCCESS\"]\n",
+            "step 3 (execute): expect_each lists 1 statuses for count = 3 executions",
+        );
+        // A client that was never spawned, or has already ended.
+        refused(
+            "[[steps]]\naction = \"kill_client\"\nname = \"ghost\"\n",
+            "step 1 (kill_client): no client \"ghost\" is running",
+        );
+        refused(
+            "[[steps]]\naction = \"spawn_client\"\nname = \"a\"\n\
+             [[steps]]\naction = \"kill_client\"\nname = \"a\"\n\
+             [[steps]]\naction = \"wait_client\"\nname = \"a\"\n",
+            "step 3 (wait_client): no client \"a\" is running",
+        );
+    }
 
     #[test]
     fn statuses_parse_by_name_short_name_and_number() {

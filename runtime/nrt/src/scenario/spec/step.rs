@@ -609,15 +609,31 @@ mod tests {
 
     fn one_step(action: &str, body: &str) -> Result<Step, String> {
         // `[[steps.check]]` must come after the step's own keys; the models the snippets name
-        // (`id`, `m`) are defined, as a file must define them.
+        // (`id`, `m`) are defined, as a file must define them, and the client a wait_client or
+        // kill_client ends is spawned first (step 1; the step itself is then step 2).
+        let spawn = if needs_a_client(action) {
+            "[[steps]]\naction = \"spawn_client\"\nname = \"a\"\n"
+        } else {
+            ""
+        };
         let text = format!(
             "[models.id]\nbuilder = \"identity\"\n[models.m]\nbuilder = \"identity\"\n\
-             [[steps]]\naction = \"{action}\"\n{body}\n"
+             {spawn}[[steps]]\naction = \"{action}\"\n{body}\n"
         );
         parse(&text).map(|mut sc| {
-            assert_eq!(sc.steps.len(), 1);
-            sc.steps.remove(0)
+            assert_eq!(sc.steps.len(), 1 + usize::from(!spawn.is_empty()));
+            sc.steps.pop().expect("the step")
         })
+    }
+
+    /// Whether `action` ends a client (so [`one_step`] spawns client "a" before it).
+    fn needs_a_client(action: &str) -> bool {
+        matches!(action, "wait_client" | "kill_client")
+    }
+
+    /// The position [`one_step`] gives its step.
+    fn position(action: &str) -> usize {
+        1 + usize::from(needs_a_client(action))
     }
 
     /// The actions serde knows, from its own "expected one of" list.
@@ -738,9 +754,9 @@ mod tests {
             assert!(e.starts_with(&want), "{action}: {e}");
         }
         // wait_client sends no signal; kill_client does.
-        let e = one_step("wait_client", "signal = \"SIGINT\"").unwrap_err();
+        let e = one_step("wait_client", "name = \"a\"\nsignal = \"SIGINT\"").unwrap_err();
         assert!(
-            e.starts_with("step 1 (wait_client): unknown field `signal`"),
+            e.starts_with("step 2 (wait_client): unknown field `signal`"),
             "{e}"
         );
     }
@@ -780,7 +796,8 @@ mod tests {
         ] {
             let e = one_step(action, body).unwrap_err();
             assert!(
-                e.starts_with(&format!("step 1 ({action}): ")) && e.contains(key),
+                e.starts_with(&format!("step {} ({action}): ", position(action)))
+                    && e.contains(key),
                 "{action}: {e}"
             );
         }
