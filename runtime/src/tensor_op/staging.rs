@@ -11,9 +11,8 @@
 //! its staging once instead of once per request. A chunk above [`KEEP_ONE_MAX`] is kept so
 //! only once one at least as large was given back before: a single huge write (a 4 GiB
 //! tensor uploaded once) leaves nothing held, while a loop writing it every step pays for
-//! fresh staging twice, not every step (fresh pages cost about 0.25 s per GiB on a laptop,
-//! seconds per GiB in some VMs). Everything kept is freed by [`StagingPool::release`]
-//! (runtime close).
+//! fresh staging twice, not every step (fresh pages cost this project's 2-core VM about 3 s
+//! per GiB). Everything kept is freed by [`StagingPool::release`] (runtime close).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
