@@ -10,6 +10,11 @@
 //! allocated, and an allocated chunk costs nothing until it is written: its memfd is sized
 //! with `ftruncate` (sparse) and mapped without populating, and nothing zero-fills or touches
 //! it at allocation, so the silicon's 16 GiB per NC is simdev's default.
+//!
+//! A chunk's size is fixed for its life, as a dma-buf's is: its memfd is sealed against
+//! shrinking and growing (and against further seals) once sized. The owner holds the same file
+//! (its mapping, `nrt_get_dmabuf_fd`), and a file cut short under simdev's mapping would turn
+//! simdev's next DMA into the chunk into a SIGBUS — one client stopping the device for all.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -17,6 +22,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use shared::address_map::{AddressMap, CHUNK_GRANULE};
 use shared::memory::{MemError, SharedChunk};
@@ -207,6 +213,15 @@ pub enum AllocError {
     /// `ftruncate` of the memfd failed.
     #[error("sizing the memfd of a {size}-byte chunk")]
     SizeMemfd {
+        /// Chunk size.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Sealing the memfd's size failed.
+    #[error("sealing the size of a {size}-byte chunk's memfd")]
+    SealMemfd {
         /// Chunk size.
         size: u64,
         /// The OS error.
@@ -564,16 +579,24 @@ impl AddressSpace {
         }
     }
 
-    /// Creates, sizes and maps the memfd of a chunk at `pa`.
+    /// Creates, sizes, seals and maps the memfd of a chunk at `pa`.
     fn back(pa: u64, size: u64, len: usize) -> Result<(OwnedFd, SharedChunk), AllocError> {
-        let memfd = memfd_create("simdev-chunk", MFdFlags::MFD_CLOEXEC)
-            .map_err(|source| AllocError::CreateMemfd { size, source })?;
+        let memfd = memfd_create(
+            "simdev-chunk",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(|source| AllocError::CreateMemfd { size, source })?;
         let file_len = i64::try_from(size).map_err(|_| AllocError::SizeMemfd {
             size,
             source: nix::Error::EFBIG,
         })?;
         nix::unistd::ftruncate(&memfd, file_len)
             .map_err(|source| AllocError::SizeMemfd { size, source })?;
+        // Writes stay allowed (the owner's and simdev's mappings are the device memory), and so
+        // does punching holes (`SharedChunk::discard`): a hole reads as zeros, never faults.
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(&memfd, FcntlArg::F_ADD_SEALS(seals))
+            .map_err(|source| AllocError::SealMemfd { size, source })?;
         let memory = SharedChunk::map_fd(&memfd, pa, len, true)
             .map_err(|source| AllocError::MapChunk { size, source })?;
         Ok((memfd, memory))
@@ -943,5 +966,38 @@ mod tests {
             lookups(&mut cache);
         }
         assert_eq!(mem.searches(), warm, "hits do not search");
+    }
+
+    #[test]
+    fn a_chunks_memfd_cannot_be_resized_by_whoever_holds_it_but_stays_writable_and_discardable() {
+        let mut mem = space();
+        let chunk = mem.allocate(A, Region::Hbm(0), 8192, 0).unwrap();
+        // What the owner receives: a duplicate of the same open file.
+        let held = chunk.memfd().try_clone_to_owned().unwrap();
+        for len in [0, 4096, 8191, 8193, 1 << 20] {
+            assert_eq!(
+                nix::unistd::ftruncate(&held, len),
+                Err(nix::Error::EPERM),
+                "ftruncate to {len} bytes"
+            );
+        }
+        assert_eq!(
+            fcntl(&held, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_WRITE)),
+            Err(nix::Error::EPERM),
+            "no further seal (a write seal would stop the device's own writes)"
+        );
+        let last = chunk.pa() + 8192 - 8;
+        chunk.memory().write_obj(last, &7u64).unwrap();
+        assert_eq!(
+            nix::unistd::write(&held, b"x"),
+            Ok(1),
+            "writes stay allowed"
+        );
+        chunk.memory().discard().unwrap();
+        assert_eq!(
+            chunk.memory().read_obj::<u64>(last).unwrap(),
+            0,
+            "a hole reads as zeros"
+        );
     }
 }

@@ -8,6 +8,7 @@
  * Usage: tensors MODEL
  */
 #define _DEFAULT_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -106,6 +107,10 @@ int main(int argc, char **argv) {
     CHECK(nrt_tensor_read(out_big, buf, 0, 1));
     ASSERT(buf[0] == 0x42);
     munmap(mapped, 4096);
+    /* Its size is fixed, as a dma-buf's: cutting it short (which would fault the device's next
+     * DMA into it) or growing it is refused, and the memory still works. */
+    ASSERT(ftruncate(fd, 0) == -1 && errno == EPERM);
+    ASSERT(ftruncate(fd, 1 << 20) == -1 && errno == EPERM);
     close(fd);
     /* v2 takes an address inside the allocation and says where it lies in the memory. */
     CHECK(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)va, 512, &fd, &dmabuf_offset));

@@ -51,6 +51,7 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
                 ErrorKind::Internal
             }
         }
+        AllocError::SealMemfd { .. } => ErrorKind::Internal,
     };
     refuse(kind, error_chain(err))
 }
