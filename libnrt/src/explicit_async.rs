@@ -9,7 +9,6 @@
 //! ([`runtime::ReadBuffer::from_raw`]).
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
 use runtime::{NrtError, ReadBuffer, Runtime};
 use shared::NrtStatus;
@@ -114,7 +113,7 @@ fn host_transfer_args(
     tensor: *mut c_void,
     offset: u64,
     size: u64,
-) -> Result<(Arc<Runtime>, runtime::Tensor, usize), NrtError> {
+) -> Result<(crate::InCall, runtime::Tensor, usize), NrtError> {
     let rt = rt()?;
     RetPtr::new(ret)?;
     raw::check_out(req_sequence, "req_sequence")?;
@@ -303,7 +302,7 @@ pub unsafe extern "C" fn nrta_cc_prepare(
     cc_ctx: *mut *mut c_void,
 ) -> u32 {
     boundary::status("nrta_cc_prepare", || {
-        rt()?;
+        let _rt = rt()?;
         for (p, what) in [(comm, "comm"), (input, "input"), (output, "output")] {
             if p.is_null() {
                 return Err(invalid(format!("{what} is NULL")));
@@ -335,7 +334,7 @@ pub unsafe extern "C" fn nrta_cc_schedule(
     req_sequence: *mut u64,
 ) -> u32 {
     boundary::status("nrta_cc_schedule", || {
-        rt()?;
+        let _rt = rt()?;
         if cc_ctx.is_null() {
             return Err(invalid("cc_ctx is NULL"));
         }

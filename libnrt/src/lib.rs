@@ -43,7 +43,24 @@ use std::sync::Arc;
 use runtime::{NrtError, Runtime, nrt};
 
 /// The initialised runtime, behind libnrt's gates (13 before `nrt_init`, 14 after
-/// `nrt_close`).
-fn rt() -> Result<Arc<Runtime>, NrtError> {
-    nrt::current()
+/// `nrt_close`), held by the entry point that asked for it ([`InCall`]).
+fn rt() -> Result<InCall, NrtError> {
+    nrt::current().map(InCall)
+}
+
+/// The runtime an entry point holds for its whole call. `nrt_close` on another thread waits
+/// for the calls holding the runtime, so a call that let go of it early (a bare `rt()?;` as a
+/// gate) would race the close and see the device go away under it — NRT_HW_ERROR where the
+/// caller is owed NRT_CLOSED or a finished call. Dropping one unused is a warning, and CI
+/// refuses warnings: bind it (`let _rt = rt()?;`) for as long as the call runs.
+#[must_use = "hold the runtime for the whole call (`let _rt = rt()?;`): nrt_close waits only for \
+              calls that hold it"]
+struct InCall(Arc<Runtime>);
+
+impl std::ops::Deref for InCall {
+    type Target = Arc<Runtime>;
+
+    fn deref(&self) -> &Arc<Runtime> {
+        &self.0
+    }
 }

@@ -252,7 +252,7 @@ pub unsafe extern "C" fn nrt_get_visible_nc_count(nc_count: *mut u32) -> u32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_host_device_id_get(neuron_dev: i32, host_device_id: *mut u32) -> u32 {
     boundary::status("nrt_host_device_id_get", || {
-        rt()?;
+        let _rt = rt()?;
         raw::check_out(host_device_id, "host_device_id")?;
         if neuron_dev != 0 {
             return Err(NrtError::new(
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn nrt_host_device_id_rid_map_get(
     host_did_to_rid_map: *mut u32,
 ) -> u32 {
     boundary::status("nrt_host_device_id_rid_map_get", || {
-        rt()?;
+        let _rt = rt()?;
         const ROUTING_IDS: [u32; 1] = [0];
         let capacity = raw::read_in(count, "count")?;
         let needed = u32::try_from(ROUTING_IDS.len()).unwrap_or(u32::MAX);

@@ -17,7 +17,7 @@ use crate::{boundary, raw, rt};
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_allocate_tensor_set(result: *mut *mut c_void) -> u32 {
     boundary::status("nrt_allocate_tensor_set", || {
-        rt()?;
+        let _rt = rt()?;
         raw::check_out(result, "result")?;
         let h = SETS.insert(SetEntry::default());
         raw::write_out(result, h, "result")
@@ -51,7 +51,7 @@ pub unsafe extern "C" fn nrt_add_tensor_to_tensor_set(
     tensor: *mut c_void,
 ) -> u32 {
     boundary::status("nrt_add_tensor_to_tensor_set", || {
-        rt()?;
+        let _rt = rt()?;
         let set = SETS.get(tensor_set, "tensor_set")?;
         let name = raw::c_str(tensor_name, "tensor_name")?;
         TENSORS.get(tensor, "tensor")?;
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn nrt_get_tensor_from_tensor_set(
     tensor: *mut *mut c_void,
 ) -> u32 {
     boundary::status_quiet_failure("nrt_get_tensor_from_tensor_set", || {
-        rt()?;
+        let _rt = rt()?;
         raw::check_out(tensor, "tensor")?;
         let set = SETS.get(tensor_set, "tensor_set")?;
         let name = raw::c_str(tensor_name, "tensor_name")?;

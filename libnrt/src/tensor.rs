@@ -381,7 +381,7 @@ pub unsafe extern "C" fn nrt_tensor_allocate_empty(
     tensor: *mut *mut c_void,
 ) -> u32 {
     boundary::status("nrt_tensor_allocate_empty", || {
-        rt()?;
+        let _rt = rt()?;
         raw::check_out(tensor, "tensor")?;
         let name = raw::label(name).unwrap_or_default();
         register(Tensor::empty(&name), tensor)
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn nrt_tensor_attach_buffer(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_tensor_attach_buffer", || {
-        rt()?;
+        let _rt = rt()?;
         let entry = TENSORS.get(tensor, "tensor")?;
         let buf = raw::AttachedBuffer::new(buffer, size)?;
         let mut t = entry
@@ -513,12 +513,14 @@ pub unsafe extern "C" fn nrt_tensor_get_lnc_index(tensor: *const c_void, lnc_idx
     })
 }
 
-/// The device tensor whose mapping holds `va..va+size`, and `va`'s offset in it.
-fn device_tensor_at(va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
+/// The device tensor of runtime `rt` whose mapping holds `va..va+size`, and `va`'s offset in
+/// it. An address in a tensor a closed runtime allocated is refused as its handle is
+/// ([`live_tensor`]): its memory went with that runtime's device.
+fn device_tensor_at(rt: &Runtime, va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
     let end = va
         .checked_add(size)
         .ok_or_else(|| invalid(format!("{va:#x}+{size} overflows")))?;
-    TENSORS
+    let (t, offset) = TENSORS
         .snapshot()
         .into_iter()
         .map(|(_, e)| e.get())
@@ -532,7 +534,15 @@ fn device_tensor_at(va: usize, size: usize) -> Result<(Tensor, u64), NrtError> {
             invalid(format!(
                 "{va:#x}+{size} is not inside the memory of a device tensor of this library"
             ))
-        })
+        })?;
+    match t.runtime() {
+        Some(id) if id != rt.id() => Err(invalid(format!(
+            "{va:#x} is in tensor {:?}, allocated by a runtime nrt_close has closed: free it \
+             (nrt_tensor_free) and allocate it again",
+            t.name()
+        ))),
+        _ => Ok((t, offset)),
+    }
 }
 
 /// `nrt_get_attached_efa_bdf`: the BDF of the EFA NIC attached to the device whose memory
@@ -556,7 +566,7 @@ pub unsafe extern "C" fn nrt_get_attached_efa_bdf(
         if capacity == 0 {
             return Err(NrtError::new(NrtStatus::Resource, "*len is 0"));
         }
-        let (t, _) = device_tensor_at(va as usize, 1)?;
+        let (t, _) = device_tensor_at(&rt, va as usize, 1)?;
         Err(NrtError::new(
             NrtStatus::Failure,
             format!(
@@ -586,7 +596,7 @@ pub unsafe extern "C" fn nrt_get_hbm_mmap_va(
     size: *mut usize,
 ) -> u32 {
     boundary::status("nrt_get_hbm_mmap_va", || {
-        rt()?;
+        let _rt = rt()?;
         raw::check_out(addr, "addr")?;
         raw::check_out(size, "size")?;
         Err(invalid(format!(
@@ -606,11 +616,11 @@ pub unsafe extern "C" fn nrt_memcpy_to_device(
     size: usize,
 ) -> u32 {
     boundary::status("nrt_memcpy_to_device", || {
-        rt()?;
+        let rt = rt()?;
         if dest.is_null() {
             return Err(invalid("dest is NULL"));
         }
-        let (t, offset) = device_tensor_at(dest as usize, size)?;
+        let (t, offset) = device_tensor_at(&rt, dest as usize, size)?;
         let data = raw::bytes(src, size, "src")?;
         t.write(data, offset)
     })
@@ -624,9 +634,9 @@ pub unsafe extern "C" fn nrt_memcpy_to_device(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_get_dmabuf_fd(va: u64, size: u64, fd: *mut i32) -> u32 {
     boundary::status("nrt_get_dmabuf_fd", || {
-        rt()?;
+        let rt = rt()?;
         raw::check_out(fd, "fd")?;
-        let (t, offset) = device_tensor_at(to_usize(va, "va")?, to_usize(size, "size")?)?;
+        let (t, offset) = device_tensor_at(&rt, to_usize(va, "va")?, to_usize(size, "size")?)?;
         let (owned, base) = t.dmabuf_fd()?;
         if base + offset != 0 {
             return Err(invalid(format!(
@@ -651,10 +661,10 @@ pub unsafe extern "C" fn nrt_get_dmabuf_fd_v2(
     offset: *mut u64,
 ) -> u32 {
     boundary::status("nrt_get_dmabuf_fd_v2", || {
-        rt()?;
+        let rt = rt()?;
         raw::check_out(fd, "fd")?;
         raw::check_out(offset, "offset")?;
-        let (t, within) = device_tensor_at(to_usize(va, "va")?, to_usize(size, "size")?)?;
+        let (t, within) = device_tensor_at(&rt, to_usize(va, "va")?, to_usize(size, "size")?)?;
         let (owned, base) = t.dmabuf_fd()?;
         raw::write_out(offset, base + within, "offset")?;
         // Last: nothing can fail after the descriptor is handed over.

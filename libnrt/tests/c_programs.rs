@@ -927,6 +927,7 @@ fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd(
         ("fds", "CLOSE FDS OK"),
         ("threads", "CLOSE THREADS OK"),
         ("two", "CLOSE TWO OK"),
+        ("address", "CLOSE ADDRESS OK"),
     ] {
         let o = run({
             let mut c = Command::new(&exe);
@@ -967,6 +968,10 @@ fn nrt_init_after_nrt_close_starts_a_new_runtime() {
     );
     assert!(
         stderr.contains("src \"input\" was allocated by a runtime nrt_close has closed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("is in tensor \"input\", allocated by a runtime nrt_close has closed"),
         "{stderr}"
     );
 }

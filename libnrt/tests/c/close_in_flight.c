@@ -1,7 +1,7 @@
 /*
  * nrt_close with explicit async requests in flight: every request accepted before or during the
  * close gets its `ret` written, and the eventfds registered for it are signalled exactly.
- * Usage: close_in_flight MODEL fds|threads|two (MODEL: an identity model over MODEL_BYTES bytes,
+ * Usage: close_in_flight MODEL fds|threads|two|address (MODEL: an identity model over MODEL_BYTES bytes,
  * slow enough that requests are still in flight when nrt_close is called)
  *
  * fds:     one thread schedules executions until NRT_QUEUE_FULL, registers an eventfd for the
@@ -15,6 +15,10 @@
  * two:     as fds, but two threads call nrt_close at once: whichever returns first, every `ret`
  *          is written and both eventfds hold their counts when it does (the second close waits
  *          for the first's drain, it does not return early).
+ * address: eight threads call the entry points that find device memory by address
+ *          (nrt_get_dmabuf_fd, nrt_memcpy_to_device) in a loop while the main thread calls
+ *          nrt_close: each loop ends with NRT_CLOSED, never with the device gone under a call
+ *          the close did not wait for.
  */
 #define _GNU_SOURCE
 #include <poll.h>
@@ -27,12 +31,16 @@
 
 #include "nrt/nrt.h"
 #include "nrt/nrt_async.h"
+#include "nrt/nrt_experimental.h"
 #include "common.h"
 
 #define MODEL_BYTES (4u << 20)
 #define READ_BYTES 4096u
 #define MAX_REQS 100000
 #define UNWRITTEN ((NRT_STATUS)0xDEAD)
+/* More threads than this machine's CPUs: some are preempted inside their calls when the close
+ * comes, as a loaded machine does to any. */
+#define ADDRESS_THREADS 8
 
 static nrt_model_t *model;
 static nrt_tensor_set_t *inputs, *outputs;
@@ -226,9 +234,67 @@ static int threads_mode(void) {
     return 0;
 }
 
+struct by_address {
+    int memcpy; /* nrt_memcpy_to_device, else nrt_get_dmabuf_fd */
+    int calls;
+    NRT_STATUS last;
+};
+
+static void *address_loop(void *arg) {
+    struct by_address *a = arg;
+    static char bytes[2][64];
+    void *va = nrt_tensor_get_va(in);
+    for (;;) {
+        NRT_STATUS st;
+        int fd = -1;
+        st = a->memcpy ? nrt_memcpy_to_device(va, bytes[a->calls % 2], sizeof bytes[0])
+                       : nrt_get_dmabuf_fd((uint64_t)(uintptr_t)va, MODEL_BYTES, &fd);
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (st != NRT_SUCCESS) {
+            a->last = st;
+            return NULL;
+        }
+        a->calls++;
+    }
+}
+
+static int address_mode(void) {
+    struct by_address a[ADDRESS_THREADS];
+    pthread_t t[ADDRESS_THREADS];
+    int dmabufs = 0;
+    struct timespec pause = {0, 30 * 1000 * 1000};
+    int k;
+    ASSERT(nrt_tensor_get_va(in) != NULL);
+    for (k = 0; k < ADDRESS_THREADS; k++) {
+        a[k].memcpy = k == 0;
+        a[k].calls = 0;
+        a[k].last = NRT_SUCCESS;
+    }
+    for (k = 0; k < ADDRESS_THREADS; k++) {
+        ASSERT(pthread_create(&t[k], NULL, address_loop, &a[k]) == 0);
+    }
+    nanosleep(&pause, NULL);
+    nrt_close();
+    for (k = 0; k < ADDRESS_THREADS; k++) {
+        const char *what = a[k].memcpy ? "nrt_memcpy_to_device" : "nrt_get_dmabuf_fd";
+        ASSERT(pthread_join(t[k], NULL) == 0);
+        if (a[k].last != NRT_CLOSED) {
+            fprintf(stderr, "the %s loop ended with %d after %d calls, not NRT_CLOSED\n", what,
+                    (int)a[k].last, a[k].calls);
+            return 1;
+        }
+        ASSERT(a[k].calls > 0);
+        dmabufs += a[k].memcpy ? 0 : a[k].calls;
+    }
+    printf("CLOSE ADDRESS OK %d dma-bufs %d copies\n", dmabufs, a[0].calls);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODEL fds|threads|two\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL fds|threads|two|address\n", argv[0]);
         return 2;
     }
     setup(argv[1]);
@@ -240,6 +306,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[2], "threads") == 0) {
         return threads_mode();
+    }
+    if (strcmp(argv[2], "address") == 0) {
+        return address_mode();
     }
     fprintf(stderr, "unknown mode %s\n", argv[2]);
     return 2;

@@ -1,7 +1,7 @@
 /*
  * nrt_init again after nrt_close, as a test suite that opens and closes a runtime per test
  * does: the second runtime loads and executes; a tensor or model of the first is refused by it
- * (NRT_INVALID; a tensor can still be freed); a second nrt_init without a close is NRT_FAILURE.
+ * (NRT_INVALID, by handle or by address; a tensor can still be freed); a second nrt_init without a close is NRT_FAILURE.
  * nrt_close stops the private simdev even while a tensor of it is still allocated, and gives
  * back the memory of tensors not freed: the process's shared memory shrinks by their size.
  * Usage: reinit MODEL (an identity model over 512 bytes)
@@ -69,6 +69,9 @@ int main(int argc, char **argv) {
     nrt_model_info_t info;
     size_t info_size = 0;
     unsigned char buf[BYTES];
+    void *first_va;
+    int fd = -1;
+    uint64_t dmabuf_offset = 0;
     ASSERT(argc == 2);
     neff = read_file(argv[1], &size);
 
@@ -76,6 +79,8 @@ int main(int argc, char **argv) {
     EXPECT(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), NRT_FAILURE);
     CHECK(nrt_load(neff, size, 0, -1, &stale)); /* left loaded at close */
     first = run_once(neff, size, 0x31);
+    first_va = nrt_tensor_get_va(first);
+    ASSERT(first_va != NULL);
     /* Written whole, so its pages are resident here; never freed before close. */
     CHECK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, 0, KEPT_BYTES, "kept", &kept));
     CHECK(nrt_tensor_memset(kept, 0, 0x5A, KEPT_BYTES));
@@ -112,6 +117,14 @@ int main(int argc, char **argv) {
     /* The first runtime's tensor is not this one's. */
     EXPECT(nrt_tensor_copy(first, 0, second, 0, sizeof buf), NRT_INVALID);
     EXPECT(nrt_tensor_read(first, buf, 0, sizeof buf), NRT_INVALID);
+    /* Nor is its memory, found by address (as a transfer library does): refused as its handle
+     * is, never written to memory the closed runtime's device let go of. */
+    memset(buf, 0x77, sizeof buf);
+    EXPECT(nrt_memcpy_to_device(first_va, buf, 16), NRT_INVALID);
+    EXPECT(nrt_get_dmabuf_fd((uint64_t)(uintptr_t)first_va, BYTES, &fd), NRT_INVALID);
+    EXPECT(nrt_get_dmabuf_fd_v2((uint64_t)(uintptr_t)first_va, 16, &fd, &dmabuf_offset),
+           NRT_INVALID);
+    ASSERT(fd == -1);
     nrt_tensor_free(&first);
     ASSERT(first == NULL);
     CHECK(nrt_tensor_read(second, buf, 0, sizeof buf));
