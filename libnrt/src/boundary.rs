@@ -7,35 +7,68 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use runtime::NrtError;
 use shared::NrtStatus;
 
-/// Installs a stderr logger filtered by `NEURON_RT_LOG_LEVEL` (libnrt's level names, or
-/// `tracing` directives; default: errors only, and the warning that a NEFF runs shape-only on
-/// simdev), unless the process already has one. A value that is neither is said on stderr,
-/// and the default used.
-fn init_logging() {
+/// The filter of the logger [`init_logging`] installed, which `nrt_init` sets anew
+/// ([`read_log_level`]); unset when the process had a logger of its own.
+static FILTER: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
+/// The filter `NEURON_RT_LOG_LEVEL` asks for now (libnrt's level names, or `tracing`
+/// directives; default: errors only, and the warning that a NEFF runs shape-only on simdev). A
+/// value that is neither is said on stderr, and the default used.
+fn filter_from_env() -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = || {
-            EnvFilter::new(format!(
-                "error,{}=warn",
-                runtime::kmgr::neff_load::SHAPE_ONLY_TARGET
-            ))
-        };
-        let filter = match std::env::var("NEURON_RT_LOG_LEVEL") {
-            Ok(v) if !v.trim().is_empty() => runtime::config::log_directive(&v)
-                .and_then(|d| EnvFilter::try_new(&d).map_err(|e| format!("{v:?}: {e}")))
-                .unwrap_or_else(|e| {
-                    eprintln!("libnrt: {e}; logging errors only");
-                    default()
-                }),
-            _ => default(),
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    let default = || {
+        EnvFilter::new(format!(
+            "error,{}=warn",
+            runtime::kmgr::neff_load::SHAPE_ONLY_TARGET
+        ))
+    };
+    match std::env::var("NEURON_RT_LOG_LEVEL") {
+        Ok(v) if !v.trim().is_empty() => runtime::config::log_directive(&v)
+            .and_then(|d| EnvFilter::try_new(&d).map_err(|e| format!("{v:?}: {e}")))
+            .unwrap_or_else(|e| {
+                eprintln!("libnrt: {e}; logging errors only");
+                default()
+            }),
+        _ => default(),
+    }
+}
+
+static LOGGING: std::sync::Once = std::sync::Once::new();
+
+/// Installs a stderr logger filtered by `NEURON_RT_LOG_LEVEL` ([`filter_from_env`]) at the
+/// library's first call of any kind, unless the process already has one.
+fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    LOGGING.call_once(|| {
+        let (filter, handle) = tracing_subscriber::reload::Layer::new(filter_from_env());
+        let installed = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .try_init();
+        if installed.is_ok() {
+            let _ = FILTER.set(handle);
+        }
     });
+}
+
+/// `nrt_init` reads `NEURON_RT_LOG_LEVEL`, as libnrt does: a caller that set it after an
+/// earlier call (a core count asked before init) or between a close and the next init gets
+/// the level it set. Before the logger exists it is installed with that level.
+pub fn read_log_level() {
+    if !LOGGING.is_completed() {
+        init_logging();
+        return;
+    }
+    if let Some(handle) = FILTER.get() {
+        let _ = handle.reload(filter_from_env());
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {

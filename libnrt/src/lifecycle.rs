@@ -67,6 +67,7 @@ pub unsafe extern "C" fn nrt_init(
     fw_version: *const c_char,
     fal_version: *const c_char,
 ) -> u32 {
+    boundary::read_log_level();
     boundary::status("nrt_init", || {
         if framework > abi::FRAMEWORK_TYPE_MAX {
             return Err(NrtError::new(

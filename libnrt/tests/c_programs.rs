@@ -775,13 +775,29 @@ fn the_implicit_async_mode_calls_back_from_c_and_drains() {
         let mut c = Command::new(&exe);
         c.arg(identity_model())
             .env("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "3")
+            // Read again when the private simdev is started: the warning must not repeat.
+            .env("NEURON_RT_EXEC_TIMEOUT", "30")
+            // A libnrt variable this runtime ignores: said at init.
+            .env("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
             .env("NEURON_RT_LOG_LEVEL", "warn");
         c
     });
     assert_ran(&o, "async", "ASYNC OK 20");
-    // libnrt 2.34.10, whose API this reports, removed the mode: a user is told.
+    // libnrt 2.34.10, whose API this reports, removed the mode: a user is told, once per
+    // nrt_init however often the configuration is read.
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("libnrt 2.34.10 removed it"), "{stderr}");
+    assert_eq!(
+        stderr.matches("libnrt 2.34.10 removed it").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr
+            .matches("NEURON_RT_STOCHASTIC_ROUNDING_EN set, but this runtime does not act on it")
+            .count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// The C program of the README's libnrt section.
@@ -871,6 +887,22 @@ fn the_readme_program_builds_against_an_installed_prefix_and_runs() {
             "exit status {status}: left behind in TMPDIR: {left:?}"
         );
     }
+
+    // A datastore directory the user named that cannot hold the file: the program runs, and
+    // the default log level (errors) says why monitors will not see it.
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model())
+            .env("NEURON_RT_DATASTORE_DIR", prefix.path().join("no/such/dir"))
+            .env_remove("NEURON_RT_DATASTORE");
+        c
+    });
+    assert_ran(&o, "README program", "output starts 7 7 7 7");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("NEURON_RT_DATASTORE_DIR: the datastore file cannot be created there"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -974,6 +1006,9 @@ fn nrt_init_after_nrt_close_starts_a_new_runtime() {
         stderr.contains("is in tensor \"input\", allocated by a runtime nrt_close has closed"),
         "{stderr}"
     );
+    // The first nrt_init ran at the "error" level the test set; the second at the "info" the
+    // program set before it, though the library had logged (and set its filter) since.
+    assert_eq!(stderr.matches("nrt_init framework=").count(), 1, "{stderr}");
 }
 
 #[test]

@@ -301,6 +301,14 @@ fn open_datastore(config: &RuntimeConfig, cores: &[Vec<u32>], lnc: u32) -> NrtRe
             .unwrap_or_else(crate::datastore::default_dir);
         match Datastore::create(&dir, cores, lnc) {
             Ok(d) => return Ok(d),
+            // A directory the user named (NEURON_RT_DATASTORE_DIR) that cannot hold it is
+            // their mistake to hear about at the default level: `nrt monitor` will not see
+            // this process. The default directory failing (a small /dev/shm) is a warning.
+            Err(e) if config.datastore_dir.is_some() => tracing::error!(
+                dir = %dir.display(),
+                error = %e,
+                "NEURON_RT_DATASTORE_DIR: the datastore file cannot be created there; counters stay private (nrt monitor and nrt top will not see this process)"
+            ),
             Err(e) => tracing::warn!(
                 dir = %dir.display(),
                 error = %e,
@@ -676,6 +684,17 @@ impl Runtime {
         self.id
     }
 
+    /// The longest time an execution may take before it times out: `NEURON_RT_EXEC_TIMEOUT` as
+    /// `nrt_init` read it, or as a loaded model's load read it when that is longer (`nrt_close`
+    /// waits for executions up to this).
+    pub fn longest_exec_timeout(&self) -> Duration {
+        self.models
+            .longest_exec_timeout()
+            .map_or(self.config.exec_timeout, |t| {
+                t.max(self.config.exec_timeout)
+            })
+    }
+
     /// The configuration read at init.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
@@ -803,7 +822,9 @@ impl Runtime {
         self.check_process()?;
         let vnc = self.vnc_of(vnc)?;
         let ncs = &self.vncs[vnc as usize].ncs;
-        let m = self.models.load(&self.load_context(vnc), bytes, vnc, ncs)?;
+        let m = self
+            .models
+            .load(&self.load_context(vnc)?, bytes, vnc, ncs)?;
         Ok(self.charge_model(&m, vnc))
     }
 
@@ -818,7 +839,7 @@ impl Runtime {
         let ncs = &self.vncs[vnc as usize].ncs;
         let m = self
             .models
-            .load_neff(&self.load_context(vnc), neff, vnc, ncs)?;
+            .load_neff(&self.load_context(vnc)?, neff, vnc, ncs)?;
         Ok(self.charge_model(&m, vnc))
     }
 
@@ -828,19 +849,29 @@ impl Runtime {
         self.hw_queues.get(&nc).cloned()
     }
 
-    fn load_context(&self, vnc: u32) -> LoadContext<'_> {
-        LoadContext {
+    /// What a load on `vnc` needs, with the variables libnrt reads at load
+    /// ([`RuntimeConfig::at_load`]) read now.
+    ///
+    /// # Errors
+    /// NRT_INVALID for a malformed load-time variable, naming it.
+    fn load_context(&self, vnc: u32) -> NrtResult<LoadContext<'_>> {
+        let at_load = self
+            .config
+            .at_load(|k| std::env::var(k).ok())
+            .map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        Ok(LoadContext {
             device: &self.device,
             hw_queues: &self.hw_queues,
             target: self.target,
             max_inflight: self.config.max_inflight(),
             runtime: self.id,
-            validate_hash: self.config.validate_hash,
+            validate_hash: at_load.validate_hash,
+            exec_timeout: at_load.exec_timeout,
             hbm_in_use: self
                 .mem_used
                 .get(vnc as usize)
                 .map_or(0, |u| u.load(Ordering::Relaxed)),
-        }
+        })
     }
 
     fn charge_model(&self, m: &LoadedModel, vnc: u32) -> ModelHandle {
@@ -1178,7 +1209,7 @@ impl Runtime {
                                  ({:?}, NEURON_RT_EXEC_TIMEOUT) times the execution out — \
                                  give it more time, and a shared simdev's --reference-timeout \
                                  too; its log says what the reference did",
-                                self.config.exec_timeout
+                                m.exec_timeout()
                             ),
                             None => d,
                         }
@@ -1276,7 +1307,7 @@ impl Runtime {
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let info = self.work_item(m, resources)?;
-        let timeout = self.config.exec_timeout;
+        let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;
         // What a failing stage or doorbell said, for the refusal's message.
         let why = std::cell::RefCell::new(None);
@@ -1424,7 +1455,7 @@ impl Runtime {
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let mut info = self.work_item(m, resources)?;
         info.sync_exec = false;
-        let timeout = self.config.exec_timeout;
+        let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;
         let stage =
             |info: &mut ExecInfo<ExecRequest>, model_switch: bool| -> Result<(), NrtStatus> {
@@ -1937,7 +1968,7 @@ impl Runtime {
         // Nothing runs any more: what is left are requests that give back what the runtime
         // holds. A device that has not answered them by then is stopped or stuck, and the
         // release below gives everything back anyway.
-        if let Some(deadline) = std::time::Instant::now().checked_add(self.config.exec_timeout) {
+        if let Some(deadline) = std::time::Instant::now().checked_add(self.longest_exec_timeout()) {
             self.device.closing_by(deadline);
         }
         if let Some(t) = self.tensor_ops.take() {
@@ -2081,6 +2112,7 @@ pub mod nrt {
         }
         let config =
             RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
+        config.log_notes();
         let device = open(opts)?;
         *st = State::Initialized(Arc::new(Runtime::init(Arc::from(device), config)?));
         Ok(())
@@ -2142,7 +2174,7 @@ pub mod nrt {
         }
         let _publish = Publish;
         // An execution timeout of hours is not waited for in full.
-        let budget = rt.config().exec_timeout.min(Duration::from_secs(3600)) + CLOSE_GRACE;
+        let budget = rt.longest_exec_timeout().min(Duration::from_secs(3600)) + CLOSE_GRACE;
         let deadline = Instant::now() + budget;
         let closed = match wait_for_calls(rt, deadline) {
             Ok(rt) => {

@@ -1,18 +1,18 @@
 //! Runtime configuration from libnrt's environment variables (DESIGN §9,
-//! `reference/nrt-api.md` §3), read once at `nrt_init`.
+//! `reference/nrt-api.md` §3), read at `nrt_init` (the load-time ones again at each `nrt_load`).
 //!
 //! | variable | meaning |
 //! |---|---|
 //! | `NEURON_RT_VISIBLE_CORES` | exact logical cores: `3`, `3-5`, `3-5,6` (contiguous, increasing); wins over NUM_CORES |
 //! | `NEURON_RT_NUM_CORES` | reserve N *free* logical cores, the runtime choosing (0 = all) |
 //! | `NEURON_RT_RESET_CORES` | reset each reserved NC at init (default 1; 0 skips) |
-//! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed) |
+//! | `NEURON_RT_EXEC_TIMEOUT` | seconds per execution before NRT_TIMEOUT (default 30; fractions allowed); read again at each load ([`RuntimeConfig::at_load`]) |
 //! | `NEURON_LOGICAL_NC_CONFIG` | physical NCs per logical core: 1 or 2 (2 only on trn2); default libnrt's: 2 on trn2, 1 elsewhere ([`RuntimeConfig::lnc_on`]) |
 //! | `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` | > 0 selects the implicit async pool (`async_pool`) with that many executions in flight per logical core, at most 63 |
 //! | `NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION` | ours: 0 disables the model-switch skip-config optimisation (`reload_seq_config` always 1); default 1 |
 //! | `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY` | `critical`: report NaN/Inf results as NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003); `none` (default, as libnrt since 2.25): the execution returns success. The outputs are delivered either way |
 //! | `NEURON_FAIL_ON_NAN` | 1: the same as `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical` |
-//! | `NEURON_RT_VALIDATE_HASH` | 1: `nrt_load` checks a NEFF's header hash (the MD5 of its payload) and refuses a mismatch; default 0, as libnrt |
+//! | `NEURON_RT_VALIDATE_HASH` | 1: `nrt_load` checks a NEFF's header hash (the MD5 of its payload) and refuses a mismatch; default 0, as libnrt; read again at each load |
 //! | `NEURON_RT_DATASTORE` | ours: `off` (or 0) keeps the runtime's counters in private memory instead of the shared datastore file ([`crate::datastore`]); default on |
 //! | `NEURON_RT_DATASTORE_DIR` | ours: the directory of the datastore files `nrt-datastore-<pid>` (default `/dev/shm`, else the temp dir) |
 //! | `NEURON_RT_FUNTIME` | ours: 1 makes `execute` return success without touching a device (the seed's `gconf()->funtime` short-circuit) |
@@ -31,8 +31,11 @@ pub struct RuntimeConfig {
     pub num_cores: u32,
     /// Per-execution timeout.
     pub exec_timeout: Duration,
-    /// `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS`.
+    /// `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS`, at most 63.
     pub async_max_inflight: u32,
+    /// The value `NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS` asked for when it was above the
+    /// limit of 63 ([`RuntimeConfig::log_notes`] says so once per `nrt_init`).
+    pub async_max_inflight_asked: Option<u32>,
     /// The skip-config optimisation (`enable_model_switch_skip_tpb_config_optimization`).
     pub skip_config_optimization: bool,
     /// The funtime short-circuit.
@@ -85,6 +88,7 @@ impl Default for RuntimeConfig {
             num_cores: 0,
             exec_timeout: Duration::from_secs(30),
             async_max_inflight: 0,
+            async_max_inflight_asked: None,
             skip_config_optimization: true,
             funtime: false,
             xu_capacity: 16,
@@ -135,7 +139,10 @@ pub const MAX_SECONDS: f64 = u32::MAX as f64;
 /// # Errors
 /// What is wrong with it.
 pub fn check_seconds(secs: f64, positive: bool) -> Result<Duration, String> {
-    if !secs.is_finite() || secs < 0.0 || (positive && secs == 0.0) {
+    if secs.is_infinite() && secs > 0.0 {
+        return Err(format!("at most {MAX_SECONDS} seconds (about 136 years)"));
+    }
+    if secs.is_nan() || secs < 0.0 || (positive && secs == 0.0) {
         return Err(if positive {
             "must be a positive number of seconds".into()
         } else {
@@ -173,7 +180,9 @@ impl ConfigError {
 /// # Errors
 /// A message naming the problem.
 pub fn parse_visible_cores(value: &str) -> Result<(u32, u32), String> {
-    let mut cores = Vec::new();
+    // (first core, last core) so far: ranges are checked as they come, never expanded (a
+    // range of four billion cores is one comparison, not a vector of them).
+    let mut span: Option<(u32, u32)> = None;
     for part in value.split(',').map(str::trim) {
         if part.is_empty() {
             return Err(format!(
@@ -193,15 +202,18 @@ pub fn parse_visible_cores(value: &str) -> Result<(u32, u32), String> {
         if b < a {
             return Err(format!("range {part:?} is decreasing"));
         }
-        cores.extend(a..=b);
+        span = match span {
+            None => Some((a, b)),
+            Some((first, last)) if last.checked_add(1) == Some(a) => Some((first, b)),
+            Some(_) => return Err("cores must be contiguous and increasing".into()),
+        };
     }
-    let Some(&first) = cores.first() else {
+    let Some((first, last)) = span else {
         return Err("no cores listed".into());
     };
-    if cores.iter().zip(first..).any(|(&c, want)| c != want) {
-        return Err("cores must be contiguous and increasing".into());
-    }
-    let count = u32::try_from(cores.len()).map_err(|_| "too many cores".to_string())?;
+    let count = (last - first)
+        .checked_add(1)
+        .ok_or_else(|| "too many cores".to_string())?;
     Ok((first, count))
 }
 
@@ -245,16 +257,99 @@ pub fn log_directive(value: &str) -> Result<String, String> {
     Ok(level.to_string())
 }
 
-fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
-    match value.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
+/// A boolean variable: 1/0, true/false, yes/no, on/off in any case, with blanks around it
+/// ignored; `None` when it is unset or empty (its default applies), as for every variable.
+fn parse_bool(var: &'static str, value: Option<String>) -> Result<Option<bool>, ConfigError> {
+    let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
         _ => Err(ConfigError {
             var,
-            value: value.into(),
+            value,
             why: "expected 1/0 or true/false".into(),
         }),
     }
+}
+
+/// `NEURON_RT_EXEC_TIMEOUT`: a positive number of seconds (fractions allowed); `None` when
+/// unset or empty.
+fn parse_exec_timeout(value: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    const VAR: &str = "NEURON_RT_EXEC_TIMEOUT";
+    let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let refuse = |why: String| ConfigError {
+        var: VAR,
+        value: value.clone(),
+        why,
+    };
+    let secs: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| refuse("not a number of seconds".into()))?;
+    check_seconds(secs, true).map(Some).map_err(refuse)
+}
+
+/// The variables libnrt reads at `nrt_load`, not at `nrt_init` (nrt-api §3, "at load"): each
+/// model keeps the values set when it was loaded. `NEURON_RT_STOCHASTIC_ROUNDING_EN`, the
+/// third, has no effect here (simdev's casts round to nearest).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadConfig {
+    /// `NEURON_RT_EXEC_TIMEOUT`: the model's executions time out after this.
+    pub exec_timeout: Duration,
+    /// `NEURON_RT_VALIDATE_HASH`: check the NEFF's header hash.
+    pub validate_hash: bool,
+}
+
+/// libnrt's variables (nrt-api §3) this runtime does not act on, as exact names or as
+/// prefixes ending in `_`. Setting one changes nothing here; `nrt_init` says so
+/// ([`unsupported_variables`]).
+pub const UNSUPPORTED_VARIABLES: &[&str] = &[
+    "NEURON_RT_VIRTUAL_CORE_SIZE",
+    "NEURON_RT_LOG_LEVEL_",
+    "NEURON_RT_LOG_LOCATION",
+    "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+    "NEURON_RT_STOCHASTIC_ROUNDING_SEED",
+    "NEURON_RT_MULTI_INSTANCE_SHARED_WEIGHTS",
+    "NEURON_RT_ALLOW_LEGACY_NEFF",
+    "NEURON_RT_ROOT_COMM_ID",
+    "NEURON_RT_DBG_",
+    "NEURON_RT_DEBUG_",
+    "NEURON_RT_ENABLE_DEVICE_MEMORY_OOM_LOG",
+    "NEURON_RT_CONTIGUOUS_SCRATCHPAD",
+    "NEURON_SCRATCHPAD_PAGE_SIZE",
+    "NEURON_RT_ENABLE_DGE_NOTIFICATIONS",
+    "NEURON_RT_LOW_LATENCY_TASKS_CPU_AFFINITY",
+    "NEURON_RT_ONE_THREAD_PER_CORE",
+    "NEURON_RT_RANKS_PER_NETWORK_PROXY",
+    "NEURON_RT_GPSIMD_STDOUT_QUEUE_SIZE_BYTES",
+    "NEURON_RT_PROFILE_BUF_",
+    "NEURON_RT_INSPECT_",
+    "NEURON_RT_ASYNC_SENDRECV_",
+    "NEURON_RT_ULTRASERVER_",
+    "NEURON_RT_LOCAL_CORE_DUMP_DIRECTORY",
+    "NEURON_RT_S3_CORE_DUMP_PREFIX",
+    "NEURONCORE_GROUP_SIZES",
+];
+
+/// Which of `names` (the environment's variable names) are libnrt variables this runtime does
+/// not act on ([`UNSUPPORTED_VARIABLES`]), in order.
+pub fn unsupported_variables<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    names
+        .into_iter()
+        .filter(|name| {
+            UNSUPPORTED_VARIABLES.iter().any(|u| {
+                if u.ends_with('_') {
+                    name.starts_with(u)
+                } else {
+                    name == u
+                }
+            })
+        })
+        .collect()
 }
 
 /// libnrt's logical-core size on a device of `arch` when `NEURON_LOGICAL_NC_CONFIG` is unset:
@@ -328,8 +423,8 @@ impl RuntimeConfig {
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<(bool, Option<std::path::PathBuf>), ConfigError> {
         let mut on = true;
-        if let Some(v) = get("NEURON_RT_DATASTORE").filter(|v| !v.trim().is_empty()) {
-            on = parse_bool("NEURON_RT_DATASTORE", v.trim())?;
+        if let Some(v) = parse_bool("NEURON_RT_DATASTORE", get("NEURON_RT_DATASTORE"))? {
+            on = v;
         }
         let dir = get("NEURON_RT_DATASTORE_DIR")
             .filter(|v| !v.trim().is_empty())
@@ -354,21 +449,16 @@ impl RuntimeConfig {
             );
         }
         if let Some(v) = get("NEURON_RT_NUM_CORES").filter(|v| !v.trim().is_empty()) {
-            c.num_cores = v
-                .trim()
-                .parse()
-                .map_err(|_| err("NEURON_RT_NUM_CORES", &v, "not a number".into()))?;
-        }
-        if let Some(v) = get("NEURON_RT_EXEC_TIMEOUT").filter(|v| !v.trim().is_empty()) {
-            let secs: f64 = v.trim().parse().map_err(|_| {
+            c.num_cores = v.trim().parse().map_err(|_| {
                 err(
-                    "NEURON_RT_EXEC_TIMEOUT",
+                    "NEURON_RT_NUM_CORES",
                     &v,
-                    "not a number of seconds".into(),
+                    "not a whole number of cores, 0 (all) or more".into(),
                 )
             })?;
-            c.exec_timeout =
-                check_seconds(secs, true).map_err(|why| err("NEURON_RT_EXEC_TIMEOUT", &v, why))?;
+        }
+        if let Some(t) = parse_exec_timeout(get("NEURON_RT_EXEC_TIMEOUT"))? {
+            c.exec_timeout = t;
         }
         if let Some(v) =
             get("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS").filter(|v| !v.trim().is_empty())
@@ -381,25 +471,15 @@ impl RuntimeConfig {
                 )
             })?;
             if c.async_max_inflight > 63 {
-                tracing::warn!(
-                    requested = c.async_max_inflight,
-                    "the implicit async in-flight limit is 63"
-                );
+                c.async_max_inflight_asked = Some(c.async_max_inflight);
                 c.async_max_inflight = 63;
             }
-            if c.async_max_inflight > 0 {
-                // libnrt deprecated the mode with a warning (SDK 2.30) and removed it in the
-                // runtime whose API this reports (2.34.10): code tested on it here would take a
-                // path the real library ignores, so say so once per init.
-                tracing::warn!(
-                    "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS={}: the implicit async mode is deprecated, and libnrt 2.34.10 removed it (there the variable only warns); this runtime keeps it, as seed 000 specifies. Use the nrta_* API for new code",
-                    c.async_max_inflight
-                );
-            }
         }
-        if let Some(v) = get("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION") {
-            c.skip_config_optimization =
-                parse_bool("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", &v)?;
+        if let Some(v) = parse_bool(
+            "NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION",
+            get("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION"),
+        )? {
+            c.skip_config_optimization = v;
         }
         c.lnc = Self::lnc_from_lookup(&get)?;
         if let Some(v) =
@@ -408,23 +488,69 @@ impl RuntimeConfig {
             c.report_numerical_errors = parse_numerical_errors_verbosity(&v)
                 .map_err(|why| err("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", &v, why))?;
         }
-        if let Some(v) = get("NEURON_FAIL_ON_NAN").filter(|v| !v.trim().is_empty()) {
-            c.report_numerical_errors |= parse_bool("NEURON_FAIL_ON_NAN", &v)?;
+        if let Some(v) = parse_bool("NEURON_FAIL_ON_NAN", get("NEURON_FAIL_ON_NAN"))? {
+            c.report_numerical_errors |= v;
         }
-        if let Some(v) = get("NEURON_RT_RESET_CORES") {
-            c.reset_cores = parse_bool("NEURON_RT_RESET_CORES", &v)?;
+        if let Some(v) = parse_bool("NEURON_RT_RESET_CORES", get("NEURON_RT_RESET_CORES"))? {
+            c.reset_cores = v;
         }
-        if let Some(v) = get("NEURON_RT_VALIDATE_HASH") {
-            c.validate_hash = parse_bool("NEURON_RT_VALIDATE_HASH", &v)?;
+        if let Some(v) = parse_bool("NEURON_RT_VALIDATE_HASH", get("NEURON_RT_VALIDATE_HASH"))? {
+            c.validate_hash = v;
         }
         (c.datastore, c.datastore_dir) = Self::datastore_from_lookup(&get)?;
-        if let Some(v) = get("NEURON_RT_FUNTIME") {
-            c.funtime = parse_bool("NEURON_RT_FUNTIME", &v)?;
+        if let Some(v) = parse_bool("NEURON_RT_FUNTIME", get("NEURON_RT_FUNTIME"))? {
+            c.funtime = v;
         }
         if let Some(v) = get("NEURON_RT_TRACE").filter(|v| !v.trim().is_empty()) {
             c.trace_file = Some(v.into());
         }
         Ok(c)
+    }
+
+    /// The load-time variables read through `get` when a model is loaded; one unset (or
+    /// empty) then keeps the value read at `nrt_init` (or the default).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a malformed value.
+    pub fn at_load(&self, get: impl Fn(&str) -> Option<String>) -> Result<LoadConfig, ConfigError> {
+        Ok(LoadConfig {
+            exec_timeout: parse_exec_timeout(get("NEURON_RT_EXEC_TIMEOUT"))?
+                .unwrap_or(self.exec_timeout),
+            validate_hash: parse_bool("NEURON_RT_VALIDATE_HASH", get("NEURON_RT_VALIDATE_HASH"))?
+                .unwrap_or(self.validate_hash),
+        })
+    }
+
+    /// Logs, once (`nrt_init` calls it; reading the configuration logs nothing, however often a
+    /// count before init reads it), what the configuration asks for that deserves a warning:
+    /// libnrt variables set that this runtime ignores, the implicit async mode and its limit.
+    pub fn log_notes(&self) {
+        let set: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect();
+        let ignored = unsupported_variables(set.iter().map(String::as_str));
+        if !ignored.is_empty() {
+            tracing::warn!(
+                "{} set, but this runtime does not act on {} (README, Configuration: the libnrt variables it ignores)",
+                ignored.join(", "),
+                if ignored.len() == 1 { "it" } else { "them" }
+            );
+        }
+        if let Some(asked) = self.async_max_inflight_asked {
+            tracing::warn!(
+                "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS={asked}: the implicit async in-flight limit is 63; using 63"
+            );
+        }
+        if self.async_max_inflight > 0 {
+            // libnrt deprecated the mode with a warning (SDK 2.30) and removed it in the
+            // runtime whose API this reports (2.34.10): code tested on it here would take a
+            // path the real library ignores.
+            tracing::warn!(
+                "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS={}: the implicit async mode is deprecated, and libnrt 2.34.10 removed it (there the variable only warns); this runtime keeps it, as seed 000 specifies. Use the nrta_* API for new code",
+                self.async_max_inflight_asked
+                    .unwrap_or(self.async_max_inflight)
+            );
+        }
     }
 
     /// Executions that may be outstanding on one logical core at once: the XU depth or the
@@ -512,6 +638,157 @@ mod tests {
             let e = parse_visible_cores(v).unwrap_err();
             assert!(e.contains("empty entry"), "{v}: {e}");
         }
+    }
+
+    /// A range is one comparison: a parser that lists the cores first spends 16 GiB and 15 s
+    /// on the first of these.
+    #[test]
+    fn visible_cores_ranges_are_checked_without_being_expanded() {
+        assert_eq!(parse_visible_cores("0-4294967294"), Ok((0, u32::MAX)));
+        assert_eq!(parse_visible_cores("5-4294967295"), Ok((5, u32::MAX - 4)));
+        assert_eq!(
+            parse_visible_cores("0-4294967295"),
+            Err("too many cores".into()),
+            "2^32 cores do not fit a count"
+        );
+        assert_eq!(parse_visible_cores("0-3, 4-4294967294"), Ok((0, u32::MAX)));
+        assert!(parse_visible_cores("0-3,3-5").is_err(), "overlapping");
+        assert!(
+            parse_visible_cores("4294967295,0").is_err(),
+            "decreasing, no wrap"
+        );
+    }
+
+    #[test]
+    fn booleans_take_blanks_and_an_empty_value_is_unset_as_for_every_variable() {
+        let c = cfg(&[
+            ("NEURON_RT_RESET_CORES", " 0 "),
+            ("NEURON_RT_VALIDATE_HASH", "\tTRUE"),
+            ("NEURON_RT_FUNTIME", ""),
+            ("NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION", "  "),
+            ("NEURON_RT_DATASTORE", " off"),
+            ("NEURON_FAIL_ON_NAN", ""),
+        ])
+        .unwrap();
+        let d = RuntimeConfig::default();
+        assert!(!c.reset_cores && c.validate_hash && !c.datastore);
+        assert_eq!(c.funtime, d.funtime);
+        assert_eq!(c.skip_config_optimization, d.skip_config_optimization);
+        assert_eq!(c.report_numerical_errors, d.report_numerical_errors);
+        let e = cfg(&[("NEURON_RT_RESET_CORES", "2")]).unwrap_err();
+        assert_eq!((e.var, e.value.as_str()), ("NEURON_RT_RESET_CORES", "2"));
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_named_as_such() {
+        let e = cfg(&[("NEURON_RT_NUM_CORES", "-1")]).unwrap_err();
+        assert!(e.why.contains("whole number of cores"), "{e}");
+        let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "1e400")]).unwrap_err();
+        assert!(e.why.contains("at most"), "{e}");
+        let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "-inf")]).unwrap_err();
+        assert!(e.why.contains("positive"), "{e}");
+        let e = cfg(&[("NEURON_RT_EXEC_TIMEOUT", "NaN")]).unwrap_err();
+        assert!(e.why.contains("positive"), "{e}");
+    }
+
+    #[test]
+    fn load_time_variables_are_read_at_load_and_fall_back_to_init_when_unset() {
+        let init = cfg(&[
+            ("NEURON_RT_EXEC_TIMEOUT", "7"),
+            ("NEURON_RT_VALIDATE_HASH", "1"),
+        ])
+        .unwrap();
+        let at = |pairs: &[(&str, &str)]| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            init.at_load(|k| m.get(k).cloned())
+        };
+        assert_eq!(
+            at(&[]).unwrap(),
+            LoadConfig {
+                exec_timeout: Duration::from_secs(7),
+                validate_hash: true
+            }
+        );
+        assert_eq!(
+            at(&[
+                ("NEURON_RT_EXEC_TIMEOUT", "0.5"),
+                ("NEURON_RT_VALIDATE_HASH", "false"),
+            ])
+            .unwrap(),
+            LoadConfig {
+                exec_timeout: Duration::from_millis(500),
+                validate_hash: false
+            }
+        );
+        assert_eq!(
+            at(&[("NEURON_RT_EXEC_TIMEOUT", "")])
+                .unwrap()
+                .exec_timeout
+                .as_secs(),
+            7
+        );
+        let e = at(&[("NEURON_RT_EXEC_TIMEOUT", "soon")]).unwrap_err();
+        assert_eq!(e.var, "NEURON_RT_EXEC_TIMEOUT");
+    }
+
+    #[test]
+    fn libnrt_variables_this_runtime_ignores_are_found_by_name_or_prefix() {
+        let env = [
+            "PATH",
+            "NEURON_RT_LOG_LEVEL",
+            "NEURON_RT_LOG_LEVEL_NRT",
+            "NEURON_RT_VIRTUAL_CORE_SIZE",
+            "NEURON_RT_VIRTUAL_CORE_SIZEX",
+            "NEURON_RT_INSPECT_ENABLE",
+            "NEURON_RT_EXEC_TIMEOUT",
+            "NEURON_RT_DBG_DUMP_INPUTS_ON_ERR",
+        ];
+        assert_eq!(
+            unsupported_variables(env),
+            [
+                "NEURON_RT_LOG_LEVEL_NRT",
+                "NEURON_RT_VIRTUAL_CORE_SIZE",
+                "NEURON_RT_INSPECT_ENABLE",
+                "NEURON_RT_DBG_DUMP_INPUTS_ON_ERR"
+            ]
+        );
+        // None of the variables this runtime reads is on the list.
+        let read = [
+            "NEURON_RT_VISIBLE_CORES",
+            "NEURON_RT_NUM_CORES",
+            "NEURON_RT_RESET_CORES",
+            "NEURON_RT_EXEC_TIMEOUT",
+            "NEURON_LOGICAL_NC_CONFIG",
+            "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS",
+            "NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION",
+            "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY",
+            "NEURON_FAIL_ON_NAN",
+            "NEURON_RT_VALIDATE_HASH",
+            "NEURON_RT_DATASTORE",
+            "NEURON_RT_DATASTORE_DIR",
+            "NEURON_RT_FUNTIME",
+            "NEURON_RT_TRACE",
+            "NEURON_RT_LOG_LEVEL",
+            "NEURON_RT_BACKEND",
+        ];
+        assert!(unsupported_variables(read).is_empty());
+    }
+
+    #[test]
+    fn the_implicit_async_limit_is_kept_with_what_was_asked() {
+        let c = cfg(&[("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "64")]).unwrap();
+        assert_eq!(
+            (c.async_max_inflight, c.async_max_inflight_asked),
+            (63, Some(64))
+        );
+        let c = cfg(&[("NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", "63")]).unwrap();
+        assert_eq!(
+            (c.async_max_inflight, c.async_max_inflight_asked),
+            (63, None)
+        );
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct LoadedModel {
     datastore_slot: std::sync::OnceLock<Option<ModelSlot>>,
     /// The CPU reference simdev runs for this NEFF (its label), set once after load.
     reference: std::sync::OnceLock<String>,
+    /// Its executions' timeout (`NEURON_RT_EXEC_TIMEOUT` when it was loaded).
+    exec_timeout: std::time::Duration,
 }
 
 impl LoadedModel {
@@ -83,6 +85,12 @@ impl LoadedModel {
     /// The model's name.
     pub fn name(&self) -> &str {
         &self.model.name
+    }
+
+    /// How long one of its executions may take before NRT_TIMEOUT: `NEURON_RT_EXEC_TIMEOUT`
+    /// as its load read it.
+    pub fn exec_timeout(&self) -> std::time::Duration {
+        self.exec_timeout
     }
 
     /// The CPU reference simdev computes this NEFF's outputs with (`module.py:function`, or a
@@ -378,6 +386,8 @@ pub struct LoadContext<'a> {
     pub runtime: RuntimeId,
     /// `NEURON_RT_VALIDATE_HASH`: check a NEFF's header hash.
     pub validate_hash: bool,
+    /// `NEURON_RT_EXEC_TIMEOUT` as the load read it: the model's executions time out after it.
+    pub exec_timeout: std::time::Duration,
     /// Device bytes the logical core already holds (its memory stats' `bytes_used`): a NEFF is
     /// refused when a subgraph needs more than `hbm_bytes_per_nc` minus this (conservative
     /// with LNC=2: the whole vNC's use is counted against each of its NCs).
@@ -484,6 +494,17 @@ impl ModelDb {
         self.len() == 0
     }
 
+    /// The longest execution timeout of the loaded models (each read `NEURON_RT_EXEC_TIMEOUT`
+    /// at its load); `None` when none is loaded.
+    pub fn longest_exec_timeout(&self) -> Option<std::time::Duration> {
+        self.models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|m| m.exec_timeout)
+            .max()
+    }
+
     /// Decodes `bytes` — a NEFF (recognised by its header, parsed and placed by
     /// [`ModelDb::load_neff`]) or a model container (one for another target is refused) —,
     /// places the model on `vnc` whose physical NCs are `ncs`, and loads every TPB's blocks,
@@ -537,9 +558,12 @@ impl ModelDb {
                 NrtStatus::LoadNotEnoughNc,
                 &model.name,
                 format!(
-                    "it needs {} NCs per logical core, logical core {vnc} has {}",
+                    "it was compiled for LNC={} (one subgraph per physical NC of a logical \
+                     core) and logical core {vnc} is LNC={} (NEURON_LOGICAL_NC_CONFIG={} loads \
+                     it where the device has that size)",
                     model.sg_count,
-                    ncs.len()
+                    ncs.len(),
+                    model.sg_count
                 ),
             ));
         }
@@ -712,6 +736,7 @@ impl ModelDb {
             runtime,
             datastore_slot: std::sync::OnceLock::new(),
             reference: std::sync::OnceLock::new(),
+            exec_timeout: ctx.exec_timeout,
         });
         if let Err(e) = result {
             loaded.free();

@@ -418,14 +418,17 @@ NRT_STATUS nrt_tensor_reset_output_completion(nrt_tensor_t *output_tensor);
 
 /**
  * A file descriptor that maps the device memory at `va` (a device tensor's address from
- * nrt_tensor_get_va, `size` bytes): on simdev the memory's memfd, mapped from offset 0 at `va`.
- * The caller closes it.
+ * nrt_tensor_get_va, `size` bytes): on simdev the memory's memfd, mapped from offset 0 at `va`,
+ * whose size is fixed (ftruncate is refused). The caller closes it. On /dev/neuron this
+ * runtime exports no memory: NRT_INVALID.
  */
 NRT_STATUS nrt_get_dmabuf_fd(uint64_t va, uint64_t size, int *fd);
 
 /**
  * nrt_get_dmabuf_fd for any `va` inside a device tensor's mapping: `*offset` is where `va`
- * lies in the memory `*fd` maps. The caller closes it.
+ * lies in the memory `*fd` maps (counted from the start of the allocation, which may be more
+ * than a page: the descriptor plus the offset is the address either way). The caller closes
+ * it.
  */
 NRT_STATUS nrt_get_dmabuf_fd_v2(uint64_t va, uint64_t size, int *fd, uint64_t *offset);
 

@@ -11,7 +11,9 @@
  * With `async` each execution is scheduled with nrta_execute_schedule and polled to completion
  * with nrta_is_completed; a failed one's ret is reported as nrt_execute's would be.
  */
+#define _GNU_SOURCE
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nrt/nrt.h"
@@ -118,6 +120,24 @@ int main(int argc, char **argv) {
     ASSERT(matmul || strcmp(argv[3], "shape-only") == 0);
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
     bytes = read_file(argv[1], &size);
+    /* NEURON_RT_VALIDATE_HASH and NEURON_RT_EXEC_TIMEOUT are read at load, not at init: set
+     * after nrt_init, a hash check refuses a NEFF whose payload changed and a malformed timeout
+     * is named. */
+    {
+        unsigned char *changed = malloc(size);
+        nrt_model_t *refused = NULL;
+        ASSERT(changed != NULL && size > 0xAC);
+        memcpy(changed, bytes, size);
+        changed[0xAC] ^= 1;
+        ASSERT(setenv("NEURON_RT_VALIDATE_HASH", "1", 1) == 0);
+        EXPECT(nrt_load(changed, size, 0, -1, &refused), NRT_INVALID);
+        ASSERT(refused == NULL);
+        ASSERT(unsetenv("NEURON_RT_VALIDATE_HASH") == 0);
+        ASSERT(setenv("NEURON_RT_EXEC_TIMEOUT", "soon", 1) == 0);
+        EXPECT(nrt_load(bytes, size, 0, -1, &refused), NRT_INVALID);
+        ASSERT(unsetenv("NEURON_RT_EXEC_TIMEOUT") == 0);
+        free(changed);
+    }
     CHECK(nrt_load(bytes, size, 0, -1, &model));
     CHECK(nrt_get_model_tensor_info(model, &info));
     n_io = info->tensor_count;

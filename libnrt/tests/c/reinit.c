@@ -2,12 +2,15 @@
  * nrt_init again after nrt_close, as a test suite that opens and closes a runtime per test
  * does: the second runtime loads and executes; a tensor or model of the first is refused by it
  * (NRT_INVALID, by handle or by address; a tensor can still be freed); a second nrt_init without a close is NRT_FAILURE.
+ * NEURON_RT_LOG_LEVEL is read at each nrt_init, whatever was called before.
  * nrt_close stops the private simdev even while a tensor of it is still allocated, and gives
  * back the memory of tensors not freed: the process's shared memory shrinks by their size.
  * Usage: reinit MODEL (an identity model over 512 bytes)
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -74,6 +77,13 @@ int main(int argc, char **argv) {
     uint64_t dmabuf_offset = 0;
     ASSERT(argc == 2);
     neff = read_file(argv[1], &size);
+    /* A call before nrt_init, as a transfer library's probe does: the log level is still the
+     * one nrt_init finds. */
+    {
+        uint32_t total = 0;
+        CHECK(nrt_get_total_nc_count(&total));
+        ASSERT(total > 0);
+    }
 
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
     EXPECT(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), NRT_FAILURE);
@@ -105,7 +115,10 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    /* NEURON_RT_LOG_LEVEL is read by each nrt_init (the test runs with "error"). */
+    ASSERT(setenv("NEURON_RT_LOG_LEVEL", "info", 1) == 0);
     CHECK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    ASSERT(setenv("NEURON_RT_LOG_LEVEL", "error", 1) == 0);
     /* The new runtime's first model: the closed one's first had the same id inside. The
      * stale handle is refused, never taken for it. */
     CHECK(nrt_load(neff, size, 0, -1, &fresh));
