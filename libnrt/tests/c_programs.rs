@@ -1101,7 +1101,8 @@ fn a_real_neff_loads_and_runs_shape_only_from_c_with_its_tensor_info() {
         let mut c = Command::new(&exe);
         c.arg(&neff)
             .args(["20", "shape-only"])
-            .env("NEURON_SIMDEV_ARCH", "trn2")
+            // Any case, blanks around it: as the other variables.
+            .env("NEURON_SIMDEV_ARCH", " TRN2")
             .env("NEURON_LOGICAL_NC_CONFIG", "2")
             // libnrt's default logging: errors, and the shape-only warning.
             .env_remove("NEURON_RT_LOG_LEVEL");

@@ -1516,7 +1516,12 @@ impl Runtime {
         let pool = self
             .pool
             .as_ref()
-            .ok_or_else(|| status_err(NrtStatus::Invalid, "the implicit async pool is off"))?;
+            .ok_or_else(|| {
+                status_err(
+                    NrtStatus::Invalid,
+                    "the implicit async pool is off: it is on when NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS is above 0 at nrt_init",
+                )
+            })?;
         pool.register_callback(cb);
         Ok(())
     }

@@ -108,17 +108,18 @@ impl OpenOptions {
         };
         let mut simdev_args = Vec::new();
         if let Some(arch) = var("NEURON_SIMDEV_ARCH") {
-            // Refused here, by name, rather than by the simdev it would start.
-            let known = arch.to_str().and_then(shared::Arch::parse);
-            if known.is_none() {
+            // Refused here, by name, rather than by the simdev it would start; any case and
+            // blanks around it are taken, as for the other variables.
+            let name = arch.to_str().map(|a| a.trim().to_ascii_lowercase());
+            let Some(name) = name.filter(|n| shared::Arch::parse(n).is_some()) else {
                 return Err(DeviceError::Config {
                     message: format!(
                         "NEURON_SIMDEV_ARCH={:?} is not one of trn1, inf2, trn2",
                         arch.to_string_lossy()
                     ),
                 });
-            }
-            simdev_args.extend([OsString::from("--arch"), arch]);
+            };
+            simdev_args.extend([OsString::from("--arch"), OsString::from(name)]);
         }
         // A private simdev's Python references get less time than an execution: a hung one
         // then fails its execution (1004) before the runtime times it out and degrades the NC.
