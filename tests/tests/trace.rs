@@ -95,6 +95,28 @@ fn neuron_rt_trace_writes_one_timeline_whose_spans_and_device_events_nest() {
         events.iter().any(|e| e["ph"] == "s") && events.iter().any(|e| e["ph"] == "f"),
         "flow arrows"
     );
+    // Perfetto keeps a flow only where a slice open on its track at its time encloses its
+    // start: both kinds of arrow, every execution's.
+    for name in ["doorbell", "harvest"] {
+        let starts: Vec<_> = events
+            .iter()
+            .filter(|e| e["ph"] == "s" && e["name"] == name)
+            .collect();
+        assert!(starts.len() >= 20, "{} {name} flows", starts.len());
+        for s in starts {
+            let ts = s["ts"].as_f64().unwrap();
+            assert!(
+                events.iter().any(|x| {
+                    x["ph"] == "X"
+                        && x["pid"] == s["pid"]
+                        && x["tid"] == s["tid"]
+                        && x["ts"].as_f64().unwrap() <= ts
+                        && ts <= x["ts"].as_f64().unwrap() + x["dur"].as_f64().unwrap()
+                }),
+                "no slice encloses the start of {s}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -23,8 +23,11 @@
 //!   the simulated time, so they do not line up with the host's spans (`otherData.device_clock`
 //!   says `"simulated"`, and each such event carries `args.simulated_ts_ns`).
 //! - **Flows** (`ph: "s"`/`"f"`, `bp: "e"`, `cat: "flow"`): from an execution's `doorbell` span
-//!   to the device's `execution` event of the same logical core and `compute_idx`, and from the
-//!   device's `Execution` notification to the `harvest` span; Perfetto draws them as arrows.
+//!   to the device's `execution` slice of the same logical core and `compute_idx`, and from that
+//!   slice's last nanosecond (the execution that posted the `Execution` notification the harvest
+//!   read: Perfetto binds a flow's start to a slice open at its time, and drops one that starts
+//!   at an instant such as the notification) to the `harvest` span; Perfetto draws them as
+//!   arrows.
 //! - `otherData`: `clock`, `origin_monotonic_ns`, `sources` (`"runtime"`, and `"simdev"` when
 //!   the device's events are in), `device_events` (a sentence: where they came from, or why
 //!   there are none), `device_clock`, `spans`, `dropped_spans`, `device_event_count`,
@@ -288,9 +291,10 @@ impl Contents<'_> {
         })
     }
 
-    /// The flow events: doorbell → device execution, notification → harvest, matched by
-    /// (main NC, compute_idx), each to the first device event at or after the span start
-    /// (doorbell) or the last one before the span end (harvest).
+    /// The flow events: doorbell → device execution, execution (that posted the notification)
+    /// → harvest, matched by (main NC, compute_idx), each to the first device execution at or
+    /// after the span start (doorbell) or the last one before the span end whose notification
+    /// came before it (harvest).
     fn flows(&self) -> Vec<Value> {
         if !matches!(self.source, DeviceSource::Simdev { .. }) {
             return Vec::new();
@@ -340,20 +344,32 @@ impl Contents<'_> {
                     )
                 }
                 SpanKind::Harvest => {
+                    // From the execution that posted the notification the harvest read: a flow
+                    // starts inside a slice open on its track at its time (Perfetto drops one
+                    // that starts at an instant, and the notification is one), so at the
+                    // execution slice's last nanosecond, just before the notification.
                     let end = span.start_ns.saturating_add(span.dur_ns);
-                    let Some(note) = notifications.get(&key).and_then(|v| {
-                        v.iter()
+                    let posted = |e: &&&Event| {
+                        notifications.get(&key).is_some_and(|n| {
+                            n.iter().any(|n| {
+                                let at = self.device_host_ns(n);
+                                at >= self.device_host_ns(e) && at <= end
+                            })
+                        })
+                    };
+                    let Some(last_ns) = executions.get(&key).and_then(|v| {
+                        let exec = v
+                            .iter()
                             .filter(|e| self.device_host_ns(e) <= end)
-                            .max_by_key(|e| self.device_host_ns(e))
+                            .filter(posted)
+                            .max_by_key(|e| self.device_host_ns(e))?;
+                        let dur = exec.dur_ns.filter(|&d| d > 0)?;
+                        Some(self.device_host_ns(exec).saturating_add(dur - 1))
                     }) else {
                         continue;
                     };
                     (
-                        (
-                            device_pid,
-                            device_tid(main, seq),
-                            self.rel(self.device_host_ns(note)),
-                        ),
+                        (device_pid, device_tid(main, seq), self.rel(last_ns)),
                         (self.pid, span.tid, self.rel(span.start_ns)),
                     )
                 }
