@@ -1989,6 +1989,19 @@ impl Runtime {
                 .unwrap_or(std::path::Path::new(""));
             tracing::error!(error = %e, "writing the timeline to {} (NEURON_RT_TRACE)", path.display());
         }
+        // A profile still being captured is written as `nrt_profile_stop` would: its file was
+        // created at start and would stay empty, its executions lost with the runtime.
+        for path in self.trace.active_profiles() {
+            match self.profile_stop(&path) {
+                Ok(()) => tracing::info!(
+                    "nrt_close: wrote the profile still being captured to {}",
+                    path.display()
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, "nrt_close: the profile still being captured")
+                }
+            }
+        }
         self.models.unload_all();
         // Each logical core's queues are listed under each of its NCs: the last reference
         // releases them.

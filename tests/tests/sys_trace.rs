@@ -279,9 +279,17 @@ fn a_profile_file_is_chrome_trace_json_of_that_models_executions_only() {
         other["content"]
             .as_str()
             .unwrap()
-            .contains("simdev cannot know"),
+            .contains("simdev does not decode a NEFF's instruction streams"),
         "{other}"
     );
+    assert!(
+        other["device_program"]
+            .as_str()
+            .unwrap()
+            .contains("the model container's program"),
+        "{other}"
+    );
+    assert_eq!(other["shape_only"], false);
     assert_eq!(other["model"], "alpha");
 
     // The errors: stop without start, an unknown model, an unwritable path.
@@ -301,7 +309,22 @@ fn a_profile_file_is_chrome_trace_json_of_that_models_executions_only() {
     let e = rt.profile_start(alpha, &bad).unwrap_err();
     assert_eq!(e.status, NrtStatus::Failure);
     assert!(e.message.contains("no-such-dir/alpha.json"), "{e}");
+
+    // A profile still being captured at close is written, not left empty.
+    let open = dir.path().join("open.json");
+    rt.profile_start(alpha, &open).unwrap();
+    for _ in 0..3 {
+        rt.execute(alpha, &ins, &outs).unwrap();
+    }
     rt.close();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&open).unwrap()).unwrap();
+    let executions = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "execute")
+        .count();
+    assert_eq!(executions, 3, "{doc}");
 }
 
 /// Tensor operations are recorded when they complete, with their sequence ids, queue, bytes,

@@ -10,7 +10,9 @@ use shared::ids::SeqId;
 use super::{ModelHandle, Runtime, status_err};
 use crate::completion::NqEngine;
 use crate::error::NrtResult;
-use crate::sys_trace::{SysTrace, SysTraceConfig, SysTraceFetchOptions, chrome_trace};
+use crate::sys_trace::{
+    DeviceProgram, SysTrace, SysTraceConfig, SysTraceFetchOptions, chrome_trace,
+};
 use crate::xu::Xu;
 
 /// The sequence id the request being staged on `xu` will get: stage runs inside
@@ -98,8 +100,14 @@ impl Runtime {
                     format!("cannot write the profile file {}: {e}", path.display()),
                 )
             })?;
+        let device_program = match (self.device.backend_name(), m.reference()) {
+            ("sim", Some(r)) => DeviceProgram::NeffReference(r.to_owned()),
+            ("sim", None) if m.is_neff() => DeviceProgram::NeffShapeOnly,
+            ("sim", None) => DeviceProgram::Container,
+            _ => DeviceProgram::Device,
+        };
         self.trace
-            .profile_start(m.id(), m.name(), m.vnc(), path.to_owned())
+            .profile_start(m.id(), m.name(), m.vnc(), device_program, path.to_owned())
     }
 
     /// `nrt_profile_stop`: ends the profile started with `path` and writes it there (truncating

@@ -111,42 +111,91 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
+/// Lanes for spans `[start, end)` in the order given (sorted by start): each goes to the first
+/// lane whose last span has ended, so the spans of one lane never overlap (a track's complete
+/// events must nest, and overlapping executions do not).
+pub(super) fn lanes(spans: impl IntoIterator<Item = (u64, u64)>) -> Vec<usize> {
+    let mut ends: Vec<u64> = Vec::new();
+    spans
+        .into_iter()
+        .map(|(start, end)| match ends.iter().position(|&e| e <= start) {
+            Some(lane) => {
+                ends[lane] = end;
+                lane
+            }
+            None => {
+                ends.push(end);
+                ends.len() - 1
+            }
+        })
+        .collect()
+}
+
 /// The profile file: Chrome trace-event JSON (object form) of `p`'s executions, for process
 /// `pid` on a device whose backend is `backend`, the model's logical core being physical NCs
-/// `ncs`. Two tracks: `tid = 2·vnc + 1` the host (bind to doorbell), `tid = 2·vnc + 2` the
-/// logical core (doorbell to completion).
+/// `ncs`. Two kinds of track: `tid = 2·vnc + 1` the host (bind to doorbell), `tid = 2·vnc + 2`
+/// the logical core (doorbell to completion); executions that overlap (several in flight, or
+/// several threads) take further lanes of their kind, `tid + 512·lane`, so that every track's
+/// spans nest.
 pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String {
-    let host_tid = 2 * p.vnc + 1;
-    let core_tid = 2 * p.vnc + 2;
+    let host_tid = |lane: usize| 2 * p.vnc + 1 + 512 * u32::try_from(lane).unwrap_or(u32::MAX);
+    let core_tid = |lane: usize| 2 * p.vnc + 2 + 512 * u32::try_from(lane).unwrap_or(u32::MAX);
     let nc_list = ncs
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(" + ");
-    let mut events = vec![
-        json!({"ph": "M", "name": "process_name", "pid": pid,
-               "args": {"name": format!("nrt runtime (pid {pid}, {backend})")}}),
-        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": host_tid,
-               "args": {"name": format!("logical core {} host: bind → doorbell", p.vnc)}}),
-        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": core_tid,
-               "args": {"name": format!("logical core {} (NC {nc_list}): doorbell → completion", p.vnc)}}),
-        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": host_tid,
-               "args": {"sort_index": host_tid}}),
-        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": core_tid,
-               "args": {"sort_index": core_tid}}),
-    ];
-    let executions = p.ring.snapshot();
-    for e in &executions {
+    let mut executions = p.ring.snapshot();
+    executions.sort_by_key(|e| e.submit_ns);
+    let host_lanes = lanes(executions.iter().map(|e| (e.submit_ns, e.start_ns)));
+    let mut by_start: Vec<usize> = (0..executions.len()).collect();
+    by_start.sort_by_key(|&i| executions[i].start_ns);
+    let mut core_lanes = vec![0; executions.len()];
+    for (i, lane) in by_start.iter().zip(lanes(
+        by_start
+            .iter()
+            .map(|&i| (executions[i].start_ns, executions[i].end_ns)),
+    )) {
+        core_lanes[*i] = lane;
+    }
+    let mut events = vec![json!({"ph": "M", "name": "process_name", "pid": pid,
+               "args": {"name": format!("nrt runtime (pid {pid}, {backend})")}})];
+    let lane_name = |what: String, lane: usize| {
+        if lane == 0 {
+            what
+        } else {
+            format!("{what} (overlapping, lane {})", lane + 1)
+        }
+    };
+    for lane in 0..=host_lanes.iter().copied().max().unwrap_or(0) {
+        let tid = host_tid(lane);
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+               "args": {"name": lane_name(format!("logical core {} host: bind → doorbell", p.vnc), lane)}}));
+        events.push(
+            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+               "args": {"sort_index": tid}}),
+        );
+    }
+    for lane in 0..=core_lanes.iter().copied().max().unwrap_or(0) {
+        let tid = core_tid(lane);
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+               "args": {"name": lane_name(format!("logical core {} (NC {nc_list}): doorbell → completion", p.vnc), lane)}}));
+        events.push(
+            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+               "args": {"sort_index": tid}}),
+        );
+    }
+    for (i, e) in executions.iter().enumerate() {
         let seq_num = shared::ids::SeqId::from_raw(e.seq_id).seq_num();
         events.push(json!({
             "ph": "X", "cat": "host", "name": format!("bind + stage {}", p.model_name),
-            "pid": pid, "tid": host_tid,
+            "pid": pid, "tid": host_tid(host_lanes[i]),
             "ts": us(e.submit_ns), "dur": us(e.start_ns - e.submit_ns),
             "args": {"seq_id": e.seq_id, "seq_num": seq_num},
         }));
         events.push(json!({
             "ph": "X", "cat": "execute", "name": p.model_name,
-            "pid": pid, "tid": core_tid,
+            "pid": pid, "tid": core_tid(core_lanes[i]),
             "ts": us(e.start_ns), "dur": us(e.end_ns - e.start_ns),
             "args": {
                 "model_id": e.model_id,
@@ -157,6 +206,7 @@ pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String
                 "status_code": e.status.as_u32(),
                 "device_busy_ns": e.device_busy_ns,
                 "device_ts_ns": e.device_ts_ns,
+                "shape_only": p.device_program.shape_only(),
             },
         }));
     }
@@ -165,7 +215,9 @@ pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String
         "displayTimeUnit": "ns",
         "otherData": {
             "format": "Chrome trace-event JSON (open it in Perfetto or chrome://tracing). This is NOT an NTFF file: neuron-profile cannot read it.",
-            "content": "Host-side spans of each execution of one model as this runtime observed them (bind to doorbell, doorbell to completion), with the device's reported execution time. The NEFF's instruction-level timeline is not in it: simdev cannot know it (it runs the model container's program, not the NEFF's engine instruction streams; `simdev --trace FILE` shows its own per-engine view of that program), and this runtime does not read a device profiler.",
+            "content": "Host-side spans of each execution of one model as this runtime observed them (bind to doorbell, doorbell to completion), with the device's reported execution time (device_busy_ns). No instruction-level timeline: this runtime reads no device profiler, and simdev does not decode a NEFF's instruction streams.",
+            "device_program": p.device_program.describe(),
+            "shape_only": p.device_program.shape_only(),
             "backend": backend,
             "model": p.model_name,
             "model_id": p.model_id,

@@ -363,8 +363,41 @@ pub struct Profile {
     pub model_name: String,
     /// Its logical core.
     pub vnc: u32,
+    /// What the device runs for it (what `device_busy_ns` measures).
+    pub device_program: DeviceProgram,
     /// Its executions.
     pub ring: EventRing<ExecuteEvent>,
+}
+
+/// What the device runs for a profiled model, which is what its reported execution time
+/// measures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceProgram {
+    /// A model container's simulator-ISA program, on simdev.
+    Container,
+    /// A NEFF on simdev, run shape-only (no reference bound).
+    NeffShapeOnly,
+    /// A NEFF on simdev whose outputs a CPU reference computes (its label).
+    NeffReference(String),
+    /// The model on a Neuron device.
+    Device,
+}
+
+impl DeviceProgram {
+    /// Whether the outputs (and the time) are the shape-only stand-in, not the model's.
+    pub fn shape_only(&self) -> bool {
+        matches!(self, Self::NeffShapeOnly)
+    }
+
+    /// A sentence for the profile file.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Container => "simdev ran the model container's program (the simulator ISA); device_busy_ns is simdev's time for it".into(),
+            Self::NeffShapeOnly => "a NEFF, which simdev ran shape-only: its outputs are the documented shape-only function of its inputs, not the model's numbers, and device_busy_ns is simdev's time for that, not the model's (simdev does not decode the NEFF's instruction streams)".into(),
+            Self::NeffReference(r) => format!("a NEFF whose outputs simdev computed with the CPU reference {r}; device_busy_ns is that reference's time, not the device's (simdev does not decode the NEFF's instruction streams)"),
+            Self::Device => "the Neuron device ran the model; device_busy_ns is the execution time the device reported".into(),
+        }
+    }
 }
 
 /// A runtime's recorder (see the module docs).
@@ -657,6 +690,7 @@ impl SysTrace {
         model_id: u64,
         model_name: &str,
         vnc: u32,
+        device_program: DeviceProgram,
         path: PathBuf,
     ) -> NrtResult<()> {
         let _control = lock(&self.control);
@@ -674,11 +708,20 @@ impl SysTrace {
                 model_id,
                 model_name: model_name.to_owned(),
                 vnc,
+                device_program,
                 ring,
             });
         }
         self.rearm();
         Ok(())
+    }
+
+    /// The files of the profiles being captured.
+    pub fn active_profiles(&self) -> Vec<PathBuf> {
+        lock(&self.profiles)
+            .iter()
+            .map(|p| p.path.clone())
+            .collect()
     }
 
     /// `nrt_profile_stop`: ends the profile started with `path` and returns it.

@@ -270,8 +270,14 @@ fn bad_configs_and_options_are_refused_naming_what_is_wrong() {
 #[test]
 fn a_profile_holds_its_models_executions_only() {
     let t = trace(2);
-    t.profile_start(5, "five", 1, "/tmp/p5.json".into())
-        .unwrap();
+    t.profile_start(
+        5,
+        "five",
+        1,
+        DeviceProgram::NeffShapeOnly,
+        "/tmp/p5.json".into(),
+    )
+    .unwrap();
     assert!(
         t.armed(),
         "a profile arms the recorder without the system trace"
@@ -281,7 +287,7 @@ fn a_profile_holds_its_models_executions_only() {
         t.record_execution(1, &exec(6, 1, 10 + seq), NrtStatus::Success);
     }
     let e = t
-        .profile_start(6, "six", 1, "/tmp/p5.json".into())
+        .profile_start(6, "six", 1, DeviceProgram::Container, "/tmp/p5.json".into())
         .unwrap_err();
     assert!(e.message.contains("already"), "{e}");
     let p = t.profile_stop(Path::new("/tmp/p5.json")).unwrap();
@@ -304,6 +310,74 @@ fn a_profile_holds_its_models_executions_only() {
             .unwrap()
             .contains("NOT an NTFF")
     );
+    // A NEFF run shape-only says so, in the file and on each execution.
+    assert_eq!(doc["otherData"]["shape_only"], true);
+    assert!(
+        doc["otherData"]["device_program"]
+            .as_str()
+            .unwrap()
+            .contains("shape-only")
+    );
+    assert!(spans.iter().all(|s| s["args"]["shape_only"] == true));
+}
+
+#[test]
+fn lanes_keep_the_spans_of_one_track_apart() {
+    // Sorted by start; a lane is free again from its last span's end.
+    let spans = [(0, 10), (2, 5), (3, 4), (5, 12), (10, 11), (11, 20)];
+    assert_eq!(super::json::lanes(spans), [0, 1, 2, 1, 0, 0]);
+    assert_eq!(super::json::lanes([(0, 5), (5, 9), (9, 9)]), [0, 0, 0]);
+}
+
+#[test]
+fn a_profile_of_overlapping_executions_nests_on_every_track() {
+    let t = trace(1);
+    t.profile_start(
+        1,
+        "m",
+        0,
+        DeviceProgram::Container,
+        "/tmp/p-overlap.json".into(),
+    )
+    .unwrap();
+    // Sixteen in flight: each staged before the previous one ended.
+    let infos: Vec<_> = (0..16).map(|seq| exec(1, 0, seq)).collect();
+    for info in &infos {
+        t.record_execution(0, info, NrtStatus::Success);
+    }
+    let p = t.profile_stop(Path::new("/tmp/p-overlap.json")).unwrap();
+    let doc: Value = serde_json::from_str(&chrome_trace(&p, 42, "sim", &[10])).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(slices.len(), 32);
+    for a in &slices {
+        for b in &slices {
+            if std::ptr::eq(*a, *b) || a["tid"] != b["tid"] {
+                continue;
+            }
+            let (a0, a1) = (
+                a["ts"].as_f64().unwrap(),
+                a["ts"].as_f64().unwrap() + a["dur"].as_f64().unwrap(),
+            );
+            let (b0, b1) = (
+                b["ts"].as_f64().unwrap(),
+                b["ts"].as_f64().unwrap() + b["dur"].as_f64().unwrap(),
+            );
+            let apart = a1 <= b0 || b1 <= a0;
+            let nested = (a0 <= b0 && b1 <= a1) || (b0 <= a0 && a1 <= b1);
+            assert!(apart || nested, "overlap on tid {}: {a} and {b}", a["tid"]);
+        }
+    }
+    // Every track used is named.
+    for s in &slices {
+        assert!(
+            events
+                .iter()
+                .any(|m| m["ph"] == "M" && m["name"] == "thread_name" && m["tid"] == s["tid"]),
+            "unnamed track {}",
+            s["tid"]
+        );
+    }
 }
 
 /// Several cores record at once while another thread fetches: every event lands in its own
