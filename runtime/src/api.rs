@@ -1947,6 +1947,20 @@ impl Runtime {
         };
         let file = std::fs::File::create(path)?;
         contents.write_json(file)?;
+        let dropped_device = match source {
+            crate::trace::file::DeviceSource::Simdev { dropped, .. } => dropped,
+            crate::trace::file::DeviceSource::None(_) => 0,
+        };
+        if contents.dropped_spans > 0 || dropped_device > 0 {
+            tracing::warn!(
+                "NEURON_RT_TRACE: {} holds the first {} runtime spans and the device's first {} events per NC; {} later spans and {} device events were dropped (otherData says so too)",
+                path.display(),
+                crate::trace::DEFAULT_MAX_SPANS,
+                DEVICE_TRACE_EVENTS_PER_NC,
+                contents.dropped_spans,
+                dropped_device
+            );
+        }
         Ok(Some(path.clone()))
     }
 

@@ -1452,6 +1452,33 @@ fn text(r: &BenchReport) -> String {
     o
 }
 
+/// What a timeline file's `otherData` says was dropped, as a clause for `nrt bench`'s "trace
+/// written" line (empty when nothing was, or the file cannot say).
+pub fn trace_drops(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).map_or_else(|_| String::new(), |text| drops_in(&text))
+}
+
+/// [`trace_drops`] of a timeline file's text.
+fn drops_in(text: &str) -> String {
+    let Some(other) = text
+        .rfind("\"otherData\":")
+        .and_then(|i| text.get(i + "\"otherData\":".len()..))
+        .and_then(|tail| tail.trim_end().strip_suffix('}'))
+        .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+    else {
+        return String::new();
+    };
+    let count = |key: &str| other[key].as_u64().unwrap_or(0);
+    let (spans, device) = (count("dropped_spans"), count("dropped_device_events"));
+    if spans == 0 && device == 0 {
+        return String::new();
+    }
+    format!(
+        " — incomplete: its buffers filled, and {spans} later runtime spans and {device} device \
+         events were dropped (run fewer --iterations to see them all)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1472,6 +1499,22 @@ mod tests {
             trace: None,
             datastore: DatastoreChoice::Env,
         }
+    }
+
+    #[test]
+    fn a_trace_whose_buffers_filled_says_what_was_dropped() {
+        let file = |spans: u64, device: u64| {
+            format!(
+                "{{\"traceEvents\":[\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"dropped_spans\":{spans},\"dropped_device_events\":{device}}}}}\n"
+            )
+        };
+        assert_eq!(drops_in(&file(0, 0)), "");
+        let said = drops_in(&file(97862, 3));
+        assert!(
+            said.contains("97862 later runtime spans and 3 device events"),
+            "{said}"
+        );
+        assert_eq!(drops_in("not a trace"), "");
     }
 
     #[test]

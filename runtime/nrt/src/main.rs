@@ -416,7 +416,11 @@ fn main() -> ExitCode {
                         // Written at the runtime's close: an empty file is one that failed (the
                         // error was logged above).
                         if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-                            eprintln!("trace written to {}", path.display());
+                            eprintln!(
+                                "trace written to {}{}",
+                                path.display(),
+                                bench::trace_drops(path)
+                            );
                         } else {
                             eprintln!(
                                 "nrt bench: the trace was not written to {} (see the error above)",
