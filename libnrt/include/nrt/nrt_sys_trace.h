@@ -27,7 +27,8 @@
  *    it), `status` (e.g. "NRT_SUCCESS") and `status_code`; submit_ns <= start_ns <= end_ns.
  *  - "tensor_op": one nrta_tensor_read/write/copy. `op` ("read", "write" or "copy"), `seq_id`,
  *    `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
- * Fetching removes the returned events from the rings; stopping keeps them fetchable.
+ * Fetching removes the returned events from the rings; stopping keeps them fetchable until the
+ * next nrt_sys_trace_start, which begins with empty rings.
  *
  * Configurations and fetch options are handles of this library: a pointer it did not hand out,
  * or one already freed, is refused (NRT_INVALID, or logged and ignored by the void calls).
@@ -68,10 +69,13 @@ void nrt_sys_trace_config_set_capture_enabled_for_nc(nrt_sys_trace_config_t *con
 NRT_STATUS nrt_sys_trace_config_set_capture_enabled_for_event_type(nrt_sys_trace_config_t *config,
                                                                    const char *event_type, bool enabled);
 
-/** Starts capturing with `config` (NULL: the defaults); NRT_INVALID when already capturing. */
+/**
+ * Starts capturing with `config` (NULL: the defaults) into empty rings: events of an earlier
+ * capture not fetched yet are discarded. NRT_INVALID when already capturing.
+ */
 NRT_STATUS nrt_sys_trace_start(nrt_sys_trace_config_t *config);
 
-/** Stops capturing; captured events stay fetchable. */
+/** Stops capturing; captured events stay fetchable until the next start. */
 NRT_STATUS nrt_sys_trace_stop(void);
 
 /** New fetch options (default: every core). */
