@@ -971,6 +971,41 @@ fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd(
 }
 
 #[test]
+fn a_traced_program_that_exits_without_nrt_close_still_gets_its_timeline() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["exit_traced.c"],
+        "exit_traced",
+        true,
+    );
+    let trace = prefix.out("timeline.json");
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model()).env("NEURON_RT_TRACE", &trace);
+        c
+    });
+    assert_ran(&o, "exit_traced", "EXIT TRACED OK");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a whole JSON document");
+    let events = doc["traceEvents"].as_array().unwrap();
+    let count = |cat: &str, name: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == cat && e["name"] == name)
+            .count()
+    };
+    assert_eq!(count("runtime", "execute"), 10, "{}", doc["otherData"]);
+    assert!(
+        count("execution", "execution") >= 10,
+        "the device's events too: {}",
+        doc["otherData"]
+    );
+}
+
+#[test]
 fn a_child_forked_after_the_async_api_was_used_gets_its_own_completion_relay() {
     let prefix = Prefix::new();
     let exe = compile(&prefix, "cc", "c11", &["fork_async.c"], "fork_async", true);

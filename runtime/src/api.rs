@@ -2069,6 +2069,26 @@ pub mod nrt {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The exit hook of a traced runtime (`NEURON_RT_TRACE`): a program that returns from
+    /// `main` (or calls `exit`) without `nrt_close` still gets its timeline, written as close
+    /// would. Never unwinds into `exit`; does nothing while another thread holds the state (it
+    /// is initialising or closing a runtime) or for a runtime of another process.
+    extern "C" fn write_timeline_at_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            let st = match STATE.try_lock() {
+                Ok(st) => st,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
+            if let State::Initialized(rt) = &*st
+                && rt.check_process().is_ok()
+                && let Err(e) = rt.write_timeline()
+            {
+                eprintln!("nrt: writing the NEURON_RT_TRACE timeline at exit: {e}");
+            }
+        });
+    }
+
     /// `st`, once no close of this process is in progress (one on another thread is waited
     /// for: its drain ends within the execution timeout).
     fn after_closing(
@@ -2146,7 +2166,20 @@ pub mod nrt {
             RuntimeConfig::from_env().map_err(|e| NrtError::new(e.status(), e.to_string()))?;
         config.log_notes();
         let device = open(opts)?;
+        let traced = config.trace_file.is_some();
         *st = State::Initialized(Arc::new(Runtime::init(Arc::from(device), config)?));
+        if traced {
+            static HOOK: std::sync::Once = std::sync::Once::new();
+            // Registered after the private simdev's exit hook (at its start, above), so it
+            // runs first: the device is still there to hand over its events.
+            HOOK.call_once(|| {
+                if !crate::process::on_exit(write_timeline_at_exit) {
+                    tracing::warn!(
+                        "atexit failed: a program that exits without nrt_close leaves the NEURON_RT_TRACE file empty"
+                    );
+                }
+            });
+        }
         Ok(())
     }
 
