@@ -1206,9 +1206,11 @@ impl Runtime {
                             Some(r) => format!(
                                 "{d}; simdev computes this NEFF's outputs with the CPU reference \
                                  {r}: one that runs longer than the execution timeout \
-                                 ({:?}, NEURON_RT_EXEC_TIMEOUT) times the execution out — \
-                                 give it more time, and a shared simdev's --reference-timeout \
-                                 too; its log says what the reference did",
+                                 ({:?}, NEURON_RT_EXEC_TIMEOUT), or waits that long behind \
+                                 other executions' references (simdev's one reference worker \
+                                 runs them one at a time, for every core and client), times \
+                                 the execution out — give it more time, and a shared simdev's \
+                                 --reference-timeout too; its log says what the reference did",
                                 m.exec_timeout()
                             ),
                             None => d,

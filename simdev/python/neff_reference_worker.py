@@ -20,8 +20,8 @@ chunk once)::
 ``fd`` indexes the attached fds; ``offset`` is the tensor's byte offset in that chunk. The
 worker maps each fd whole (``mmap.mmap(fd, size of the memfd)``) and builds numpy views of the
 tensors: nothing is copied, so a 4 GiB input costs only the pages the reference touches.
-Inputs are read-only views. It imports MODULE once per path (by path, not through
-``sys.path``), calls ``FUNCTION(**inputs)`` (inputs by name) and checks the result: a dict
+Inputs are read-only views. It imports MODULE by path (not through ``sys.path``), once, and
+again when the file changed since (its modification time or size), calls ``FUNCTION(**inputs)`` (inputs by name) and checks the result: a dict
 with every declared output, each with the declared dtype and shape, and nothing else; then
 copies each into its output view (``np.copyto``) and unmaps.
 
@@ -47,16 +47,28 @@ MAX_FDS = 253
 _modules = {}
 
 
+_imports = 0
+
+
 def _function(module_path, name):
-    module = _modules.get(module_path)
-    if module is None:
-        mod_name = "neff_reference_" + str(len(_modules))
+    global _imports
+    # A module is imported again when its file changed since (modification time or size): an
+    # edited reference takes effect on the next execution of a running simdev.
+    st = os.stat(module_path)
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _modules.get(module_path)
+    if cached is None or cached[0] != stamp:
+        _imports += 1
+        mod_name = "neff_reference_" + str(_imports)
         spec = importlib.util.spec_from_file_location(mod_name, module_path)
         if spec is None or spec.loader is None:
             raise ImportError("cannot import %s" % module_path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _modules[module_path] = module
+        if cached is not None:
+            print("neff_reference_worker: %s changed; imported it again" % module_path, file=sys.stderr)
+        _modules[module_path] = (stamp, module)
+    module = _modules[module_path][1]
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError("%s has no function %r" % (module_path, name))
@@ -88,8 +100,12 @@ def _run(req, fds):
         inputs = {t["name"]: _view(maps, t, False) for t in req["inputs"]}
         outputs = {t["name"]: _view(maps, t, True) for t in req["outputs"]}
         fn = _function(req["module"], req["function"])
-        result = fn(**inputs)
         label = "%s:%s" % (os.path.basename(req["module"]), req["function"])
+        try:
+            result = fn(**inputs)
+        except SystemExit as e:
+            # The reference's own exit is its failure, not the worker's end.
+            raise RuntimeError("%s called sys.exit(%r)" % (label, e.code)) from None
         if not isinstance(result, dict):
             raise TypeError("%s returned %s, not a dict of outputs by name" % (label, type(result).__name__))
         for name, view in outputs.items():

@@ -328,7 +328,7 @@ fn module(dir: &Path, name: &str, source: &str) -> PathBuf {
 /// Each function misbehaves when `x[0, 0]` is 7 (the test's sentinel) and is `x @ y`
 /// otherwise, so one binding shows both the failure and the next execution working.
 const MISBEHAVING: &str = r#"
-import os, time
+import os, sys, time
 import numpy as np
 
 def good(x, y):
@@ -362,6 +362,16 @@ def sleeps(x, y):
 def exits(x, y):
     if x[0, 0] == 7:
         os._exit(3)
+    return good(x, y)
+
+def sleeps_long(x, y):
+    if x[0, 0] == 7:
+        time.sleep(600)
+    return good(x, y)
+
+def calls_exit(x, y):
+    if x[0, 0] == 7:
+        sys.exit(5)
     return good(x, y)
 "#;
 
@@ -506,6 +516,108 @@ fn a_reference_past_the_timeout_gives_1004_and_a_fresh_worker() {
 #[test]
 fn a_worker_that_exits_gives_1004_and_a_fresh_worker() {
     misbehaving("exits", &["the reference worker died during the execution"]);
+}
+
+#[test]
+fn a_reference_that_calls_sys_exit_gives_1004_saying_so_and_the_worker_stays() {
+    misbehaving("calls_exit", &["bad.py:calls_exit called sys.exit(5)"]);
+}
+
+/// Whether process `pid` has exited (gone, or a zombie its parent has not reaped).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X")
+    })
+}
+
+#[test]
+fn a_stopping_simdev_ends_a_reference_in_progress_instead_of_waiting_out_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(dir.path(), "bad.py", MISBEHAVING);
+    let spec = binding("matmul_small", &m, "sleeps_long");
+    let (rt, sim) = runtime(
+        &["--reference", &spec, "--reference-timeout", "600s"],
+        Some("1G"),
+    );
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+        .unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    let simdev = sim.pid();
+    std::thread::scope(|s| {
+        let running = s.spawn(|| run_with_sentinel(&rt, h, &t, 1, true).0);
+        // The worker is up (then the request is on its way, or the stop comes first: either
+        // way simdev must not wait out the 600 s).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while children(simdev).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no reference worker started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let worker = children(simdev);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(simdev).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        // Far inside the reference's 600 s; a simdev that waited it out fails here.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !exited(simdev) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "simdev still runs 60 s after SIGTERM, waiting for its reference"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(worker.iter().all(|&w| exited(w)), "the worker is gone too");
+        let r = running.join().unwrap();
+        assert!(r.is_err(), "the execution in progress failed");
+    });
+    drop(t);
+    rt.close();
+}
+
+#[test]
+fn an_edited_reference_takes_effect_on_the_next_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = module(
+        dir.path(),
+        "edited.py",
+        "def f(x, y):\n    return {\"output0\": (x @ y).astype(x.dtype)}\n",
+    );
+    let spec = binding("matmul_small", &m, "f");
+    let (rt, sim) = runtime(&["--reference", &spec], Some("1G"));
+    let h = rt
+        .load(&std::fs::read(neff_path("matmul_small")).unwrap(), 0)
+        .unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    let (r, out, want) = run_with_sentinel(&rt, h, &t, 1, false);
+    r.unwrap();
+    assert_close(&out, &want, "before the edit");
+    module(
+        dir.path(),
+        "edited.py",
+        "import numpy as np\n\ndef f(x, y):\n    # edited: zeros now\n    return {\"output0\": np.zeros((128, 128), dtype=np.float16)}\n",
+    );
+    let (r, out, _) = run_with_sentinel(&rt, h, &t, 2, false);
+    r.unwrap();
+    assert!(
+        out.iter().all(|v| v.to_f32() == 0.0),
+        "the edited module's zeros, not the old x @ y"
+    );
+    let log = std::fs::read_to_string(sim.dir().join("simdev.log")).unwrap();
+    assert!(
+        log.contains("edited.py changed; imported it again"),
+        "{log}"
+    );
+    drop(t);
+    rt.unload(h).unwrap();
+    rt.close();
 }
 
 #[test]

@@ -173,6 +173,8 @@ impl Core {
         if self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
+        // A reference in progress ends now, not at its timeout (minutes, for a slow one).
+        self.references.stop_worker();
         for nc in &self.ncs {
             // Wakes a parked execution, which sees `lost` and ends without a notification.
             nc.seq.changed();

@@ -354,10 +354,12 @@ impl Binding {
 }
 
 /// Every binding of one simdev, and the Python worker they share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct References {
     bindings: Vec<Arc<Binding>>,
     worker: Mutex<python::WorkerSlot>,
+    /// Stops the worker without its slot's lock ([`References::stop_worker`]).
+    stop: python::WorkerStop,
 }
 
 impl References {
@@ -390,9 +392,11 @@ impl References {
             bindings.push((spec, b));
         }
         let bindings = bindings.into_iter().map(|(_, b)| b).collect();
+        let slot = python::WorkerSlot::new(timeout);
         Ok(Self {
             bindings,
-            worker: Mutex::new(python::WorkerSlot::new(timeout)),
+            stop: slot.stopper(),
+            worker: Mutex::new(slot),
         })
     }
 
@@ -420,6 +424,13 @@ impl References {
             .iter()
             .find(|b| &b.uuid == uuid && &b.hash == hash)
             .cloned()
+    }
+
+    /// Ends the reference in progress, if any, at once (its execution fails, 1004: the device is
+    /// going away), and every later one: a stopping simdev does not wait out a reference's
+    /// timeout.
+    pub fn stop_worker(&self) {
+        self.stop.stop();
     }
 
     /// The pid of the running Python worker, if one runs.

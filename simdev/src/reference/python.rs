@@ -17,9 +17,11 @@
 //! keeps the worker.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -72,6 +74,35 @@ impl Drop for Worker {
 pub struct WorkerSlot {
     worker: Option<Worker>,
     timeout: Duration,
+    stop: WorkerStop,
+}
+
+/// Ends a reference in progress from another thread (the device going away) without the slot's
+/// lock, which the execution waiting for the reply holds: a `shutdown(2)` of simdev's end of
+/// the socketpair (through a duplicate of it, kept here while the worker runs) wakes that wait
+/// with EOF, and the execution then kills and reaps the worker as for any worker that died.
+/// Once stopped, no worker starts again.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerStop(std::sync::Arc<(std::sync::Mutex<Option<OwnedFd>>, AtomicBool)>);
+
+impl WorkerStop {
+    /// Stops the worker's reference in progress, if any, and every later start.
+    pub fn stop(&self) {
+        let (socket, stopped) = &*self.0;
+        stopped.store(true, Ordering::SeqCst);
+        let socket = socket.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(fd) = socket.as_ref() {
+            let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.0.1.load(Ordering::SeqCst)
+    }
+
+    fn watch(&self, socket: Option<OwnedFd>) {
+        *self.0.0.lock().unwrap_or_else(PoisonError::into_inner) = socket;
+    }
 }
 
 /// The JSON request for one execution and the fds to attach, each chunk once, in the order
@@ -122,7 +153,13 @@ impl WorkerSlot {
         Self {
             worker: None,
             timeout,
+            stop: WorkerStop::default(),
         }
+    }
+
+    /// What stops this slot's worker from another thread.
+    pub fn stopper(&self) -> WorkerStop {
+        self.stop.clone()
     }
 
     /// The running worker's pid.
@@ -131,6 +168,9 @@ impl WorkerSlot {
     }
 
     fn start(&mut self) -> Result<&Worker, String> {
+        if self.stop.stopped() {
+            return Err("simdev is stopping: no reference runs any more".to_owned());
+        }
         if self.worker.is_none() {
             let (ours, theirs) = shared::fd_passing::seqpacket_pair()
                 .map_err(|e| format!("socketpair for the reference worker: {e}"))?;
@@ -156,6 +196,7 @@ impl WorkerSlot {
                 .spawn()
                 .map_err(|e| format!("cannot start the reference worker {python:?}: {e}"))?;
             tracing::info!("reference worker started: pid {}", child.id());
+            self.stop.watch(ours.try_clone().ok());
             let worker = Worker {
                 child,
                 socket: ours,
@@ -183,6 +224,7 @@ impl WorkerSlot {
 
     /// Kills and reaps the worker, and says how it ended.
     fn discard(&mut self) -> String {
+        self.stop.watch(None);
         match self.worker.take() {
             Some(mut w) => match w.child.try_wait() {
                 Ok(Some(s)) => format!("it exited ({s})"),
