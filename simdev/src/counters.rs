@@ -40,7 +40,8 @@ pub struct Counters {
     /// the exit report and by [`crate::Device::faults_fired`]).
     pub faults_fired: AtomicU64,
     /// NEFF programs run shape-only to their end (no instruction semantics; see
-    /// [`crate::shape_only`]).
+    /// [`crate::shape_only`]), and replays of a golden file recorded from such outputs: the
+    /// executions whose outputs are not the NEFF's numbers.
     pub neff_shape_only_executions: AtomicU64,
     /// NEFF programs whose outputs a bound reference computed ([`crate::reference`]).
     pub neff_reference_executions: AtomicU64,

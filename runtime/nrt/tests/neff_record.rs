@@ -128,6 +128,18 @@ fn record_writes_10_executions_of_every_tensor_with_shape_only_outputs() {
         err.contains("closest is execution 4: input \"x\" differs first at byte 100 of 65536"),
         "{err}"
     );
+    // Bound as the NEFF's reference, a recording of shape-only outputs replays them, and the
+    // report says they are shape-only, not the NEFF's numbers.
+    let binding = format!("{small}={}", out.display());
+    let mut env = LNC2.to_vec();
+    env.push(("NEURON_SIMDEV_REFERENCE", &binding));
+    let o = nrt(
+        &["bench", "--neff", &small, "--iterations", "2", "--json"],
+        &env,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["outputs"], "shape-only", "{report}");
 }
 
 /// The NEFF's tensors bound in chunks of an in-memory simdev address space, as simdev binds

@@ -113,6 +113,14 @@ pub struct Binding {
     pub label: Arc<str>,
 }
 
+impl Binding {
+    /// Whether it replays a golden file recorded from simdev's shape-only outputs: its
+    /// executions' outputs are not the NEFF's numbers.
+    pub fn replays_shape_only(&self) -> bool {
+        matches!(&self.reference, Reference::Golden(g) if g.shape_only())
+    }
+}
+
 impl BoundTensor {
     /// Whether the tensor holds a NaN or an infinity: a float value whose exponent field is
     /// all ones (IEEE fp32, fp16, bf16, fp8 e5m2 and, by the same rule, fp8 e3m4), or, for
