@@ -239,6 +239,23 @@ impl BindingSpec {
         })
     }
 
+    /// The same binding with its files' paths made canonical where they exist (a path that
+    /// does not is kept, for the load to name).
+    #[must_use]
+    pub fn canonical(self) -> Self {
+        let canon = |p: PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
+        Self {
+            neff: canon(self.neff),
+            target: match self.target {
+                Target::Python { module, function } => Target::Python {
+                    module: canon(module),
+                    function,
+                },
+                Target::Golden(g) => Target::Golden(canon(g)),
+            },
+        }
+    }
+
     /// Splits `text` (the [`ENV_REFERENCE`] syntax) at `;`, skipping empty items.
     ///
     /// # Errors
@@ -381,11 +398,18 @@ impl References {
     /// to guess.
     pub fn load(specs: &[String], timeout: Duration) -> Result<Self, String> {
         let mut bindings: Vec<(&str, Arc<Binding>)> = Vec::new();
+        // One binding spelled two ways (`./ref.py` and `ref.py`) is one binding.
+        let mut seen: Vec<BindingSpec> = Vec::new();
         for spec in specs {
             if bindings.iter().any(|(s, _)| s == spec) {
                 continue;
             }
-            let b = BindingSpec::parse(spec).and_then(|b| Binding::load(&b).map(Arc::new))?;
+            let parsed = BindingSpec::parse(spec)?.canonical();
+            if seen.contains(&parsed) {
+                continue;
+            }
+            seen.push(parsed.clone());
+            let b = Binding::load(&parsed).map(Arc::new)?;
             if let Some((first, _)) = bindings
                 .iter()
                 .find(|(_, o)| o.uuid == b.uuid && o.hash == b.hash)
@@ -538,6 +562,19 @@ mod tests {
         let mut other = b.hash;
         other[0] ^= 1;
         assert!(refs.find(&h.uuid, &other).is_none());
+    }
+
+    #[test]
+    fn one_binding_spelled_two_ways_counts_once_and_two_different_ones_are_refused() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let neff = data("matmul_small.neff");
+        let plain = format!("{neff}={dir}/python/ref_matmul.py:matmul");
+        let dotted = format!("{neff}={dir}/python/./ref_matmul.py:matmul");
+        let refs = References::load(&[plain.clone(), dotted], Duration::from_secs(1)).unwrap();
+        assert_eq!(refs.bindings.len(), 1);
+        let other = format!("{neff}={dir}/python/ref_matmul.py:other");
+        let e = References::load(&[plain, other], Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("two references for one NEFF"), "{e}");
     }
 
     /// A golden file recorded from simdev's shape-only outputs is bound (its replay is what
