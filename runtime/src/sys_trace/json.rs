@@ -138,8 +138,9 @@ pub(super) fn lanes(spans: impl IntoIterator<Item = (u64, u64)>) -> Vec<usize> {
 /// several threads) take further lanes of their kind, `tid + 512·lane`, so that every track's
 /// spans nest.
 pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String {
-    let host_tid = |lane: usize| 2 * p.vnc + 1 + 512 * u32::try_from(lane).unwrap_or(u32::MAX);
-    let core_tid = |lane: usize| 2 * p.vnc + 2 + 512 * u32::try_from(lane).unwrap_or(u32::MAX);
+    // Track kind 1: the host (bind to doorbell); kind 2: the logical core.
+    let tid =
+        |kind: u32, lane: usize| 2 * p.vnc + kind + 512 * u32::try_from(lane).unwrap_or(u32::MAX);
     let nc_list = ncs
         .iter()
         .map(u32::to_string)
@@ -167,35 +168,45 @@ pub fn chrome_trace(p: &Profile, pid: u32, backend: &str, ncs: &[u32]) -> String
             format!("{what} (overlapping, lane {})", lane + 1)
         }
     };
-    for lane in 0..=host_lanes.iter().copied().max().unwrap_or(0) {
-        let tid = host_tid(lane);
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": lane_name(format!("logical core {} host: bind → doorbell", p.vnc), lane)}}));
-        events.push(
-            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-               "args": {"sort_index": tid}}),
-        );
-    }
-    for lane in 0..=core_lanes.iter().copied().max().unwrap_or(0) {
-        let tid = core_tid(lane);
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-               "args": {"name": lane_name(format!("logical core {} (NC {nc_list}): doorbell → completion", p.vnc), lane)}}));
-        events.push(
-            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-               "args": {"sort_index": tid}}),
-        );
+    let tracks = [
+        (
+            1,
+            format!("logical core {} host: bind → doorbell", p.vnc),
+            &host_lanes,
+        ),
+        (
+            2,
+            format!(
+                "logical core {} (NC {nc_list}): doorbell → completion",
+                p.vnc
+            ),
+            &core_lanes,
+        ),
+    ];
+    for (kind, name, lanes) in tracks {
+        for lane in 0..=lanes.iter().copied().max().unwrap_or(0) {
+            let tid = tid(kind, lane);
+            events.push(
+                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                   "args": {"name": lane_name(name.clone(), lane)}}),
+            );
+            events.push(
+                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                   "args": {"sort_index": tid}}),
+            );
+        }
     }
     for (i, e) in executions.iter().enumerate() {
         let seq_num = shared::ids::SeqId::from_raw(e.seq_id).seq_num();
         events.push(json!({
             "ph": "X", "cat": "host", "name": format!("bind + stage {}", p.model_name),
-            "pid": pid, "tid": host_tid(host_lanes[i]),
+            "pid": pid, "tid": tid(1, host_lanes[i]),
             "ts": us(e.submit_ns), "dur": us(e.start_ns - e.submit_ns),
             "args": {"seq_id": e.seq_id, "seq_num": seq_num},
         }));
         events.push(json!({
             "ph": "X", "cat": "execute", "name": p.model_name,
-            "pid": pid, "tid": core_tid(core_lanes[i]),
+            "pid": pid, "tid": tid(2, core_lanes[i]),
             "ts": us(e.start_ns), "dur": us(e.end_ns - e.start_ns),
             "args": {
                 "model_id": e.model_id,
