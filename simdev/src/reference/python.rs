@@ -100,8 +100,19 @@ impl WorkerStop {
         self.0.1.load(Ordering::SeqCst)
     }
 
+    /// Keeps `socket` (a duplicate of simdev's end of a new worker's socketpair) for
+    /// [`WorkerStop::stop`], or forgets the last one (`None`). A stop that came between the
+    /// start's check and this call shuts the new socket down here: `stop` sets the flag before
+    /// it takes the lock, and this reads the flag under it.
     fn watch(&self, socket: Option<OwnedFd>) {
-        *self.0.0.lock().unwrap_or_else(PoisonError::into_inner) = socket;
+        let (slot, stopped) = &*self.0;
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        *slot = socket;
+        if stopped.load(Ordering::SeqCst)
+            && let Some(fd) = slot.as_ref()
+        {
+            let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
     }
 }
 
