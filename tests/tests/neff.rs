@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime::config::RuntimeConfig;
+use runtime::sys_trace::{SysTraceConfig, SysTraceFetchOptions};
 use runtime::{Placement, Runtime};
 use shared::NrtStatus;
 use shared::neff_program::shape_only::{EDGE_BYTES, Seed, expected_output, splitmix64};
@@ -104,6 +105,33 @@ fn matmul_small_runs_shape_only_with_device_and_host_tensors_on_trn2_lnc2() {
         baseline,
         "unload frees every byte the NEFF took"
     );
+    rt.close();
+}
+
+/// The system trace says a NEFF's executions were shape-only (what simdev ran is not what
+/// silicon would), on every execute event.
+#[test]
+fn the_system_trace_marks_a_neffs_executions_shape_only() {
+    let (rt, _sim) = runtime("trn2", 2, Some("1G"));
+    let h = rt.load(&neff_bytes("matmul_small"), 0).unwrap();
+    let t = io(&rt, Placement::Device { vnc: 0 }, SMALL);
+    rt.sys_trace_start(&SysTraceConfig::new()).unwrap();
+    for _ in 0..3 {
+        rt.execute(h, &t.ins, &t.outs).unwrap();
+    }
+    let doc: serde_json::Value = serde_json::from_str(
+        &rt.sys_trace_fetch_events(&SysTraceFetchOptions::default())
+            .unwrap(),
+    )
+    .unwrap();
+    let events = doc["ncs"][0]["events"].as_array().unwrap();
+    assert_eq!(events.len(), 3, "{doc}");
+    for e in events {
+        assert_eq!(e["device_program"], "neff_shape_only", "{e}");
+        assert_eq!(e["shape_only"], true, "{e}");
+    }
+    rt.sys_trace_stop().unwrap();
+    rt.unload(h).unwrap();
     rt.close();
 }
 

@@ -119,6 +119,8 @@ fn sync_executions_make_one_span_each_while_capturing_and_none_otherwise() {
     for s in &spans {
         assert_eq!(s["type"], "execute");
         assert_eq!(s["model"], "alpha");
+        assert_eq!(s["device_program"], "container");
+        assert_eq!(s["shape_only"], false);
         assert_eq!(s["model_id"], m.id);
         assert_eq!(s["nc_idx"], 0);
         assert_eq!(s["physical_ncs"], serde_json::json!([0]));

@@ -25,6 +25,10 @@
  *    when it posted the completion: not the host clock above and not comparable with it; on
  *    simdev, nanoseconds since simdev started), `device_busy_ns` (the device's time executing
  *    it), `status` (e.g. "NRT_SUCCESS") and `status_code`; submit_ns <= start_ns <= end_ns.
+ *    While the model is loaded, `device_program` says what the device ran ("container",
+ *    "neff_shape_only", "neff_reference" or "device") and `shape_only` is true when simdev
+ *    ran a NEFF shape-only (outputs and device_busy_ns are its stand-in, not the model's: simdev
+ *    does not decode NEFF instructions); both are null once the model is unloaded.
  *  - "tensor_op": one nrta_tensor_read/write/copy. `op` ("read", "write" or "copy"), `seq_id`,
  *    `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
  * Fetching removes the returned events from the rings; stopping keeps them fetchable until the

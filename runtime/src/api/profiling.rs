@@ -10,6 +10,7 @@ use shared::ids::SeqId;
 use super::{ModelHandle, Runtime, status_err};
 use crate::completion::NqEngine;
 use crate::error::NrtResult;
+use crate::kmgr::LoadedModel;
 use crate::sys_trace::{
     DeviceProgram, SysTrace, SysTraceConfig, SysTraceFetchOptions, chrome_trace,
 };
@@ -66,7 +67,7 @@ impl Runtime {
     pub fn sys_trace_fetch_events(&self, options: &SysTraceFetchOptions) -> NrtResult<String> {
         self.check_process()?;
         self.trace.fetch(options, |id| {
-            self.models.get(id).map(|m| m.name().to_owned())
+            (self.models.get(id)).map(|m| (m.name().to_owned(), self.device_program(&m)))
         })
     }
 
@@ -100,14 +101,19 @@ impl Runtime {
                     format!("cannot write the profile file {}: {e}", path.display()),
                 )
             })?;
-        let device_program = match (self.device.backend_name(), m.reference()) {
+        let device_program = self.device_program(&m);
+        self.trace
+            .profile_start(m.id(), m.name(), m.vnc(), device_program, path.to_owned())
+    }
+
+    /// What the device runs for `m`: which its outputs and reported execution time are.
+    fn device_program(&self, m: &LoadedModel) -> DeviceProgram {
+        match (self.device.backend_name(), m.reference()) {
             ("sim", Some(r)) => DeviceProgram::NeffReference(r.to_owned()),
             ("sim", None) if m.is_neff() => DeviceProgram::NeffShapeOnly,
             ("sim", None) => DeviceProgram::Container,
             _ => DeviceProgram::Device,
-        };
-        self.trace
-            .profile_start(m.id(), m.name(), m.vnc(), device_program, path.to_owned())
+        }
     }
 
     /// `nrt_profile_stop`: ends the profile started with `path` and writes it there (truncating

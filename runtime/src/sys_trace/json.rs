@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Event, ExecuteEvent, Profile, TensorOpEvent};
+use super::{DeviceProgram, Event, ExecuteEvent, Profile, TensorOpEvent};
 
 /// One logical core's part of a fetch.
 #[derive(Debug)]
@@ -19,18 +19,20 @@ pub(super) struct NcSection<'a> {
     pub(super) events: Vec<Event>,
 }
 
-fn execute_event(
-    e: &ExecuteEvent,
-    event_idx: u64,
-    model_name: &dyn Fn(u64) -> Option<String>,
-) -> Value {
+/// A model id's name and what the device runs for it, while it is loaded.
+pub(super) type ModelLookup<'a> = dyn Fn(u64) -> Option<(String, DeviceProgram)> + 'a;
+
+fn execute_event(e: &ExecuteEvent, event_idx: u64, model: &ModelLookup<'_>) -> Value {
+    let (name, program) = model(e.model_id).unzip();
     json!({
         "type": "execute",
         "event_idx": event_idx,
         "nc_idx": e.vnc,
         "physical_ncs": &e.ncs[..e.num_ncs],
         "model_id": e.model_id,
-        "model": model_name(e.model_id),
+        "model": name,
+        "device_program": program.as_ref().map(DeviceProgram::tag),
+        "shape_only": program.as_ref().map(DeviceProgram::shape_only),
         "seq_id": e.seq_id,
         "seq_num": shared::ids::SeqId::from_raw(e.seq_id).seq_num(),
         "compute_idx": e.compute_idx,
@@ -68,7 +70,7 @@ pub(super) fn fetch_document(
     capturing: bool,
     event_types: &[&str],
     ncs: &[NcSection<'_>],
-    model_name: &dyn Fn(u64) -> Option<String>,
+    model: &ModelLookup<'_>,
 ) -> String {
     let ncs: Vec<Value> = ncs
         .iter()
@@ -78,7 +80,7 @@ pub(super) fn fetch_document(
                 .iter()
                 .zip(s.first_event_idx..)
                 .map(|(e, idx)| match e {
-                    Event::Execute(x) => execute_event(x, idx, model_name),
+                    Event::Execute(x) => execute_event(x, idx, model),
                     Event::TensorOp(t) => tensor_op_event(t, idx),
                 })
                 .collect();

@@ -51,6 +51,10 @@
 //!   at the notification — its own, not comparable with the host times; simdev's counts from
 //!   its start — and its execution time, from the main NC's notification), `status`
 //!   (name, `"NRT_SUCCESS"`) and `status_code` (its number). `submit_ns <= start_ns <= end_ns`.
+//!   While the model is loaded, also what the device ran ([`DeviceProgram::tag`]:
+//!   `device_program`, `"container"`, `"neff_shape_only"`, `"neff_reference"` or `"device"`) and
+//!   `shape_only` (`true` when its outputs and `device_busy_ns` are simdev's shape-only stand-in
+//!   for a NEFF, not the model's); both `null` once it is unloaded.
 //! - `"tensor_op"`: one tensor operation. `op` (`"read"`, `"write"` or `"copy"`), `seq_id`,
 //!   `seq_num`, `queue`, `bytes`, `submit_ns`, `start_ns`, `end_ns`, `status`, `status_code`.
 //!
@@ -389,6 +393,17 @@ impl DeviceProgram {
         matches!(self, Self::NeffShapeOnly)
     }
 
+    /// A short tag for each execute event of the system trace: `"container"`,
+    /// `"neff_shape_only"`, `"neff_reference"` or `"device"`.
+    pub fn tag(&self) -> &'static str {
+        match self {
+            Self::Container => "container",
+            Self::NeffShapeOnly => "neff_shape_only",
+            Self::NeffReference(_) => "neff_reference",
+            Self::Device => "device",
+        }
+    }
+
     /// A sentence for the profile file.
     pub fn describe(&self) -> String {
         match self {
@@ -612,14 +627,15 @@ impl SysTrace {
     }
 
     /// `nrt_sys_trace_fetch_events`: the JSON document of the module docs, with the fetched
-    /// events removed from the rings; `model_name` names a model id (`None`: unloaded).
+    /// events removed from the rings; `model` gives a model id's name and what the device runs
+    /// for it (`None`: unloaded).
     ///
     /// # Errors
     /// NRT_INVALID for an `nc_idx` that is not a logical core of this runtime.
     pub fn fetch(
         &self,
         options: &SysTraceFetchOptions,
-        model_name: impl Fn(u64) -> Option<String>,
+        model: impl Fn(u64) -> Option<(String, DeviceProgram)>,
     ) -> NrtResult<String> {
         let n = self.vncs.len();
         if let Some(i) = options.nc_idx.filter(|i| *i as usize >= n) {
@@ -675,7 +691,7 @@ impl SysTrace {
             capturing,
             &types,
             &ncs,
-            &model_name,
+            &model,
         ))
     }
 

@@ -1,7 +1,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -43,7 +43,14 @@ fn trace(vncs: u32) -> SysTrace {
 }
 
 fn fetch(t: &SysTrace, options: SysTraceFetchOptions) -> Value {
-    let text = t.fetch(&options, |id| Some(format!("model{id}"))).unwrap();
+    // Model 7 is a NEFF run shape-only, model 8 is unloaded, the others are containers.
+    let text = t
+        .fetch(&options, |id| match id {
+            7 => Some((format!("model{id}"), DeviceProgram::NeffShapeOnly)),
+            8 => None,
+            _ => Some((format!("model{id}"), DeviceProgram::Container)),
+        })
+        .unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
@@ -65,6 +72,27 @@ fn started(vncs: u32, config: &SysTraceConfig) -> SysTrace {
     let t = trace(vncs);
     t.start(config).unwrap();
     t
+}
+
+#[test]
+fn execute_events_say_what_the_device_ran() {
+    let t = started(1, &SysTraceConfig::new());
+    for model in [1, 7, 8] {
+        t.record_execution(0, &exec(model, 0, 1), NrtStatus::Success);
+    }
+    let doc = all(&t);
+    assert_eq!(
+        field(&doc, 0, "device_program"),
+        [json!("container"), json!("neff_shape_only"), Value::Null]
+    );
+    assert_eq!(
+        field(&doc, 0, "shape_only"),
+        [json!(false), json!(true), Value::Null]
+    );
+    assert_eq!(
+        field(&doc, 0, "model"),
+        [json!("model1"), json!("model7"), Value::Null]
+    );
 }
 
 #[test]
