@@ -39,11 +39,31 @@ mod neff_record;
 mod scenario;
 mod top;
 
+/// What `nrt --help` says about the environment (README "Choosing a backend" and
+/// "Configuration" say the rest).
+const ENVIRONMENT: &str = "\
+Environment (README \"Choosing a backend\" and \"Configuration\"):
+  NEURON_RT_BACKEND         auto (default: /dev/neuron0, else NEURON_SIMDEV_SOCKET, else a private simdev), sim, neuron
+  NEURON_SIMDEV_SOCKET      a running simdev's socket (`nrt simdev --socket S`)
+  NEURON_SIMDEV_ARCH        a private simdev's arch: trn1 (default), inf2, trn2
+  NEURON_SIMDEV_BIN         the simdev program to start privately (default: this program, as `nrt simdev`)
+  NEURON_SIMDEV_REFERENCE   NEFFs bound to a CPU reference (FILE.neff=MODULE.py:FUNCTION), read by simdev
+  NEURON_SIMDEV_PYTHON      the Python (with numpy) simdev runs references with (default python3)
+  NEURON_RT_VISIBLE_CORES, NEURON_RT_NUM_CORES, NEURON_LOGICAL_NC_CONFIG, NEURON_RT_RESET_CORES,
+  NEURON_RT_EXEC_TIMEOUT, NEURON_RT_VALIDATE_HASH, NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS,
+  NEURON_RT_NUMERICAL_ERRORS_VERBOSITY, NEURON_FAIL_ON_NAN, NEURON_RT_LOG_LEVEL
+                            as libnrt reads them; other NEURON_RT_* libnrt variables are named in a WARN at init
+  NEURON_RT_DATASTORE       off: no datastore file (default on: the counters `nrt monitor` and `nrt top` read)
+  NEURON_RT_DATASTORE_DIR   the datastore's directory
+  NEURON_RT_TRACE           write the runtime's and the device's timeline (Perfetto JSON) to this file at close
+  RUST_LOG                  this program's and simdev's logging (default warn), to stderr";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "nrt",
     version,
-    about = "Neuron runtime tool: devices, benchmarks, scenarios"
+    about = "Neuron runtime tool: devices, benchmarks, scenarios",
+    after_help = ENVIRONMENT
 )]
 struct Cli {
     #[command(subcommand)]
@@ -528,4 +548,31 @@ fn write_model(
         .map_err(|e| e.to_string())?;
     std::fs::write(out, &container).map_err(|e| format!("writing {}: {e}", out.display()))?;
     Ok(container.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// `nrt --help` names every variable of the README's backend table.
+    #[test]
+    fn help_names_every_variable_of_the_readmes_table() {
+        let help = Cli::command().render_long_help().to_string();
+        let readme = include_str!("../../../README.md");
+        let table: Vec<&str> = readme
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `NEURON"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        assert!(table.len() >= 10, "the README's table: {table:?}");
+        for rest in table {
+            let name = format!("NEURON{rest}");
+            assert!(
+                help.contains(&name),
+                "nrt --help does not name {name}:\n{help}"
+            );
+        }
+    }
 }
