@@ -49,6 +49,10 @@ fn init_logging() {
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
+                    // A log write that fails (stderr closed or full) is dropped: the default
+                    // reports it with `eprintln!`, which panics (in whichever thread logged)
+                    // when stderr is what failed.
+                    .log_internal_errors(false)
                     .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
             )
             .try_init();

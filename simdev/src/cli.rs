@@ -225,6 +225,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log write that fails (a full disk, a closed stderr) is dropped: the default
+        // reports it with `eprintln!`, which panics when stderr is what failed.
+        .log_internal_errors(false)
         // Colour only on a terminal: a private simdev's stderr is its log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();

@@ -25,6 +25,7 @@ use std::io::{self, IoSliceMut, Write};
 use std::ops::ControlFlow;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -438,7 +439,22 @@ impl Server {
         let thread = std::thread::Builder::new()
             .name(format!("simdev-conn-{id}"))
             .spawn(move || {
-                serve_connection(&device, &socket, &allow, receive);
+                let served = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    serve_connection(&device, &socket, &allow, receive);
+                }));
+                if served.is_err() {
+                    // The client was disconnected as the panic unwound; closing both ends here
+                    // (this one and the table's duplicate) shows it the device gone at once,
+                    // rather than an execution that never completes.
+                    tracing::error!(
+                        "connection {id}: serving it panicked (a simdev bug); its client is \
+                         disconnected and its NCs released"
+                    );
+                    let _ = nix::sys::socket::shutdown(
+                        socket.as_raw_fd(),
+                        nix::sys::socket::Shutdown::Both,
+                    );
+                }
                 drop(socket);
                 connections
                     .lock()
@@ -591,10 +607,24 @@ fn serve_connection(device: &Device, socket: &OwnedFd, allow_uids: &[u32], recei
         }
     };
     tracing::info!("client {} connected (pid {pid}, uid {uid})", client.0);
+    let _connected = Connected { device, client };
     let mut session = Session::new(client);
     let mut buffers = Buffers::for_connection(socket, receive);
     while serve_batch(device, socket, &mut session, &mut buffers).is_continue() {}
-    device.disconnect(client);
+}
+
+/// A connected client, disconnected (its NCs, memory and queues released) when this is
+/// dropped: at the end of its connection, or while serving it unwinds from a panic, so that
+/// one connection's bug never leaves an NC claimed for every later client.
+struct Connected<'a> {
+    device: &'a Device,
+    client: ClientId,
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.device.disconnect(self.client);
+    }
 }
 
 /// Receives the messages of `session`'s connection that are waiting (at least one, at most
@@ -1001,12 +1031,14 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
 
 #[cfg(test)]
 mod tests {
+    use std::panic::AssertUnwindSafe;
     use std::sync::Arc;
 
     use shared::protocol::{
         self, Answer, ErrorKind, Handler, MAX_MSG_SIZE, PROTOCOL_VERSION, Reply, Request,
     };
 
+    use crate::client::ClientId;
     use crate::config::Config;
     use crate::device::Device;
     use crate::uring::ReceivePath;
@@ -1028,6 +1060,38 @@ mod tests {
 
     fn device() -> Arc<Device> {
         Arc::new(Device::new(&Config::default()).unwrap())
+    }
+
+    /// Claims NC 0 for `client` through `device`'s request handler: whether it was granted.
+    fn claims_nc0(device: &Device, client: ClientId) -> bool {
+        matches!(
+            device.handle(client, Request::ClaimNc { nc: 0 }).0,
+            Reply::NcClaimed { nc: 0 }
+        )
+    }
+
+    /// A connection whose serving panics still disconnects its client: the NC it claimed is
+    /// free for the next client (it stayed claimed when the disconnect followed the serving
+    /// loop instead of being a guard's drop).
+    #[test]
+    fn a_panic_while_serving_a_client_still_releases_its_nc() {
+        let dev = device();
+        let first = dev.connect(7);
+        assert!(claims_nc0(&dev, first));
+        let second = dev.connect(8);
+        assert!(!claims_nc0(&dev, second), "NC 0 is the first client's");
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _connected = super::Connected {
+                device: &dev,
+                client: first,
+            };
+            panic!("a bug while serving");
+        }));
+        assert!(unwound.is_err());
+        assert!(
+            claims_nc0(&dev, second),
+            "NC 0 was released by the unwinding"
+        );
     }
 
     /// Both receive paths: each test below runs on each (io_uring falls back to `recvmmsg`

@@ -284,6 +284,9 @@ fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log write that fails (a full disk, a closed stderr) is dropped: the default
+        // reports it with `eprintln!`, which panics when stderr is what failed.
+        .log_internal_errors(false)
         // A private simdev (`nrt simdev`) logs to a file: no colour sequences there.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();

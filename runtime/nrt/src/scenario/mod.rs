@@ -72,6 +72,9 @@ pub fn init_tracing(cmd: &ScenarioCommand) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log write that fails (a full disk, a closed stderr) is dropped: the default
+        // reports it with `eprintln!`, which panics when stderr is what failed.
+        .log_internal_errors(false)
         .try_init();
 }
 
