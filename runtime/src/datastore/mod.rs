@@ -205,7 +205,7 @@ impl Datastore {
             .open(&tmp)
             .map_err(io_err(&tmp))?;
         let made = (|| {
-            file.set_len(size as u64).map_err(io_err(&tmp))?;
+            reserve(&file, size).map_err(io_err(&tmp))?;
             let chunk = SharedChunk::map_fd(&file, 0, size, true)?;
             let mut ds = Self::fill(chunk, None, cores, lnc)?;
             ds.publish()?;
@@ -693,3 +693,23 @@ impl Counters<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// Sizes `file` to `size` bytes with every block reserved, so that no store into its mapping
+/// can fault: a sparse file (`set_len`) on a full filesystem (a small `/dev/shm`) took a SIGBUS
+/// at the first store. A size above the process's file-size limit (`ulimit -f`) is refused
+/// before the kernel would send SIGXFSZ, whose default action ends the process.
+fn reserve(file: &File, size: usize) -> io::Result<()> {
+    let len = i64::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE)
+        && soft != nix::sys::resource::RLIM_INFINITY
+        && soft < size as u64
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "the datastore's {size} bytes exceed this process's file-size limit of {soft} bytes (ulimit -f)"
+            ),
+        ));
+    }
+    nix::fcntl::posix_fallocate(file, 0, len).map_err(io::Error::from)
+}

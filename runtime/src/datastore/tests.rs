@@ -501,3 +501,21 @@ fn a_slot_left_locked_by_a_dead_writer_is_skipped_without_hanging() {
     assert_eq!(s.models.iter().map(|m| m.id).collect::<Vec<_>>(), vec![2]);
     assert!(s.read_retries > 0);
 }
+
+/// The datastore's file is reserved, not sparse: every block is allocated before it is mapped,
+/// so a full filesystem is an error at creation rather than a SIGBUS at the first store.
+#[test]
+fn the_file_is_reserved_block_for_block_before_it_is_mapped() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = File::create(dir.path().join("f")).unwrap();
+    let size = 1 << 20;
+    super::reserve(&file, size).unwrap();
+    let meta = file.metadata().unwrap();
+    assert_eq!(meta.len(), size as u64);
+    assert!(
+        meta.blocks() * 512 >= size as u64,
+        "{} bytes allocated of {size}",
+        meta.blocks() * 512
+    );
+}
