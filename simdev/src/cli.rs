@@ -213,6 +213,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// simdev cannot start or fails, 2 for bad arguments, [`EXIT_DEVICE_LOST`] (3) after an
 /// injected DeviceLost fault.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    // First, before any thread: a parent's blocked signals or ignored SIGCHLD would break
+    // simdev's stop, its runtime's death and its reference worker (`signals`).
+    let reset = crate::signals::reset_inherited();
     let args = match Args::try_parse_from(args) {
         Ok(args) => args,
         Err(e) => {
@@ -231,6 +234,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         // Colour only on a terminal: a private simdev's stderr is its log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    if let Err(e) = reset {
+        tracing::warn!("resetting the signal mask and SIGCHLD inherited from the parent: {e}");
+    }
     let env = std::env::var(ENV_REFERENCE).ok();
     match run(args.config_with_env(env.as_deref())) {
         Ok(()) => ExitCode::SUCCESS,

@@ -61,6 +61,7 @@ pub mod registers;
 pub mod sched;
 pub mod server;
 pub mod shape_only;
+pub mod signals;
 pub mod timing;
 pub mod trace;
 pub mod uring;

@@ -792,7 +792,26 @@ fn simdevs_in(dir: &Path) -> Vec<i32> {
 #[test]
 fn a_killed_bench_leaves_no_simdev_and_no_simdev_directory() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut child, dir) = bench_with_a_private_simdev(tmp.path());
+    killed_bench_takes_its_simdev(bench_with_a_private_simdev(tmp.path()));
+}
+
+/// The same for a bench started with every signal blocked (a program that blocks them before
+/// `nrt_init`): the mask is inherited across `exec` (Rust's `Command` does not reset it), and
+/// a simdev that kept it never saw its parent's death and stayed, orphaned.
+#[test]
+fn a_killed_bench_started_with_every_signal_blocked_takes_its_simdev_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().to_owned();
+    let started = std::thread::spawn(move || {
+        nix::sys::signal::SigSet::all().thread_block().unwrap();
+        bench_with_a_private_simdev(&path)
+    })
+    .join()
+    .unwrap();
+    killed_bench_takes_its_simdev(started);
+}
+
+fn killed_bench_takes_its_simdev((mut child, dir): (std::process::Child, PathBuf)) {
     assert_eq!(simdevs_in(&dir).len(), 1, "its simdev runs");
     child.kill().unwrap();
     child.wait().unwrap();

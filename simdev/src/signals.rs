@@ -1,0 +1,44 @@
+//! The signal state simdev starts from: what its parent left that would break it is undone
+//! first thing ([`reset_inherited`]), before any thread starts (threads inherit the mask).
+//!
+//! Both survive `exec`, and Rust's `Command` resets neither: a program that blocks every
+//! signal (or ignores SIGCHLD) before `nrt_init` hands that to its private simdev.
+//! - A blocked mask left simdev deaf to SIGTERM (its runtime's stop, which then waited out its
+//!   grace and killed it) and to the parent-death signal (its runtime killed, it stayed
+//!   orphaned with its directory).
+//! - An ignored SIGCHLD has the kernel reap simdev's children itself, so the reference
+//!   worker's exit could not be waited for.
+
+use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
+
+/// Unblocks every signal on the calling thread and restores SIGCHLD's default action. Call it
+/// before any other thread starts.
+pub fn reset_inherited() -> nix::Result<()> {
+    SigSet::empty().thread_set_mask()?;
+    // SAFETY: `SIG_DFL` installs no handler, so no code of ours runs in signal context; the
+    // call only changes the disposition, before any other thread exists to race with it.
+    unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) }.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a thread of its own (the mask is per thread; the disposition is the process's, and
+    /// SIGCHLD's default is what every test runs with).
+    #[test]
+    fn a_blocked_mask_is_cleared() {
+        std::thread::spawn(|| {
+            let mut blocked = SigSet::empty();
+            blocked.add(Signal::SIGTERM);
+            blocked.add(Signal::SIGUSR1);
+            blocked.thread_block().unwrap();
+            reset_inherited().unwrap();
+            let now = SigSet::thread_get_mask().unwrap();
+            assert!(!now.contains(Signal::SIGTERM));
+            assert!(!now.contains(Signal::SIGUSR1));
+        })
+        .join()
+        .unwrap();
+    }
+}
