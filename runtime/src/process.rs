@@ -82,8 +82,15 @@ impl Leftover {
             Self::Child { pid, dir } => {
                 if let Ok(pid) = i32::try_from(*pid) {
                     let pid = nix::unistd::Pid::from_raw(pid);
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                    let _ = nix::sys::wait::waitpid(pid, None);
+                    // Only a child still there (not already reaped by the kernel, as it is
+                    // when the program ignores SIGCHLD: its pid may name another process).
+                    let flags = nix::sys::wait::WaitPidFlag::WNOHANG;
+                    if let Ok(nix::sys::wait::WaitStatus::StillAlive) =
+                        nix::sys::wait::waitpid(pid, Some(flags))
+                    {
+                        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                        let _ = nix::sys::wait::waitpid(pid, None);
+                    }
                 }
                 let _ = std::fs::remove_dir_all(dir);
             }

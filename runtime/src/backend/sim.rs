@@ -1535,7 +1535,7 @@ impl PrivateSimdev {
     }
 
     fn stop_child(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        if self.exited() {
             return;
         }
         if let Ok(pid) = i32::try_from(self.child.id()) {
@@ -1546,13 +1546,22 @@ impl PrivateSimdev {
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if self.exited() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !self.exited() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Whether the child has exited: reaped now, or no longer a child at all (ECHILD: a
+    /// program that ignores SIGCHLD has the kernel reap its children as they exit, and their
+    /// pids may already name other processes, which must not be signalled).
+    fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 }
 
