@@ -588,7 +588,15 @@ impl Runtime {
                 efd_pool_size: config.xu_capacity,
                 implicit_async_mode: config.async_max_inflight > 0,
             };
-            let made = |s: NrtStatus| status_err(s, "creating an execution unit");
+            let made = |e: NrtError| {
+                status_err(
+                    e.status,
+                    format!(
+                        "creating an execution unit of logical core {vnc}: {}",
+                        e.message
+                    ),
+                )
+            };
             // The logical core's XUs (seed 004 `tpb_xus`, async 3.x): one worker epolls them
             // all. COMPUTE queue 0 runs executions; COLLECTIVES queues 0..2 exist, reachable by
             // id, and accept no work yet.
@@ -615,7 +623,7 @@ impl Runtime {
             }
         }
         let workers = XuWorkers::start(&xus.groups())
-            .map_err(|s| status_err(s, "starting the XU workers"))?;
+            .map_err(|e| status_err(e.status, format!("starting the XU workers: {}", e.message)))?;
         let pool = if config.async_max_inflight > 0 {
             Some(AsyncPool::start(
                 &vncs.iter().map(|v| v.ncs.clone()).collect::<Vec<_>>(),

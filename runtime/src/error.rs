@@ -46,3 +46,37 @@ impl From<crate::backend::DeviceError> for NrtError {
 
 /// Result of a runtime call.
 pub type NrtResult<T> = Result<T, NrtError>;
+
+/// The error of a system call that made `what` (an eventfd, an epoll instance, a thread):
+/// `NRT_RESOURCE` for a limit — the process's descriptors (`EMFILE`, named with its
+/// `ulimit -n`), the system's (`ENFILE`), memory (`ENOMEM`) or threads (`EAGAIN`) — else
+/// `NRT_FAILURE`; the message names the errno.
+pub fn os_error(e: nix::errno::Errno, what: &str) -> NrtError {
+    use nix::errno::Errno;
+    match e {
+        Errno::EMFILE => {
+            let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map_or_else(|_| "?".to_owned(), |(soft, _)| soft.to_string());
+            NrtError::new(
+                NrtStatus::Resource,
+                format!(
+                    "creating {what}: {e}: this process's open-file limit (RLIMIT_NOFILE, \
+                     ulimit -n) is {limit}, too few for the runtime's eventfds (one per queue \
+                     slot of each execution unit) beside the program's own descriptors"
+                ),
+            )
+        }
+        Errno::ENFILE | Errno::ENOMEM | Errno::EAGAIN => {
+            NrtError::new(NrtStatus::Resource, format!("creating {what}: {e}"))
+        }
+        _ => NrtError::new(NrtStatus::Failure, format!("creating {what}: {e}")),
+    }
+}
+
+/// [`os_error`] of an `io::Error` (one that carries no errno is `NRT_FAILURE`).
+pub fn io_os_error(e: &std::io::Error, what: &str) -> NrtError {
+    match e.raw_os_error() {
+        Some(errno) => os_error(nix::errno::Errno::from_raw(errno), what),
+        None => NrtError::new(NrtStatus::Failure, format!("creating {what}: {e}")),
+    }
+}

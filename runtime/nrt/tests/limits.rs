@@ -54,3 +54,28 @@ fn a_datastore_above_the_file_size_limit_is_refused_and_the_bench_runs() {
         "no datastore file (nor its temporary) is left"
     );
 }
+
+/// Too few descriptors for the runtime's eventfds is NRT_RESOURCE naming the limit (it was
+/// NRT_FAILURE "creating an execution unit", the EMFILE dropped).
+#[test]
+fn too_low_an_open_file_limit_is_a_resource_error_naming_the_limit() {
+    let sim = start_simdev(&[]);
+    let bench = nrt_command(sim.socket());
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("ulimit -n 64 && exec \"$0\" \"$@\"")
+        .arg(bench.get_program())
+        .args(["bench", "--model", "identity", "--iterations", "5"]);
+    for (k, v) in bench.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = c.output().expect("sh runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for part in ["NRT_RESOURCE", "EMFILE", "ulimit -n", "64"] {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
+}

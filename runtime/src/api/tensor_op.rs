@@ -93,7 +93,12 @@ impl TensorOps {
                         implicit_async_mode: false,
                     };
                     let xu = Xu::new_typed(XuType::TensorOp, cfg, engine.clone(), metrics.clone())
-                        .map_err(|s| status_err(s, "creating a tensor-op execution unit"))?;
+                        .map_err(|e| {
+                            status_err(
+                                e.status,
+                                format!("creating a tensor-op execution unit: {}", e.message),
+                            )
+                        })?;
                     xus.push(Arc::new(xu));
                 }
             }

@@ -262,14 +262,14 @@ fn an_xu_whose_id_fields_do_not_fit_is_invalid_not_a_panic() {
     for xu_type in [XuType::TensorOp, XuType::Compute, XuType::Collectives] {
         for queue in [16, 17, 200, u8::MAX] {
             assert_eq!(
-                make(xu_type, queue, 0).unwrap_err(),
+                make(xu_type, queue, 0).unwrap_err().status,
                 NrtStatus::Invalid,
                 "queue {queue}"
             );
         }
         for vnc in [256, 1000, u32::MAX] {
             assert_eq!(
-                make(xu_type, 0, vnc).unwrap_err(),
+                make(xu_type, 0, vnc).unwrap_err().status,
                 NrtStatus::Invalid,
                 "vnc {vnc}"
             );
@@ -280,6 +280,26 @@ fn an_xu_whose_id_fields_do_not_fit_is_invalid_not_a_panic() {
             "the largest fit"
         );
     }
+}
+
+/// An eventfd refused for a descriptor limit is NRT_RESOURCE naming the limit (it was
+/// NRT_FAILURE with no reason: "creating an execution unit").
+#[test]
+fn an_eventfd_refused_for_the_fd_limit_is_a_resource_error_naming_the_limit() {
+    use nix::errno::Errno;
+    let e = crate::error::os_error(Errno::EMFILE, "its has_work eventfd");
+    assert_eq!(e.status, NrtStatus::Resource);
+    for part in ["has_work eventfd", "EMFILE", "ulimit -n"] {
+        assert!(e.message.contains(part), "{part}: {}", e.message);
+    }
+    assert_eq!(
+        crate::error::os_error(Errno::ENFILE, "x").status,
+        NrtStatus::Resource
+    );
+    assert_eq!(
+        crate::error::os_error(Errno::EINVAL, "x").status,
+        NrtStatus::Failure
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey, sealed}
 use super::handoff::CompEfd;
 use super::queue::{Consumer, ExecStatus, Install, Producer, Registration, XuQueue};
 use super::sync::{AtomicU8, AtomicU64, Mutex, Ordering, lock};
+use crate::error::{NrtError, os_error};
 use crate::metrics::{Metrics, TpbResponse};
 
 /// Queue indexes an xu_id can name (its queue field has 4 bits).
@@ -385,9 +386,10 @@ impl<E: CompletionEngine> Xu<E> {
     ///
     /// # Errors
     /// `NRT_INVALID` for capacity 0, a tpb count outside 1..=2, a queue index of
-    /// [`XU_QUEUE_LIMIT`] or more, or a vNC above 255 (the xu_id's fields); `NRT_FAILURE` when
-    /// an eventfd cannot be created.
-    pub fn new(config: XuConfig, engine: Arc<E>, metrics: Arc<Metrics>) -> Result<Self, NrtStatus> {
+    /// [`XU_QUEUE_LIMIT`] or more, or a vNC above 255 (the xu_id's fields); when an eventfd
+    /// cannot be created, `NRT_RESOURCE` for the process's or the system's descriptor limit or
+    /// memory, else `NRT_FAILURE`, naming the error ([`os_error`]).
+    pub fn new(config: XuConfig, engine: Arc<E>, metrics: Arc<Metrics>) -> Result<Self, NrtError> {
         Self::new_typed(XuType::Compute, config, engine, metrics)
     }
 
@@ -401,23 +403,37 @@ impl<E: CompletionEngine> Xu<E> {
         config: XuConfig,
         engine: Arc<E>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, NrtStatus> {
+    ) -> Result<Self, NrtError> {
+        let invalid = |why: String| NrtError::new(NrtStatus::Invalid, why);
         if config.tpbs.is_empty() || config.tpbs.len() > MAX_TPBS_PER_VNC {
-            return Err(NrtStatus::Invalid);
+            return Err(invalid(format!(
+                "{} TPBs per logical core (1 to {MAX_TPBS_PER_VNC})",
+                config.tpbs.len()
+            )));
         }
         // The xu_id's fields: queue 4 bits, vNC 8 bits (`XuId::new` asserts the queue's).
-        let vnc = u8::try_from(config.vnc).map_err(|_| NrtStatus::Invalid)?;
+        let vnc = u8::try_from(config.vnc)
+            .map_err(|_| invalid(format!("logical core {} (at most 255)", config.vnc)))?;
         if config.queue >= XU_QUEUE_LIMIT {
-            return Err(NrtStatus::Invalid);
+            return Err(invalid(format!(
+                "queue {} (below {XU_QUEUE_LIMIT})",
+                config.queue
+            )));
         }
         let xu_id = XuId::new(xu_type, config.queue, vnc);
-        let (producer, consumer) = XuQueue::with_capacity(xu_id, config.capacity)?;
+        let (producer, consumer) = XuQueue::with_capacity(xu_id, config.capacity)
+            .map_err(|s| NrtError::new(s, format!("a queue of {} slots", config.capacity)))?;
         let has_work_efd = EventFd::from_value_and_flags(
             0,
             EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_CLOEXEC,
         )
-        .map_err(|_| NrtStatus::Failure)?;
-        let efd_pool = EfdPool::new(config.efd_pool_size).map_err(|_| NrtStatus::Failure)?;
+        .map_err(|e| os_error(e, "its has_work eventfd"))?;
+        let efd_pool = EfdPool::new(config.efd_pool_size).map_err(|e| {
+            os_error(
+                e,
+                &format!("its completion eventfds ({})", config.efd_pool_size),
+            )
+        })?;
         Ok(Self {
             vnc: config.vnc,
             tpbs: config.tpbs,

@@ -55,6 +55,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use shared::NrtStatus;
 
 use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey};
+use crate::error::NrtError;
 
 /// What an epoll event means to a worker (the seed's 16-byte `{tag, xu}` record, typed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -350,15 +351,18 @@ impl XuWorkers {
     /// `<prefix><vnc of the group's first XU>`.
     ///
     /// # Errors
-    /// `NRT_INVALID` for an empty group or one of more than [`MAX_OWNED_XUS`] XUs;
-    /// `NRT_FAILURE` when an eventfd, epoll instance or thread cannot be created (the workers
-    /// already started are stopped).
-    pub fn start(groups: &[Vec<Arc<dyn ExecutionUnit>>]) -> Result<Self, NrtStatus> {
+    /// `NRT_INVALID` for an empty group or one of more than [`MAX_OWNED_XUS`] XUs; when an
+    /// eventfd, epoll instance or thread cannot be created, [`crate::error::io_os_error`]'s
+    /// (`NRT_RESOURCE` for a limit, naming it), and the workers already started are stopped.
+    pub fn start(groups: &[Vec<Arc<dyn ExecutionUnit>>]) -> Result<Self, NrtError> {
         if groups
             .iter()
             .any(|g| g.is_empty() || g.len() > MAX_OWNED_XUS)
         {
-            return Err(NrtStatus::Invalid);
+            return Err(NrtError::new(
+                NrtStatus::Invalid,
+                format!("a worker owns 1 to {MAX_OWNED_XUS} execution units"),
+            ));
         }
         let set = WORKER_SET_ID.fetch_add(1, Ordering::Relaxed);
         let mut this = Self {
@@ -369,9 +373,11 @@ impl XuWorkers {
             match this.spawn_one(group.clone()) {
                 Ok(w) => this.workers.push(w),
                 Err(e) => {
-                    tracing::error!(vnc = group[0].vnc(), error = %e, "failed to start the XU worker");
                     this.destroy();
-                    return Err(NrtStatus::Failure);
+                    return Err(crate::error::io_os_error(
+                        &e,
+                        &format!("the XU worker of logical core {}", group[0].vnc()),
+                    ));
                 }
             }
         }
