@@ -743,7 +743,22 @@ impl Buffers {
         if path == ReceivePath::IoUring {
             match ReceiveRing::new(socket.as_fd()) {
                 Ok(ring) => buffers.ring = Some(ring),
-                Err(e) => tracing::debug!("no io_uring for a connection ({e}): recvmmsg"),
+                Err(e) => {
+                    // Said once per process at INFO (a container's seccomp profile blocks
+                    // io_uring for every connection alike), then per connection at DEBUG.
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    let mut said = false;
+                    SAID.call_once(|| {
+                        said = true;
+                        tracing::info!(
+                            "no io_uring ({e}): connections write their notification eventfds, \
+                             then wait in recvmmsg (two system calls where io_uring takes one)"
+                        );
+                    });
+                    if !said {
+                        tracing::debug!("no io_uring for a connection ({e}): recvmmsg");
+                    }
+                }
             }
         }
         buffers
