@@ -24,7 +24,9 @@
 //! and ended between two samples. Readers report it [`snapshot::Liveness::Closed`]. A forked
 //! child never touches the file. A process that dies without closing (SIGKILL) leaves its file
 //! live: readers report it [`snapshot::Liveness::Stale`] (its pid is gone, or the pid was reused
-//! by a process with another start time). The next `Runtime::init` in that directory removes
+//! by a process with another start time, and no process holds the file's `flock`: the
+//! writer holds it for its life, so a writer in another PID namespace, whose pid `/proc`
+//! cannot show, is still live). The next `Runtime::init` in that directory removes
 //! stale files and files closed more than [`CLOSED_LINGER`] ago ([`remove_stale`]), so the
 //! directory does not fill. A reader may call [`remove_stale`] as well.
 
@@ -152,6 +154,10 @@ pub struct Datastore {
     /// Physical NC → TPB record index (`u32::MAX`: not ours).
     tpb_of_nc: Vec<u32>,
     slots: Mutex<SlotTable>,
+    /// The published file, exclusively `flock`ed while this runtime lives (the lock goes with
+    /// the process, however it ends): readers in any PID namespace see the writer live by it
+    /// ([`reader::writer_holds_lock`]) where `/proc` shows them another namespace's pids.
+    _lock: Option<nix::fcntl::Flock<File>>,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -205,9 +211,13 @@ impl Datastore {
             .open(&tmp)
             .map_err(io_err(&tmp))?;
         let made = (|| {
+            // Locked before anything is in it: a file of this runtime is never unlocked.
+            let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                .map_err(|(_, e)| io_err(&tmp)(io::Error::from(e)))?;
             reserve(&file, size).map_err(io_err(&tmp))?;
-            let chunk = SharedChunk::map_fd(&file, 0, size, true)?;
+            let chunk = SharedChunk::map_fd(&*file, 0, size, true)?;
             let mut ds = Self::fill(chunk, None, cores, lnc)?;
+            ds._lock = Some(file);
             ds.publish()?;
             // Link the finished file to the first free final name.
             for n in 0..1024u32 {
@@ -337,6 +347,7 @@ impl Datastore {
             cores: to_u32(cores.len()),
             tpb_of_nc,
             slots: Mutex::new(SlotTable::default()),
+            _lock: None,
         })
     }
 

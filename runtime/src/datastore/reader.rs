@@ -94,7 +94,31 @@ pub fn read_file(path: &Path) -> Result<ProcessSnapshot, ReadError> {
         MemError::Map { source, .. } => io_err(source),
         e => ReadError::Mem(e),
     })?;
-    read_chunk(&chunk, false)
+    let mut snapshot = read_chunk(&chunk, false)?;
+    // A live file whose pid `/proc` does not show (its writer is in another PID namespace) is
+    // live while its writer holds the file's lock.
+    if snapshot.liveness == Liveness::Stale
+        && chunk
+            .load_u64(offsets::HEADER_STATE as u64, Ordering::Acquire)
+            .is_ok_and(|state| state == STATE_LIVE)
+        && writer_holds_lock(&file)
+    {
+        snapshot.liveness = Liveness::Live;
+    }
+    Ok(snapshot)
+}
+
+/// Whether a process holds `file`'s `flock` (a datastore's writer holds it exclusively for
+/// its life): a shared lock cannot be taken without waiting. Any other failure of the probe
+/// says nothing, and counts as not held.
+pub(crate) fn writer_holds_lock(file: &File) -> bool {
+    let Ok(probe) = file.try_clone() else {
+        return false;
+    };
+    match nix::fcntl::Flock::lock(probe, nix::fcntl::FlockArg::LockSharedNonblock) {
+        Ok(_taken) => false,
+        Err((_, e)) => e == nix::errno::Errno::EWOULDBLOCK,
+    }
 }
 
 /// Every datastore file in `dir` with what reading it gave, by file name.
@@ -147,7 +171,7 @@ fn pid_of_name(name: &str) -> Option<u32> {
 }
 
 /// Removes the stale datastore files in `dir`: those whose writer is gone (pid dead, or reused
-/// with another start time), those closed more than [`super::CLOSED_LINGER`] ago (by their
+/// with another start time, and its lock not held), those closed more than [`super::CLOSED_LINGER`] ago (by their
 /// modification time, stamped at close), unreadable ones whose file-name pid is dead, and the
 /// temporary files of dead writers. Returns the files removed. `Runtime::init` calls it for
 /// its directory; readers may.
@@ -165,6 +189,7 @@ pub fn remove_stale(dir: &Path) -> io::Result<Vec<PathBuf>> {
         let path = entry.path();
         let stale = if name.starts_with('.') {
             proc_stat::start_time(pid).is_none()
+                && !File::open(&path).is_ok_and(|f| writer_holds_lock(&f))
         } else {
             match read_file(&path) {
                 Ok(s) => match s.liveness {

@@ -519,3 +519,41 @@ fn the_file_is_reserved_block_for_block_before_it_is_mapped() {
         meta.blocks() * 512
     );
 }
+
+/// A writer in another PID namespace (a container sharing `/dev/shm` with the host): its pid
+/// is not this namespace's, so `/proc` calls it dead, but it holds its file's lock, and the
+/// file is live — not removed by the next init here, as it was.
+#[test]
+fn a_live_file_whose_pid_proc_cannot_show_is_live_while_its_lock_is_held() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let ds = Datastore::create(src_dir.path(), &[vec![0]], 1).unwrap();
+    let src = ds.path().unwrap().to_path_buf();
+    assert!(
+        reader::writer_holds_lock(&File::open(&src).unwrap()),
+        "the writer holds its file's lock"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dead_pid();
+    let other = patched(
+        &src,
+        dir.path(),
+        &format!("{DATASTORE_FILE_PREFIX}{dead}"),
+        16,
+        dead.as_bytes(),
+    );
+    // The other namespace's writer, holding the lock.
+    let held = nix::fcntl::Flock::lock(
+        File::open(&other).unwrap(),
+        nix::fcntl::FlockArg::LockExclusive,
+    )
+    .unwrap();
+    assert_eq!(read_file(&other).unwrap().liveness, Liveness::Live);
+    assert!(remove_stale(dir.path()).unwrap().is_empty());
+    assert!(other.exists());
+    // Its writer gone (the lock goes with it): stale, and removed.
+    drop(held);
+    assert_eq!(read_file(&other).unwrap().liveness, Liveness::Stale);
+    assert_eq!(remove_stale(dir.path()).unwrap(), vec![other.clone()]);
+    drop(ds);
+    assert!(!reader::writer_holds_lock(&File::open(&src).unwrap()));
+}
