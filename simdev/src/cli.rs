@@ -235,7 +235,17 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     if let Err(e) = reset {
-        tracing::warn!("resetting the signal mask and SIGCHLD inherited from the parent: {e}");
+        tracing::warn!(
+            "resetting the signal mask, SIGCHLD and SIGXFSZ inherited from the parent: {e}"
+        );
+    }
+    if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE)
+        && soft != nix::sys::resource::RLIM_INFINITY
+    {
+        tracing::warn!(
+            "simdev's file-size limit (ulimit -f) is {soft} bytes: device memory is memfds, so \
+             an NC's registers or a chunk larger than that is refused (EFBIG)"
+        );
     }
     let env = std::env::var(ENV_REFERENCE).ok();
     match run(args.config_with_env(env.as_deref())) {

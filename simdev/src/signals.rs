@@ -8,16 +8,27 @@
 //!   orphaned with its directory).
 //! - An ignored SIGCHLD has the kernel reap simdev's children itself, so the reference
 //!   worker's exit could not be waited for.
+//!
+//! SIGXFSZ is ignored: a file-size limit refuses one allocation instead of ending the device.
 
 use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
-/// Unblocks every signal on the calling thread and restores SIGCHLD's default action. Call it
-/// before any other thread starts.
+/// Unblocks every signal on the calling thread, restores SIGCHLD's default action and ignores
+/// SIGXFSZ. Call it before any other thread starts.
+///
+/// SIGXFSZ: under a file-size limit (`ulimit -f`), sizing a chunk's memfd past it would end
+/// the device, every client's, with the kernel's signal; ignored, the `ftruncate` fails with
+/// EFBIG and that one allocation is refused, naming the error.
 pub fn reset_inherited() -> nix::Result<()> {
     SigSet::empty().thread_set_mask()?;
-    // SAFETY: `SIG_DFL` installs no handler, so no code of ours runs in signal context; the
-    // call only changes the disposition, before any other thread exists to race with it.
-    unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) }.map(|_| ())
+    // SAFETY: `SIG_DFL` and `SIG_IGN` install no handler, so no code of ours runs in signal
+    // context; the calls only change dispositions, before any other thread exists to race
+    // with them.
+    unsafe {
+        signal(Signal::SIGCHLD, SigHandler::SigDfl)?;
+        signal(Signal::SIGXFSZ, SigHandler::SigIgn)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -79,3 +79,52 @@ fn too_low_an_open_file_limit_is_a_resource_error_naming_the_limit() {
         assert!(stderr.contains(part), "{part}: {stderr}");
     }
 }
+
+/// A shared simdev under a file-size limit too small for its memfds refuses the allocation
+/// (EFBIG, named to the client) and keeps running for the next client; the kernel's SIGXFSZ
+/// ended it, and every client with it.
+#[test]
+fn a_simdev_under_a_tiny_file_size_limit_refuses_and_keeps_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("simdev.sock");
+    let mut sim = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 10 && exec \"$0\" simdev --socket \"$1\"")
+        .arg(nrt_bin())
+        .arg(&socket)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "simdev listens"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    for _ in 0..2 {
+        let out = nrt_command(&socket)
+            .args(["bench", "--model", "identity", "--iterations", "5"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("EFBIG"),
+            "the refusal names EFBIG: {stderr}"
+        );
+        assert!(
+            sim.try_wait().unwrap().is_none(),
+            "simdev still runs after: {stderr}"
+        );
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(sim.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let out = sim.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("ulimit -f"), "simdev says its limit: {log}");
+}
