@@ -23,12 +23,34 @@ pub fn kill_with_parent(cmd: &mut Command) -> &mut Command {
 /// Makes the child that `cmd` spawns get `signal` when the thread spawning it exits
 /// (`prctl(PR_SET_PDEATHSIG, signal)` between fork and exec): `SIGTERM` for a child that
 /// cleans up after itself as it stops. Returns `cmd`, for chaining.
+///
+/// Two races are closed in the child, before exec:
+/// - a parent that died before the `prctl` never sends the signal: the child checks that its
+///   parent is still the process that spawned it, and otherwise fails the spawn (it never
+///   runs, so it is never orphaned);
+/// - a signal that arrives before the program it execs has its handler would take its
+///   default action (for SIGUSR1, termination, with nothing cleaned up): it is blocked, and
+///   stays pending across exec until the program unblocks it, its handler in place (a
+///   private simdev does; SIGKILL cannot be blocked and needs no handler).
 pub fn signal_with_parent(cmd: &mut Command, signal: Signal) -> &mut Command {
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe; it allocates nothing and touches no memory shared with the parent.
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // getppid(2) and sigprocmask(2), which are async-signal-safe; it allocates nothing (its
+    // errors are errnos) and touches no memory shared with the parent.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-            nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
+            if signal != Signal::SIGKILL {
+                nix::sys::signal::SigSet::from(signal)
+                    .thread_block()
+                    .map_err(std::io::Error::from)?;
+            }
+            nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                // ESRCH ("No such process"): the parent is gone. An errno, not a message,
+                // which would allocate, unsafe between fork and exec.
+                return Err(std::io::Error::from(nix::errno::Errno::ESRCH));
+            }
+            Ok(())
         })
     }
 }
@@ -80,5 +102,33 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(alive, "a plain child survives its spawning thread");
+    }
+
+    /// The blocked signals of a child spawned with `signal_with_parent(signal)`, from its
+    /// `/proc/self/status` (the `SigBlk` mask, bit `n - 1` for signal `n`).
+    fn child_mask(signal: Signal) -> u64 {
+        let mut cmd = Command::new("grep");
+        cmd.args(["SigBlk", "/proc/self/status"]);
+        signal_with_parent(&mut cmd, signal);
+        let out = cmd.output().unwrap();
+        let line = String::from_utf8(out.stdout).unwrap();
+        let hex = line.trim().strip_prefix("SigBlk:").unwrap().trim();
+        u64::from_str_radix(hex, 16).unwrap()
+    }
+
+    /// The parent-death signal reaches the program blocked (pending until its handler is in
+    /// place, where it unblocks it), and nothing else is blocked for it.
+    #[test]
+    fn the_death_signal_is_blocked_across_exec_until_the_program_unblocks_it() {
+        let usr1 = 1u64 << (Signal::SIGUSR1 as i32 - 1);
+        // A thread with nothing blocked spawns, as the runtime's spawning thread may.
+        let masks = std::thread::spawn(|| {
+            nix::sys::signal::SigSet::empty().thread_set_mask().unwrap();
+            (child_mask(Signal::SIGUSR1), child_mask(Signal::SIGKILL))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(masks.0, usr1, "only SIGUSR1: {:#x}", masks.0);
+        assert_eq!(masks.1, 0, "SIGKILL needs no blocking: {:#x}", masks.1);
     }
 }

@@ -1002,6 +1002,11 @@ pub fn run(config: Config) -> Result<(), SimdevError> {
         ),
         None => None,
     };
+    // The handler is in place (or there is none to wait for): a runtime's death that came
+    // before it, held pending by its spawner's mask, is delivered now.
+    if let Err(e) = crate::signals::unblock_parent_death() {
+        tracing::warn!("unblocking the parent-death signal: {e}");
+    }
     let server = Server::bind(&config, stop)?;
     let device = Arc::clone(server.device());
     {

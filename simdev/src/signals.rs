@@ -13,14 +13,22 @@
 
 use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
-/// Unblocks every signal on the calling thread, restores SIGCHLD's default action and ignores
-/// SIGXFSZ. Call it before any other thread starts.
+use crate::private::PARENT_DEATH_SIGNAL;
+
+/// Unblocks every signal on the calling thread but the parent-death signal, restores SIGCHLD's
+/// default action and ignores SIGXFSZ. Call it before any other thread starts.
 ///
 /// SIGXFSZ: under a file-size limit (`ulimit -f`), sizing a chunk's memfd past it would end
 /// the device, every client's, with the kernel's signal; ignored, the `ftruncate` fails with
 /// EFBIG and that one allocation is refused, naming the error.
 pub fn reset_inherited() -> nix::Result<()> {
-    SigSet::empty().thread_set_mask()?;
+    // All but the parent-death signal, which its spawner blocked so that it stays pending
+    // until simdev's handler is in place ([`unblock_parent_death`]).
+    let mut keep = SigSet::empty();
+    if SigSet::thread_get_mask()?.contains(PARENT_DEATH_SIGNAL) {
+        keep.add(PARENT_DEATH_SIGNAL);
+    }
+    keep.thread_set_mask()?;
     // SAFETY: `SIG_DFL` and `SIG_IGN` install no handler, so no code of ours runs in signal
     // context; the calls only change dispositions, before any other thread exists to race
     // with them.
@@ -29,6 +37,13 @@ pub fn reset_inherited() -> nix::Result<()> {
         signal(Signal::SIGXFSZ, SigHandler::SigIgn)?;
     }
     Ok(())
+}
+
+/// Unblocks the parent-death signal on the calling thread (simdev's main thread, which serves
+/// until the end): call it once its handler (a private simdev's watch) is in place, or at once
+/// otherwise. A death signal that arrived before is delivered now, to that handler.
+pub fn unblock_parent_death() -> nix::Result<()> {
+    SigSet::from(PARENT_DEATH_SIGNAL).thread_unblock()
 }
 
 #[cfg(test)]
@@ -42,12 +57,23 @@ mod tests {
         std::thread::spawn(|| {
             let mut blocked = SigSet::empty();
             blocked.add(Signal::SIGTERM);
-            blocked.add(Signal::SIGUSR1);
+            blocked.add(Signal::SIGINT);
+            blocked.add(PARENT_DEATH_SIGNAL);
             blocked.thread_block().unwrap();
             reset_inherited().unwrap();
             let now = SigSet::thread_get_mask().unwrap();
             assert!(!now.contains(Signal::SIGTERM));
-            assert!(!now.contains(Signal::SIGUSR1));
+            assert!(!now.contains(Signal::SIGINT));
+            assert!(
+                now.contains(PARENT_DEATH_SIGNAL),
+                "kept until its handler is in"
+            );
+            unblock_parent_death().unwrap();
+            assert!(
+                !SigSet::thread_get_mask()
+                    .unwrap()
+                    .contains(PARENT_DEATH_SIGNAL)
+            );
         })
         .join()
         .unwrap();
