@@ -68,6 +68,9 @@ use crate::process::Leftover;
 /// How long [`PrivateSimdev::spawn`] waits for the child to listen.
 pub const SIMDEV_START_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// A private simdev's log (its stderr), in the directory made for it.
+pub(crate) const PRIVATE_LOG: &str = "simdev.log";
+
 /// The receive side of the connection: the buffer lives with the lock that serialises
 /// request/reply pairs.
 /// Room for an encoded posted request (a `SemaphoreIncrement`: three u32s, at most 16 bytes).
@@ -1392,6 +1395,12 @@ impl PrivateSimdev {
     /// # Errors
     /// [`DeviceError::NoDevice`] naming the program and quoting its log when it cannot start.
     pub fn spawn(command: &SimdevCommand) -> Result<Self, DeviceError> {
+        for dir in abandoned::sweep(&std::env::temp_dir()) {
+            tracing::debug!(
+                "removed {}: a private simdev that never started",
+                dir.display()
+            );
+        }
         let dir = tempfile::Builder::new()
             .prefix("simdev-")
             .tempdir()
@@ -1400,7 +1409,7 @@ impl PrivateSimdev {
                 source,
             })?;
         let socket = dir.path().join("simdev.sock");
-        let log_path = dir.path().join("simdev.log");
+        let log_path = dir.path().join(PRIVATE_LOG);
         let log = File::create(&log_path).map_err(|source| DeviceError::Io {
             op: "create simdev log",
             source,
@@ -1571,6 +1580,7 @@ impl Drop for PrivateSimdev {
     }
 }
 
+mod abandoned;
 mod log_tail;
 
 #[cfg(test)]
