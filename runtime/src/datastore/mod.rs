@@ -27,8 +27,8 @@
 //! by a process with another start time, and no process holds the file's `flock`: the
 //! writer holds it for its life, so a writer in another PID namespace, whose pid `/proc`
 //! cannot show, is still live). The next `Runtime::init` in that directory removes
-//! stale files and files closed more than [`CLOSED_LINGER`] ago ([`remove_stale`]), so the
-//! directory does not fill. A reader may call [`remove_stale`] as well.
+//! stale files and files closed more than [`CLOSED_LINGER`] ago, and the oldest closed ones
+//! beyond [`CLOSED_BUDGET`] bytes ([`remove_stale`]), so the directory does not fill. A reader may call [`remove_stale`] as well.
 
 pub mod reader;
 pub mod snapshot;
@@ -64,6 +64,12 @@ const _: () = assert!(MemKind::ALL.len() == shared::datastore::MEM_KINDS);
 /// How long a closed runtime's datastore file stays for readers before [`remove_stale`] takes
 /// it (readers sampling more rarely may miss a closed process's last period).
 pub const CLOSED_LINGER: Duration = Duration::from_secs(60);
+
+/// The most bytes closed datastore files may linger in one directory ([`CLOSED_LINGER`]):
+/// beyond, the oldest closed go first ([`remove_stale`]). Without a bound, a test suite opening
+/// and closing runtimes at a few per second kept megabytes a second of closed files, and
+/// filled a container's 64 MiB `/dev/shm` within a minute.
+pub const CLOSED_BUDGET: u64 = 8 << 20;
 
 /// Marks the datastore file at `path` closed and stamps its modification time now (the start
 /// of its [`CLOSED_LINGER`]); best effort (the exit hook's way to close a file whose runtime

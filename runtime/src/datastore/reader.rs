@@ -171,7 +171,8 @@ fn pid_of_name(name: &str) -> Option<u32> {
 }
 
 /// Removes the stale datastore files in `dir`: those whose writer is gone (pid dead, or reused
-/// with another start time, and its lock not held), those closed more than [`super::CLOSED_LINGER`] ago (by their
+/// with another start time, and its lock not held), the oldest closed ones beyond
+/// [`super::CLOSED_BUDGET`] bytes, those closed more than [`super::CLOSED_LINGER`] ago (by their
 /// modification time, stamped at close), unreadable ones whose file-name pid is dead, and the
 /// temporary files of dead writers. Returns the files removed. `Runtime::init` calls it for
 /// its directory; readers may.
@@ -180,6 +181,8 @@ fn pid_of_name(name: &str) -> Option<u32> {
 /// The directory cannot be listed.
 pub fn remove_stale(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
+    // The closed files left to linger: (closed at, bytes, path).
+    let mut lingering = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -194,13 +197,29 @@ pub fn remove_stale(dir: &Path) -> io::Result<Vec<PathBuf>> {
             match read_file(&path) {
                 Ok(s) => match s.liveness {
                     Liveness::Stale => true,
-                    Liveness::Closed => closed_long_ago(&path),
+                    Liveness::Closed => {
+                        let expired = closed_long_ago(&path);
+                        if !expired && let Ok(m) = std::fs::metadata(&path) {
+                            let at = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                            lingering.push((at, m.len(), path.clone()));
+                        }
+                        expired
+                    }
                     Liveness::Live => false,
                 },
                 Err(_) => proc_stat::start_time(pid).is_none(),
             }
         };
         if stale && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    // The newest closed files within the budget linger; the older ones go.
+    lingering.sort_by_key(|l| std::cmp::Reverse(l.0));
+    let mut kept = 0u64;
+    for (_, len, path) in lingering {
+        kept = kept.saturating_add(len);
+        if kept > super::CLOSED_BUDGET && std::fs::remove_file(&path).is_ok() {
             removed.push(path);
         }
     }

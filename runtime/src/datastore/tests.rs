@@ -557,3 +557,56 @@ fn a_live_file_whose_pid_proc_cannot_show_is_live_while_its_lock_is_held() {
     drop(ds);
     assert!(!reader::writer_holds_lock(&File::open(&src).unwrap()));
 }
+
+/// Closed files linger within a byte budget: beyond it the oldest go, at once (a loop of
+/// init/close filled a small `/dev/shm` with a minute of closed files).
+#[test]
+fn closed_files_beyond_the_budget_go_oldest_first() {
+    use nix::sys::stat::{UtimensatFlags, utimensat};
+    use nix::sys::time::TimeSpec;
+    let src_dir = tempfile::tempdir().unwrap();
+    let ds = Datastore::create(src_dir.path(), &[vec![0]], 1).unwrap();
+    let src = ds.path().unwrap().to_path_buf();
+    let size = std::fs::metadata(&src).unwrap().len();
+    let fit = usize::try_from(CLOSED_BUDGET / size).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let now = SystemTime::now();
+    // `fit + 5` closed files of this process, file `i` closed `i` seconds ago (all within the
+    // linger).
+    let files: Vec<PathBuf> = (0..fit + 5)
+        .map(|i| {
+            let p = patched(
+                &src,
+                dir.path(),
+                &format!("{DATASTORE_FILE_PREFIX}{}.{}", std::process::id(), i + 1),
+                40,
+                2u64.as_bytes(),
+            );
+            let at = now - Duration::from_secs(u64::try_from(i).unwrap());
+            let ts = TimeSpec::from_duration(at.duration_since(UNIX_EPOCH).unwrap());
+            utimensat(
+                nix::fcntl::AT_FDCWD,
+                &p,
+                &ts,
+                &ts,
+                UtimensatFlags::FollowSymlink,
+            )
+            .unwrap();
+            p
+        })
+        .collect();
+    assert_eq!(read_file(&files[0]).unwrap().liveness, Liveness::Closed);
+    let mut removed = remove_stale(dir.path()).unwrap();
+    removed.sort();
+    let mut oldest = files[fit..].to_vec();
+    oldest.sort();
+    assert_eq!(
+        removed, oldest,
+        "the 5 oldest beyond {fit} files of {size} bytes"
+    );
+    assert!(files[..fit].iter().all(|p| p.exists()));
+    assert!(
+        remove_stale(dir.path()).unwrap().is_empty(),
+        "within the budget now"
+    );
+}
