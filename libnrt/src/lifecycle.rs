@@ -69,6 +69,7 @@ pub unsafe extern "C" fn nrt_init(
 ) -> u32 {
     boundary::read_log_level();
     boundary::status("nrt_init", || {
+        fill_closed_standard_streams();
         if framework > abi::FRAMEWORK_TYPE_MAX {
             return Err(NrtError::new(
                 NrtStatus::Invalid,
@@ -80,6 +81,31 @@ pub unsafe extern "C" fn nrt_init(
         tracing::info!(target: "nrt", framework, fw, fal, "nrt_init");
         nrt::init_with(&open_options()?)
     })
+}
+
+/// Opens `/dev/null` on each of descriptors 0, 1 and 2 that the program closed, before the
+/// runtime makes any descriptor of its own: a new descriptor takes the lowest free number, so
+/// with stdout closed an eventfd of the runtime's became descriptor 1, and the program's
+/// `printf` wrote into it (an 8-byte write signals it); the private simdev's pipe took 2, and
+/// the library's log lines went into that pipe. The streams stay what the program made them
+/// otherwise.
+fn fill_closed_standard_streams() {
+    for fd in 0..3 {
+        if std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+            continue;
+        }
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null");
+        match null {
+            // The lowest free number: `fd` itself, and it stays open for the process's life.
+            Ok(null) => {
+                let _ = std::os::fd::IntoRawFd::into_raw_fd(null);
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// `nrt_close`: stops the runtime and releases its cores.

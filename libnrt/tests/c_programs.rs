@@ -971,6 +971,25 @@ fn nrt_close_with_requests_in_flight_writes_every_ret_and_signals_every_eventfd(
 }
 
 #[test]
+fn a_program_with_its_standard_streams_closed_keeps_them_off_the_runtimes_descriptors() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["closed_stdio.c"],
+        "closed_stdio",
+        true,
+    );
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "closed_stdio", "CLOSED STDIO OK");
+}
+
+#[test]
 fn a_traced_program_that_exits_without_nrt_close_still_gets_its_timeline() {
     let prefix = Prefix::new();
     let exe = compile(
