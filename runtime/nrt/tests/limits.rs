@@ -128,3 +128,33 @@ fn a_simdev_under_a_tiny_file_size_limit_refuses_and_keeps_running() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("ulimit -f"), "simdev says its limit: {log}");
 }
+
+/// A temp directory too long for a unix socket's path (build systems' often are) still gets a
+/// private simdev: its socket goes in `/tmp` (it was NRT_HW_ERROR, "ENAMETOOLONG").
+#[test]
+fn a_temp_directory_too_long_for_a_socket_path_still_starts_a_private_simdev() {
+    let base = tempfile::tempdir().unwrap();
+    let long = base.path().join("t".repeat(100));
+    std::fs::create_dir(&long).unwrap();
+    let out = Command::new(nrt_bin())
+        .args([
+            "bench",
+            "--model",
+            "identity",
+            "--iterations",
+            "5",
+            "--json",
+        ])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", &long)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["failures"], 0, "{report}");
+}

@@ -71,6 +71,27 @@ pub const SIMDEV_START_TIMEOUT: Duration = Duration::from_secs(20);
 /// A private simdev's log (its stderr), in the directory made for it.
 pub(crate) const PRIVATE_LOG: &str = "simdev.log";
 
+/// The longest path a unix socket's address holds (`sun_path`, with its terminating NUL).
+const SOCKET_PATH_MAX: usize = 107;
+
+/// Where a private simdev's directory goes: the temp directory `tmp`, unless its socket's path
+/// there (`<tmp>/simdev-XXXXXX/simdev.sock`) would be longer than a unix socket's address
+/// holds — build systems' temp directories often are — then `/tmp` (said at INFO).
+fn private_parent(tmp: &Path) -> PathBuf {
+    let socket_len = tmp.as_os_str().len() + "/simdev-XXXXXX/simdev.sock".len();
+    if socket_len <= SOCKET_PATH_MAX {
+        return tmp.to_path_buf();
+    }
+    let fallback = PathBuf::from("/tmp");
+    tracing::info!(
+        "the temp directory {} is too long for a unix socket's path ({socket_len} bytes of \
+         {SOCKET_PATH_MAX}): the private simdev's socket goes in {}",
+        tmp.display(),
+        fallback.display()
+    );
+    fallback
+}
+
 /// The receive side of the connection: the buffer lives with the lock that serialises
 /// request/reply pairs.
 /// Room for an encoded posted request (a `SemaphoreIncrement`: three u32s, at most 16 bytes).
@@ -1395,7 +1416,8 @@ impl PrivateSimdev {
     /// # Errors
     /// [`DeviceError::NoDevice`] naming the program and quoting its log when it cannot start.
     pub fn spawn(command: &SimdevCommand) -> Result<Self, DeviceError> {
-        for dir in abandoned::sweep(&std::env::temp_dir()) {
+        let tmp = private_parent(&std::env::temp_dir());
+        for dir in abandoned::sweep(&tmp) {
             tracing::debug!(
                 "removed {}: a private simdev that never started",
                 dir.display()
@@ -1403,7 +1425,7 @@ impl PrivateSimdev {
         }
         let dir = tempfile::Builder::new()
             .prefix("simdev-")
-            .tempdir()
+            .tempdir_in(&tmp)
             .map_err(|source| DeviceError::Io {
                 op: "create simdev socket directory",
                 source,
