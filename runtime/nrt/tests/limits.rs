@@ -8,33 +8,49 @@ use std::process::Command;
 
 use common::*;
 
+/// `nrt ARGS` on the simdev at `socket`, run by `sh` under `ulimit LIMIT` (this process
+/// only: the simdev runs apart), with `env` on top.
+fn nrt_under_ulimit(
+    limit: &str,
+    socket: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
+    let nrt = nrt_command(socket);
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+        .arg(nrt.get_program())
+        .args(args);
+    for (k, v) in nrt.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.envs(env.iter().copied());
+    c.output().expect("sh runs")
+}
+
 #[test]
 fn a_datastore_above_the_file_size_limit_is_refused_and_the_bench_runs() {
     let sim = start_simdev(&[]);
     let store = tempfile::tempdir().unwrap();
     // `sh` counts `ulimit -f` in blocks of 512 or 1024 bytes: 100 blocks is at most 100 KiB,
     // under the datastore's size; only this process is limited (simdev runs apart).
-    let bench = nrt_command(sim.socket());
-    let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg("ulimit -f 100 && exec \"$0\" \"$@\"")
-        .arg(bench.get_program())
-        .args([
+    let out = nrt_under_ulimit(
+        "-f 100",
+        sim.socket(),
+        &[
             "bench",
             "--model",
             "identity",
             "--iterations",
             "20",
             "--json",
-        ])
-        .envs(bench.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .env("NEURON_RT_DATASTORE_DIR", store.path());
-    for (k, v) in bench.get_envs() {
-        if v.is_none() {
-            c.env_remove(k);
-        }
-    }
-    let out = c.output().expect("sh runs");
+        ],
+        &[("NEURON_RT_DATASTORE_DIR", store.path().as_os_str())],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -60,19 +76,12 @@ fn a_datastore_above_the_file_size_limit_is_refused_and_the_bench_runs() {
 #[test]
 fn too_low_an_open_file_limit_is_a_resource_error_naming_the_limit() {
     let sim = start_simdev(&[]);
-    let bench = nrt_command(sim.socket());
-    let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg("ulimit -n 64 && exec \"$0\" \"$@\"")
-        .arg(bench.get_program())
-        .args(["bench", "--model", "identity", "--iterations", "5"]);
-    for (k, v) in bench.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    let out = c.output().expect("sh runs");
+    let out = nrt_under_ulimit(
+        "-n 64",
+        sim.socket(),
+        &["bench", "--model", "identity", "--iterations", "5"],
+        &[],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     for part in ["NRT_RESOURCE", "EMFILE", "ulimit -n", "64"] {
