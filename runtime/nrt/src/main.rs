@@ -22,6 +22,7 @@
 //!   clone.
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -318,6 +319,37 @@ fn main() -> ExitCode {
             nix::sys::signal::SigHandler::SigDfl,
         )
     };
+    // stdout that cannot be written (`> /dev/full`, a closed descriptor) ends the command
+    // with one line and status 1, not a panic's backtrace (`println!` panics on a write
+    // error); `head` closing it still ends it quietly (SIGPIPE, above).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if let Some(why) = output_failure(info.payload()) {
+            let _ = writeln!(std::io::stderr(), "nrt: {why}");
+        } else {
+            default_hook(info);
+        }
+    }));
+    match std::panic::catch_unwind(|| run_cli(args)) {
+        Ok(code) => code,
+        Err(payload) if output_failure(&*payload).is_some() => ExitCode::FAILURE,
+        Err(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+/// The message of a panic of `println!` (or `print!`) whose write failed: `failed printing to
+/// stdout: <error>`.
+fn output_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    text.starts_with("failed printing to stdout")
+        .then_some(text)
+}
+
+/// The `nrt` command line (not `simdev`).
+fn run_cli(args: Vec<OsString>) -> ExitCode {
     let cli = Cli::parse_from(args);
     match &cli.command {
         Command::Scenario { command } => scenario::init_tracing(command),

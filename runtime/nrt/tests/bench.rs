@@ -974,3 +974,35 @@ fn a_bench_losing_its_device_mid_run_reports_what_ran_and_the_error() {
     assert!(doc["p50_us"].as_f64().unwrap() > 0.0, "{doc}");
     assert!(doc["accuracy"].is_null(), "{doc}");
 }
+
+/// Output that cannot be written (`> /dev/full`) ends the bench with one line and status 1,
+/// its private simdev stopped: `println!`'s panic printed a backtrace and exited 101.
+#[test]
+fn a_bench_whose_stdout_is_full_says_so_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nrt"))
+        .args(["bench", "--model", "identity", "--iterations", "5"])
+        .env_remove("NEURON_SIMDEV_SOCKET")
+        .env_remove("NEURON_RT_BACKEND")
+        .env("TMPDIR", tmp.path())
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("nrt: failed printing to stdout"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "its simdev stopped and removed its directory"
+    );
+}
