@@ -62,10 +62,12 @@ pub enum SimdevError {
     #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// Another simdev answers on the socket path.
-    #[error("a simdev is already listening on {}", path.display())]
+    #[error("a simdev is already listening on {}{}", path.display(), owner_note(*owner))]
     AlreadyListening {
         /// The socket path.
         path: PathBuf,
+        /// The socket's owner, when it is not this user.
+        owner: Option<u32>,
     },
     /// The socket path exists and is not a socket (simdev never removes such a file).
     #[error("{} exists and is not a socket", path.display())]
@@ -917,6 +919,17 @@ impl Drop for InProcessConnection {
     }
 }
 
+/// The words [`SimdevError::AlreadyListening`] adds for a socket of another user: a default
+/// path in `/tmp` may have been taken by anyone.
+fn owner_note(owner: Option<u32>) -> String {
+    owner.map_or_else(String::new, |uid| {
+        format!(
+            ", a socket of uid {uid}, not of this user: start yours on a path of your own \
+             (--socket)"
+        )
+    })
+}
+
 /// Handles an existing file at the socket path: refuses a non-socket or a live listener,
 /// removes a stale socket.
 fn replace_stale(path: &Path) -> Result<(), SimdevError> {
@@ -950,6 +963,7 @@ fn replace_stale(path: &Path) -> Result<(), SimdevError> {
     match connect(fd.as_raw_fd(), &addr) {
         Ok(()) => Err(SimdevError::AlreadyListening {
             path: path.to_owned(),
+            owner: Some(meta.uid()).filter(|&uid| uid != nix::unistd::geteuid().as_raw()),
         }),
         Err(Errno::ECONNREFUSED) => {
             tracing::info!("replacing the stale socket {}", path.display());
@@ -1080,6 +1094,30 @@ mod tests {
 
     fn device() -> Arc<Device> {
         Arc::new(Device::new(&Config::default()).unwrap())
+    }
+
+    /// A live socket of another user is named as such (a default path in `/tmp` may have been
+    /// taken by anyone); one of this user's is not.
+    #[test]
+    fn already_listening_names_another_users_socket() {
+        let theirs = super::SimdevError::AlreadyListening {
+            path: "/tmp/simdev-1000.sock".into(),
+            owner: Some(1234),
+        }
+        .to_string();
+        assert!(
+            theirs.contains("uid 1234") && theirs.contains("--socket"),
+            "{theirs}"
+        );
+        let ours = super::SimdevError::AlreadyListening {
+            path: "/tmp/simdev-1000.sock".into(),
+            owner: None,
+        }
+        .to_string();
+        assert_eq!(
+            ours,
+            "a simdev is already listening on /tmp/simdev-1000.sock"
+        );
     }
 
     /// Claims NC 0 for `client` through `device`'s request handler: whether it was granted.
