@@ -989,6 +989,51 @@ fn a_program_with_its_standard_streams_closed_keeps_them_off_the_runtimes_descri
     assert_ran(&o, "closed_stdio", "CLOSED STDIO OK");
 }
 
+/// A program killed after forking a child that outlives it: its datastore reads stale (the
+/// child inherited the file's lock, and the dead parent's file read live while it ran).
+#[test]
+fn a_killed_parents_datastore_is_stale_though_its_forked_child_lives() {
+    use runtime::datastore::reader::{read_file, remove_stale};
+    use runtime::datastore::snapshot::Liveness;
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["fork_killed.c"],
+        "fork_killed",
+        true,
+    );
+    let store = tempfile::tempdir().unwrap();
+    let o = run_with(
+        Command::new(&exe),
+        &[("NEURON_RT_DATASTORE_DIR", store.path().to_str().unwrap())],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let child: i32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CHILD ")?.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no child pid: {stdout} {}",
+                String::from_utf8_lossy(&o.stderr)
+            )
+        });
+    let child = nix::unistd::Pid::from_raw(child);
+    let file = std::fs::read_dir(store.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .expect("the parent's datastore file");
+    let alive = nix::sys::signal::kill(child, None).is_ok();
+    let liveness = read_file(&file).unwrap().liveness;
+    let removed = remove_stale(store.path()).unwrap();
+    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+    assert!(alive, "the child was still running");
+    assert_eq!(liveness, Liveness::Stale, "{}", file.display());
+    assert_eq!(removed, vec![file]);
+}
+
 #[test]
 fn a_traced_program_that_exits_without_nrt_close_still_gets_its_timeline() {
     let prefix = Prefix::new();

@@ -8,8 +8,9 @@
 //! by a raw `clone(2)` that skips the handlers and then calls the runtime is not detected;
 //! libc's `fork`, `posix_spawn` and `std::process::Command` all run them or exec at once.)
 
+use std::os::fd::RawFd;
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 /// The cached pid; 0 = not cached (no process has pid 0).
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -19,9 +20,73 @@ static REGISTERED: AtomicBool = AtomicBool::new(false);
 
 static REGISTER: Once = Once::new();
 
-/// The `pthread_atfork` child handler: one atomic store, async-signal-safe.
+/// The descriptors of the [`ForkPrivate`] values alive in this process (-1: a free slot),
+/// closed in every forked child.
+static CLOSE_IN_CHILD: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+
+/// The `pthread_atfork` child handler: atomic stores and `close(2)`, async-signal-safe.
 extern "C" fn forked_child() {
     PID.store(0, Ordering::Relaxed);
+    for slot in &CLOSE_IN_CHILD {
+        let fd = slot.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: `fd` is the child's copy of a descriptor a `ForkPrivate` of the parent
+            // owns; the child's copy of that `ForkPrivate` never closes or uses it (its drop
+            // checks the process), so nothing else in the child refers to this number.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// A value holding a descriptor that this process keeps and its forked children do not: the
+/// descriptor is closed in each child as it is forked, and the child's copy of the value
+/// neither uses it nor closes it again (dropped in another process, it is forgotten).
+///
+/// For what an open file description holds on behalf of its process: a datastore's `flock`,
+/// which a child made by `fork` without `exec` would otherwise hold on, so that the file of a
+/// parent killed since read as live for as long as the child ran. (A fork racing this value's
+/// drop in another thread may still leave the child one copy.)
+#[derive(Debug)]
+pub struct ForkPrivate<T> {
+    value: Option<T>,
+    owner: u32,
+    slot: usize,
+}
+
+impl<T> ForkPrivate<T> {
+    /// `value`, whose descriptor is `fd`, closed in forked children from now on.
+    ///
+    /// # Errors
+    /// `value` back when every slot is taken (more than 16 such values alive at once).
+    pub fn new(value: T, fd: RawFd) -> Result<Self, T> {
+        let owner = id(); // registers the fork handler first
+        let slot = CLOSE_IN_CHILD.iter().position(|s| {
+            s.compare_exchange(-1, fd, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        });
+        match slot {
+            Some(slot) => Ok(Self {
+                value: Some(value),
+                owner,
+                slot,
+            }),
+            None => Err(value),
+        }
+    }
+}
+
+impl<T> Drop for ForkPrivate<T> {
+    fn drop(&mut self) {
+        let value = self.value.take();
+        if id() == self.owner {
+            // Out of the table before the descriptor closes, so a fork in between never
+            // closes a number that means something else by then.
+            CLOSE_IN_CHILD[self.slot].store(-1, Ordering::Relaxed);
+            drop(value);
+        } else {
+            std::mem::forget(value);
+        }
+    }
 }
 
 /// This process's pid (`getpid(2)`), from the cache when it holds it.

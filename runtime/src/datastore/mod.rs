@@ -162,8 +162,10 @@ pub struct Datastore {
     slots: Mutex<SlotTable>,
     /// The published file, exclusively `flock`ed while this runtime lives (the lock goes with
     /// the process, however it ends): readers in any PID namespace see the writer live by it
-    /// ([`reader::writer_holds_lock`]) where `/proc` shows them another namespace's pids.
-    _lock: Option<nix::fcntl::Flock<File>>,
+    /// ([`reader::writer_holds_lock`]) where `/proc` shows them another namespace's pids. Not
+    /// inherited by forked children ([`crate::process::ForkPrivate`]), which would hold it
+    /// after this process is gone.
+    _lock: Option<crate::process::ForkPrivate<nix::fcntl::Flock<File>>>,
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -217,13 +219,19 @@ impl Datastore {
             .open(&tmp)
             .map_err(io_err(&tmp))?;
         let made = (|| {
-            // Locked before anything is in it: a file of this runtime is never unlocked.
-            let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            // Locked before anything is in it, through an open file of its own: a lock belongs
+            // to an open file, and the mapping's (below) is shared with forked children for as
+            // long as they run, this one with no one ([`crate::process::ForkPrivate`]).
+            let lock = File::open(&tmp).map_err(io_err(&tmp))?;
+            let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
                 .map_err(|(_, e)| io_err(&tmp)(io::Error::from(e)))?;
             reserve(&file, size).map_err(io_err(&tmp))?;
-            let chunk = SharedChunk::map_fd(&*file, 0, size, true)?;
+            let chunk = SharedChunk::map_fd(&file, 0, size, true)?;
             let mut ds = Self::fill(chunk, None, cores, lnc)?;
-            ds._lock = Some(file);
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&*lock);
+            // With no slot left (16 runtimes alive in one process) the lock goes: readers
+            // judge this file by `/proc` alone, as they do an older runtime's.
+            ds._lock = crate::process::ForkPrivate::new(lock, fd).ok();
             ds.publish()?;
             // Link the finished file to the first free final name.
             for n in 0..1024u32 {
