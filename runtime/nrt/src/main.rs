@@ -57,6 +57,9 @@ Environment (README \"Choosing a backend\" and \"Configuration\"):
   NEURON_RT_DATASTORE       off: no datastore file (default on: the counters `nrt monitor` and `nrt top` read)
   NEURON_RT_DATASTORE_DIR   the datastore's directory
   NEURON_RT_TRACE           write the runtime's and the device's timeline (Perfetto JSON) to this file at close
+  NEURON_RT_FUNTIME         1: executions return success without a device
+  NEURON_RT_ENABLE_SKIP_CONFIG_OPTIMIZATION  0: always reload the sequencer config
+  TMPDIR                    where a private simdev's directory goes (/tmp when too long for a socket path)
   RUST_LOG                  this program's and simdev's logging (default warn), to stderr";
 
 #[derive(Parser, Debug)]
