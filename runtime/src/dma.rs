@@ -55,8 +55,9 @@ pub enum DmaError {
     /// A copy that cannot be expressed as descriptors.
     #[error("building a copy descriptor: {0}")]
     Build(DescError),
-    /// The device refused a ring or queue operation.
-    #[error("DMA queue ({queue}): {error}")]
+    /// The device refused a ring or queue operation. The device error's own sources (simdev's
+    /// reason, the errno) are part of the text too.
+    #[error("DMA queue ({queue}): {}", crate::error::chain(error))]
     Device {
         /// The queue.
         queue: DmaQueueId,
@@ -801,6 +802,33 @@ mod tests {
             "DMA queue (NC 0 engine 1 queue 2): DmaQueueInit: ring size 5 is out of range (limit 4)"
         );
         // The text holds it all; no source repeats it in a chain.
+        assert_eq!(crate::error::chain(&e), e.to_string());
+    }
+
+    #[test]
+    fn a_device_refusal_keeps_simdevs_reason_in_the_text() {
+        let e = DmaError::Device {
+            queue: DmaQueueId {
+                nc: 0,
+                engine: 15,
+                queue: 13,
+            },
+            error: DeviceError::Remote {
+                op: "MemAlloc",
+                source: shared::protocol::RemoteError {
+                    kind: shared::protocol::ErrorKind::OutOfMemory,
+                    message: "creating the chunk's memfd: EMFILE".into(),
+                },
+            },
+        };
+        // The device error's own source (simdev's reason) was dropped: "MemAlloc refused by
+        // simdev" and nothing more reached the caller.
+        assert!(
+            e.to_string().ends_with(
+                "MemAlloc refused by simdev: OutOfMemory: creating the chunk's memfd: EMFILE"
+            ),
+            "{e}"
+        );
         assert_eq!(crate::error::chain(&e), e.to_string());
     }
 }

@@ -51,17 +51,21 @@ impl Channel {
         id: DmaQueueId,
         ring_descs: u32,
     ) -> Result<Self, NrtError> {
-        let fail = |e: &dyn std::fmt::Display, status| {
+        let fail = |e: &dyn std::error::Error, status| {
             NrtError::new(
                 status,
                 format!(
-                    "tensor-op DMA queue (NC {}, engine {}, queue {}): {e}",
-                    id.nc, id.engine, id.queue
+                    "tensor-op DMA queue (NC {}, engine {}, queue {}): {}",
+                    id.nc,
+                    id.engine,
+                    id.queue,
+                    crate::error::chain(e)
                 ),
             )
         };
         let queue = DmaQueue::create(dev.as_ref(), id, ring_descs, MemLocation::Host)
-            .map_err(|e| fail(&e, dma_status(&e)))?;
+            // The error names the queue already.
+            .map_err(|e| NrtError::new(dma_status(&e), format!("tensor-op {e}")))?;
         let words = match dev.mem_alloc(MemLocation::Host, 4096, 0) {
             Ok(a) => a,
             Err(e) => {
