@@ -45,6 +45,18 @@ pub enum RegistersError {
     Dup(#[source] std::io::Error),
 }
 
+impl RegistersError {
+    /// The errno of the system call that failed, when it was one.
+    pub fn errno(&self) -> Option<nix::Error> {
+        match self {
+            Self::CreateWindow(e) | Self::SizeWindow(e) | Self::SealWindow(e) => Some(*e),
+            Self::CreateEventFd(e) => Some(*e),
+            Self::Dup(e) => e.raw_os_error().map(nix::Error::from_raw),
+            Self::MapWindow(_) => None,
+        }
+    }
+}
+
 /// A register index outside the arch's counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
 #[error("{what} index {index} is out of range (the NC has {count})")]

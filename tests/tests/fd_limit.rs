@@ -83,3 +83,24 @@ fn a_chunk_refused_for_want_of_a_descriptor_is_nrt_resource_naming_the_limit() {
     let (_, refused) = hold(&dev, 1);
     assert!(refused.is_none(), "{refused:?}");
 }
+
+#[test]
+fn an_nc_claim_refused_for_want_of_a_descriptor_is_nrt_resource_naming_the_limit() {
+    // A claim sends the client two descriptors (the semaphore window and the notification
+    // eventfd); at 16 simdev has too few left after its own. It was NRT_FAILURE ("Internal").
+    let sim = simdev_under("-n 16");
+    let dev = connect(&sim);
+    let err = (0..dev.info().nc_count)
+        .find_map(|nc| dev.claim_nc(nc).err())
+        .expect("a 16-descriptor simdev refuses a claim");
+    assert_eq!(err.status(), NrtStatus::Resource, "{err}");
+    let DeviceError::Remote { source, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(source.kind, ErrorKind::OutOfMemory, "{err}");
+    assert!(
+        source.message.contains("claiming the NC")
+            && source.message.contains("RLIMIT_NOFILE is 16"),
+        "{err}"
+    );
+}

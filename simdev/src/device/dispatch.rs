@@ -56,6 +56,16 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
     refuse(kind, error_chain(err))
 }
 
+/// An NC claim refused for an OS resource: for want of a descriptor (the window's memfd, the
+/// notification eventfd or their duplicates for the client), as a chunk's; else simdev's
+/// failure, naming the call.
+pub(super) fn registers_refusal(what: &str, err: &crate::registers::RegistersError) -> RemoteError {
+    match err.errno() {
+        Some(errno) if out_of_fds(errno) => fds_refusal(&format!("{what}: {err}"), errno),
+        _ => os_refusal(what, err),
+    }
+}
+
 /// Whether `errno` says this process (EMFILE) or the system (ENFILE) has no descriptor left.
 const fn out_of_fds(errno: nix::Error) -> bool {
     matches!(errno, nix::Error::EMFILE | nix::Error::ENFILE)
@@ -69,9 +79,10 @@ fn fds_refusal(what: &str, errno: nix::Error) -> RemoteError {
     refuse(
         ErrorKind::OutOfMemory,
         format!(
-            "{what}: {errno}: simdev keeps one memfd per chunk of device memory and has none \
-             left (its RLIMIT_NOFILE is {limit}); free tensors, or raise the hard limit \
-             (`ulimit -Hn`) of the shell that starts simdev (or the program, for a private one)"
+            "{what}: {errno}: simdev keeps one memfd per chunk of device memory and a few per \
+             claimed NC, and has none left (its RLIMIT_NOFILE is {limit}); free tensors, or \
+             raise the hard limit (`ulimit -Hn`) of the shell that starts simdev (or the \
+             program, for a private one)"
         ),
     )
 }

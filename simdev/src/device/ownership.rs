@@ -9,7 +9,7 @@ use shared::protocol::{ErrorKind, RemoteError, Reply};
 
 use crate::registers::Registers;
 
-use super::dispatch::{Handled, os_refusal, refuse};
+use super::dispatch::{Handled, refuse, registers_refusal};
 use super::{Claim, ClientInfo, Core, Nc, lock, write};
 use crate::client::{ClientId, Peer};
 use crate::counters::bump;
@@ -150,17 +150,17 @@ impl Core {
             let fds = claim
                 .registers
                 .client_fds()
-                .map_err(|e| os_refusal("claiming the NC", &e))?;
+                .map_err(|e| registers_refusal("claiming the NC", &e))?;
             return Ok((Reply::NcClaimed { nc }, fds));
         }
         let registers =
-            Registers::new(&self.map, nc).map_err(|e| os_refusal("claiming the NC", &e))?;
+            Registers::new(&self.map, nc).map_err(|e| registers_refusal("claiming the NC", &e))?;
         lock(&n.compute).clear();
         // A new owner: the NC's trace subscription (an earlier owner's) ends.
         self.tracer.forget_nc(nc);
         let fds = registers
             .client_fds()
-            .map_err(|e| os_refusal("claiming the NC", &e))?;
+            .map_err(|e| registers_refusal("claiming the NC", &e))?;
         *slot = Some(Arc::new(Claim {
             client,
             pid,
