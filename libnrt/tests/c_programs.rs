@@ -989,6 +989,30 @@ fn a_program_with_its_standard_streams_closed_keeps_them_off_the_runtimes_descri
     assert_ran(&o, "closed_stdio", "CLOSED STDIO OK");
 }
 
+/// A program with no file descriptor left after `nrt_init`: a device tensor's memfd, passed by
+/// `SCM_RIGHTS`, is dropped by the kernel. The allocation is NRT_RESOURCE naming the open-file
+/// limit (it was NRT_FAILURE, "truncated reply"), and succeeds once descriptors are free.
+#[test]
+fn a_reply_whose_descriptors_the_kernel_dropped_is_nrt_resource_naming_the_limit() {
+    let prefix = Prefix::new();
+    let exe = compile(
+        &prefix,
+        "cc",
+        "c11",
+        &["fd_exhausted.c"],
+        "fd_exhausted",
+        true,
+    );
+    let o = run(Command::new(&exe));
+    assert_ran(&o, "fd_exhausted", "FD EXHAUSTED OK");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("dropped: this process is at its open-file limit")
+            && stderr.contains("ulimit -n 256"),
+        "the refusal does not name the limit:\n{stderr}"
+    );
+}
+
 /// A program killed after forking a child that outlives it: its datastore reads stale (the
 /// child inherited the file's lock, and the dead parent's file read live while it ran).
 #[test]

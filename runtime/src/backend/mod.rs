@@ -171,6 +171,17 @@ pub enum DeviceError {
         /// What was wrong.
         detail: String,
     },
+    /// The kernel dropped the file descriptors a reply carried (`MSG_CTRUNC`): this process
+    /// has no descriptor left to receive them in.
+    #[error(
+        "{op}: the file descriptors simdev sent with its reply were dropped: this process is at its open-file limit (RLIMIT_NOFILE, ulimit -n {limit}); close descriptors or raise the limit"
+    )]
+    FdsDropped {
+        /// Operation.
+        op: &'static str,
+        /// This process's soft limit, as text (`?` when it cannot be read).
+        limit: String,
+    },
     /// Mapping a chunk failed.
     #[error("{op}: mapping device memory")]
     Map {
@@ -241,6 +252,7 @@ impl DeviceError {
                 nix::Error::EINVAL => NrtStatus::Invalid,
                 _ => NrtStatus::HwError,
             },
+            Self::FdsDropped { .. } => NrtStatus::Resource,
             Self::Disconnected { .. } | Self::NoDevice { .. } => NrtStatus::HwError,
             Self::NotResponding { .. } | Self::Late { .. } => NrtStatus::Timeout,
             Self::Config { .. } => NrtStatus::Invalid,

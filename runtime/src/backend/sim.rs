@@ -568,7 +568,18 @@ impl SimDevice {
             if sent {
                 ex.owed.pop_front();
             }
-            if received.truncated || received.control_truncated {
+            if received.control_truncated {
+                // The kernel installs what fits and closes the rest: a process at its
+                // RLIMIT_NOFILE (the only way a buffer with room for SCM_MAX_FD overflows).
+                return Err(DeviceError::FdsDropped {
+                    op,
+                    limit: nix::sys::resource::getrlimit(
+                        nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    )
+                    .map_or_else(|_| "?".to_owned(), |(soft, _)| soft.to_string()),
+                });
+            }
+            if received.truncated {
                 return Err(DeviceError::Protocol {
                     op,
                     detail: "truncated reply".into(),
