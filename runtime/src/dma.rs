@@ -66,6 +66,17 @@ pub enum DmaError {
     },
 }
 
+impl DmaError {
+    /// The `NRT_STATUS` a call reports for it: the device's for a refusal (NRT_RESOURCE for
+    /// device memory or descriptors that ran out), else NRT_FAILURE.
+    pub fn status(&self) -> shared::NrtStatus {
+        match self {
+            Self::Device { error, .. } => error.status(),
+            _ => shared::NrtStatus::Failure,
+        }
+    }
+}
+
 /// Checks a ring size against the driver's rule ([`udma::is_valid_ring_size`], §2.5).
 ///
 /// # Errors
@@ -830,5 +841,8 @@ mod tests {
             "{e}"
         );
         assert_eq!(crate::error::chain(&e), e.to_string());
+        // An I/O ring that could not be made for want of device memory is NRT_RESOURCE (it
+        // was NRT_FAILURE).
+        assert_eq!(e.status(), shared::NrtStatus::Resource);
     }
 }

@@ -242,9 +242,10 @@ impl HwExecQueue {
             MemLocation::Hbm { nc },
         )
         .map_err(|e| {
-            fail(format!(
-                "NC {nc}: creating I/O ring ({engine}, {queue}): {e}"
-            ))
+            NrtError::new(
+                e.status(),
+                format!("NC {nc}: creating I/O ring ({engine}, {queue}): {e}"),
+            )
         })?;
         st.io_queues.insert((engine, queue), q);
         Ok(())
@@ -422,10 +423,7 @@ impl HwExecState {
         }
         let id = DmaQueueId { nc, engine, queue };
         let q = DmaQueue::create(dev, id, descs, MemLocation::Hbm { nc }).map_err(|e| {
-            let status = match &e {
-                crate::dma::DmaError::Device { error, .. } => error.status(),
-                _ => NrtStatus::Failure,
-            };
+            let status = e.status();
             NrtError::new(
                 status,
                 format!("NC {nc}: creating dynamic DMA queue ({engine}, {queue}): {e}"),

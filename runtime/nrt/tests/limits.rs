@@ -121,8 +121,10 @@ fn a_simdev_under_a_tiny_file_size_limit_refuses_and_keeps_running() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{stderr}");
         assert!(
-            stderr.contains("EFBIG"),
-            "the refusal names EFBIG: {stderr}"
+            stderr.contains("NRT_RESOURCE")
+                && stderr.contains("EFBIG")
+                && stderr.contains("simdev's file-size limit (RLIMIT_FSIZE, ulimit -f) is"),
+            "the refusal is NRT_RESOURCE naming EFBIG and simdev's limit: {stderr}"
         );
         assert!(
             sim.try_wait().unwrap().is_none(),

@@ -21,7 +21,7 @@ use shared::protocol::MemLocation;
 use shared::udma::MAX_DESC_LEN;
 
 use crate::backend::{Allocation, Device, DmaQueueId};
-use crate::dma::{DmaError, DmaQueue};
+use crate::dma::DmaQueue;
 use crate::error::NrtError;
 
 /// Offset of the completion word (the DMA writes the token here) in the channel's host chunk.
@@ -65,7 +65,7 @@ impl Channel {
         };
         let queue = DmaQueue::create(dev.as_ref(), id, ring_descs, MemLocation::Host)
             // The error names the queue already.
-            .map_err(|e| NrtError::new(dma_status(&e), format!("tensor-op {e}")))?;
+            .map_err(|e| NrtError::new(e.status(), format!("tensor-op {e}")))?;
         let words = match dev.mem_alloc(MemLocation::Host, 4096, 0) {
             Ok(a) => a,
             Err(e) => {
@@ -142,7 +142,7 @@ impl Channel {
         })();
         posted.map_err(|e| {
             tracing::error!(queue = ?self.queue.id(), error = %e, "posting a tensor-op segment");
-            dma_status(&e)
+            e.status()
         })?;
         Ok(token)
     }
@@ -173,13 +173,5 @@ impl Channel {
         if let Err(e) = dev.mem_free(self.words.handle) {
             tracing::warn!(queue = ?id, error = %e, "freeing a tensor-op completion page");
         }
-    }
-}
-
-/// The status a DMA error gives a request.
-fn dma_status(e: &DmaError) -> NrtStatus {
-    match e {
-        DmaError::Device { error, .. } => error.status(),
-        _ => NrtStatus::Failure,
     }
 }

@@ -41,6 +41,9 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
         AllocError::CreateMemfd { source, .. } if out_of_fds(*source) => {
             return fds_refusal("creating the chunk's memfd", *source);
         }
+        AllocError::SizeMemfd { source, .. } if *source == nix::Error::EFBIG => {
+            return fsize_refusal(&error_chain(err));
+        }
         AllocError::CreateMemfd { source, .. } | AllocError::SizeMemfd { source, .. } => {
             if matches!(
                 source,
@@ -62,8 +65,28 @@ fn alloc_refusal(err: &AllocError) -> RemoteError {
 pub(super) fn registers_refusal(what: &str, err: &crate::registers::RegistersError) -> RemoteError {
     match err.errno() {
         Some(errno) if out_of_fds(errno) => fds_refusal(&format!("{what}: {err}"), errno),
+        Some(nix::Error::EFBIG) => fsize_refusal(&format!("{what}: {}", error_chain(err))),
         _ => os_refusal(what, err),
     }
+}
+
+/// A memfd (a chunk of device memory, an NC's semaphore window) larger than simdev's file-size
+/// limit (`RLIMIT_FSIZE` bounds a memfd's size too): NRT_RESOURCE, naming the limit and how to
+/// raise it. `what` names the call that failed, with its errno.
+fn fsize_refusal(what: &str) -> RemoteError {
+    let limit = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE) {
+        Ok((soft, _)) if soft != nix::sys::resource::RLIM_INFINITY => format!("{soft} bytes"),
+        Ok(_) => "unlimited".to_owned(),
+        Err(_) => "unknown".to_owned(),
+    };
+    refuse(
+        ErrorKind::OutOfMemory,
+        format!(
+            "{what}: simdev's file-size limit (RLIMIT_FSIZE, ulimit -f) is {limit}, and it \
+             bounds every chunk of device memory and register window (each a memfd); raise it in \
+             the shell that starts simdev (or the program, for a private one)"
+        ),
+    )
 }
 
 /// Whether `errno` says this process (EMFILE) or the system (ENFILE) has no descriptor left.
