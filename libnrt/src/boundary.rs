@@ -1,5 +1,6 @@
 //! The entry of every export: logging set up once, the call run under `catch_unwind` (a panic
-//! never crosses into C: it is logged and answered with NRT_FAILURE), its error logged with the
+//! never crosses into C: it is logged and answered with NRT_FAILURE) with the calling thread's
+//! POSIX cancellation deferred to its return ([`CancelDeferred`]), its error logged with the
 //! function's name and mapped to its NRT_STATUS.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -75,6 +76,44 @@ pub fn read_log_level() {
     }
 }
 
+/// The calling thread's cancellation disabled while this lives, then set back as it was.
+///
+/// `pthread_cancel` of a thread blocked in a library call acts at the call's next cancellation
+/// point (a `read`, `poll` or `nanosleep` of the runtime's), as glibc's forced unwind through
+/// the Rust frames; `catch_unwind` cannot let that unwind pass and the process aborted
+/// ("FATAL: exception not rethrown"), with the runtime's locks and queues mid-change. With
+/// cancellation disabled for the call, a cancel sent meanwhile stays pending and acts at the
+/// caller's next cancellation point after the call returned, in the caller's own frames.
+struct CancelDeferred {
+    old: libc::c_int,
+}
+
+// The `libc` crate leaves thread cancellation out (Rust has none); these are POSIX's, with
+// glibc's and musl's values.
+const PTHREAD_CANCEL_ENABLE: libc::c_int = 0;
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, oldstate: *mut libc::c_int) -> libc::c_int;
+}
+
+impl CancelDeferred {
+    fn new() -> Self {
+        let mut old = PTHREAD_CANCEL_ENABLE;
+        // SAFETY: `pthread_setcancelstate` only sets the calling thread's cancellability and
+        // writes the previous state into `old`, a valid, exclusively borrowed c_int.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &raw mut old) };
+        Self { old }
+    }
+}
+
+impl Drop for CancelDeferred {
+    fn drop(&mut self) {
+        let mut ignored = 0;
+        // SAFETY: as in `new`; `self.old` is a state `pthread_setcancelstate` itself returned.
+        unsafe { pthread_setcancelstate(self.old, &raw mut ignored) };
+    }
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
     p.downcast_ref::<&str>()
         .copied()
@@ -113,6 +152,7 @@ pub fn status_answering(
     answer: NrtStatus,
     f: impl FnOnce() -> Result<(), NrtError>,
 ) -> u32 {
+    let _cancel = CancelDeferred::new();
     init_logging();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NrtStatus::Success as u32,
@@ -137,6 +177,7 @@ pub fn status_answering(
 }
 
 fn run<T>(name: &'static str, f: impl FnOnce() -> Result<T, NrtError>) -> Result<T, NrtStatus> {
+    let _cancel = CancelDeferred::new();
     init_logging();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),

@@ -989,6 +989,21 @@ fn a_program_with_its_standard_streams_closed_keeps_them_off_the_runtimes_descri
     assert_ran(&o, "closed_stdio", "CLOSED STDIO OK");
 }
 
+/// `pthread_cancel` of threads inside `nrt_execute` and the async calls: the cancel acts when
+/// the call has returned (it aborted the process, glibc's forced unwind meeting the panic
+/// boundary), and the runtime goes on working.
+#[test]
+fn a_thread_cancelled_inside_a_call_is_cancelled_after_it_and_the_runtime_goes_on() {
+    let prefix = Prefix::new();
+    let exe = compile(&prefix, "cc", "c11", &["cancel.c"], "cancel", true);
+    let o = run({
+        let mut c = Command::new(&exe);
+        c.arg(identity_model());
+        c
+    });
+    assert_ran(&o, "cancel", "CANCEL OK");
+}
+
 /// A program with no file descriptor left after `nrt_init`: a device tensor's memfd, passed by
 /// `SCM_RIGHTS`, is dropped by the kernel. The allocation is NRT_RESOURCE naming the open-file
 /// limit (it was NRT_FAILURE, "truncated reply"), and succeeds once descriptors are free.
