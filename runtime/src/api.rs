@@ -1487,7 +1487,22 @@ impl Runtime {
         };
         let job = pool
             .post(m.vnc(), info, stage, doorbell)
-            .map_err(|s| Self::refusal(m, s, None))?;
+            .map_err(|s| match s {
+                NrtStatus::QueueFull => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    let msg = format!(
+                        "every in-flight slot of logical core {} is taken \
+                         (NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS={}) and this nrt_execute \
+                         runs in the completion callback, whose own slot is freed only when it \
+                         returns: waiting would wait for itself; nothing was scheduled",
+                        m.vnc(),
+                        self.config.async_max_inflight
+                    );
+                    SAID.call_once(|| tracing::warn!("{msg} (said once)"));
+                    status_err(s, msg)
+                }
+                s => Self::refusal(m, s, None),
+            })?;
         self.timeline.note_seq_id(job);
         Ok(job)
     }

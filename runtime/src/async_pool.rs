@@ -145,7 +145,9 @@ impl AsyncPool {
     /// job id at once.
     ///
     /// # Errors
-    /// 101 on a degraded core; the stage/doorbell error (which degrades the core).
+    /// 101 on a degraded core; NRT_QUEUE_FULL when every in-flight slot is taken and the caller
+    /// is a completion callback (which would wait for itself); the stage/doorbell error (which
+    /// degrades the core).
     pub fn post(
         &self,
         vnc: u32,
@@ -160,6 +162,12 @@ impl AsyncPool {
         {
             let mut n = lock(&w.inflight);
             while *n >= w.max_inflight {
+                // Inside a completion callback, on a pool worker: the slot it would wait for may
+                // be the callback's own (freed only when it returns) or one that only its own
+                // worker can free, so waiting could wait for itself; it is refused instead.
+                if in_exec_callback() {
+                    return Err(NrtStatus::QueueFull);
+                }
                 n = w
                     .inflight_freed
                     .wait(n)

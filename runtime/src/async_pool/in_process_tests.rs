@@ -189,3 +189,57 @@ fn a_post_that_waited_for_a_slot_on_a_core_degraded_meanwhile_is_101() {
     rig.backend.event_set(0, 9, 1).unwrap();
     rt.close();
 }
+
+/// `nrt_execute` from the completion callback with every in-flight slot taken (the callback's
+/// own among them) is NRT_QUEUE_FULL at once, not a wait for itself: the pool deadlocked, the
+/// callback waiting for the slot it frees when it returns. With a slot free it is posted.
+#[test]
+fn an_execute_in_the_callback_with_every_slot_taken_is_queue_full_not_a_deadlock() {
+    use std::sync::mpsc;
+    let rig = Rig::new();
+    let rt = Arc::new(rig.runtime(pool_config(2)));
+    let m = load(&rt, &identity(64), 0);
+    let (i, o, ins, outs) = io(&rt, 64);
+    i.write(&pattern(64, 5), 0).unwrap();
+    let (said_tx, said_rx) = mpsc::channel();
+    let said_tx = Mutex::new(said_tx);
+    {
+        let (rt2, ins, outs) = (Arc::downgrade(&rt), ins.clone(), outs.clone());
+        rt.register_async_exec_callback(Arc::new(move |_, _, job, _| {
+            let Some(rt) = rt2.upgrade() else { return };
+            // Each of jobs 0, 1 and 2's callbacks runs with its own slot still taken and the
+            // other free: its first execute takes the free one (the next job), its second
+            // finds none. Job 3's callback posts nothing.
+            if job < 3 {
+                let first = rt.execute(m, &ins, &outs).map_err(|e| e.status);
+                let second = rt.execute(m, &ins, &outs).map_err(|e| e.status);
+                let _ = said_tx.lock().unwrap().send((job, first, second));
+            }
+        }))
+        .unwrap();
+    }
+    rt.execute(m, &ins, &outs).unwrap();
+    let Ok((job, first, second)) = said_rx.recv_timeout(Duration::from_secs(60)) else {
+        // The callback is stuck: leave its thread be rather than hang closing the runtime.
+        std::mem::forget(rt);
+        panic!("the callback's nrt_execute did not return within 60 s");
+    };
+    assert_eq!(job, 0);
+    assert_eq!(
+        (first, second),
+        (Ok(()), Err(NrtStatus::QueueFull)),
+        "the callback's first execute takes the free slot, its second finds none"
+    );
+    // The chain goes on (each callback gets one slot and is refused a second), then stops.
+    for _ in 1..3 {
+        let (_, first, second) = said_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert_eq!((first, second), (Ok(()), Err(NrtStatus::QueueFull)));
+    }
+    rt.async_drain(0);
+    let mut out = vec![0u8; 64];
+    o.read(&mut out, 0).unwrap();
+    assert!(out == pattern(64, 5));
+    rt.unload(m).unwrap();
+    drop((i, o, ins, outs));
+    Arc::into_inner(rt).unwrap().close();
+}
