@@ -54,6 +54,7 @@ use shared::ids::{SeqId, XuId, XuType};
 use shared::neff_program::ProgramEncoding;
 
 mod tensor_op;
+pub use tensor_op::StagedTensorWrite;
 
 use tensor_op::TensorOps;
 

@@ -66,7 +66,10 @@ fn the_version_string_is_the_api_version() {
 /// as many instructions per lookup as the rest of the lookup.
 pub(crate) type FastHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-pub use api::{ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp, nrt};
+pub use api::{
+    ModelHandle, Runtime, ScheduledExecution, ScheduledRequest, ScheduledTensorOp,
+    StagedTensorWrite, nrt,
+};
 pub use backend::{Device, DeviceError, open};
 pub use error::{NrtError, NrtResult};
 pub use tensor::{Placement, Tensor, TensorSet};

@@ -157,6 +157,15 @@ fn invalid(msg: String) -> NrtError {
     status_err(NrtStatus::Invalid, msg)
 }
 
+/// A tensor write checked and copied into staging, not yet scheduled
+/// ([`Runtime::tensor_write_stage`]; scheduled by [`Runtime::tensor_write_submit`]).
+#[derive(Debug)]
+pub struct StagedTensorWrite {
+    lnc: u32,
+    queue: u8,
+    req: TensorOpRequest,
+}
+
 impl Runtime {
     fn tensor_ops(&self) -> NrtResult<&TensorOps> {
         self.tensor_ops
@@ -350,7 +359,10 @@ impl Runtime {
 
     /// `nrta_tensor_write`: schedules a copy of `buf` to byte `offset` of device tensor
     /// `tensor` on TENSOR_OP queue `queue` of logical core `lnc_idx`. The bytes are copied into
-    /// staging before this returns: `buf` may be reused at once.
+    /// staging before this returns: `buf` may be reused at once. The two halves,
+    /// [`Runtime::tensor_write_stage`] and [`Runtime::tensor_write_submit`], let a caller that
+    /// serializes its scheduling (libnrt records each request as it is scheduled) hold its lock
+    /// for the submit only, not for the copy of a large buffer.
     ///
     /// # Errors
     /// NRT_INVALID (see the module doc; nothing changed), NRT_QUEUE_FULL (nothing changed),
@@ -364,6 +376,24 @@ impl Runtime {
         lnc_idx: i32,
         queue: i32,
     ) -> NrtResult<ScheduledRequest> {
+        let staged = self.tensor_write_stage(tensor, buf, offset, lnc_idx, queue)?;
+        self.tensor_write_submit(staged)
+    }
+
+    /// The first half of [`Runtime::tensor_write_schedule`]: checks the write and copies `buf`
+    /// into a staging chunk of the queue; nothing is scheduled yet (dropped, the chunk goes
+    /// back to the pool).
+    ///
+    /// # Errors
+    /// As [`Runtime::tensor_write_schedule`], but never NRT_QUEUE_FULL.
+    pub fn tensor_write_stage(
+        &self,
+        tensor: &Tensor,
+        buf: &[u8],
+        offset: u64,
+        lnc_idx: i32,
+        queue: i32,
+    ) -> NrtResult<StagedTensorWrite> {
         let (queue, lnc, dst_pa) = self.host_transfer_target(
             "destination",
             tensor,
@@ -384,6 +414,15 @@ impl Runtime {
             tensors: vec![tensor.clone()],
             ..TensorOpRequest::default()
         };
+        Ok(StagedTensorWrite { lnc, queue, req })
+    }
+
+    /// The second half of [`Runtime::tensor_write_schedule`]: schedules a staged write.
+    ///
+    /// # Errors
+    /// As [`Runtime::tensor_write_schedule`].
+    pub fn tensor_write_submit(&self, staged: StagedTensorWrite) -> NrtResult<ScheduledRequest> {
+        let StagedTensorWrite { lnc, queue, req } = staged;
         self.schedule_tensor_op(lnc, queue, req)
     }
 

@@ -649,3 +649,41 @@ fn a_chunk_above_the_cap_is_freed_once_and_kept_from_its_second_use() {
     pool.release();
     assert_eq!((pool.retained(), chunks()), (0, base));
 }
+
+/// A write staged apart from its submit (libnrt copies a large buffer outside the lock it
+/// schedules under): requests are ordered, and numbered, by their submit, and one staged but
+/// never submitted schedules nothing and gives its staging back.
+#[test]
+fn a_staged_write_is_ordered_by_its_submit_and_one_dropped_schedules_nothing() {
+    let rig = Rig::new();
+    let rt = rig.sync_runtime();
+    let t = device_tensor(&rt, 0, 4096, "t");
+    let first = rt
+        .tensor_write_stage(&t, &pattern(4096, 1), 0, 0, 0)
+        .unwrap();
+    let second = rt
+        .tensor_write_stage(&t, &pattern(4096, 2), 0, 0, 0)
+        .unwrap();
+    let b = rt.tensor_write_submit(second).unwrap();
+    let a = rt.tensor_write_submit(first).unwrap();
+    assert_eq!((b.seq_id().seq_num(), a.seq_id().seq_num()), (1, 2));
+    assert_eq!(rt.wait(&b).unwrap(), NrtStatus::Success);
+    assert_eq!(rt.wait(&a).unwrap(), NrtStatus::Success);
+    let mut got = vec![0u8; 4096];
+    t.read(&mut got, 0).unwrap();
+    assert!(got == pattern(4096, 1), "the later submit landed last");
+    for _ in 0..64 {
+        drop(
+            rt.tensor_write_stage(&t, &pattern(4096, 3), 0, 0, 0)
+                .unwrap(),
+        );
+    }
+    let next = rt
+        .tensor_write_schedule(&t, &pattern(4096, 4), 0, 0, 0)
+        .unwrap();
+    assert_eq!(next.seq_id().seq_num(), 3, "nothing dropped was scheduled");
+    assert_eq!(rt.wait(&next).unwrap(), NrtStatus::Success);
+    t.read(&mut got, 0).unwrap();
+    assert!(got == pattern(4096, 4));
+    rt.close();
+}
