@@ -96,15 +96,18 @@ fn too_low_an_open_file_limit_is_a_resource_error_naming_the_limit() {
 fn a_simdev_under_a_tiny_file_size_limit_refuses_and_keeps_running() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("simdev.sock");
-    let mut sim = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -f 10 && exec \"$0\" simdev --socket \"$1\"")
-        .arg(nrt_bin())
-        .arg(&socket)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Killed and reaped on drop: a failed assertion below must not leave simdev running.
+    let mut sim = Reaped::new(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -f 10 && exec \"$0\" simdev --socket \"$1\"")
+            .arg(nrt_bin())
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let t = std::time::Instant::now();
     while !socket.exists() {
         assert!(
@@ -127,16 +130,16 @@ fn a_simdev_under_a_tiny_file_size_limit_refuses_and_keeps_running() {
             "the refusal is NRT_RESOURCE naming EFBIG and simdev's limit: {stderr}"
         );
         assert!(
-            sim.try_wait().unwrap().is_none(),
+            sim.0.try_wait().unwrap().is_none(),
             "simdev still runs after: {stderr}"
         );
     }
     let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(sim.id()).unwrap()),
+        nix::unistd::Pid::from_raw(i32::try_from(sim.pid()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
     );
-    let out = sim.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut sim.0.stderr.take().unwrap(), &mut log).unwrap();
     assert!(log.contains("ulimit -f"), "simdev says its limit: {log}");
 }
 

@@ -40,6 +40,11 @@ pub fn nrt_command(socket: &Path) -> Command {
 pub struct Reaped(pub Child, Option<tempfile::TempDir>);
 
 impl Reaped {
+    /// `child`, killed and reaped on drop.
+    pub fn new(child: Child) -> Self {
+        Self(child, None)
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> u32 {
         self.0.id()
