@@ -66,17 +66,38 @@ const fn partition_bytes(space: Space) -> u32 {
 }
 
 /// Bytes between the starts of two partitions of `space` in simdev's buffers: the partition
-/// and one cache line more. Partitions exactly 64 KiB (SBUF) or 16 KiB (PSUM) apart would put
-/// the same offset of every partition in the same few sets of the CPU's caches, and every op
-/// reads and writes tiles at one offset across many partitions: a tile of 120 partitions then
-/// evicted itself from L1 and L2. With the extra line, partition `p` starts `p` lines further
-/// into the sets. Only simdev's own layout: nothing outside this module sees it.
+/// and a few cache lines more ([`partition_pad_lines`]). Only simdev's own layout: nothing
+/// outside this module sees it.
 const fn partition_stride(space: Space) -> u32 {
-    partition_bytes(space) + PARTITION_PAD
+    partition_bytes(space) + partition_pad_lines(space) * CACHE_LINE
 }
 
-/// The cache line added after every partition ([`partition_stride`]).
-const PARTITION_PAD: u32 = 64;
+/// A cache line.
+const CACHE_LINE: u32 = 64;
+
+/// Cache lines added after every partition of `space`, so that the rows of a tile — one per
+/// partition, all at the same offset — spread over the CPU's cache sets instead of piling
+/// into a few of them.
+///
+/// A second-level cache of 2048 sets (1 MiB 8-way or 2 MiB 16-way; the set is address bits
+/// 6–16) maps partitions exactly 64 KiB apart to the same set, since 64 KiB is 1024 lines.
+/// With one line of padding, partition `p` starts `p · 1025 ≡ p (+1024 when p is odd)` sets
+/// further, so a tile's rows still overlap: the digits MLP's 64 rows of 360 values (23 lines
+/// each) put 12 lines in every set they use, more than an 8-way cache holds and most of a
+/// 16-way one, and each tile evicted the one before. With 15 lines, SBUF's partitions start
+/// `1039 · p` sets apart (mod 2048), PSUM's with 43 lines `299 · p`: no set holds more than 2
+/// lines of a 128-row tile of 23-line rows, or 4 of 57-line rows (8 with 1024 sets, 2 with
+/// 4096). Both pads are odd, so 8 consecutive partitions (a transpose's block) also fall in 8
+/// different first-level sets (64 of them). Measured with `cargo bench -p tests --bench
+/// simdev_speed`: the digits MLP at batch 360 went from about 1.75x the GEMM crate's forward
+/// pass to about 1.25x. The price: 120 KiB more SBUF and 344 KiB more PSUM per NC that
+/// computes.
+const fn partition_pad_lines(space: Space) -> u32 {
+    match space {
+        Space::Sbuf => 15,
+        Space::Psum => 43,
+    }
+}
 
 /// `v` as a `usize` (u32 always fits on the platforms simdev runs on).
 fn idx(v: u32) -> usize {

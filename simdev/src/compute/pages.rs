@@ -1,14 +1,14 @@
 //! The zeroed byte buffer of an NC's SBUF or PSUM: an anonymous mapping of its own, aligned
 //! to 2 MiB and advised as transparent huge pages (`MADV_HUGEPAGE`).
 //!
-//! Every op walks a tile down its partitions, which lie 64 KiB (SBUF) or 16 KiB (PSUM) apart:
-//! a tile of 120 partitions touches 120 small pages, more than the CPU's first-level TLB
-//! holds, and each miss is a page walk (two-dimensional in a virtual machine). On huge pages
-//! the whole SBUF is five TLB entries. The kernel may still answer with small pages (THP
-//! disabled, no free huge page): only the speed differs, never a value. A buffer the mapping
-//! cannot provide is an allocation failure, as `vec![0; len]` would be. The price: an NC that
-//! computes holds its whole SBUF (8 MiB) and PSUM (2 MiB) in memory once it touches them,
-//! where small pages held only the pages touched.
+//! Every op walks a tile down its partitions, which lie a little more than 64 KiB (SBUF) or
+//! 16 KiB (PSUM) apart: a tile of 120 partitions touches 120 small pages, more than the CPU's
+//! first-level TLB holds, and each miss is a page walk (two-dimensional in a virtual machine).
+//! On huge pages the whole SBUF is five TLB entries. The kernel may still answer with small
+//! pages (THP disabled, no free huge page): only the speed differs, never a value. A buffer
+//! the mapping cannot provide is an allocation failure, as `vec![0; len]` would be. The price:
+//! an NC that computes holds its whole SBUF (8 MiB) and PSUM (2 MiB), with their padding, in
+//! memory once it touches them, where small pages held only the pages touched.
 //!
 //! The mapping (`memmap2`) reserves one huge page more than the buffer needs and the buffer
 //! starts at the first 2 MiB boundary inside it; the slack before and after is never touched,

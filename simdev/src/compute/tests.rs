@@ -871,3 +871,32 @@ fn a_matmul_of_sbuf_fp32_operands_gathers_neither() {
     assert!(s.scratch.b.is_empty(), "the moving operand was gathered");
     assert_eq!(get(&mut s, dst), want);
 }
+
+/// The most lines of one tile — `partitions` rows of `lines` cache lines, all at the same
+/// offset of their partitions of `space` — that fall in one set of a cache of `sets` sets
+/// (set = line address mod `sets`, as in the second-level caches simdev runs on).
+fn deepest_set(space: Space, partitions: u32, lines: u32, sets: u32) -> u32 {
+    let stride = partition_stride(space) / CACHE_LINE;
+    let mut count = vec![0u32; sets as usize];
+    for p in 0..partitions {
+        for l in 0..lines {
+            count[((p * stride + l) % sets) as usize] += 1;
+        }
+    }
+    count.into_iter().max().unwrap_or(0)
+}
+
+#[test]
+fn a_tiles_rows_spread_over_the_cache_sets() {
+    for space in [Space::Sbuf, Space::Psum] {
+        // 128 rows of 23 lines (360 f32, the digits MLP at batch 360): 2944 lines in 2048 sets.
+        // With partitions one line more than a power of two apart, SBUF's put 12 in a set.
+        assert!(deepest_set(space, 128, 23, 2048) <= 2, "{space:?}");
+        assert!(deepest_set(space, 128, 57, 2048) <= 4, "{space:?}");
+        assert!(deepest_set(space, 128, 23, 1024) <= 4, "{space:?}");
+        // A transpose's 8 × 8 block: its 8 rows in 8 different first-level sets (64 sets).
+        let stride = partition_stride(space) / CACHE_LINE;
+        let sets: std::collections::BTreeSet<u32> = (0..8).map(|p| (p * stride) % 64).collect();
+        assert_eq!(sets.len(), 8, "{space:?}");
+    }
+}

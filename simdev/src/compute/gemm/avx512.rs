@@ -16,7 +16,7 @@
 //!
 //! The lanes past the matrix's last column are masked off: they load zeros, are computed and
 //! never stored; the results are stored through a mask. The moving matrix is not packed first:
-//! SBUF partitions are one cache line more than 64 KiB apart
+//! SBUF partitions are 15 cache lines more than 64 KiB apart
 //! ([`super::super::partition_stride`]), so a panel's rows fall in different cache sets and
 //! stay in L1 from one block of rows to the next, and the copy cost more than it saved
 //! (measured: the digits network's three matmuls about 5 % faster without it).
