@@ -47,7 +47,8 @@
 //! threads with Linux's default policy and slice instead of simdev's default (`SCHED_BATCH`
 //! with a 100 us slice, `simdev::sched`), and `-- --receive recvmmsg` to have its connection
 //! thread write its notification eventfds and then wait in `recvmmsg` instead of both in one
-//! io_uring call (`simdev::uring`). Figures are printed, not asserted.
+//! io_uring call (`simdev::uring`), and `-- --only 1,3` to run those sections only (to profile
+//! one). Figures are printed, not asserted.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -823,16 +824,40 @@ fn main() {
             "unpinned (--unpinned: placed by the scheduler)".into()
         }
     );
+    // `--only 1,3`: those sections only (a profile of one of them).
+    let only: Vec<u32> = option("--only")
+        .map(|list| {
+            list.split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let runs = |section: u32| only.is_empty() || only.contains(&section);
     let id = IdentityIo::load(&rt, 64);
     id.input.write(&[0x5A; 64], 0).unwrap();
     let data = Digits::load(&digits::default_path()).unwrap();
-    identity_vs_floor(&rt, &id);
-    digits_batch_1_vs_identity(&rt, &data);
-    digits_batch_360_vs_gemm(&rt, &data);
-    let slots = async_slots(&rt, 16);
-    async_vs_doorbells(&rt, &dev, sim.pid(), &slots);
-    simdev_costs(&rt, &mut sim, &dev, &id, &data, &slots);
-    drop((slots, id));
+    if runs(1) {
+        identity_vs_floor(&rt, &id);
+    }
+    if runs(2) {
+        digits_batch_1_vs_identity(&rt, &data);
+    }
+    if runs(3) {
+        digits_batch_360_vs_gemm(&rt, &data);
+    }
+    if runs(4) || runs(5) {
+        let slots = async_slots(&rt, 16);
+        if runs(4) {
+            async_vs_doorbells(&rt, &dev, sim.pid(), &slots);
+        }
+        if runs(5) {
+            simdev_costs(&rt, &mut sim, &dev, &id, &data, &slots);
+        }
+        drop(slots);
+    }
+    drop(id);
     rt.close();
-    neff_shape_only_vs_store(Path::new(env!("CARGO_BIN_EXE_counted-simdev")), pinned);
+    if runs(6) {
+        neff_shape_only_vs_store(Path::new(env!("CARGO_BIN_EXE_counted-simdev")), pinned);
+    }
 }
