@@ -504,3 +504,76 @@ fn transposes_write_their_destination_rows_in_place_and_match_the_previous_inter
         );
     }
 }
+
+/// Activations of narrow tiles (rows of 1 to 9 values: below, at and above the vector width,
+/// as the digits MLP's at batch 1), PSUM to SBUF and SBUF to PSUM, each function, a bias per
+/// partition or an immediate, a scale of 1 or not, over values with NaNs, infinities and
+/// signed zeros: the same SBUF, PSUM and effects as the previous interpreter.
+#[test]
+fn narrow_activations_match_the_previous_interpreter() {
+    let mut rng = Rng(41);
+    let mut new = ComputeState::new();
+    let mut old = ComputeState::new();
+    let mut values: Vec<f32> = (0..128 * 64).map(|_| value(&mut rng)).collect();
+    for (i, special) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0]
+        .into_iter()
+        .enumerate()
+    {
+        values[i * 131 + 7] = special;
+    }
+    for state in [&mut new, &mut old] {
+        state.set_tables_loaded(true);
+        for space in [Space::Sbuf, Space::Psum] {
+            let tile = Tile {
+                space,
+                ..Tile::sbuf(0, 128, 0, 64)
+            };
+            state.scatter(&tile, &values).unwrap();
+        }
+    }
+    let funcs = [
+        ActFunc::Identity,
+        ActFunc::Relu,
+        ActFunc::Sigmoid,
+        ActFunc::Tanh,
+        ActFunc::Exp,
+        ActFunc::Gelu,
+        ActFunc::Silu,
+    ];
+    let mut ran = 0;
+    for elems in 1..=9u32 {
+        for (f, func) in (0u32..).zip(funcs) {
+            for (to_sbuf, per_partition, scale) in [
+                (true, true, 1.0f32),
+                (false, false, 0.5),
+                (true, false, -2.0),
+            ] {
+                let parts = 1 + (elems * 13 + f * 7) % 100;
+                let (src, dst) = (
+                    Tile::psum(parts % 5, parts, 4 * elems, elems),
+                    Tile::sbuf(parts % 3, parts, 1024 + 4 * elems, elems),
+                );
+                let (src, dst) = if to_sbuf { (src, dst) } else { (dst, src) };
+                let (mode, bias) = if per_partition {
+                    (ScalarMode::PerPartition as u32, 8 * elems)
+                } else {
+                    (ScalarMode::Immediate as u32, 0.25f32.to_bits())
+                };
+                let inst = Instruction::with_tiles(
+                    Opcode::Activation,
+                    &[dst, src],
+                    &[func as u32, scale.to_bits(), mode, bias],
+                );
+                let op = decode(Engine::Act, Opcode::Activation, &inst)
+                    .unwrap()
+                    .unwrap();
+                let got = execute(&mut new, &op);
+                let want = naive_execute(&mut old, &op);
+                assert_eq!(got, want, "{elems} values, {func:?}: {op:?}");
+                ran += 1;
+            }
+        }
+        assert_same_state(&mut new, &mut old, &format!("after rows of {elems}"));
+    }
+    assert_eq!(ran, 9 * 7 * 3);
+}
