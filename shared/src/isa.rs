@@ -243,6 +243,17 @@ pub enum ActFunc {
 }
 
 impl ActFunc {
+    /// Every function, in encoding order.
+    pub const ALL: [Self; 7] = [
+        Self::Identity,
+        Self::Relu,
+        Self::Sigmoid,
+        Self::Tanh,
+        Self::Exp,
+        Self::Gelu,
+        Self::Silu,
+    ];
+
     /// Decodes a function word.
     pub const fn from_u32(v: u32) -> Option<Self> {
         match v {
@@ -513,6 +524,20 @@ mod tests {
         );
         assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
         assert_eq!(bf16_to_f32(0xC040), -3.0);
+    }
+
+    #[test]
+    fn act_func_all_is_every_function_in_encoding_order() {
+        for (v, f) in (0u32..).zip(ActFunc::ALL) {
+            assert_eq!(ActFunc::from_u32(v), Some(f));
+            assert_eq!(f as u32, v);
+        }
+        let n = u32::try_from(ActFunc::ALL.len()).unwrap();
+        assert_eq!(
+            ActFunc::from_u32(n),
+            None,
+            "a function missing from ActFunc::ALL"
+        );
     }
 
     #[test]

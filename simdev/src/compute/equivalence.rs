@@ -531,18 +531,9 @@ fn narrow_activations_match_the_previous_interpreter() {
             state.scatter(&tile, &values).unwrap();
         }
     }
-    let funcs = [
-        ActFunc::Identity,
-        ActFunc::Relu,
-        ActFunc::Sigmoid,
-        ActFunc::Tanh,
-        ActFunc::Exp,
-        ActFunc::Gelu,
-        ActFunc::Silu,
-    ];
     let mut ran = 0;
     for elems in 1..=9u32 {
-        for (f, func) in (0u32..).zip(funcs) {
+        for (f, func) in (0u32..).zip(ActFunc::ALL) {
             for (to_sbuf, per_partition, scale) in [
                 (true, true, 1.0f32),
                 (false, false, 0.5),

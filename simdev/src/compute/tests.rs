@@ -174,16 +174,6 @@ fn reference_act(f: ActFunc, x: f64) -> f64 {
     }
 }
 
-const FUNCS: [ActFunc; 7] = [
-    ActFunc::Identity,
-    ActFunc::Relu,
-    ActFunc::Sigmoid,
-    ActFunc::Tanh,
-    ActFunc::Exp,
-    ActFunc::Gelu,
-    ActFunc::Silu,
-];
-
 #[test]
 fn every_activation_function_with_scale_and_bias() {
     let mut s = ComputeState::new();
@@ -199,7 +189,7 @@ fn every_activation_function_with_scale_and_bias() {
         .collect();
     put(&mut s, Tile::sbuf(3, 6, 8192, 1), &biases);
     let scale = 0.75f32;
-    for func in FUNCS {
+    for func in ActFunc::ALL {
         for (mode, bias_word) in [(0u32, 0u32), (1, 0.5f32.to_bits()), (2, 8192)] {
             let inst = Instruction::with_tiles(
                 Opcode::Activation,
