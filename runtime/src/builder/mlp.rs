@@ -541,10 +541,18 @@ impl MlpBuilder {
     /// against. `inputs` is row-major `[batch, in]`. Test-only (feature `test-support`).
     ///
     /// # Errors
-    /// As [`MlpBuilder::build`], for a stack that does not build.
+    /// As [`MlpBuilder::build`], for a stack that does not build; inputs that are not whole
+    /// rows.
     #[cfg(any(test, feature = "test-support"))]
     pub fn reference_forward(&self, inputs: &[f32]) -> Result<Vec<f32>, BuildError> {
         let (stages, softmax) = self.stages()?;
+        if !inputs.len().is_multiple_of(self.input_features as usize) {
+            return Err(self.err(format!(
+                "{} input values are not whole rows of {} features",
+                inputs.len(),
+                self.input_features
+            )));
+        }
         let batch = inputs.len() / self.input_features as usize;
         let mut x = inputs.to_vec();
         let mut features = self.input_features as usize;
@@ -590,6 +598,8 @@ impl MlpBuilder {
 pub fn apply(f: ActFunc, x: f32) -> f32 {
     match f {
         ActFunc::Identity => x,
+        // A NaN stays a NaN, as simdev's ReLU keeps it (`f32::max` would give 0).
+        ActFunc::Relu if x.is_nan() => x,
         ActFunc::Relu => x.max(0.0),
         ActFunc::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         ActFunc::Tanh => x.tanh(),
@@ -605,6 +615,24 @@ pub fn apply(f: ActFunc, x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_references_relu_keeps_a_nan_and_partial_rows_are_refused() {
+        assert!(apply(ActFunc::Relu, f32::NAN).is_nan());
+        assert_eq!(apply(ActFunc::Relu, -1.0), 0.0);
+        let m = MlpBuilder::new("nan", 2)
+            .dense(vec![1.0, 0.0, 0.0, 1.0], vec![0.0, 0.0])
+            .activation(ActFunc::Relu);
+        // Row 0 holds a NaN (every output of it is one: NaN · 0 is a NaN); row 1 does not.
+        let out = m.reference_forward(&[f32::NAN, 0.0, -3.0, 1.0]).unwrap();
+        assert!(out[0].is_nan() && out[1].is_nan(), "{out:?}");
+        assert_eq!(out[2..], [0.0, 1.0]);
+        let e = m.reference_forward(&[1.0, 2.0, 3.0]).unwrap_err();
+        assert!(
+            e.why.contains("3 input values are not whole rows of 2"),
+            "{e}"
+        );
+    }
 
     fn tiny() -> MlpBuilder {
         MlpBuilder::new("tiny", 3)
