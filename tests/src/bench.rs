@@ -71,12 +71,14 @@ pub fn pin_to_one_cpu() {
     nix::sched::sched_setaffinity(me, &set).expect("sched_setaffinity");
 }
 
-/// The `per_mille`/1000 quantile of sorted samples (nearest rank, rounding down).
+/// The `per_mille`/1000 quantile of sorted samples (nearest rank).
 ///
 /// # Panics
 /// On an empty slice.
 pub fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
+    // Nearest rank, as `nrt bench` reports: the smallest sample with at least `per_mille` of
+    // them at or below it.
+    sorted[(sorted.len() * per_mille).div_ceil(1000).max(1) - 1]
 }
 
 /// CPU time a process has spent so far, all its threads, as the kernel accounts it

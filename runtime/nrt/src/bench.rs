@@ -119,6 +119,12 @@ pub struct BenchReport {
     std_us: f64,
     executions_per_second: f64,
     images_per_second: f64,
+    /// The share of the timed span the bench itself spent writing inputs and checking outputs
+    /// (part of the throughput's time, none of any latency).
+    host_check_share: f64,
+    /// Why fewer executions than `--async` were in flight at once, when they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_flight_note: Option<String>,
     /// Whether the executions ran on a device: false with `NEURON_RT_FUNTIME=1`, where execute
     /// returns success at once and no output (hence no accuracy) means anything.
     ran_on_device: bool,
@@ -274,6 +280,8 @@ impl BenchReport {
             std_us: st.std,
             executions_per_second: rate(executions),
             images_per_second: rate(images),
+            host_check_share: 0.0,
+            in_flight_note: in_flight_note(opts.in_flight),
             ran_on_device: true,
             note: None,
             interrupted: false,
@@ -285,6 +293,18 @@ impl BenchReport {
             datastore: None,
         }
     }
+}
+
+/// What `--async n` above the XU queue's depth means for the figures (`None` at or below it).
+fn in_flight_note(n: u32) -> Option<String> {
+    let depth = u32::from(runtime::xu::XU_QUEUE_LIMIT);
+    (n > depth).then(|| {
+        format!(
+            "--async {n}: an XU queue holds {depth} executions, so at most {depth} were in flight \
+             per core; the other slots waited for a completion, and their latencies include \
+             that wait"
+        )
+    })
 }
 
 /// File descriptors each in-flight slot costs: its two device tensors are two memory chunks,
@@ -576,6 +596,9 @@ struct Timed {
     times: Vec<Duration>,
     start: Instant,
     end: Instant,
+    /// Time the bench itself spent writing inputs and checking outputs between `start` and
+    /// `end` (inside the throughput's time, outside every latency sample).
+    host: Duration,
     /// What stopped the timed executions early (an execution that failed, a device lost):
     /// `times` are those before it.
     error: Option<String>,
@@ -590,6 +613,9 @@ struct Ran {
     wall: f64,
     /// The first core's error that stopped its timed executions, if one did.
     error: Option<String>,
+    /// The share of the cores' timed spans the bench spent writing inputs and checking
+    /// outputs (0 when nothing was timed).
+    host_share: f64,
 }
 
 impl Timed {
@@ -602,7 +628,10 @@ impl Timed {
         };
         let mut error = None;
         let mut samples = Vec::new();
+        let (mut host, mut spans) = (0.0, 0.0);
         for r in runs {
+            host += r.host.as_secs_f64();
+            spans += r.end.saturating_duration_since(r.start).as_secs_f64();
             samples.extend(r.times);
             error = error.or(r.error);
         }
@@ -610,6 +639,7 @@ impl Timed {
             samples,
             wall,
             error,
+            host_share: if spans > 0.0 { host / spans } else { 0.0 },
         }
     }
 }
@@ -627,8 +657,8 @@ fn pipeline(
     asynchronous: bool,
     warmup: u32,
     es: impl Iterator<Item = u64>,
-    prepare: impl FnMut(u64, &Core) -> Result<(), String>,
-    finish: impl FnMut(u64, &Core) -> Result<(), String>,
+    mut prepare: impl FnMut(u64, &Core) -> Result<(), String>,
+    mut finish: impl FnMut(u64, &Core) -> Result<(), String>,
     pb: &indicatif::ProgressBar,
 ) -> Result<Timed, String> {
     let mut times = Vec::new();
@@ -639,6 +669,7 @@ fn pipeline(
             times,
             start: now,
             end: now,
+            host: Duration::ZERO,
             error: None,
         });
     }
@@ -653,6 +684,21 @@ fn pipeline(
         rt.execute(c.model, &c.ins, &c.outs)
             .map_err(|err| format!("warm-up: {err}"))?;
     }
+    // The bench's own work between executions (input writes, output checks), timed apart.
+    let host = std::cell::Cell::new(Duration::ZERO);
+    let on_host = |since: Instant| host.set(host.get() + since.elapsed());
+    let prepare = |e: u64, c: &Core| {
+        let t = Instant::now();
+        let r = prepare(e, c);
+        on_host(t);
+        r
+    };
+    let finish = |e: u64, c: &Core| {
+        let t = Instant::now();
+        let r = finish(e, c);
+        on_host(t);
+        r
+    };
     let start = Instant::now();
     let run = if asynchronous {
         timed_async(rt, slots, es, prepare, finish, pb, &mut times)
@@ -663,6 +709,7 @@ fn pipeline(
         times,
         start,
         end: Instant::now(),
+        host: host.get(),
         error: run.err(),
     })
 }
@@ -774,7 +821,9 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
     }
     samples.sort();
     let us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-    let pct = |per_mille: usize| us[(us.len() - 1) * per_mille / 1000];
+    // Nearest rank: the smallest sample with at least `per_mille` of them at or below it
+    // (so with 3 samples p90 and p99 are the largest, not the median).
+    let pct = |per_mille: usize| us[(us.len() * per_mille).div_ceil(1000).max(1) - 1];
     let mean = us.iter().sum::<f64>() / us.len() as f64;
     let var = us.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / us.len() as f64;
     Stats {
@@ -892,6 +941,7 @@ fn run_digits(
         ran.samples,
         ran.wall,
     );
+    r.host_check_share = ran.host_share;
     r.error = ran.error;
     r.batch = batch;
     r.accuracy = accuracy;
@@ -988,6 +1038,7 @@ fn run_identity(
         ran.samples,
         ran.wall,
     );
+    r.host_check_share = ran.host_share;
     r.error = ran.error;
     r.failures = failures;
     Ok(r)
@@ -1005,8 +1056,17 @@ fn identity_samples(
     if opts.bytes == 0 {
         return Err("--bytes must be at least 1".into());
     }
-    let model = if rt.lnc() > 1 {
-        runtime::builder::identity_split(opts.bytes.max(2))
+    let lnc = rt.lnc();
+    if lnc > 1 && opts.bytes < lnc {
+        return Err(format!(
+            "--bytes {} is fewer than the logical core's {lnc} physical cores: the identity \
+             model gives each its share of the bytes; use --bytes {lnc} or more (or \
+             NEURON_LOGICAL_NC_CONFIG=1)",
+            opts.bytes
+        ));
+    }
+    let model = if lnc > 1 {
+        runtime::builder::identity_split(opts.bytes)
     } else {
         runtime::builder::identity(opts.bytes)
     };
@@ -1331,6 +1391,7 @@ fn run_neff(
         ran.samples,
         ran.wall,
     );
+    r.host_check_share = ran.host_share;
     r.error = ran.error;
     r.failures = failures;
     r.load_seconds = load_seconds;
@@ -1444,6 +1505,17 @@ fn text(r: &BenchReport) -> String {
     if let Some(s) = r.load_seconds {
         let _ = writeln!(o, "load {:.1} ms", s * 1e3);
     }
+    if let Some(note) = &r.in_flight_note {
+        let _ = writeln!(o, "{note}");
+    }
+    if r.host_check_share >= 0.01 {
+        let _ = writeln!(
+            o,
+            "the bench's own input writes and output checks took {:.0}% of the time the \
+             throughput is over (no latency includes them)",
+            r.host_check_share * 100.0
+        );
+    }
     let _ = write!(o, "throughput {:.0} executions/s", r.executions_per_second);
     if digits {
         let _ = write!(o, ", {:.0} images/s", r.images_per_second);
@@ -1482,6 +1554,21 @@ fn drops_in(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let us = |v: &[u64]| {
+            v.iter()
+                .map(|&x| Duration::from_micros(x))
+                .collect::<Vec<_>>()
+        };
+        let s = stats(us(&[30, 10, 20]));
+        assert_eq!((s.p50, s.p90, s.p99, s.max), (20.0, 30.0, 30.0, 30.0));
+        let s = stats(us(&(1..=1000).collect::<Vec<_>>()));
+        assert_eq!((s.p50, s.p90, s.p99), (500.0, 900.0, 990.0));
+        let s = stats(us(&[7]));
+        assert_eq!((s.p50, s.p99, s.min), (7.0, 7.0, 7.0));
+    }
 
     /// `nrt bench --model MODEL --batch 8 --iterations 4`, otherwise the defaults.
     fn options(model: &str) -> BenchOptions {
@@ -1567,17 +1654,25 @@ mod tests {
                 times: vec![us(10), us(20)],
                 start: at(40),
                 end: at(43),
+                host: Duration::from_millis(1),
                 error: None,
             },
             Timed {
                 times: vec![us(30)],
                 start: at(41),
                 end: at(45),
+                host: Duration::from_millis(1),
                 error: Some("execution 1 ended with NRT_HW_ERROR (6)".into()),
             },
         ]);
         assert_eq!(ran.samples, [us(10), us(20), us(30)]);
         assert!((ran.wall - 0.005).abs() < 1e-9, "wall {}", ran.wall);
+        // 2 ms of input writes and output checks in the cores' 3 + 4 ms.
+        assert!(
+            (ran.host_share - 2.0 / 7.0).abs() < 1e-9,
+            "{}",
+            ran.host_share
+        );
         assert_eq!(
             ran.error.as_deref(),
             Some("execution 1 ended with NRT_HW_ERROR (6)"),
@@ -1585,6 +1680,56 @@ mod tests {
         );
         let none = Timed::merge(Vec::new());
         assert!(none.samples.is_empty() && none.wall == 0.0 && none.error.is_none());
+    }
+
+    #[test]
+    fn the_report_says_what_the_bench_itself_took_and_what_async_above_the_queue_means() {
+        let mut opts = options("identity");
+        opts.in_flight = 20;
+        let mut r = BenchReport::timed(
+            "identity".into(),
+            "sim",
+            &opts,
+            1,
+            (4, 4),
+            vec![Duration::from_micros(100); 4],
+            0.001,
+        );
+        r.host_check_share = 0.6;
+        let t = text(&r);
+        assert!(
+            t.contains(
+                "input writes and output checks took 60% of the time the throughput is over"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("--async 20: an XU queue holds 16 executions, so at most 16 were in flight"),
+            "{t}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["host_check_share"], 0.6);
+        assert!(
+            json["in_flight_note"]
+                .as_str()
+                .unwrap()
+                .contains("at most 16")
+        );
+        opts.in_flight = 16;
+        let r = BenchReport::timed(
+            "identity".into(),
+            "sim",
+            &opts,
+            1,
+            (4, 4),
+            vec![Duration::from_micros(100); 4],
+            0.001,
+        );
+        let t = text(&r);
+        assert!(
+            !t.contains("XU queue") && !t.contains("output checks took"),
+            "{t}"
+        );
     }
 
     #[test]

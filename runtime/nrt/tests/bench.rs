@@ -326,7 +326,48 @@ fn bench_async_beyond_the_queue_waits_for_a_completion_and_retries() {
             Some(slots)
         );
         assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+        assert!(
+            r["in_flight_note"]
+                .as_str()
+                .is_some_and(|n| n.contains("at most 16 were in flight per core")),
+            "the report says that no more than the queue's 16 were in flight: {r}"
+        );
     }
+}
+
+#[test]
+fn identity_bytes_fewer_than_the_logical_cores_ncs_are_refused_up_front() {
+    // trn2's logical core is two NCs, each copying its share: one byte has no share for the
+    // second, and is refused before anything is allocated, naming what to do.
+    let err = nrt_fails(
+        &["bench", "--model", "identity", "--bytes", "1"],
+        &[("NEURON_SIMDEV_ARCH", "trn2")],
+    );
+    assert!(
+        err.contains("--bytes 1 is fewer than the logical core's 2 physical cores")
+            && err.contains("use --bytes 2 or more"),
+        "{err}"
+    );
+    let r = nrt_with(
+        &[
+            "bench",
+            "--model",
+            "identity",
+            "--bytes",
+            "2",
+            "--iterations",
+            "20",
+            "--json",
+        ],
+        &[("NEURON_SIMDEV_ARCH", "trn2")],
+    );
+    assert_eq!(r["failures"].as_u64(), Some(0), "{r}");
+    assert!(
+        r["host_check_share"]
+            .as_f64()
+            .is_some_and(|s| (0.0..1.0).contains(&s)),
+        "{r}"
+    );
 }
 
 #[test]
