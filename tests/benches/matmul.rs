@@ -19,6 +19,10 @@ fn main() {
         return;
     }
     println!(
+        "ratio: simdev's GFLOP/s over sgemm's (above 1, simdev is faster; at N = 1 sgemm's \
+         fixed cost per call dominates)"
+    );
+    println!(
         "{:>18} {:>14} {:>14} {:>8}",
         "K x M x N", "simdev GFLOP/s", "sgemm GFLOP/s", "ratio"
     );
