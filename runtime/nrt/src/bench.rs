@@ -1684,17 +1684,21 @@ mod tests {
 
     #[test]
     fn the_report_says_what_the_bench_itself_took_and_what_async_above_the_queue_means() {
-        let mut opts = options("identity");
-        opts.in_flight = 20;
-        let mut r = BenchReport::timed(
-            "identity".into(),
-            "sim",
-            &opts,
-            1,
-            (4, 4),
-            vec![Duration::from_micros(100); 4],
-            0.001,
-        );
+        // Four identity executions of 100 µs in 1 ms with `--async in_flight`.
+        let report = |in_flight: u32| {
+            let mut opts = options("identity");
+            opts.in_flight = in_flight;
+            BenchReport::timed(
+                "identity".into(),
+                "sim",
+                &opts,
+                1,
+                (4, 4),
+                vec![Duration::from_micros(100); 4],
+                0.001,
+            )
+        };
+        let mut r = report(20);
         r.host_check_share = 0.6;
         let t = text(&r);
         assert!(
@@ -1715,17 +1719,7 @@ mod tests {
                 .unwrap()
                 .contains("at most 16")
         );
-        opts.in_flight = 16;
-        let r = BenchReport::timed(
-            "identity".into(),
-            "sim",
-            &opts,
-            1,
-            (4, 4),
-            vec![Duration::from_micros(100); 4],
-            0.001,
-        );
-        let t = text(&r);
+        let t = text(&report(16));
         assert!(
             !t.contains("XU queue") && !t.contains("output checks took"),
             "{t}"
