@@ -1256,7 +1256,8 @@ impl Runtime {
         }
     }
 
-    /// The work item of one bound execution on `m`'s logical core, counted in flight on `m`.
+    /// The work item of one bound execution on `m`'s logical core, counted in flight on `m`:
+    /// in a box `xu`'s worker freed when there is one (`None`: the implicit-async pool's item).
     ///
     /// # Errors
     /// NRT_INVALID_HANDLE when `m` is being unloaded.
@@ -1264,6 +1265,7 @@ impl Runtime {
         &self,
         m: &Arc<LoadedModel>,
         resources: ExecResources,
+        xu: Option<&Xu<NqEngine>>,
     ) -> NrtResult<Box<ExecInfo<ExecRequest>>> {
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let mut req = ExecRequest {
@@ -1275,9 +1277,12 @@ impl Runtime {
         }
         req.inflight = Some(m.begin_execution()?);
         req.resources = Some(resources);
-        let mut info = Box::new(ExecInfo::execute(m.id(), req));
+        let mut info = ExecInfo::execute(m.id(), req);
         info.model_slot = m.datastore_slot();
-        Ok(info)
+        Ok(match xu {
+            Some(xu) => xu.work_item(info),
+            None => Box::new(info),
+        })
     }
 
     /// The funnel's refusal `s`; `why`: what the stage or the doorbell said when one failed.
@@ -1317,7 +1322,7 @@ impl Runtime {
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let info = self.work_item(m, resources)?;
+        let info = self.work_item(m, resources, Some(xu))?;
         let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;
         // What a failing stage or doorbell said, for the refusal's message.
@@ -1464,7 +1469,8 @@ impl Runtime {
         self.timeline.pend(SpanKind::Bind, span);
         let resources = resources?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let mut info = self.work_item(m, resources)?;
+        // The implicit-async pool's own work item: its workers free it, not an XU's.
+        let mut info = self.work_item(m, resources, None)?;
         info.sync_exec = false;
         let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;

@@ -194,11 +194,14 @@ impl Drop for ExecResources {
     }
 }
 
+/// Checks `set` against `specs` (see [`check_valid_io_sets`]), pushing each spec's tensor PA
+/// onto `pas` in spec order.
 fn check_set(
     model: &LoadedModel,
     set: &TensorSet,
     specs: &[shared::model::TensorSpec],
     kind: &str,
+    pas: &mut Vec<Option<u64>>,
 ) -> Result<(), NrtError> {
     for spec in specs {
         let t = set.get(&spec.name).map_err(|_| {
@@ -255,6 +258,12 @@ fn check_set(
                 ));
             }
         }
+        pas.push(t.device_pa());
+    }
+    // Every spec's name is in the set and a loaded model's names are distinct (its validation
+    // refuses one used twice), so a set of exactly as many tensors holds no other name.
+    if set.len() == specs.len() {
+        return Ok(());
     }
     for (name, _) in set.iter() {
         if !specs.iter().any(|s| s.name == name) {
@@ -304,8 +313,20 @@ pub fn check_valid_io_sets(
     inputs: &TensorSet,
     outputs: &TensorSet,
 ) -> Result<(), NrtError> {
-    check_set(model, inputs, &model.model().inputs, "input")?;
-    check_set(model, outputs, &model.model().outputs, "output")
+    io_set_pas(model, inputs, outputs, &mut Vec::new())
+}
+
+/// [`check_valid_io_sets`], replacing `pas` with each I/O tensor's device PA (the model's
+/// inputs, then its outputs): one lookup per tensor for both.
+fn io_set_pas(
+    model: &LoadedModel,
+    inputs: &TensorSet,
+    outputs: &TensorSet,
+    pas: &mut Vec<Option<u64>>,
+) -> Result<(), NrtError> {
+    pas.clear();
+    check_set(model, inputs, &model.model().inputs, "input", pas)?;
+    check_set(model, outputs, &model.model().outputs, "output", pas)
 }
 
 /// Where operand `op` of TPB `tpb` lands: a buffer or SBUF PA (fixed at load), or a model
@@ -436,17 +457,14 @@ pub fn build_compute_resources(
     outputs: &TensorSet,
     exec_mode: ExecMode,
 ) -> Result<ExecResources, NrtError> {
-    check_valid_io_sets(model, inputs, outputs)?;
     // A pooled tracker of this model: same shape every time, so refilling it allocates nothing.
     let (mut tdrv, mut bound) = model.take_tracker();
-    // Each tensor's PA once (one lookup per tensor, not one per descriptor).
+    // Each tensor's PA once (one lookup per tensor, not one per descriptor), as it is checked.
+    if let Err(e) = io_set_pas(model, inputs, outputs, &mut tdrv.tensor_pas) {
+        model.return_tracker(tdrv, bound);
+        return Err(e);
+    }
     let specs = model.model();
-    tdrv.tensor_pas.clear();
-    tdrv.tensor_pas.extend(
-        (specs.inputs.iter().map(|s| inputs.find(&s.name)))
-            .chain(specs.outputs.iter().map(|s| outputs.find(&s.name)))
-            .map(|t| t.and_then(Tensor::device_pa)),
-    );
     if !tdrv.planned {
         tdrv.encoded_for.clear();
         plan(model, &mut tdrv)?;
@@ -612,6 +630,46 @@ mod tests {
         let (ins3, _) = tensors(&rt, 299);
         let err = build_compute_resources(&m, &ins3, &outs2, ExecMode::Sync).unwrap_err();
         assert_eq!(err.status, NrtStatus::Invalid);
+    }
+
+    #[test]
+    fn a_set_with_a_name_the_model_lacks_is_refused_and_the_tracker_goes_back_to_the_pool() {
+        let rig = Rig::new();
+        let rt = rig.sync_runtime();
+        let mlp = MlpBuilder::new("t", 3).dense(vec![1.0; 6], vec![0.5, -0.5]);
+        let m = rt.model(load(&rt, &mlp.build(4).unwrap(), 0)).unwrap();
+        let (mut ins, outs) = tensors(&rt, 4);
+        drop(build_compute_resources(&m, &ins, &outs, ExecMode::Sync).unwrap());
+        let built = pairs_built_on_this_thread();
+        // Every input bound, plus one the model does not have: a stray, named.
+        let on = Placement::Device { vnc: 0 };
+        ins.add("inptu", &rt.tensor_allocate(on, 12, "stray").unwrap());
+        let err = build_compute_resources(&m, &ins, &outs, ExecMode::Sync).unwrap_err();
+        assert_eq!(err.status, NrtStatus::Invalid);
+        assert!(
+            err.message.contains("\"inptu\" is not an input"),
+            "{}",
+            err.message
+        );
+        // As many tensors as the model's outputs, one of them misnamed: the missing one is
+        // named, with the stray.
+        let (ins3, _) = tensors(&rt, 4);
+        let mut renamed = TensorSet::new();
+        renamed.add("outptu", outs.find("output").unwrap());
+        let err = build_compute_resources(&m, &ins3, &renamed, ExecMode::Sync).unwrap_err();
+        assert!(
+            err.message.contains("\"output\"") && err.message.contains("outptu"),
+            "{}",
+            err.message
+        );
+        // The refused binds gave the pooled tracker back: a good bind builds nothing new.
+        let ok = build_compute_resources(&m, &ins3, &outs, ExecMode::Sync).unwrap();
+        assert_eq!(
+            pairs_built_on_this_thread(),
+            built,
+            "the tracker was pooled"
+        );
+        drop(ok);
     }
 
     #[test]

@@ -306,7 +306,7 @@ impl Runtime {
         let status = Arc::new(ExecStatus::new());
         let seq_id = xu
             .schedule_request(
-                Box::new(ExecInfo::execute(0, req)),
+                xu.work_item(ExecInfo::execute(0, req)),
                 Some(status.clone()),
                 |_, _| Ok(()),
                 |_| Ok(()),

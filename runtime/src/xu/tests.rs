@@ -1865,3 +1865,63 @@ fn the_drain_poll_backs_off_from_1_ms_to_the_seeds_100_ms() {
     assert_eq!(ms, [1, 2, 4, 8, 16, 32, 64, 100, 100, 100]);
     assert_eq!(drain_poll_interval(u32::MAX), Duration::from_millis(100));
 }
+
+/// An engine whose requests hold a token: what a work item holds is observable.
+#[derive(Debug, Default)]
+struct Holding;
+
+impl CompletionEngine for Holding {
+    type Request = Option<Arc<()>>;
+
+    fn progress_one_step(&self, _vnc: u32, _info: &mut ExecInfo<Option<Arc<()>>>) -> Progress {
+        Progress::Done(NrtStatus::Success)
+    }
+
+    fn wait_model_stop(&self, _vnc: u32) -> Result<(), NrtStatus> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_freed_work_item_releases_what_it_holds_and_its_box_serves_a_later_submit() {
+    let (xu, _) = xu_with(Arc::new(Holding), 0, 4, 1);
+    let token = Arc::new(());
+    let submit_one = |item: Box<ExecInfo<Option<Arc<()>>>>| {
+        xu.schedule_request(item, None, |_, _| Ok(()), |_| Ok(()))
+            .unwrap();
+    };
+    let mut boxes = Vec::new();
+    for _ in 0..3 {
+        let item = xu.work_item(ExecInfo::execute(1, Some(token.clone())));
+        boxes.push(std::ptr::from_ref(&*item) as usize);
+        submit_one(item);
+    }
+    assert_eq!(
+        Arc::strong_count(&token),
+        4,
+        "three requests in flight hold it"
+    );
+    for _ in 0..3 {
+        xu.step();
+    }
+    // Freed (as the seed frees the work item): nothing of the requests is held any more, but
+    // their boxes are kept for the next submits.
+    assert_eq!(Arc::strong_count(&token), 1);
+    assert_eq!(xu.spare_work_items(), 3);
+    let again = xu.work_item(ExecInfo::execute(1, Some(token.clone())));
+    assert!(boxes.contains(&(std::ptr::from_ref(&*again) as usize)));
+    assert_eq!(xu.spare_work_items(), 2);
+    submit_one(again);
+    xu.step();
+    assert_eq!(Arc::strong_count(&token), 1);
+    // At most the ring's capacity of boxes is kept, however many were allocated elsewhere.
+    for _ in 0..3 {
+        for _ in 0..4 {
+            submit_one(Box::new(ExecInfo::execute(1, None)));
+        }
+        for _ in 0..4 {
+            xu.step();
+        }
+    }
+    assert_eq!(xu.spare_work_items(), 4);
+}

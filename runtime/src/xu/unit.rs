@@ -354,6 +354,10 @@ pub struct Xu<E: CompletionEngine> {
     has_work_taken: AtomicU64,
     completion_fd: Mutex<Option<OwnedFd>>,
     implicit_async_mode: bool,
+    /// Work items the worker freed, kept for the next submits: a steady execution loop
+    /// allocates none, and no block goes from the worker's allocator cache to the submitter's
+    /// (at most the ring's capacity of them; the vector never grows past it).
+    spare_items: Mutex<Vec<Box<ExecInfo<E::Request>>>>,
     #[cfg(all(test, not(loom)))]
     at_pop: std::sync::Mutex<Option<PopHook>>,
 }
@@ -454,9 +458,40 @@ impl<E: CompletionEngine> Xu<E> {
             has_work_taken: AtomicU64::new(0),
             completion_fd: Mutex::new(None),
             implicit_async_mode: config.implicit_async_mode,
+            spare_items: Mutex::new(Vec::with_capacity(config.capacity)),
             #[cfg(all(test, not(loom)))]
             at_pop: std::sync::Mutex::new(None),
         })
+    }
+
+    /// `info` in a work item for [`Xu::schedule_request`]: a box the worker freed earlier when
+    /// there is one, else a new one.
+    pub fn work_item(&self, info: ExecInfo<E::Request>) -> Box<ExecInfo<E::Request>> {
+        let spare = lock(&self.spare_items).pop();
+        match spare {
+            Some(mut item) => {
+                *item = info;
+                item
+            }
+            None => Box::new(info),
+        }
+    }
+
+    /// Frees work item `info` (`tpb_xu_step`'s free): what it holds — the bound resources, the
+    /// in-flight count, the tensors' hold — is released now; the box is kept for
+    /// [`Xu::work_item`] while fewer than the ring's capacity are.
+    fn free_work_item(&self, mut info: Box<ExecInfo<E::Request>>) {
+        drop(std::mem::take(&mut info.request));
+        let mut spare = lock(&self.spare_items);
+        if spare.len() < spare.capacity() {
+            spare.push(info);
+        }
+    }
+
+    /// Freed work items kept for the next submits.
+    #[cfg(test)]
+    pub(crate) fn spare_work_items(&self) -> usize {
+        lock(&self.spare_items).len()
     }
 
     /// The vNC this XU serves.
@@ -718,7 +753,7 @@ impl<E: CompletionEngine> Xu<E> {
     /// The funnel's gates (101, 7).
     pub fn schedule_stop(&self, request: E::Request) -> Result<SeqId, NrtStatus> {
         self.schedule_request(
-            Box::new(ExecInfo::stop(request)),
+            self.work_item(ExecInfo::stop(request)),
             None,
             |_, _| Ok(()),
             |_| Ok(()),
@@ -834,7 +869,7 @@ impl<E: CompletionEngine> Xu<E> {
         let idle = (info.kind == ExecKind::Execute && last_released)
             .then(|| self.engine.idle_wake(self.vnc, &info))
             .flatten();
-        drop(info); // free the work item before reporting, as the seed does
+        self.free_work_item(info); // before reporting, as the seed does
         self.report_complete(&mut consumer, status_cell, exec_status);
         // A request released since the snapshot (its submitter, woken by this completion, ran
         // before this step ended) is left to the watch when its progress will still show there
