@@ -79,11 +79,12 @@ fn schedule_retrying_queue_full<T>(
     budget: Duration,
     mut attempt: impl FnMut() -> NrtResult<T>,
 ) -> NrtResult<T> {
-    let start = Instant::now();
+    // From the first refusal: a submit that is taken at once reads no clock.
+    let mut start = None;
     loop {
         match attempt() {
             Err(e) if e.status == NrtStatus::QueueFull => {
-                if start.elapsed() >= budget {
+                if start.get_or_insert_with(Instant::now).elapsed() >= budget {
                     return Err(status_err(
                         NrtStatus::Timeout,
                         format!(
@@ -115,6 +116,13 @@ fn wait_sync<E: CompletionEngine>(xu: &Xu<E>, seq: SeqId, budget: Duration) -> N
             ),
         )
     })
+}
+
+/// When a staged execution times out: `timeout` after its work item was stamped (a moment
+/// before the stage; no clock read of its own), or never when that is past what an `Instant`
+/// holds.
+fn exec_deadline(info: &ExecInfo<ExecRequest>, timeout: Duration) -> Option<Instant> {
+    info.submission_ts.checked_add(timeout)
 }
 
 /// A loaded model's handle (`nrt_model_t*`).
@@ -1335,7 +1343,7 @@ impl Runtime {
                     *why.borrow_mut() = Some(e.message);
                     e.status
                 })?;
-                info.request.deadline = Some(Instant::now() + timeout);
+                info.request.deadline = exec_deadline(info, timeout);
                 self.trace
                     .stamp(&mut info.request.trace, || profiling::staged_seq_id(xu));
                 if span.is_some() {
@@ -1479,7 +1487,7 @@ impl Runtime {
                 let span = self.timeline.now();
                 self.stage(m, info, model_switch, skip)
                     .map_err(|e| e.status)?;
-                info.request.deadline = Some(Instant::now() + timeout);
+                info.request.deadline = exec_deadline(info, timeout);
                 // The pool sets the job id as the sequence id once it assigns it.
                 self.trace.stamp(&mut info.request.trace, || 0);
                 self.timeline.note(0, info.request.compute_idx);

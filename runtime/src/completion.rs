@@ -736,17 +736,16 @@ impl CompletionEngine for NqEngine {
     }
 
     /// The notification eventfd of the completed execution's first NC (the vNC's next
-    /// execution reports there too), drained, for [`NqEngine::IDLE_WATCH`]. A step that found
-    /// its notification posted left the eventfd unread: drained here, the watch waits for the
-    /// next notification instead of ending at once on this one. (Draining cannot lose a
-    /// notification of a request released meanwhile: its steps read the NQ first.)
+    /// execution reports there too), for [`NqEngine::IDLE_WATCH`]. A step that found its
+    /// notification posted left the eventfd unread, and it is left so: the worker watches it
+    /// edge-triggered ([`Wake::fd`]), so the watch ends on the next notification's write, not
+    /// on this one's (whose wake-up the worker already had). No read on the hot path.
     fn idle_wake(&self, _vnc: u32, info: &ExecInfo<ExecRequest>) -> Option<Wake<'_>> {
         let req = &info.request;
         if req.num_tpbs == 0 {
             return None;
         }
         let fd = self.nc_reader(req.ncs[0])?.notify_fd.as_ref()?;
-        drain(fd);
         Some(Wake {
             fd: fd.as_fd(),
             within: Some(Self::IDLE_WATCH),
@@ -754,8 +753,8 @@ impl CompletionEngine for NqEngine {
     }
 
     /// Whether nothing of `info` (never stepped) is posted yet on an NC of it that reports
-    /// through `wake`'s eventfd: its notification there is posted later, and that write makes
-    /// the drained fd readable. Reads the NQ's phase word only, as
+    /// through `wake`'s eventfd: its notification there is posted later, and that write wakes
+    /// the watch. Reads the NQ's phase word only, as
     /// [`CompletionEngine::progress_posted`] does; an NC that lost its device or holds an early
     /// entry counts as posted (a step would find it at once).
     fn progress_shows_on(&self, _vnc: u32, info: &ExecInfo<ExecRequest>, wake: &Wake<'_>) -> bool {

@@ -46,9 +46,12 @@ impl WorkerKey {
 /// before stepping again regardless.
 #[derive(Clone, Copy, Debug)]
 pub struct Wake<'a> {
-    /// Readable when the request may have progressed. The engine drains it at the start of
-    /// each step (before harvesting), so a wake-up after the harvest is never lost. It must
-    /// stay open as long as the engine lives (the worker keeps a dup of it registered).
+    /// Written when the request may have progressed (an eventfd: every write is a wake-up).
+    /// The worker watches it edge-triggered: a write after the step that named it wakes the
+    /// worker, and one before that step is the step's to have seen (the step harvests after
+    /// it). Nobody has to read it for the worker; an engine whose other pollers watch it
+    /// level-triggered drains it before its last harvest. It must stay open as long as the
+    /// engine lives (the worker keeps a dup of it registered).
     pub fd: BorrowedFd<'a>,
     /// Step again after this long even without an event (`None`: only on the event).
     pub within: Option<Duration>,

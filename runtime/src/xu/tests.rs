@@ -1822,9 +1822,10 @@ fn cpu_ticks(prefix: &str) -> u64 {
         .sum()
 }
 
-/// A wake fd that turns readable while no request waits on it (a late event) is disarmed,
-/// not spun on: level-triggered, it would otherwise wake the worker until a later step drains
-/// it. Idle, the worker uses (next to) no CPU; spinning, it uses what it gets of the 500 ms.
+/// A wake fd written while no request waits on it (a late event) is one event, dropped, not
+/// spun on: watched level-triggered and undrained, it would wake the worker until a later
+/// step drains it. Idle, the worker uses (next to) no CPU; spinning, it uses what it gets of
+/// the 500 ms.
 #[test]
 fn a_wake_fd_firing_with_nobody_waiting_does_not_spin_the_worker() {
     let stalled = Stalled::new();

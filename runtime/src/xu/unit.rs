@@ -117,7 +117,7 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     /// before its pop; a request released meanwhile is covered by the watch only if
     /// [`CompletionEngine::progress_shows_on`] says so): where the progress of the next request
     /// of this vNC will show (the notification eventfd the request completed through, on
-    /// simdev), drained, with `within` bounding how long the worker watches it instead of
+    /// simdev), with `within` bounding how long the worker watches it instead of
     /// `has_work_efd` ([`StepOutcome::Idle`]). `within` also bounds how late a request that
     /// makes no progress there (a STOP, a step past on a degraded XU, a request whose
     /// notification never comes) is first stepped. `None` (the default): the worker watches
@@ -127,10 +127,10 @@ pub trait CompletionEngine: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Whether the progress of EXECUTE request `info` — released while the step that chose
-    /// the idle watch `wake` ([`CompletionEngine::idle_wake`], which drained its fd) was
-    /// ending, never stepped — will still make `wake`'s fd readable: nothing of it is posted
-    /// yet where the fd reports. Asked after the drain, so a posting not seen here comes after
-    /// the drain and writes the fd again. Judged without a system call. Then the worker
+    /// the idle watch `wake` ([`CompletionEngine::idle_wake`]) was ending, never stepped —
+    /// will still write `wake`'s fd: nothing of it is posted yet where the fd reports (the
+    /// device posts before it writes the fd), so its write comes after this and wakes the
+    /// watch. Judged without a system call. Then the worker
     /// enters the watch instead of stepping `info` at once on its `has_work_efd` count (a step
     /// that would find it in flight: on a shared CPU, the submitter woken by the completion
     /// often runs before the worker has left its step). A wrong `true` loses the wake-up for

@@ -11,8 +11,9 @@
 //! A step never sleeps (one sleeping step would stall every other XU of the vNC). When a
 //! request is in flight and its engine names a [`Wake`] fd, the worker stops watching that XU's
 //! `has_work_efd` (its count stays: the request is not done) and watches the wake fd instead
-//! (`Wake(r)`), with the wake's `within` as a deadline; when the fd is readable or the deadline
-//! passed it watches `has_work_efd` again and steps the XU. Meanwhile the other XUs' events are
+//! (`Wake(r)`, edge-triggered: each write to it is one event; see `WakeReg`), with the wake's
+//! `within` as a deadline; when the fd is written or the deadline passed it watches
+//! `has_work_efd` again and steps the XU. Meanwhile the other XUs' events are
 //! served as they come. An engine that names no wake fd is stepped again as soon as the worker
 //! has looked at its other XUs (the level-triggered `has_work_efd` stays readable).
 //!
@@ -28,7 +29,7 @@
 //! ends, at most `within` later. A request released while the completing step was still
 //! ending (its submitter, woken by that completion, ran first) is left to the watch too when
 //! nothing of it is posted yet where the watch looks (the engine's `progress_shows_on`); one
-//! already posted there is stepped at once (the watch's fd was drained: that write is gone).
+//! already posted there is stepped at once (its write may have come before the watch began).
 //!
 //! # Harvest bursts
 //! A step that completed a request and left more released ([`StepOutcome::Ready`]) is followed
@@ -130,15 +131,20 @@ struct Waiting {
 
 /// A wake fd registered in the worker's epoll: the worker's own duplicate of an engine's fd
 /// (so the registration never depends on the engine's fd number staying put), the engine fd
-/// number it was made from (the lookup key), which owned XUs wait on it, and whether it is
-/// armed. It is armed when an XU starts waiting on it and disarmed lazily — only when it
-/// fires with nobody waiting — so back-to-back executions cost no re-arming.
+/// number it was made from (the lookup key), and which owned XUs wait on it.
+///
+/// It is registered once, edge-triggered (`EPOLLIN | EPOLLET`), and stays so: every write to
+/// it (an eventfd wakes its pollers on each write) is one event, and an event that finds
+/// nobody waiting is dropped — whoever waits on it later began waiting after a step that
+/// harvested everything that write announced. So nobody has to read the fd for the worker
+/// (the engine still drains it before its last harvest of a step, for its other pollers), and
+/// back-to-back executions cost no `epoll_ctl` and no read.
 #[derive(Debug)]
 struct WakeReg {
     key: RawFd,
-    fd: OwnedFd,
+    /// The registered duplicate, kept open as long as the registration.
+    _dup: OwnedFd,
     waiters: u64,
-    armed: bool,
 }
 
 /// One worker's loop state.
@@ -150,6 +156,8 @@ struct Loop {
     has_work_watched: Vec<bool>,
     regs: Vec<WakeReg>,
     epoll_returns: Arc<AtomicU64>,
+    /// The clock, read at most once between two sleeps in `epoll_wait` ([`Loop::now`]).
+    now: Option<Instant>,
 }
 
 fn ev(armed: bool, token: Token) -> EpollEvent {
@@ -168,13 +176,22 @@ fn timeout_for(d: Duration) -> EpollTimeout {
 }
 
 impl Loop {
+    /// Now, as read once since the last sleep: the deadlines of the waits armed after a wake-up,
+    /// the check of those that passed, and the next sleep's timeout share one clock read. The
+    /// microseconds of work between them only make a deadline fire that much later (the
+    /// timeout is in whole milliseconds, rounded up).
+    fn now(&mut self) -> Instant {
+        *self.now.get_or_insert_with(Instant::now)
+    }
+
     fn run(mut self) {
         let mut events = [EpollEvent::empty(); MAX_EVENTS];
         loop {
             let until = self.waiting.iter().flatten().filter_map(|w| w.until).min();
             let timeout = until.map_or(EpollTimeout::NONE, |t| {
-                timeout_for(t.saturating_duration_since(Instant::now()))
+                timeout_for(t.saturating_duration_since(self.now()))
             });
+            self.now = None;
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => {
                     self.epoll_returns.fetch_add(1, Ordering::Relaxed);
@@ -204,9 +221,6 @@ impl Loop {
                     }
                     Token::Wake(r) => {
                         let waiters = self.regs.get(r).map_or(0, |reg| reg.waiters);
-                        if waiters == 0 {
-                            self.disarm(r);
-                        }
                         for i in 0..self.owned.len() {
                             if waiters & (1 << i) != 0 {
                                 self.resume(i);
@@ -220,7 +234,7 @@ impl Loop {
             if !self.waiting.iter().flatten().any(|w| w.until.is_some()) {
                 continue;
             }
-            let now = Instant::now();
+            let now = self.now();
             for i in 0..self.owned.len() {
                 if self.waiting[i].is_some_and(|w| w.until.is_some_and(|t| t <= now)) {
                     self.resume(i);
@@ -278,20 +292,9 @@ impl Loop {
                 return false;
             }
         };
-        let r = &mut self.regs[reg];
-        if !r.armed {
-            if let Err(e) = self.epoll.modify(&r.fd, &mut ev(true, Token::Wake(reg))) {
-                tracing::warn!(errno = %e, "arming an XU wake fd");
-                return false;
-            }
-            r.armed = true;
-        }
-        r.waiters |= 1 << i;
-        self.waiting[i] = Some(Waiting {
-            reg,
-            until: wake.within.map(|d| Instant::now() + d),
-            idle,
-        });
+        self.regs[reg].waiters |= 1 << i;
+        let until = wake.within.map(|d| self.now() + d);
+        self.waiting[i] = Some(Waiting { reg, until, idle });
         true
     }
 
@@ -311,19 +314,8 @@ impl Loop {
         }
     }
 
-    /// Stops watching wake fd `r` (it fired with nobody waiting: level-triggered, it would
-    /// keep firing until its engine drains it at a later step).
-    fn disarm(&mut self, r: usize) {
-        let Some(reg) = self.regs.get_mut(r) else {
-            return;
-        };
-        if let Err(e) = self.epoll.modify(&reg.fd, &mut ev(false, Token::Wake(r))) {
-            tracing::warn!(errno = %e, "disarming an XU wake fd");
-        }
-        reg.armed = false;
-    }
-
-    /// The registration of `wake.fd` (made, disarmed, on first use).
+    /// The registration of `wake.fd` (made on first use; see [`WakeReg`]). A fd readable when
+    /// it is registered is one event at once.
     fn reg_of(&mut self, wake: Wake<'_>) -> Result<usize, Errno> {
         let key = wake.fd.as_raw_fd();
         if let Some(r) = self.regs.iter().position(|r| r.key == key) {
@@ -334,12 +326,17 @@ impl Loop {
             .try_clone_to_owned()
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EBADF)))?;
         let r = self.regs.len();
-        self.epoll.add(&fd, ev(false, Token::Wake(r)))?;
+        self.epoll.add(
+            &fd,
+            EpollEvent::new(
+                EpollFlags::EPOLLIN | EpollFlags::EPOLLET,
+                Token::Wake(r).into(),
+            ),
+        )?;
         self.regs.push(WakeReg {
             key,
-            fd,
+            _dup: fd,
             waiters: 0,
-            armed: false,
         });
         Ok(r)
     }
@@ -406,6 +403,7 @@ impl XuWorkers {
             has_work_watched: vec![true; owned.len()],
             regs: Vec::with_capacity(owned.len()),
             owned,
+            now: None,
         };
         let thread = std::thread::Builder::new()
             .name(name)

@@ -500,6 +500,11 @@ impl Core {
 
     /// The latency model, `None` when device time follows the wall clock.
     fn latency_model(&self) -> Option<LatencyModel> {
+        // The default, the wall clock, without the lock (an execution racing a change of the
+        // model may run under either, locked or not).
+        if !self.simulated() {
+            return None;
+        }
         let model = *lock(&self.latency);
         (!timing::is_wall_clock(&model)).then_some(model)
     }

@@ -118,8 +118,8 @@ impl Account {
 #[derive(Clone, Copy, Debug)]
 struct Timing {
     nc_ts_ns: u64,
-    /// `None`: the wall-clock time when the notification is written.
-    device_ts_ns: Option<u64>,
+    /// The device timestamp of the end: the wall clock's, or the NC's simulated clock.
+    device_ts_ns: u64,
 }
 
 /// How an execution ended, as its notification tells it.
@@ -430,9 +430,11 @@ impl Core {
                     nc.seq
                         .sleep(Duration::from_nanos(acct.charge.extra_ns), cut);
                 }
+                // One clock read for both: the NC's duration and the device timestamp.
+                let ended = Instant::now();
                 Timing {
-                    nc_ts_ns: nanos(started.elapsed()),
-                    device_ts_ns: None,
+                    nc_ts_ns: nanos(ended.saturating_duration_since(started)),
+                    device_ts_ns: self.since_start_ns(ended),
                 }
             }
             Some(model) => {
@@ -443,7 +445,7 @@ impl Core {
                 }
                 Timing {
                     nc_ts_ns: duration,
-                    device_ts_ns: Some(nc.clock.advance(duration)),
+                    device_ts_ns: nc.clock.advance(duration),
                 }
             }
         }
@@ -528,7 +530,7 @@ impl Core {
             source,
             error_flags: flags,
             phase: 0,
-            device_ts_ns: timing.device_ts_ns.unwrap_or_else(|| self.now_ns()),
+            device_ts_ns: timing.device_ts_ns,
             nc_ts_ns: timing.nc_ts_ns,
         };
         match effects.delivery {
