@@ -272,7 +272,11 @@ impl Core {
                     .queues
                     .post(engine, queue, tx_desc_count, rx_desc_count)
                     .map_err(|e| queue_refusal(&e))?;
-                let fired = lock(&self.faults).on_copy_start(nc, engine, queue);
+                let fired = if self.faults_armed() {
+                    self.with_faults(|f| f.on_copy_start(nc, engine, queue))
+                } else {
+                    Vec::new()
+                };
                 if fired.is_empty() {
                     self.run_dma(client, DmaQueueId { nc, engine, queue });
                 } else {
@@ -335,7 +339,7 @@ impl Core {
             Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters.snapshot())),
             Request::InjectFault(spec) => self.inject_fault(spec),
             Request::ClearFaults => {
-                let disarmed = lock(&self.faults).clear();
+                let disarmed = self.with_faults(crate::faults::FaultTable::clear);
                 tracing::info!("{disarmed} armed faults cleared");
                 ok()
             }
@@ -440,8 +444,7 @@ impl Core {
         if let Some(nc) = spec.nc {
             self.nc(nc)?;
         }
-        lock(&self.faults)
-            .arm(spec)
+        self.with_faults(|f| f.arm(spec))
             .map_err(|e| refuse(ErrorKind::InvalidArgument, e.to_string()))?;
         tracing::info!("fault armed: {spec:?}");
         ok()

@@ -194,8 +194,11 @@ struct Core {
     budget_bytes: AtomicU64,
     /// [`Device::device_lost`] ran: no execution starts or posts any more.
     lost: AtomicBool,
-    /// Armed faults.
+    /// Armed faults (changed only through [`Core::with_faults`]).
     faults: Mutex<FaultTable>,
+    /// Whether `faults` holds any, readable without the lock: the hot paths (every execution,
+    /// every DMA doorbell) take the lock only when one is armed. Written under the lock.
+    faults_armed: AtomicBool,
     /// The latency model of every NC.
     latency: Mutex<LatencyModel>,
     /// Whether `latency` is not the default (device time is simulated), readable without the
@@ -452,6 +455,7 @@ impl Core {
             faults: Mutex::new(FaultTable::default()),
             latency: Mutex::new(LatencyModel::default()),
             simulated: AtomicBool::new(false),
+            faults_armed: AtomicBool::new(false),
             lost_hook: Mutex::new(None),
             references,
             tracer: config.trace.clone().map_or_else(Tracer::disabled, |path| {
@@ -496,6 +500,21 @@ impl Core {
 
     fn counters(&self, nc: u32) -> Option<NcCounters> {
         self.nc_ref(nc).map(|n| n.counters.snapshot())
+    }
+
+    /// Runs `f` on the armed faults, under their lock, keeping [`Core::faults_armed`] right.
+    fn with_faults<R>(&self, f: impl FnOnce(&mut FaultTable) -> R) -> R {
+        let mut faults = lock(&self.faults);
+        let r = f(&mut faults);
+        self.faults_armed
+            .store(!faults.is_empty(), Ordering::Release);
+        r
+    }
+
+    /// Whether any fault is armed (without the lock; an arm racing the caller may be seen or
+    /// not, as with the lock).
+    fn faults_armed(&self) -> bool {
+        self.faults_armed.load(Ordering::Acquire)
     }
 
     /// The latency model, `None` when device time follows the wall clock.

@@ -377,7 +377,10 @@ impl Core {
 
     /// The faults that fire on execution `compute_idx` of `nc`, counted and logged.
     fn fire_faults(&self, nc: &Nc, compute_idx: u32) -> Effects {
-        let kinds = lock(&self.faults).on_execution(nc.index);
+        if !self.faults_armed() {
+            return Effects::default();
+        }
+        let kinds = self.with_faults(|f| f.on_execution(nc.index));
         if kinds.is_empty() {
             return Effects::default();
         }

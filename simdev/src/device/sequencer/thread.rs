@@ -304,7 +304,7 @@ impl Core {
     /// no armed fault (delays, late completions) and no reference bound (it calls out to
     /// another process) — each would hold the connection's thread.
     fn inline_allowed(&self) -> bool {
-        !self.simulated() && self.references.is_empty() && lock(&self.faults).is_empty()
+        !self.simulated() && self.references.is_empty() && !self.faults_armed()
     }
 
     /// Holding the role with change `token`: takes `nc`'s counts and runs their executions
