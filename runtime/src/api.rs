@@ -118,9 +118,10 @@ fn wait_sync<E: CompletionEngine>(xu: &Xu<E>, seq: SeqId, budget: Duration) -> N
     })
 }
 
-/// When a staged execution times out: `timeout` after its work item was stamped (a moment
-/// before the stage; no clock read of its own), or never when that is past what an `Instant`
-/// holds.
+/// When an execution staged through the XU funnel times out: `timeout` after its work item
+/// was stamped (right before the funnel, which waits for nothing but its submit lock; no clock
+/// read of its own), or never when that is past what an `Instant` holds. (The implicit-async
+/// pool stages after waiting for an in-flight slot: it reads the clock at its stage.)
 fn exec_deadline(info: &ExecInfo<ExecRequest>, timeout: Duration) -> Option<Instant> {
     info.submission_ts.checked_add(timeout)
 }
@@ -1487,7 +1488,9 @@ impl Runtime {
                 let span = self.timeline.now();
                 self.stage(m, info, model_switch, skip)
                     .map_err(|e| e.status)?;
-                info.request.deadline = exec_deadline(info, timeout);
+                // Staged after the pool's wait for an in-flight slot, which may be long: the
+                // timeout counts from here, not from the work item's stamp before that wait.
+                info.request.deadline = Instant::now().checked_add(timeout);
                 // The pool sets the job id as the sequence id once it assigns it.
                 self.trace.stamp(&mut info.request.trace, || 0);
                 self.timeline.note(0, info.request.compute_idx);

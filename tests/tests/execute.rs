@@ -897,10 +897,12 @@ fn a_steady_state_execute_wakes_the_worker_once() {
     let mut out = [0u8; 64];
     io.output.read(&mut out, 0).unwrap();
     assert_eq!(out, [0x3C; 64]);
-    // One per execute (or fewer, when a completion's step went on to the next one); 5% for a
-    // watch whose 20 ms ran out on a loaded host.
+    // One per execute in steady state. Under load (this binary's other tests run beside it)
+    // some executes take two: the notification's event can come after a step that already
+    // harvested it, or a watch's 20 ms ran out. A watch left level-triggered fires again and
+    // again on the count nobody reads: tens per execute.
     assert!(
-        returns <= k + k / 20,
+        returns < 2 * k,
         "{returns} worker wake-ups in {k} executes ({:.3} each)",
         returns as f64 / k as f64
     );

@@ -275,3 +275,49 @@ fn a_doorbell_failure_in_the_pool_poisons_its_core() {
     rt.async_drain(0);
     rt.close();
 }
+
+/// An execution's timeout counts from its stage, not from before the pool's wait for an
+/// in-flight slot: with one slot, 800 ms executions and a 1.2 s timeout, the second waits
+/// 800 ms for its slot and still has its whole timeout to run (counted from before the wait,
+/// it timed out at 1.2 s, 400 ms into its run, and degraded the core).
+#[test]
+fn the_timeout_does_not_count_the_wait_for_an_inflight_slot() {
+    let sim = start_simdev(&["--hbm", "64M"]);
+    let dev = Arc::new(connect(&sim));
+    let cfg = RuntimeConfig {
+        async_max_inflight: 1,
+        exec_timeout: Duration::from_millis(1200),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::init(dev.clone(), cfg).unwrap();
+    let m = rt
+        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    rt.register_async_exec_callback(Arc::new(move |_, _, job, status| {
+        s2.lock().unwrap().push((job, status))
+    }))
+    .unwrap();
+    let on = Placement::Device { vnc: 0 };
+    let i = rt.tensor_allocate(on, 64, "i").unwrap();
+    let o = rt.tensor_allocate(on, 64, "o").unwrap();
+    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
+    ins.add("input", &i);
+    outs.add("output", &o);
+    dev.set_latency(shared::protocol::LatencyModel {
+        per_execution_ns: 800_000_000,
+        wall_clock_pacing: true,
+        ..Default::default()
+    })
+    .unwrap();
+    for _ in 0..2 {
+        rt.execute(m, &ins, &outs).unwrap();
+    }
+    rt.async_drain(0);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(0, NrtStatus::Success), (1, NrtStatus::Success)]
+    );
+    rt.close();
+}
