@@ -290,21 +290,13 @@ fn the_timeout_does_not_count_the_wait_for_an_inflight_slot() {
         ..RuntimeConfig::default()
     };
     let rt = Runtime::init(dev.clone(), cfg).unwrap();
-    let m = rt
-        .load(&identity(64).to_container(Target::Simdev).unwrap(), 0)
-        .unwrap();
+    let io = tests::bench::IdentityIo::load(&rt, 64);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
     rt.register_async_exec_callback(Arc::new(move |_, _, job, status| {
         s2.lock().unwrap().push((job, status))
     }))
     .unwrap();
-    let on = Placement::Device { vnc: 0 };
-    let i = rt.tensor_allocate(on, 64, "i").unwrap();
-    let o = rt.tensor_allocate(on, 64, "o").unwrap();
-    let (mut ins, mut outs) = (TensorSet::new(), TensorSet::new());
-    ins.add("input", &i);
-    outs.add("output", &o);
     dev.set_latency(shared::protocol::LatencyModel {
         per_execution_ns: 800_000_000,
         wall_clock_pacing: true,
@@ -312,7 +304,7 @@ fn the_timeout_does_not_count_the_wait_for_an_inflight_slot() {
     })
     .unwrap();
     for _ in 0..2 {
-        rt.execute(m, &ins, &outs).unwrap();
+        rt.execute(io.model, &io.inputs, &io.outputs).unwrap();
     }
     rt.async_drain(0);
     assert_eq!(
