@@ -174,13 +174,14 @@ impl Metrics {
         let Some(s) = &self.store else { return };
         let e2e_us = u64::try_from(e2e.as_micros()).unwrap_or(u64::MAX);
         let mut device_ns = 0;
+        let records = s.records();
         for (nc, r) in tpbs.iter().zip(resp) {
-            s.record_tpb(*nc, status, e2e_us, r);
+            records.tpb(*nc, status, e2e_us, r);
             device_ns = device_ns.max(r.device_latency_ns());
         }
-        s.record_core(vnc, status, e2e, device_ns);
+        records.core(vnc, status, e2e, device_ns);
         if let Some(slot) = model_slot {
-            s.record_model(slot, status, e2e);
+            records.model(slot, status, e2e);
         }
     }
 
@@ -191,9 +192,10 @@ impl Metrics {
     /// worker completes an execution).
     pub fn record_refusal(&self, vnc: u32, model_slot: Option<ModelSlot>, status: NrtStatus) {
         let Some(s) = &self.store else { return };
-        s.record_core_refusal(vnc, status);
+        let records = s.records();
+        records.core_refusal(vnc, status);
         if let Some(slot) = model_slot {
-            s.record_model_refusal(slot, status);
+            records.model_refusal(slot, status);
         }
     }
 

@@ -10,8 +10,12 @@
 //! process adds `.<n>`): the file is filled and published (`state` = live, release store) under
 //! a hidden temporary name, then linked to its final name, so a reader never sees a half-written
 //! file. With `NEURON_RT_DATASTORE=off` the same records live in a private anonymous mapping:
-//! the execute path is the same either way. Counters are per-counter atomics (Relaxed
-//! `fetch_add`, `fetch_min`/`fetch_max`): the execute path never blocks or allocates here.
+//! the execute path is the same either way. Counters are u64 words that readers load with
+//! Relaxed atomics. Their writers are this process's threads, serialised by one lock
+//! ([`Datastore::records`]): an execution's updates (a dozen or two words of its TPB, core and
+//! model records) are plain loads and stores under one lock round trip, not an atomic
+//! read-modify-write each (each costs a locked instruction, several times a plain store). The
+//! execute path never allocates here and holds the lock only for those stores.
 //! A model slot's identity (assigned at load, marked unloaded at unload, reused
 //! least-recently-unloaded first when all are taken) changes under a single-writer seqlock;
 //! load and unload are serialised by the writer's slot lock.
@@ -160,6 +164,9 @@ pub struct Datastore {
     /// Physical NC → TPB record index (`u32::MAX`: not ours).
     tpb_of_nc: Vec<u32>,
     slots: Mutex<SlotTable>,
+    /// Serialises every writer of the counter words ([`Records`]); memory charges, updated by
+    /// atomic read-modify-writes of words nobody else writes, do not take it.
+    writer: Mutex<()>,
     /// The published file, exclusively `flock`ed while this runtime lives (the lock goes with
     /// the process, however it ends): readers in any PID namespace see the writer live by it
     /// ([`reader::writer_holds_lock`]) where `/proc` shows them another namespace's pids. Not
@@ -361,6 +368,7 @@ impl Datastore {
             cores: to_u32(cores.len()),
             tpb_of_nc,
             slots: Mutex::new(SlotTable::default()),
+            writer: Mutex::new(()),
             _lock: None,
         })
     }
@@ -422,78 +430,31 @@ impl Datastore {
         let _ = self.chunk.fetch_add_u64(pa, v, Ordering::Relaxed);
     }
 
-    /// The counters of the `T` record at `base` (bounds-checked once for the whole record).
-    fn record<T>(&self, base: u64) -> Option<Counters<'_>> {
-        self.chunk
-            .atomic_words(base, size_of::<T>() / 8)
-            .map(Counters)
-            .ok()
+    /// The counter records, for one or more updates under one round trip of the writers' lock
+    /// (an execution's TPB, core and model records together).
+    pub fn records(&self) -> Records<'_> {
+        Records {
+            ds: self,
+            _writer: self
+                .writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        }
     }
 
-    /// Records one execution on physical NC `nc` (the seed's per-TPB `kmetric_update_nds_*`
-    /// updaters). An NC that is not ours is ignored.
+    /// [`Records::tpb`] under a lock round trip of its own.
     pub fn record_tpb(&self, nc: u32, status: NrtStatus, e2e_us: u64, resp: &TpbResponse) {
-        let Some(r) = self.tpb_base(nc).and_then(|b| self.record::<TpbRecord>(b)) else {
-            return;
-        };
-        r.add(offsets::TPB_EXEC_STATS + 8 * exec_stat_ordinal(status), 1);
-        for flag in 5..=8u32 {
-            if resp.error_flags & (1 << flag) != 0 {
-                r.add(offsets::TPB_ERROR_STATS + 8 * (flag - 5) as usize, 1);
-            }
-        }
-        r.add(offsets::TPB_BUSY_NS, resp.nc_ns);
-        r.latency(offsets::TPB_E2E, e2e_us);
-        r.latency(offsets::TPB_DEVICE, resp.device_latency_ns() / 1000);
-        r.latency(offsets::TPB_NC_BUSY, resp.nc_ns / 1000);
-        r.hist(offsets::TPB_NC_LATENCY, resp.nc_ns);
+        self.records().tpb(nc, status, e2e_us, resp);
     }
 
-    /// Records one execution on logical core `vnc` (once per execution, whatever its TPB
-    /// count): its status, end-to-end latency and device latency (the slower TPB).
+    /// [`Records::core`] under a lock round trip of its own.
     pub fn record_core(&self, vnc: u32, status: NrtStatus, e2e: Duration, device_ns: u64) {
-        let Some(r) = self
-            .core_base(vnc)
-            .and_then(|b| self.record::<CoreRecord>(b))
-        else {
-            return;
-        };
-        r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
-        r.hist(offsets::CORE_TOTAL_LATENCY, duration_ns(e2e));
-        r.hist(offsets::CORE_DEVICE_LATENCY, device_ns);
+        self.records().core(vnc, status, e2e, device_ns);
     }
 
-    /// Counts one execution of logical core `vnc` that the runtime refused before it ran (a
-    /// wrong input, a full queue): its status only; nothing ran, so no latency is recorded.
-    pub fn record_core_refusal(&self, vnc: u32, status: NrtStatus) {
-        if let Some(r) = self
-            .core_base(vnc)
-            .and_then(|b| self.record::<CoreRecord>(b))
-        {
-            r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
-        }
-    }
-
-    /// Counts one refused execution of the model in `slot` ([`Datastore::record_core_refusal`]).
-    pub fn record_model_refusal(&self, slot: ModelSlot, status: NrtStatus) {
-        if let Some(r) = self
-            .slot_base(slot)
-            .and_then(|b| self.record::<ModelSlotRecord>(b))
-        {
-            r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
-        }
-    }
-
-    /// Records one execution of the model in `slot`.
+    /// [`Records::model`] under a lock round trip of its own.
     pub fn record_model(&self, slot: ModelSlot, status: NrtStatus, e2e: Duration) {
-        let Some(r) = self
-            .slot_base(slot)
-            .and_then(|b| self.record::<ModelSlotRecord>(b))
-        else {
-            return;
-        };
-        r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
-        r.hist(offsets::SLOT_TOTAL_LATENCY, duration_ns(e2e));
+        self.records().model(slot, status, e2e);
     }
 
     /// Adds `bytes` of `kind` to logical core `vnc`'s memory.
@@ -578,7 +539,11 @@ impl Datastore {
         rec.name = padded::<MODEL_NAME_BYTES>(name);
         rec.uuid = uuid;
         rec.total_latency.min_ns = u64::MAX;
+        // The slot's counters start over: written with the counter writers held off (a late
+        // record of the slot's previous model would otherwise overwrite the zeros).
+        let records = self.records();
         self.seqlock_write(base, || self.store_slot_fields(base, &rec));
+        drop(records);
         Some(slot)
     }
 
@@ -658,21 +623,119 @@ impl Drop for Datastore {
     }
 }
 
+/// The counter records of a [`Datastore`], its writers' lock held ([`Datastore::records`]).
+pub struct Records<'a> {
+    ds: &'a Datastore,
+    _writer: std::sync::MutexGuard<'a, ()>,
+}
+
+impl Records<'_> {
+    /// The counters of the `T` record at `base` (bounds-checked once for the whole record).
+    fn record<T>(&self, base: u64) -> Option<Counters<'_>> {
+        self.ds
+            .chunk
+            .atomic_words(base, size_of::<T>() / 8)
+            .map(|words| Counters {
+                words,
+                _writer: &self._writer,
+            })
+            .ok()
+    }
+
+    /// Records one execution on physical NC `nc` (the seed's per-TPB `kmetric_update_nds_*`
+    /// updaters). An NC that is not ours is ignored.
+    pub fn tpb(&self, nc: u32, status: NrtStatus, e2e_us: u64, resp: &TpbResponse) {
+        let Some(r) = self
+            .ds
+            .tpb_base(nc)
+            .and_then(|b| self.record::<TpbRecord>(b))
+        else {
+            return;
+        };
+        r.add(offsets::TPB_EXEC_STATS + 8 * exec_stat_ordinal(status), 1);
+        for flag in 5..=8u32 {
+            if resp.error_flags & (1 << flag) != 0 {
+                r.add(offsets::TPB_ERROR_STATS + 8 * (flag - 5) as usize, 1);
+            }
+        }
+        r.add(offsets::TPB_BUSY_NS, resp.nc_ns);
+        r.latency(offsets::TPB_E2E, e2e_us);
+        r.latency(offsets::TPB_DEVICE, resp.device_latency_ns() / 1000);
+        r.latency(offsets::TPB_NC_BUSY, resp.nc_ns / 1000);
+        r.hist(offsets::TPB_NC_LATENCY, resp.nc_ns);
+    }
+
+    /// Records one execution on logical core `vnc` (once per execution, whatever its TPB
+    /// count): its status, end-to-end latency and device latency (the slower TPB).
+    pub fn core(&self, vnc: u32, status: NrtStatus, e2e: Duration, device_ns: u64) {
+        let Some(r) = self
+            .ds
+            .core_base(vnc)
+            .and_then(|b| self.record::<CoreRecord>(b))
+        else {
+            return;
+        };
+        r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        r.hist(offsets::CORE_TOTAL_LATENCY, duration_ns(e2e));
+        r.hist(offsets::CORE_DEVICE_LATENCY, device_ns);
+    }
+
+    /// Counts one execution of logical core `vnc` that the runtime refused before it ran (a
+    /// wrong input, a full queue): its status only; nothing ran, so no latency is recorded.
+    pub fn core_refusal(&self, vnc: u32, status: NrtStatus) {
+        if let Some(r) = self
+            .ds
+            .core_base(vnc)
+            .and_then(|b| self.record::<CoreRecord>(b))
+        {
+            r.add(offsets::CORE_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        }
+    }
+
+    /// Counts one refused execution of the model in `slot` ([`Records::core_refusal`]).
+    pub fn model_refusal(&self, slot: ModelSlot, status: NrtStatus) {
+        if let Some(r) = self
+            .ds
+            .slot_base(slot)
+            .and_then(|b| self.record::<ModelSlotRecord>(b))
+        {
+            r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        }
+    }
+
+    /// Records one execution of the model in `slot`.
+    pub fn model(&self, slot: ModelSlot, status: NrtStatus, e2e: Duration) {
+        let Some(r) = self
+            .ds
+            .slot_base(slot)
+            .and_then(|b| self.record::<ModelSlotRecord>(b))
+        else {
+            return;
+        };
+        r.add(offsets::SLOT_EXECUTIONS + 8 * status_slot(status as u32), 1);
+        r.hist(offsets::SLOT_TOTAL_LATENCY, duration_ns(e2e));
+    }
+}
+
 /// The counters of one datastore record, in the writer's shared mapping
-/// ([`SharedChunk::atomic_words`]): every update is a Relaxed atomic on one u64 word at a byte
-/// offset into the record (an offset past the record is ignored, as a failed accessor is). A
-/// minimum or maximum that would not change is only loaded, not written (no locked
-/// instruction).
-struct Counters<'a>(&'a [std::sync::atomic::AtomicU64]);
+/// ([`SharedChunk::atomic_words`]), the writers' lock held (`_writer`: only [`Records`] makes
+/// one): every update is a Relaxed load and a Relaxed store of one u64 word at a byte offset
+/// into the record (an offset past the record is ignored, as a failed accessor is). Readers in
+/// other processes load each word whole; no writer is lost, all of them holding the lock. A
+/// minimum or maximum that would not change is only loaded.
+struct Counters<'a> {
+    words: &'a [std::sync::atomic::AtomicU64],
+    _writer: &'a std::sync::MutexGuard<'a, ()>,
+}
 
 impl Counters<'_> {
     fn word(&self, off: usize) -> Option<&std::sync::atomic::AtomicU64> {
-        self.0.get(off / 8)
+        self.words.get(off / 8)
     }
 
     fn add(&self, off: usize, v: u64) {
         if let Some(w) = self.word(off) {
-            w.fetch_add(v, Ordering::Relaxed);
+            w.store(w.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
         }
     }
 
@@ -680,7 +743,7 @@ impl Counters<'_> {
         if let Some(w) = self.word(off)
             && v < w.load(Ordering::Relaxed)
         {
-            w.fetch_min(v, Ordering::Relaxed);
+            w.store(v, Ordering::Relaxed);
         }
     }
 
@@ -688,7 +751,7 @@ impl Counters<'_> {
         if let Some(w) = self.word(off)
             && v > w.load(Ordering::Relaxed)
         {
-            w.fetch_max(v, Ordering::Relaxed);
+            w.store(v, Ordering::Relaxed);
         }
     }
 

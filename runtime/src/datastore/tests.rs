@@ -172,6 +172,70 @@ fn counts_latencies_memory_and_models_round_trip_through_the_file() {
     assert!(!path.exists());
 }
 
+/// The implicit-async pool's workers record executions of one core and model at once, beside
+/// submitters counting refusals: the counter words are plain loads and stores under the
+/// writers' lock, and none of their updates is lost.
+#[test]
+fn concurrent_writers_of_one_core_and_model_lose_no_update() {
+    let ds = Arc::new(Datastore::private(&[vec![0]], 1).unwrap());
+    let slot = ds.model_loaded(1, 0, "m", [0; 16], 0).unwrap();
+    let metrics = Arc::new(Metrics::with_datastore(ds.clone(), 1));
+    const THREADS: u64 = 4;
+    const EACH: u64 = 20_000;
+    let resp = [TpbResponse {
+        device_ts_ns: 0,
+        nc_ns: 1_000,
+        error_flags: 0,
+    }];
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let metrics = metrics.clone();
+            s.spawn(move || {
+                for i in 0..EACH {
+                    if t % 2 == 0 || i % 4 != 0 {
+                        metrics.record_completion(
+                            0,
+                            &[0],
+                            Some(slot),
+                            NrtStatus::Success,
+                            Duration::from_nanos(1_000 + i),
+                            &resp,
+                        );
+                    } else {
+                        metrics.record_refusal(0, Some(slot), NrtStatus::Invalid);
+                    }
+                }
+            });
+        }
+    });
+    let refused = (THREADS / 2) * EACH / 4;
+    let ran = THREADS * EACH - refused;
+    let s = ds.snapshot();
+    let core = &s.cores[0];
+    assert_eq!(core.executions.get(NrtStatus::Success), ran);
+    assert_eq!(core.executions.get(NrtStatus::Invalid), refused);
+    assert_eq!(core.total_latency.count, ran);
+    assert_eq!(
+        core.total_latency.sum_ns,
+        THREADS * (0..EACH).map(|i| 1_000 + i).sum::<u64>()
+            - (THREADS / 2)
+                * (0..EACH)
+                    .filter(|i| i % 4 == 0)
+                    .map(|i| 1_000 + i)
+                    .sum::<u64>()
+    );
+    assert_eq!(
+        (core.total_latency.min_ns, core.total_latency.max_ns),
+        (1_000, 1_000 + EACH - 1)
+    );
+    assert_eq!(core.tpbs[0].busy_ns, ran * 1_000);
+    assert_eq!(core.tpbs[0].nc_latency.count, ran);
+    let model = &s.models[0];
+    assert_eq!(model.executions.get(NrtStatus::Success), ran);
+    assert_eq!(model.executions.get(NrtStatus::Invalid), refused);
+    assert_eq!(model.total_latency.count, ran);
+}
+
 #[test]
 fn model_slots_are_reused_least_recently_unloaded_first_and_start_over() {
     let ds = Datastore::private(&[vec![0]], 1).unwrap();
