@@ -20,6 +20,8 @@
 //!   shape-only output function (simulator-defined).
 //! - [`datastore`]: the runtime datastore's shared-memory file layout (per-core, per-TPB and
 //!   per-model counters other processes map read-only).
+//! - [`nocancel`]: the hot path's system calls (eventfds, the worker's wait, a doorbell's
+//!   send) without glibc's cancellation bookkeeping.
 //! - [`memory`]: bounds-checked, PA-addressed access to shared mappings (all shared-memory
 //!   `unsafe` lives there).
 //!
@@ -39,6 +41,7 @@ pub mod isa;
 pub mod memory;
 pub mod model;
 pub mod neff_program;
+pub mod nocancel;
 pub mod notification;
 pub mod protocol;
 pub mod sequencer;

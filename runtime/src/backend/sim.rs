@@ -432,10 +432,17 @@ impl SimDevice {
             detail: e.to_string(),
         })?;
         match &self.link {
-            Link::Socket { fd, .. } => {
-                fd_passing::send_with_fds(fd.as_fd(), &buf[..n], &[]).map_err(io_err(op))?;
-                Ok(())
-            }
+            Link::Socket { fd, .. } => loop {
+                // No fds: a plain send, without glibc's cancellation bookkeeping (the doorbell
+                // is the submit path's one system call to simdev).
+                match shared::nocancel::send(fd.as_fd(), &buf[..n]) {
+                    Err(nix::errno::Errno::EINTR) => {}
+                    sent => {
+                        sent.map_err(io_err(op))?;
+                        return Ok(());
+                    }
+                }
+            },
             #[cfg(any(test, feature = "test-support"))]
             Link::InProcess(connection) => {
                 debug_assert!(req.is_posted());

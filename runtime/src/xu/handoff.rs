@@ -19,7 +19,7 @@
 //! [`XuQueue::install_comp_efd`]: super::queue::XuQueue::install_comp_efd
 //! [`Consumer::worker_pop_current_exec`]: super::queue::Consumer::worker_pop_current_exec
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use nix::errno::Errno;
@@ -65,8 +65,8 @@ impl CompEfd {
     pub fn signal(&self) -> Result<(), Errno> {
         match self {
             Self::None => Ok(()),
-            Self::Pool(efd) => efd.write(1).map(drop),
-            Self::Fresh(fd) => nix::unistd::write(fd, &1u64.to_ne_bytes()).map(drop),
+            Self::Pool(efd) => shared::nocancel::eventfd_write(efd.as_fd(), 1),
+            Self::Fresh(fd) => shared::nocancel::eventfd_write(fd.as_fd(), 1),
         }
     }
 }

@@ -15,7 +15,7 @@ use shared::ids::{SeqId, XuId, XuType};
 use super::execution_unit::{ExecutionUnit, StepOutcome, Wake, WorkerKey, sealed};
 use super::handoff::CompEfd;
 use super::queue::{Consumer, ExecStatus, Install, Producer, Registration, XuQueue};
-use super::sync::{AtomicU8, AtomicU64, Mutex, Ordering, lock};
+use super::sync::{AtomicBool, AtomicU8, AtomicU64, Mutex, Ordering, lock};
 use crate::error::{NrtError, os_error};
 use crate::metrics::{Metrics, TpbResponse};
 
@@ -353,6 +353,10 @@ pub struct Xu<E: CompletionEngine> {
     /// `read(has_work_efd)`s that returned (the worker's [`Xu::report_complete`] only).
     has_work_taken: AtomicU64,
     completion_fd: Mutex<Option<OwnedFd>>,
+    /// Whether `completion_fd` holds an fd: set under its lock, read at every pop without it
+    /// (a registration that races a pop is seen by it or not, as with the lock; one made before
+    /// a submit is seen by that request's pop, which acquires what the submit released).
+    completion_fd_set: AtomicBool,
     implicit_async_mode: bool,
     /// Work items the worker freed, kept for the next submits: a steady execution loop
     /// allocates none, and no block goes from the worker's allocator cache to the submitter's
@@ -457,6 +461,7 @@ impl<E: CompletionEngine> Xu<E> {
             has_work_posted: AtomicU64::new(0),
             has_work_taken: AtomicU64::new(0),
             completion_fd: Mutex::new(None),
+            completion_fd_set: AtomicBool::new(false),
             implicit_async_mode: config.implicit_async_mode,
             spare_items: Mutex::new(Vec::with_capacity(config.capacity)),
             #[cfg(all(test, not(loom)))]
@@ -554,7 +559,10 @@ impl<E: CompletionEngine> Xu<E> {
                 tracing::error!(error = %e, "duplicating an XU completion eventfd");
                 NrtStatus::Failure
             })?;
-        *lock(&self.completion_fd) = dup;
+        let mut registered = lock(&self.completion_fd);
+        self.completion_fd_set
+            .store(dup.is_some(), Ordering::Release);
+        *registered = dup;
         Ok(())
     }
 
@@ -675,8 +683,13 @@ impl<E: CompletionEngine> Xu<E> {
     /// The funnel's `write(has_work_efd, 1)` (tests only).
     #[cfg(all(test, not(loom)))]
     pub(crate) fn wake_for_test(&self) {
+        let st = lock(&self.submit_work_lock);
         self.has_work_efd.write(1).unwrap();
-        self.has_work_posted.fetch_add(1, Ordering::Release);
+        self.has_work_posted.store(
+            self.has_work_posted.load(Ordering::Relaxed) + 1,
+            Ordering::Release,
+        );
+        drop(st);
     }
 
     /// Poisons the XU (FATAL_SHUTDOWN): every later submit gets 101.
@@ -738,11 +751,15 @@ impl<E: CompletionEngine> Xu<E> {
             .client_submit(info, exec_status)
             .map_err(|(rc, _)| rc)?;
         st.producer.client_trigger_next()?;
-        if let Err(e) = self.has_work_efd.write(1) {
+        if let Err(e) = shared::nocancel::eventfd_write(self.has_work_efd.as_fd(), 1) {
             tracing::error!(vnc = self.vnc, errno = %e, "Failed to wake the XU worker");
             panic!("write(has_work_efd) failed on vNC {}: {e}", self.vnc);
         }
-        self.has_work_posted.fetch_add(1, Ordering::Release);
+        // Bumped under `submit_work_lock`, by one submitter at a time: no locked add.
+        self.has_work_posted.store(
+            self.has_work_posted.load(Ordering::Relaxed) + 1,
+            Ordering::Release,
+        );
         drop(st);
         Ok(seq)
     }
@@ -766,8 +783,10 @@ impl<E: CompletionEngine> Xu<E> {
     /// done, per-TPB metrics (EXECUTE only) → deferred unstage under `unstage_lock` → free the
     /// work item → [`Xu::report_complete`]. Holds the ring's consumer for the whole step.
     pub(crate) fn step(&self) -> StepOutcome<'_> {
-        self.steps.fetch_add(1, Ordering::Relaxed);
         let mut consumer = lock(&self.worker);
+        // Bumped under the consumer lock, by one thread at a time: no locked add.
+        self.steps
+            .store(self.steps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let Some(seq) = consumer.worker_peek_current_exec() else {
             tracing::debug!(vnc = self.vnc, "Execution Unit nothing to step");
             return StepOutcome::Ready;
@@ -957,14 +976,18 @@ impl<E: CompletionEngine> Xu<E> {
         status_cell: Option<Arc<ExecStatus>>,
         exec_status: NrtStatus,
     ) {
-        if let Err(e) = self.has_work_efd.read() {
+        if let Err(e) = shared::nocancel::eventfd_read(self.has_work_efd.as_fd()) {
             tracing::error!(vnc = self.vnc, errno = %e, "Failed to pop work from has work efd on Execution Unit");
             panic!(
                 "read(has_work_efd) failed on vNC {}: {e} (submit/complete pairing broken)",
                 self.vnc
             );
         }
-        self.has_work_taken.fetch_add(1, Ordering::Relaxed);
+        // Bumped under the consumer lock (the caller's `consumer`), by one thread at a time.
+        self.has_work_taken.store(
+            self.has_work_taken.load(Ordering::Relaxed) + 1,
+            Ordering::Relaxed,
+        );
         if let Some(cell) = &status_cell {
             cell.publish(exec_status);
         }
@@ -974,7 +997,8 @@ impl<E: CompletionEngine> Xu<E> {
         let signal = |_seq: SeqId, efd: &CompEfd| {
             #[cfg(all(test, not(loom)))]
             self.run_pop_hook(_seq, status_cell.as_deref());
-            if let Some(fd) = lock(&self.completion_fd).as_ref()
+            if self.completion_fd_set.load(Ordering::Acquire)
+                && let Some(fd) = lock(&self.completion_fd).as_ref()
                 && let Err(e) = nix::unistd::write(fd, &1u64.to_ne_bytes())
             {
                 tracing::warn!(vnc = self.vnc, errno = %e, "writing the registered XU completion eventfd");
@@ -1026,7 +1050,7 @@ impl<E: CompletionEngine> Xu<E> {
             {
                 Install::Installed => {
                     loop {
-                        match efd.read() {
+                        match shared::nocancel::eventfd_read(efd.as_fd()) {
                             Ok(_) => break,
                             // A signal interrupted the wait: wait again (seed 000 §6).
                             Err(Errno::EINTR) => continue,

@@ -192,9 +192,15 @@ impl Loop {
                 timeout_for(t.saturating_duration_since(self.now()))
             });
             self.now = None;
-            let n = match self.epoll.wait(&mut events, timeout) {
+            let n = match shared::nocancel::epoll_wait(
+                self.epoll.0.as_fd(),
+                &mut events,
+                timeout.into(),
+            ) {
                 Ok(n) => {
-                    self.epoll_returns.fetch_add(1, Ordering::Relaxed);
+                    // This worker is the counter's only writer: no locked add.
+                    let returns = self.epoll_returns.load(Ordering::Relaxed);
+                    self.epoll_returns.store(returns + 1, Ordering::Relaxed);
                     n
                 }
                 // EINTR (a signal) and other transient failures: wait again, as the seed does.
