@@ -1219,25 +1219,29 @@ impl DmaQueues {
         })
     }
 
-    /// Consumes the pair at the heads of a queue that the caller executed itself (the
-    /// sequencer's fetch of pairs nobody posted): advances both heads without touching the
-    /// pending counts, and counts the pair like a processed one.
-    pub fn consume_head(
+    /// Consumes the pairs at the heads of a queue that the caller executed itself (the
+    /// sequencer's fetch of pairs nobody posted), each given as its length and whether it
+    /// wrote a register: advances both heads past them without touching the pending counts,
+    /// and counts them like processed pairs (one add per counter for them all).
+    pub fn consume_heads(
         &mut self,
         engine: u32,
         queue: u32,
-        len: u32,
-        register: bool,
+        pairs: impl IntoIterator<Item = (u32, bool)>,
         counters: &Counters,
     ) {
         let Ok(index) = self.index(engine, queue) else {
             return;
         };
-        if let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) {
+        let Some(q) = self.slots.get_mut(index).and_then(Option::as_mut) else {
+            return;
+        };
+        let mut tally = Tally::new(counters);
+        for (len, register) in pairs {
             q.tx.step_head();
             q.rx.step_head();
+            tally.pair(len, register);
         }
-        Tally::new(counters).pair(len, register);
     }
 
     /// Stops a queue on `fault` found outside [`DmaQueues::process`] (the sequencer's fetch):

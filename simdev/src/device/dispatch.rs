@@ -288,8 +288,9 @@ impl Core {
                 if let Some(n) = self.nc_ref(nc) {
                     bump(&n.counters.doorbells, 1);
                 }
-                let (n, c) = self.owned(client, nc)?;
-                c.registers.semaphore_add(index, value).map_err(range)?;
+                let (n, added) =
+                    self.with_owned(client, nc, |c| c.registers.semaphore_add(index, value))?;
+                added.map_err(range)?;
                 if self.tracer.enabled() {
                     self.trace_doorbell(n, index, value);
                 }

@@ -115,6 +115,30 @@ impl Core {
         }
     }
 
+    /// NC `nc` and what `f` made of its claim, if `client` owns it, `f` run under the claim's
+    /// lock: what [`Core::owned`] checks, without a reference to the claim taken and dropped
+    /// (`f` must take no lock).
+    pub(super) fn with_owned<R>(
+        &self,
+        client: ClientId,
+        nc: u32,
+        f: impl FnOnce(&Claim) -> R,
+    ) -> Result<(&Nc, R), RemoteError> {
+        let n = self.nc(nc)?;
+        let owner = lock(&n.claim);
+        match owner.as_deref() {
+            Some(claim) if claim.client == client => Ok((n, f(claim))),
+            Some(claim) => Err(refuse(
+                ErrorKind::NotOwner,
+                format!("NC {nc} is owned by pid {}, not by this client", claim.pid),
+            )),
+            None => Err(refuse(
+                ErrorKind::NotOwner,
+                format!("NC {nc} is not claimed by this client (ClaimNc first)"),
+            )),
+        }
+    }
+
     fn pid_of(&self, client: ClientId) -> u32 {
         lock(&self.clients).get(&client).map_or(0, |c| c.peer.pid())
     }

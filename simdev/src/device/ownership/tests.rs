@@ -105,6 +105,43 @@ fn claims_are_exclusive_and_repeatable_by_the_owner() {
         b.refused(Request::ReleaseNc { nc: 0 }).kind,
         ErrorKind::NotOwner
     );
+    // A doorbell (SemaphoreIncrement) of another client's NC, or of an NC nobody claimed, is
+    // refused naming why, and changes nothing.
+    let foreign = b.refused(Request::SemaphoreIncrement {
+        nc: 0,
+        index: 2,
+        value: 5,
+    });
+    assert_eq!(foreign.kind, ErrorKind::NotOwner);
+    assert!(foreign.message.contains("pid 4242"), "{}", foreign.message);
+    let unclaimed = b.refused(Request::SemaphoreIncrement {
+        nc: 1,
+        index: 2,
+        value: 5,
+    });
+    assert_eq!(unclaimed.kind, ErrorKind::NotOwner);
+    assert!(
+        unclaimed.message.contains("ClaimNc"),
+        "{}",
+        unclaimed.message
+    );
+    assert_eq!(a.semaphore(0, 2), 0);
+    a.ok(Request::SemaphoreIncrement {
+        nc: 0,
+        index: 2,
+        value: 5,
+    });
+    assert_eq!(a.semaphore(0, 2), 5, "the owner's increment lands");
+    assert_ne!(
+        a.refused(Request::SemaphoreIncrement {
+            nc: 0,
+            index: u32::MAX,
+            value: 1,
+        })
+        .kind,
+        ErrorKind::NotOwner,
+        "an index outside the window is the owner's range error"
+    );
     a.ok(Request::ReleaseNc { nc: 0 });
     b.claim(0);
 }

@@ -831,7 +831,8 @@ impl Core {
                 format!("a chain of {m} pairs does not fit the exec queue's rings"),
             ));
         }
-        for pair in &pairs {
+        let mut consumed = [(0, false); BATCH_HEAD_PAIRS as usize];
+        for (pair, consumed) in pairs.iter().zip(&mut consumed) {
             let register = match &pair.effect {
                 PairEffect::Dmem { offset, data, .. } => {
                     let start = usize::try_from(*offset).unwrap_or(usize::MAX);
@@ -858,10 +859,12 @@ impl Core {
                     true
                 }
             };
-            state
-                .queues
-                .consume_head(engine, queue, pair.len, register, &nc.counters);
+            *consumed = (pair.len, register);
         }
+        let n = pairs.len().min(consumed.len());
+        state
+            .queues
+            .consume_heads(engine, queue, consumed.into_iter().take(n), &nc.counters);
         if self.tracer.enabled() {
             let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
             let id = DmaQueueId {

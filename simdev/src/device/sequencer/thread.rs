@@ -32,7 +32,7 @@
 //!
 //! [`Park::Suspend`]: crate::engines::Park::Suspend
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,6 +49,9 @@ use super::execution::{Execution, Ran};
 #[derive(Debug, Default)]
 pub(in crate::device) struct SeqSync {
     state: Mutex<SeqState>,
+    /// [`SeqState::shutdown`], set under the lock with it, read without it
+    /// ([`SeqSync::is_shutdown`]: an execution asks at every step whether it is abandoned).
+    shutdown: AtomicBool,
     /// The idle sequencer thread waits here for work.
     work_cv: Condvar,
     /// Parked executions and sleeps wait here for a change.
@@ -104,8 +107,20 @@ impl SeqSync {
         (!state.shutdown).then_some(state.changes)
     }
 
+    /// Whether the device is shutting down (no lock: the flag is only ever set, under the lock
+    /// with [`SeqState::shutdown`], which is what every wait looks at).
     pub(super) fn is_shutdown(&self) -> bool {
-        lock(&self.state).shutdown
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Marks the device shutting down and wakes everyone waiting.
+    fn shut_down(&self) {
+        let mut state = lock(&self.state);
+        state.shutdown = true;
+        self.shutdown.store(true, Ordering::Release);
+        drop(state);
+        self.change_cv.notify_all();
+        self.work_cv.notify_all();
     }
 
     /// Sleeps until the change counter moves past `token` or the device shuts down.
@@ -243,9 +258,7 @@ impl Core {
     /// progress, parked or suspended is abandoned without a notification.
     pub(in crate::device) fn stop_sequencers(&self) {
         for nc in &self.ncs {
-            lock(&nc.seq.state).shutdown = true;
-            nc.seq.change_cv.notify_all();
-            nc.seq.work_cv.notify_all();
+            nc.seq.shut_down();
         }
         for nc in &self.ncs {
             let thread = lock(&nc.seq.state).thread.take();
@@ -343,13 +356,18 @@ impl Core {
         if self.lost.load(Ordering::SeqCst) {
             return None;
         }
-        let claim = self.owner(nc)?;
+        // Looked at under the claim's lock, cloned only for a count taken (the last look of a
+        // run of counts finds none: no reference count touched for it).
+        let owner = lock(&nc.claim);
+        let claim = owner.as_ref()?;
         let epoch = nc.epoch.load(Ordering::Acquire);
         let value = claim.registers.semaphore(SEM_INFERENCE_START).ok()?;
         if i32::from_ne_bytes(value.to_ne_bytes()) <= 0 {
             return None;
         }
         claim.registers.semaphore_sub(SEM_INFERENCE_START, 1).ok()?;
+        let claim = claim.clone();
+        drop(owner);
         Some(Work { claim, epoch })
     }
 }
