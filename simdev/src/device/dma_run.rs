@@ -46,31 +46,62 @@ impl Core {
         aborts: &mut Aborts<'_>,
         at: TraceAt,
     ) {
+        self.run_dma_from(client, first, None, budget, aborts, at);
+    }
+
+    /// [`Core::run_dma_with`] for a queue whose NC's state the caller holds (`state`, locked
+    /// to post descriptors on `first`): its first run goes on under that lock, without taking
+    /// it again.
+    pub(super) fn run_dma_locked(
+        &self,
+        client: ClientId,
+        first: DmaQueueId,
+        state: MutexGuard<'_, NcState>,
+        budget: &mut Budget,
+        aborts: &mut Aborts<'_>,
+        at: TraceAt,
+    ) {
+        self.run_dma_from(client, first, Some(state), budget, aborts, at);
+    }
+
+    fn run_dma_from(
+        &self,
+        client: ClientId,
+        first: DmaQueueId,
+        held: Option<MutexGuard<'_, NcState>>,
+        budget: &mut Budget,
+        aborts: &mut Aborts<'_>,
+        at: TraceAt,
+    ) {
         // The worklist of this thread, reused from run to run (taken, so that a nested run
         // finds none and starts its own).
         let mut worklist = WORKLIST.take();
         worklist.clear();
         worklist.push_back(first);
-        self.run_worklist(client, &mut worklist, budget, aborts, at);
+        self.run_worklist(client, &mut worklist, held, budget, aborts, at);
         WORKLIST.set(worklist);
     }
 
+    /// Runs the queues of `worklist` in turn; `held`, when given, is the state of the first
+    /// one's NC, already locked.
     fn run_worklist(
         &self,
         client: ClientId,
         worklist: &mut VecDeque<DmaQueueId>,
+        mut held: Option<MutexGuard<'_, NcState>>,
         budget: &mut Budget,
         aborts: &mut Aborts<'_>,
         at: TraceAt,
     ) {
         while let Some(id) = worklist.pop_front() {
+            let held = held.take();
             let Some(nc) = self.nc_ref(id.nc) else {
                 continue;
             };
             if !self.owned_by(nc, client) {
                 continue;
             }
-            let mut state = lock(&nc.state);
+            let mut state = held.unwrap_or_else(|| lock(&nc.state));
             loop {
                 let mark = self.tracer.enabled().then(|| DmaMark::take(self, nc));
                 let outcome = {

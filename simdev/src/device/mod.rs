@@ -135,8 +135,8 @@ struct Nc {
     clock: SimClock,
     /// The chunks the NC's executions read outside DMA resolved to (instruction fetches, the
     /// request slot's trailer, NEFF streams): O(1) steady-state resolution
-    /// ([`Core::resolve_cached`]). An execution takes it out for the run of its engines and
-    /// puts it back (a pointer each way); meanwhile, others search without it.
+    /// ([`Core::resolve_in`]). An execution takes it out for its batch and the run of its
+    /// engines and puts it back (a pointer each way); meanwhile, others search without it.
     reads: Mutex<Option<Box<ChunkCache>>>,
 }
 
@@ -464,19 +464,10 @@ impl Core {
         }
     }
 
-    /// The chunk of `client` holding all of `pa..pa+len`, through `nc`'s read cache: what
-    /// [`AddressSpace::resolve`] answers, in O(1) while no memory was allocated or freed
-    /// ([`ChunkCache`]'s invariants). Takes `nc.reads`, then (on a miss) `memory`.
-    fn resolve_cached(&self, nc: &Nc, client: ClientId, pa: u64, len: usize) -> Option<Arc<Chunk>> {
-        match lock(&nc.reads).as_deref_mut() {
-            Some(reads) => self.resolve_in(reads, client, pa, len).cloned(),
-            None => read(&self.memory).resolve(client, pa, len).ok(),
-        }
-    }
-
-    /// What [`Core::resolve_cached`] answers, through `reads`: an NC's read cache taken out of
-    /// `nc.reads` for one run of its engines (no lock per instruction fetch), lent, not cloned.
-    /// Takes `memory` on a miss.
+    /// The chunk of `client` holding all of `pa..pa+len`, through `reads` (an NC's read cache
+    /// taken out of `nc.reads` for one execution's batch and run: no lock per instruction
+    /// fetch), lent, not cloned: what [`AddressSpace::resolve`] answers, in O(1) while no
+    /// memory was allocated or freed ([`ChunkCache`]'s invariants). Takes `memory` on a miss.
     fn resolve_in<'r>(
         &self,
         reads: &'r mut ChunkCache,

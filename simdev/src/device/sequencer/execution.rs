@@ -28,6 +28,7 @@ use crate::device::{Claim, Core, Nc, NcState, lock};
 use crate::dma::{Abort, Budget, DmaQueueId, PairEffect, PeekError, QueueStatus, error_chain};
 use crate::engines::{Limits, Progress, Stop};
 use crate::faults::{Delivery, Effects};
+use crate::memory::ChunkCache;
 use crate::timing::{self, Charge};
 use crate::trace::{Detail, Event};
 
@@ -607,9 +608,27 @@ impl Core {
         exec: &mut Execution,
         may_sleep: bool,
     ) -> Result<Progress, Stop> {
+        // The NC's read cache, taken for the batch and the run and put back after them: a
+        // concurrent user of `nc.reads` meanwhile searches without it (a miss, never a wrong
+        // answer: each cache checks its own generation). Only a run that finds it taken (two
+        // at once) allocates one.
+        let mut reads = lock(&nc.reads).take().unwrap_or_default();
+        let progress = self.run_execution_with(nc, exec, may_sleep, &mut reads);
+        *lock(&nc.reads) = Some(reads);
+        progress
+    }
+
+    /// [`Core::run_execution`] with the NC's read cache `reads` in hand.
+    fn run_execution_with(
+        &self,
+        nc: &Nc,
+        exec: &mut Execution,
+        may_sleep: bool,
+        reads: &mut ChunkCache,
+    ) -> Result<Progress, Stop> {
         if exec.running.is_none() {
             // Started in place: the engines' state is half a kilobyte.
-            let program = self.start_program(nc, exec)?;
+            let program = self.start_program(nc, exec, reads)?;
             exec.running = Some(program.start());
         }
         let Execution {
@@ -622,10 +641,6 @@ impl Core {
         else {
             return Err(Stop::generic("the execution has no program (a simdev bug)"));
         };
-        // Taken for the run and put back after it: a concurrent user of `nc.reads` meanwhile
-        // searches without it (a miss, never a wrong answer: each cache checks its own
-        // generation). Only a run that finds it taken (two at once) allocates one.
-        let mut reads = lock(&nc.reads).take().unwrap_or_default();
         let mut host = ExecHost {
             core: self,
             nc,
@@ -633,13 +648,12 @@ impl Core {
             epoch: work.epoch,
             budget,
             acct,
-            reads: &mut reads,
+            reads,
             reference_used: false,
             may_sleep,
         };
         let progress = running.resume(&Limits::for_arch(self.map.arch), &mut host);
         let reference_used = host.reference_used;
-        *lock(&nc.reads) = Some(reads);
         let progress = progress?;
         if let Progress::Done(_) = progress {
             if reference_used {
@@ -653,10 +667,15 @@ impl Core {
 
     /// Runs the batch, decodes the request, honours its reload flags and checks its model
     /// switch: the program it names.
-    fn start_program(&self, nc: &Nc, exec: &mut Execution) -> Result<Program, Stop> {
+    fn start_program(
+        &self,
+        nc: &Nc,
+        exec: &mut Execution,
+        reads: &mut ChunkCache,
+    ) -> Result<Program, Stop> {
         let work = &exec.work;
         let acct = &mut exec.acct;
-        self.run_batch(nc, work, &mut exec.budget, acct.trace_at())?;
+        self.run_batch(nc, work, &mut exec.budget, acct.trace_at(), reads)?;
         let request = DeviceExecRequest::decode(&lock(&nc.dmem))
             .ok_or_else(|| Stop::generic("the DMEM is smaller than a request"))?;
         let program = Program::of_request(&request)?;
@@ -690,6 +709,7 @@ impl Core {
         work: &Work,
         budget: &mut Budget,
         at: TraceAt,
+        reads: &mut ChunkCache,
     ) -> Result<(), Stop> {
         let (engine, queue) = (EXEC_QUEUE_ENGINE, EXEC_QUEUE);
         let client = work.claim.client;
@@ -698,7 +718,7 @@ impl Core {
             if self.abandoned(nc, work.epoch) {
                 return Err(Stop::Abandoned);
             }
-            let m = self.stage_batch(nc, &mut state, work, at)?;
+            let m = self.stage_batch(nc, &mut state, work, at, reads)?;
             let mut worklist = VecDeque::new();
             let bus = ClientBus::new(self, client, &mut worklist);
             // Pairs 1–3 are consumed: the chain starts at the heads.
@@ -745,6 +765,7 @@ impl Core {
         state: &mut NcState,
         work: &Work,
         at: TraceAt,
+        reads: &mut ChunkCache,
     ) -> Result<u32, Stop> {
         let wall_ns = if self.tracer.enabled() {
             self.now_ns()
@@ -814,7 +835,7 @@ impl Core {
                     }
                 }
             }
-            trailer = self.read_cc_dma_increment(nc, work.claim.client, &pairs);
+            trailer = self.read_cc_dma_increment(reads, work.claim.client, &pairs);
         }
         let m = match sequencer::check_batch(nc.index, &pairs) {
             Ok(Some(m)) => m,
@@ -893,13 +914,13 @@ impl Core {
     /// source, if pair 1 reads `client`'s memory and the word is in it.
     fn read_cc_dma_increment(
         &self,
-        nc: &Nc,
+        reads: &mut ChunkCache,
         client: crate::client::ClientId,
         pairs: &[crate::dma::PeekedPair],
     ) -> Option<u32> {
         let offset = u64::try_from(shared::exec_request::CC_DMA_INCREMENT_OFFSET).ok()?;
         let pa = pairs.first()?.src_pa?.checked_add(offset)?;
-        let chunk = self.resolve_cached(nc, client, pa, 4)?;
+        let chunk = self.resolve_in(reads, client, pa, 4)?;
         let mut word = [0u8; 4];
         chunk.memory().read(pa, &mut word).ok()?;
         Some(u32::from_le_bytes(word))

@@ -88,34 +88,34 @@ impl engines::Host for ExecHost<'_> {
     }
 
     fn dma_start(&mut self, engine: u32, queue: u32, count: u32) -> Result<(), Stop> {
-        {
-            let mut state = lock(&self.nc.state);
-            if self.abandoned() {
-                return Err(Stop::Abandoned);
-            }
-            state
-                .queues
-                .post(engine, queue, count, count)
-                .map_err(|e| {
-                    let flags = match e {
-                        QueueError::Stopped { .. } => error_flags::DMA_ABORT,
-                        _ => error_flags::GENERIC,
-                    };
-                    Stop::failed(
-                        flags,
-                        format!("SP DmaStart of {count} descriptors: {}", error_chain(&e)),
-                    )
-                })?;
+        // Posted and run under one lock of the NC's state.
+        let mut state = lock(&self.nc.state);
+        if self.abandoned() {
+            return Err(Stop::Abandoned);
         }
+        state
+            .queues
+            .post(engine, queue, count, count)
+            .map_err(|e| {
+                let flags = match e {
+                    QueueError::Stopped { .. } => error_flags::DMA_ABORT,
+                    _ => error_flags::GENERIC,
+                };
+                Stop::failed(
+                    flags,
+                    format!("SP DmaStart of {count} descriptors: {}", error_chain(&e)),
+                )
+            })?;
         let mut aborts = Vec::new();
         let id = DmaQueueId {
             nc: self.nc.index,
             engine,
             queue,
         };
-        self.core.run_dma_with(
+        self.core.run_dma_locked(
             self.claim.client,
             id,
+            state,
             self.budget,
             &mut Aborts::Capture(&mut aborts),
             self.acct.trace_at(),

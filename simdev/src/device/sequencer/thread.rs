@@ -32,7 +32,7 @@
 //!
 //! [`Park::Suspend`]: crate::engines::Park::Suspend
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,6 +52,14 @@ pub(in crate::device) struct SeqSync {
     /// [`SeqState::shutdown`], set under the lock with it, read without it
     /// ([`SeqSync::is_shutdown`]: an execution asks at every step whether it is abandoned).
     shutdown: AtomicBool,
+    /// [`SeqState::changes`], stored under the lock after every bump, read without it
+    /// ([`SeqSync::token`], once per scheduling round). A token read here may lag the counter
+    /// (a bump not yet seen), never lead it: the wait that compares it under the lock
+    /// ([`SeqSync::wait_change`]) then finds the counter moved and returns at once (one more
+    /// round, no lost wake-up). And a token that shows a bump shows what it announced: the
+    /// change (a semaphore or event written) comes before its bump, which is stored with
+    /// Release and loaded with Acquire.
+    changes: AtomicU64,
     /// The idle sequencer thread waits here for work.
     work_cv: Condvar,
     /// Parked executions and sleeps wait here for a change.
@@ -85,6 +93,7 @@ impl SeqSync {
     pub(in crate::device) fn changed(&self) {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
+        self.changes.store(state.changes, Ordering::Release);
         self.announce(state);
     }
 
@@ -101,10 +110,11 @@ impl SeqSync {
         }
     }
 
-    /// The current change token; `None` once the device is shutting down.
+    /// The current change token (without the lock: see [`SeqSync::changes`]); `None` once the
+    /// device is shutting down.
     pub(super) fn token(&self) -> Option<u64> {
-        let state = lock(&self.state);
-        (!state.shutdown).then_some(state.changes)
+        let token = self.changes.load(Ordering::Acquire);
+        (!self.is_shutdown()).then_some(token)
     }
 
     /// Whether the device is shutting down (no lock: the flag is only ever set, under the lock
@@ -161,6 +171,7 @@ impl SeqSync {
     fn try_take_role(&self) -> Option<u64> {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
+        self.changes.store(state.changes, Ordering::Release);
         if state.running || state.shutdown || state.suspended.is_some() {
             self.announce(state);
             return None;
