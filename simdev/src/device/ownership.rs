@@ -101,32 +101,21 @@ impl Core {
         client: ClientId,
         nc: u32,
     ) -> Result<(&Nc, Arc<Claim>), RemoteError> {
-        let n = self.nc(nc)?;
-        match self.owner(n) {
-            Some(claim) if claim.client == client => Ok((n, claim)),
-            Some(claim) => Err(refuse(
-                ErrorKind::NotOwner,
-                format!("NC {nc} is owned by pid {}, not by this client", claim.pid),
-            )),
-            None => Err(refuse(
-                ErrorKind::NotOwner,
-                format!("NC {nc} is not claimed by this client (ClaimNc first)"),
-            )),
-        }
+        self.with_owned(client, nc, Arc::clone)
     }
 
     /// NC `nc` and what `f` made of its claim, if `client` owns it, `f` run under the claim's
-    /// lock: what [`Core::owned`] checks, without a reference to the claim taken and dropped
-    /// (`f` must take no lock).
+    /// lock (it must take no lock): a caller that only uses the claim for a moment takes no
+    /// reference to it ([`Core::owned`] clones one).
     pub(super) fn with_owned<R>(
         &self,
         client: ClientId,
         nc: u32,
-        f: impl FnOnce(&Claim) -> R,
+        f: impl FnOnce(&Arc<Claim>) -> R,
     ) -> Result<(&Nc, R), RemoteError> {
         let n = self.nc(nc)?;
         let owner = lock(&n.claim);
-        match owner.as_deref() {
+        match owner.as_ref() {
             Some(claim) if claim.client == client => Ok((n, f(claim))),
             Some(claim) => Err(refuse(
                 ErrorKind::NotOwner,
