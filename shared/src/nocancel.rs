@@ -16,6 +16,9 @@ use nix::errno::Errno;
 use nix::libc;
 use nix::sys::epoll::EpollEvent;
 
+/// The kernel's signal set, in bytes (64 signals), for `epoll_pwait`'s `sigsetsize`.
+const KERNEL_SIGSET_BYTES: libc::size_t = 8;
+
 /// The result of a `syscall(2)` returning a count or -1 with errno.
 fn count(ret: libc::c_long) -> nix::Result<usize> {
     usize::try_from(ret).map_err(|_| Errno::last())
@@ -67,7 +70,8 @@ pub fn eventfd_read(fd: BorrowedFd<'_>) -> nix::Result<u64> {
 }
 
 /// `epoll_wait(epfd, events, events.len(), timeout_ms)`: the number of events filled in at
-/// the front of `events`.
+/// the front of `events`. Made as `epoll_pwait` with no signal mask, as glibc makes it: some
+/// architectures (aarch64, riscv64) have no `epoll_wait` system call.
 ///
 /// # Errors
 /// `epoll_wait(2)`'s errno (`EINTR` when a signal interrupted the wait).
@@ -80,13 +84,17 @@ pub fn epoll_wait(
     // SAFETY: `epfd` is a live descriptor for the call (borrowed). `EpollEvent` is
     // `#[repr(transparent)]` over `libc::epoll_event` (nix's own `Epoll::wait` passes its
     // slice the same way), and the kernel writes at most `max` of them, all inside `events`.
+    // No signal mask (null): the kernel does not look at its size, passed as the kernel's
+    // sigset size all the same.
     let ret = unsafe {
         libc::syscall(
-            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
             libc::c_long::from(epfd.as_raw_fd()),
             events.as_mut_ptr().cast::<libc::epoll_event>(),
             libc::c_long::from(max),
             libc::c_long::from(timeout_ms),
+            std::ptr::null::<libc::sigset_t>(),
+            KERNEL_SIGSET_BYTES,
         )
     };
     count(ret).map(|n| n.min(events.len()))
