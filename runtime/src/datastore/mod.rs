@@ -435,7 +435,7 @@ impl Datastore {
     pub fn records(&self) -> Records<'_> {
         Records {
             ds: self,
-            _writer: self
+            writer: self
                 .writer
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
@@ -626,7 +626,7 @@ impl Drop for Datastore {
 /// The counter records of a [`Datastore`], its writers' lock held ([`Datastore::records`]).
 pub struct Records<'a> {
     ds: &'a Datastore,
-    _writer: std::sync::MutexGuard<'a, ()>,
+    writer: std::sync::MutexGuard<'a, ()>,
 }
 
 impl Records<'_> {
@@ -637,7 +637,7 @@ impl Records<'_> {
             .atomic_words(base, size_of::<T>() / 8)
             .map(|words| Counters {
                 words,
-                _writer: &self._writer,
+                _writer: &self.writer,
             })
             .ok()
     }

@@ -882,10 +882,12 @@ impl Core {
             };
             *consumed = (pair.len, register);
         }
-        let n = pairs.len().min(consumed.len());
-        state
-            .queues
-            .consume_heads(engine, queue, consumed.into_iter().take(n), &nc.counters);
+        state.queues.consume_heads(
+            engine,
+            queue,
+            consumed.into_iter().take(pairs.len()),
+            &nc.counters,
+        );
         if self.tracer.enabled() {
             let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
             let id = DmaQueueId {
