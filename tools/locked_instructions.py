@@ -12,7 +12,9 @@ callgrind's per-instruction counts with objdump's disassembly to count them.
     tools/locked_instructions.py /tmp/cg/s<pid>-<thread> 4010
 
 Prints the total per iteration (divide by the executions the thread ran: iterations plus
-warm-up), then the instructions at or above 0.5 per iteration with their function.
+warm-up), then the instructions at or above 0.5 per iteration with their function; with
+`--where` after the arguments, each with its source lines, innermost inlined frame first
+(`addr2line -i`; needs the binary's debug line tables).
 """
 import collections
 import re
@@ -77,11 +79,22 @@ def instruction_counts(path):
     return counts, owner
 
 
+def source_lines(obj, address):
+    """The source lines of the instruction at `address` in `obj`, innermost inlined first."""
+    out = subprocess.run(
+        ["addr2line", "-i", "-e", obj, hex(address)], capture_output=True, text=True
+    ).stdout
+    return [line.split("/")[-1] if "/rustc/" not in line else "std " + line.split("/")[-1]
+            for line in out.splitlines()]
+
+
 def main():
-    if len(sys.argv) != 3:
+    args = [a for a in sys.argv[1:] if a != "--where"]
+    where = len(args) != len(sys.argv) - 1
+    if len(args) != 2:
         sys.exit(__doc__)
-    counts, owner = instruction_counts(sys.argv[1])
-    iterations = float(sys.argv[2])
+    counts, owner = instruction_counts(args[0])
+    iterations = float(args[1])
     total = 0
     per = collections.Counter()
     for obj in {o for o, _ in counts if o}:
@@ -92,11 +105,14 @@ def main():
         for (o, a), c in counts.items():
             if o == obj and a in locked:
                 total += c
-                per[(owner[(o, a)], locked[a])] += c
+                per[(owner[(o, a)], locked[a], o, a)] += c
     print(f"locked instructions per iteration: {total / iterations:.1f}")
-    for (fn, text), c in per.most_common():
+    for (fn, text, obj, a), c in per.most_common():
         if c / iterations >= 0.5:
             print(f"{c / iterations:8.1f}  {text[:40]:40}  {fn}")
+            if where:
+                for frame in source_lines(obj, a):
+                    print(f"{'':50}{frame}")
 
 
 if __name__ == "__main__":

@@ -337,7 +337,7 @@ impl Core {
                 self.reset_nc(n, client, false);
                 ok()
             }
-            Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters.snapshot())),
+            Request::Counters { nc } => reply(Reply::Counters(self.nc(nc)?.counters())),
             Request::InjectFault(spec) => self.inject_fault(spec),
             Request::ClearFaults => {
                 let disarmed = self.with_faults(crate::faults::FaultTable::clear);

@@ -103,13 +103,14 @@ impl Core {
             }
             let mut state = held.unwrap_or_else(|| lock(&nc.state));
             loop {
-                let mark = self.tracer.enabled().then(|| DmaMark::take(self, nc));
+                let mark = self
+                    .tracer
+                    .enabled()
+                    .then(|| DmaMark::take(self, state.queues.counts()));
                 let outcome = {
                     // Dropped (letting go of any SBUF it holds) before anything else locks.
                     let mut bus = ClientBus::for_run(self, client, worklist);
-                    state
-                        .queues
-                        .process(id.engine, id.queue, &mut bus, budget, &nc.counters)
+                    state.queues.process(id.engine, id.queue, &mut bus, budget)
                 };
                 let done = match outcome {
                     Outcome::Idle => true,
@@ -121,9 +122,7 @@ impl Core {
                         drop(state);
                         let result = self.remote_tail_increment(client, &deferred, worklist);
                         state = lock(&nc.state);
-                        let abort = state
-                            .queues
-                            .finish_deferred(&deferred, result, &nc.counters);
+                        let abort = state.queues.finish_deferred(&deferred, result);
                         abort.is_some_and(|abort| {
                             self.on_abort(nc, &mut state, abort, aborts);
                             true
@@ -131,10 +130,9 @@ impl Core {
                     }
                 };
                 if let Some(mark) = mark {
-                    let pairs = (nc.counters.dma_descriptors.load(Ordering::Relaxed))
-                        .saturating_sub(mark.pairs);
-                    let bytes =
-                        (nc.counters.dma_bytes.load(Ordering::Relaxed)).saturating_sub(mark.bytes);
+                    let now = state.queues.counts();
+                    let pairs = now.descriptors.saturating_sub(mark.pairs);
+                    let bytes = now.bytes.saturating_sub(mark.bytes);
                     self.trace_dma(nc, id, pairs, bytes, false, at, mark.wall_ns);
                 }
                 if done {
@@ -191,7 +189,7 @@ impl Core {
         bump_fired(nc, fired.len());
         let mut state = lock(&nc.state);
         let fault = Fault::Injected { oob };
-        if let Some(abort) = state.queues.abort(engine, queue, &fault, &nc.counters) {
+        if let Some(abort) = state.queues.abort(engine, queue, &fault) {
             self.report_abort(nc, &mut state, &abort);
         }
     }

@@ -64,7 +64,7 @@ use shared::sequencer::SEQ_DMEM_SIZE;
 use crate::client::{ClientId, Peer};
 use crate::compute::ComputeState;
 use crate::config::{Config, ConfigError};
-use crate::counters::Counters;
+use crate::counters::{Counters, PostCounts};
 use crate::dma::{self, Budget, DmaQueues};
 use crate::faults::FaultTable;
 use crate::memory::{AddressSpace, Chunk, ChunkCache, Generation};
@@ -103,6 +103,9 @@ struct NcState {
     /// The head pairs of the batch being fetched, reused by every execution (its capacity
     /// stays: no allocation per execution).
     batch_pairs: Vec<crate::dma::PeekedPair>,
+    /// Notifications and executions posted (counted here, under this lock: see
+    /// [`crate::counters`]).
+    posted: PostCounts,
 }
 
 /// One NC.
@@ -138,6 +141,15 @@ struct Nc {
     /// ([`Core::resolve_in`]). An execution takes it out for its batch and the run of its
     /// engines and puts it back (a pointer each way); meanwhile, others search without it.
     reads: Mutex<Option<Box<ChunkCache>>>,
+}
+
+impl Nc {
+    /// The NC's counters: the atomic ones and those counted under its state lock, copied
+    /// under it.
+    fn counters(&self) -> NcCounters {
+        let state = lock(&self.state);
+        self.counters.snapshot(state.queues.counts(), state.posted)
+    }
 }
 
 /// What the device knows of a connected client: its process, to tell whether it still lives
@@ -426,6 +438,7 @@ impl Core {
                     nq: None,
                     exec_batches: 0,
                     batch_pairs: Vec::with_capacity(4),
+                    posted: PostCounts::default(),
                 }),
                 dmem: Mutex::new(vec![0; dmem_bytes]),
                 compute: Mutex::new(ComputeState::new()),
@@ -490,7 +503,7 @@ impl Core {
     }
 
     fn counters(&self, nc: u32) -> Option<NcCounters> {
-        self.nc_ref(nc).map(|n| n.counters.snapshot())
+        self.nc_ref(nc).map(Nc::counters)
     }
 
     /// Runs `f` on the armed faults, under their lock, keeping [`Core::faults_armed`] right.

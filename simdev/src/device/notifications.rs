@@ -19,7 +19,6 @@ use std::sync::atomic::Ordering;
 
 use shared::notification::{NotificationEntry, NotificationKind, error_flags};
 
-use crate::counters::bump;
 use crate::dma::error_chain;
 use crate::notify::PostError;
 use crate::trace::{Detail, Event};
@@ -235,7 +234,7 @@ impl Core {
     /// [`Core::post`] without the trace; whether the entry was written.
     fn post_entry(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) -> bool {
         let Some(nq) = state.nq.as_mut() else {
-            bump(&nc.counters.nq_overflows, 1);
+            state.posted.nq_overflows += 1;
             tracing::info!(
                 "NC {} has no notification queue; kind {} notification dropped",
                 nc.index,
@@ -245,14 +244,14 @@ impl Core {
         };
         match nq.post(entry) {
             Ok(()) => {
-                bump(&nc.counters.notifications, 1);
+                state.posted.notifications += 1;
                 if let Some(claim) = self.owner(nc) {
                     signal(claim);
                 }
                 true
             }
             Err(PostError::Full { entries }) => {
-                bump(&nc.counters.nq_overflows, 1);
+                state.posted.nq_overflows += 1;
                 tracing::warn!(
                     "NC {} notification queue full ({entries} entries unconsumed); notification dropped",
                     nc.index
@@ -260,7 +259,7 @@ impl Core {
                 false
             }
             Err(e @ PostError::Memory(_)) => {
-                bump(&nc.counters.nq_overflows, 1);
+                state.posted.nq_overflows += 1;
                 tracing::error!("NC {}: {}", nc.index, error_chain(&e));
                 false
             }

@@ -1,9 +1,7 @@
 //! Trace helpers: the doorbell and DMA-run events the device records, and the time each is
 //! stamped with ([`crate::trace`] holds the tracer and the event format).
 
-use std::sync::atomic::Ordering;
-
-use crate::dma::DmaQueueId;
+use crate::dma::{DmaCounts, DmaQueueId};
 use crate::trace::{Detail, Event};
 
 use super::{Core, Nc};
@@ -71,11 +69,13 @@ pub(super) struct DmaMark {
 }
 
 impl DmaMark {
-    pub(super) fn take(core: &Core, nc: &Nc) -> Self {
+    /// The mark of a run starting now, with the NC's DMA counts `counts` (copied under its
+    /// state lock, which the run holds).
+    pub(super) fn take(core: &Core, counts: DmaCounts) -> Self {
         Self {
             wall_ns: core.now_ns(),
-            pairs: nc.counters.dma_descriptors.load(Ordering::Relaxed),
-            bytes: nc.counters.dma_bytes.load(Ordering::Relaxed),
+            pairs: counts.descriptors,
+            bytes: counts.bytes,
         }
     }
 }

@@ -553,9 +553,9 @@ impl Core {
 
     /// Counts an execution and posts its notification.
     fn post_execution(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
-        bump(&nc.counters.executions, 1);
+        state.posted.executions += 1;
         if entry.error_flags != 0 {
-            bump(&nc.counters.exec_errors, 1);
+            state.posted.exec_errors += 1;
         }
         self.post(nc, state, entry);
     }
@@ -826,7 +826,7 @@ impl Core {
                     Err(PeekError::Fault(fault)) => {
                         let reason = state
                             .queues
-                            .abort(engine, queue, &fault, &nc.counters)
+                            .abort(engine, queue, &fault)
                             .map_or_else(|| error_chain(&fault), |abort| abort.reason);
                         return Err(Stop::generic(format!(
                             "exec batch descriptor pair {} of 4: {reason}",
@@ -882,12 +882,9 @@ impl Core {
             };
             *consumed = (pair.len, register);
         }
-        state.queues.consume_heads(
-            engine,
-            queue,
-            consumed.into_iter().take(pairs.len()),
-            &nc.counters,
-        );
+        state
+            .queues
+            .consume_heads(engine, queue, consumed.into_iter().take(pairs.len()));
         if self.tracer.enabled() {
             let bytes = pairs.iter().map(|p| u64::from(p.len)).sum();
             let id = DmaQueueId {
@@ -943,6 +940,5 @@ fn abort_exec_queue(nc: &Nc, state: &mut NcState, compute_idx: u32) {
         nc.index
     );
     tracing::warn!("{reason}");
-    state.queues.stop_with(engine, queue, reason);
-    bump(&nc.counters.dma_aborts, 1);
+    state.queues.stop_aborted(engine, queue, reason);
 }

@@ -252,7 +252,7 @@ impl shape_only::Host for ExecHost<'_> {
     }
 
     fn moved(&mut self, bytes: u64) {
-        bump(&self.nc.counters.dma_bytes, bytes);
+        bump(&self.nc.counters.stream_bytes, bytes);
     }
 
     fn reference(&mut self, uuid: &[u8; 16], hash: &[u8; 16]) -> Option<Arc<Binding>> {
