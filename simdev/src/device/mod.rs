@@ -136,11 +136,6 @@ struct Nc {
     seq: sequencer::SeqSync,
     /// The simulated clock (used while a latency model is set).
     clock: SimClock,
-    /// The chunks the NC's executions read outside DMA resolved to (instruction fetches, the
-    /// request slot's trailer, NEFF streams): O(1) steady-state resolution
-    /// ([`Core::resolve_in`]). An execution takes it out for its batch and the run of its
-    /// engines and puts it back (a pointer each way); meanwhile, others search without it.
-    reads: Mutex<Option<Box<ChunkCache>>>,
 }
 
 impl Nc {
@@ -445,7 +440,6 @@ impl Core {
                 epoch: AtomicU64::new(0),
                 clock: SimClock::default(),
                 seq: sequencer::SeqSync::default(),
-                reads: Mutex::new(Some(Box::default())),
             })
             .collect();
         let memory = AddressSpace::new(map);
@@ -477,8 +471,8 @@ impl Core {
         }
     }
 
-    /// The chunk of `client` holding all of `pa..pa+len`, through `reads` (an NC's read cache
-    /// taken out of `nc.reads` for one execution's batch and run: no lock per instruction
+    /// The chunk of `client` holding all of `pa..pa+len`, through `reads` (the NC's read cache,
+    /// which the sequencer role holds while it runs executions: no lock per instruction
     /// fetch), lent, not cloned: what [`AddressSpace::resolve`] answers, in O(1) while no
     /// memory was allocated or freed ([`ChunkCache`]'s invariants). Takes `memory` on a miss.
     fn resolve_in<'r>(

@@ -265,8 +265,15 @@ impl Core {
     /// Runs one execution and posts its notification (unless it is abandoned), applying the
     /// faults that fire on it, the latency model, and tracing it. With `may_sleep` false (the
     /// doorbell's thread) an execution that must wait for the outside world is suspended
-    /// instead and returned, for the sequencer thread to resume.
-    pub(super) fn execute(&self, nc: &Nc, work: Work, may_sleep: bool) -> Ran {
+    /// instead and returned, for the sequencer thread to resume. `reads`: the NC's read cache,
+    /// which the sequencer role holds.
+    pub(super) fn execute(
+        &self,
+        nc: &Nc,
+        work: Work,
+        may_sleep: bool,
+        reads: &mut ChunkCache,
+    ) -> Ran {
         let started = Instant::now();
         let compute_idx = {
             let mut state = lock(&nc.state);
@@ -320,7 +327,7 @@ impl Core {
                 Detail::Fault { kind, compute_idx },
             );
         }
-        match self.go_on(nc, &mut exec, may_sleep) {
+        match self.go_on(nc, &mut exec, may_sleep, reads) {
             true => Ran::Ended,
             false => Ran::Suspended(Box::new(exec)),
         }
@@ -328,8 +335,8 @@ impl Core {
 
     /// Resumes an execution a doorbell's thread suspended; on the sequencer thread, which may
     /// sleep, it runs to its end.
-    pub(super) fn resume(&self, nc: &Nc, mut exec: Box<Execution>) {
-        if !self.go_on(nc, &mut exec, true) {
+    pub(super) fn resume(&self, nc: &Nc, mut exec: Box<Execution>, reads: &mut ChunkCache) {
+        if !self.go_on(nc, &mut exec, true, reads) {
             tracing::error!(
                 "NC {}: execution {} suspended on the sequencer thread (a simdev bug); abandoned",
                 nc.index,
@@ -339,9 +346,15 @@ impl Core {
     }
 
     /// Runs `exec` on; `false` when it was suspended at a park (only when `!may_sleep`).
-    fn go_on(&self, nc: &Nc, exec: &mut Execution, may_sleep: bool) -> bool {
+    fn go_on(
+        &self,
+        nc: &Nc,
+        exec: &mut Execution,
+        may_sleep: bool,
+        reads: &mut ChunkCache,
+    ) -> bool {
         let compute_idx = exec.acct.compute_idx;
-        match self.run_and_flag(nc, exec, may_sleep) {
+        match self.run_and_flag(nc, exec, may_sleep, reads) {
             RunEnd::Suspended => return false,
             RunEnd::Abandoned => {}
             RunEnd::Flags(flags) => {
@@ -456,15 +469,23 @@ impl Core {
     }
 
     /// Runs the execution on: its error flags, or whether it was abandoned or suspended.
-    fn run_and_flag(&self, nc: &Nc, exec: &mut Execution, may_sleep: bool) -> RunEnd {
+    fn run_and_flag(
+        &self,
+        nc: &Nc,
+        exec: &mut Execution,
+        may_sleep: bool,
+        reads: &mut ChunkCache,
+    ) -> RunEnd {
         let compute_idx = exec.acct.compute_idx;
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_execution(nc, exec, may_sleep)))
-            .unwrap_or_else(|payload| {
-                Err(Stop::generic(format!(
-                    "simdev failed internally running the execution (a simdev bug): {}",
-                    panic_text(payload.as_ref())
-                )))
-            });
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            self.run_execution(nc, exec, may_sleep, reads)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(Stop::generic(format!(
+                "simdev failed internally running the execution (a simdev bug): {}",
+                panic_text(payload.as_ref())
+            )))
+        });
         let flags = match outcome {
             Ok(Progress::Suspended) => return RunEnd::Suspended,
             Ok(Progress::Done(stats)) if stats.non_finite > 0 => {
@@ -601,25 +622,10 @@ impl Core {
         }
     }
 
-    /// The batch, the request, the programs (on a resumed execution: the program, on).
+    /// The batch, the request, the programs (on a resumed execution: the program, on), with
+    /// the NC's read cache `reads` in hand (the sequencer role's: see
+    /// [`crate::device::sequencer::thread`]).
     fn run_execution(
-        &self,
-        nc: &Nc,
-        exec: &mut Execution,
-        may_sleep: bool,
-    ) -> Result<Progress, Stop> {
-        // The NC's read cache, taken for the batch and the run and put back after them: a
-        // concurrent user of `nc.reads` meanwhile searches without it (a miss, never a wrong
-        // answer: each cache checks its own generation). Only a run that finds it taken (two
-        // at once) allocates one.
-        let mut reads = lock(&nc.reads).take().unwrap_or_default();
-        let progress = self.run_execution_with(nc, exec, may_sleep, &mut reads);
-        *lock(&nc.reads) = Some(reads);
-        progress
-    }
-
-    /// [`Core::run_execution`] with the NC's read cache `reads` in hand.
-    fn run_execution_with(
         &self,
         nc: &Nc,
         exec: &mut Execution,

@@ -32,7 +32,7 @@ pub(super) struct ExecHost<'a> {
     pub(super) epoch: u64,
     pub(super) budget: &'a mut Budget,
     pub(super) acct: &'a mut Account,
-    /// The NC's read cache, taken out of `nc.reads` for this run of the engines (see
+    /// The NC's read cache, which the sequencer role holds (see
     /// [`Core::resolve_in`]).
     pub(super) reads: &'a mut ChunkCache,
     /// A reference ([`crate::reference`]) computed (or was to compute) this NEFF's outputs.

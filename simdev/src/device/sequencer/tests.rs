@@ -516,8 +516,8 @@ fn an_instruction_fetch_outside_the_clients_memory_is_oob() {
     }
 }
 
-/// The engines fetch through the NC's read cache, taken out of the NC for each run and put
-/// back after it: steady-state executions search the address space zero times, and a code
+/// The engines fetch through the NC's read cache, which travels with the sequencer role from
+/// one execution to the next: steady-state executions search the address space zero times, and a code
 /// chunk freed (and re-allocated at the same PA by another client) after the cache saw it is
 /// not fetched from.
 #[test]

@@ -30,6 +30,13 @@
 //! `change_cv` (counted in `change_waiters`), the idle sequencer thread on `work_cv` when the
 //! role is free. Nothing busy-waits.
 //!
+//! # The role's read cache
+//! Only the role holder runs executions, so the NC's read cache (the chunks its executions'
+//! instruction fetches, request trailers and NEFF streams resolved to: [`Core::resolve_in`])
+//! travels with the role ([`Role`]): taken out of [`SeqState`] with the role and put back
+//! when it is released or handed over, under the lock those already take. No lock of its own
+//! is taken per execution.
+//!
 //! [`Park::Suspend`]: crate::engines::Park::Suspend
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +48,7 @@ use shared::sequencer::SEM_INFERENCE_START;
 
 use crate::counters::bump;
 use crate::device::{Claim, Core, Nc, lock};
+use crate::memory::ChunkCache;
 
 use super::execution::{Execution, Ran};
 
@@ -85,6 +93,31 @@ struct SeqState {
     idle: bool,
     /// The thread, once started.
     thread: Option<JoinHandle<()>>,
+    /// The role's read cache while no thread holds the role (made on first use).
+    reads: Option<Box<ChunkCache>>,
+}
+
+/// The sequencer role, held by one thread: the change token it takes counts at and the NC's
+/// read cache (see the module doc).
+pub(super) struct Role {
+    token: u64,
+    reads: Box<ChunkCache>,
+}
+
+impl SeqState {
+    /// Takes the role at the current change token (the caller checked that it is free).
+    fn take_role(&mut self) -> Role {
+        self.running = true;
+        Role {
+            token: self.changes,
+            reads: self.reads.take().unwrap_or_default(),
+        }
+    }
+
+    /// Puts the role's read cache back (the role is released or handed over).
+    fn put_back(&mut self, role: Role) {
+        self.reads = Some(role.reads);
+    }
 }
 
 impl SeqSync {
@@ -168,7 +201,7 @@ impl SeqSync {
     /// Takes the role for a doorbell's thread: the change token, or `None` when another thread
     /// holds it (or holds a suspended execution for it) or the device is shutting down —
     /// then the change is announced as any other.
-    fn try_take_role(&self) -> Option<u64> {
+    fn try_take_role(&self) -> Option<Role> {
         let mut state = lock(&self.state);
         state.changes = state.changes.wrapping_add(1);
         self.changes.store(state.changes, Ordering::Release);
@@ -176,25 +209,27 @@ impl SeqSync {
             self.announce(state);
             return None;
         }
-        state.running = true;
-        Some(state.changes)
+        Some(state.take_role())
     }
 
-    /// Releases the role unless the change counter moved past `token` (then the new token:
-    /// look for counts again).
-    fn release_role(&self, token: u64) -> Option<u64> {
+    /// Releases the role unless the change counter moved past its token (then the role back
+    /// with the new token: look for counts again).
+    fn release_role(&self, mut role: Role) -> Option<Role> {
         let mut state = lock(&self.state);
-        if state.changes != token && !state.shutdown {
-            return Some(state.changes);
+        if state.changes != role.token && !state.shutdown {
+            role.token = state.changes;
+            return Some(role);
         }
         state.running = false;
+        state.put_back(role);
         None
     }
 
     /// Hands `execution` with the role to the sequencer thread.
-    fn hand_over(&self, execution: Box<Execution>) {
+    fn hand_over(&self, execution: Box<Execution>, role: Role) {
         let mut state = lock(&self.state);
         state.suspended = Some(execution);
+        state.put_back(role);
         let work = state.idle;
         drop(state);
         if work {
@@ -202,21 +237,21 @@ impl SeqSync {
         }
     }
 
-    /// The sequencer thread's next work: a suspended execution (with the role) or the role with
-    /// the change token to take counts from; `None` at shutdown.
-    fn next_work(&self) -> Option<(Option<Box<Execution>>, u64)> {
+    /// The sequencer thread's next work: a suspended execution with the role (handed over by
+    /// a doorbell's thread, which set `running`), or the role with the change token to take
+    /// counts from; `None` at shutdown.
+    fn next_work(&self) -> Option<(Option<Box<Execution>>, Role)> {
         let mut state = lock(&self.state);
         loop {
             if state.shutdown {
                 return None;
             }
             if let Some(execution) = state.suspended.take() {
-                return Some((Some(execution), state.changes));
+                return Some((Some(execution), state.take_role()));
             }
             if !state.running && state.changes != state.seen {
-                state.running = true;
                 state.seen = state.changes;
-                return Some((None, state.changes));
+                return Some((None, state.take_role()));
             }
             state.idle = true;
             state = self
@@ -299,12 +334,12 @@ impl Core {
             return;
         };
         tracing::debug!("NC {index}: sequencer started");
-        while let Some((suspended, token)) = nc.seq.next_work() {
+        while let Some((suspended, mut role)) = nc.seq.next_work() {
             if let Some(execution) = suspended {
                 bump(&nc.counters.sequencer_handoffs, 1);
-                self.resume(nc, execution);
+                self.resume(nc, execution, &mut role.reads);
             }
-            self.take_counts(nc, token, true);
+            self.take_counts(nc, role, true);
         }
         tracing::debug!("NC {index}: sequencer stopped");
     }
@@ -318,7 +353,7 @@ impl Core {
             return;
         }
         match nc.seq.try_take_role() {
-            Some(token) => self.take_counts(nc, token, false),
+            Some(role) => self.take_counts(nc, role, false),
             // The holder takes the count; the thread must exist for a suspended execution.
             None => self.start_sequencer(nc),
         }
@@ -331,29 +366,28 @@ impl Core {
         !self.simulated() && self.references.is_empty() && !self.faults_armed()
     }
 
-    /// Holding the role with change `token`: takes `nc`'s counts and runs their executions
-    /// until none is left and nothing changed, then releases the role. On a doorbell's thread
-    /// (`on_sequencer` false) an execution that must wait is handed, with the role, to the
-    /// sequencer thread instead.
-    fn take_counts(&self, nc: &Nc, mut token: u64, on_sequencer: bool) {
+    /// Holding `role`: takes `nc`'s counts and runs their executions until none is left and
+    /// nothing changed, then releases the role. On a doorbell's thread (`on_sequencer` false)
+    /// an execution that must wait is handed, with the role, to the sequencer thread instead.
+    fn take_counts(&self, nc: &Nc, mut role: Role, on_sequencer: bool) {
         loop {
             while let Some(work) = self.take_start(nc) {
                 if on_sequencer {
                     bump(&nc.counters.sequencer_handoffs, 1);
-                    let _ = self.execute(nc, work, true);
+                    let _ = self.execute(nc, work, true, &mut role.reads);
                     continue;
                 }
-                match self.execute(nc, work, false) {
+                match self.execute(nc, work, false, &mut role.reads) {
                     Ran::Ended => bump(&nc.counters.inline_executions, 1),
                     Ran::Suspended(execution) => {
                         self.start_sequencer(nc);
-                        nc.seq.hand_over(execution);
+                        nc.seq.hand_over(execution, role);
                         return;
                     }
                 }
             }
-            match nc.seq.release_role(token) {
-                Some(moved) => token = moved,
+            match nc.seq.release_role(role) {
+                Some(same) => role = same,
                 None => return,
             }
         }
