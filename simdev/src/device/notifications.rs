@@ -214,7 +214,19 @@ impl Core {
     /// Posts `entry` to `nc`'s notification queue and signals the NC's eventfd; counts a drop
     /// when the queue is full or absent.
     pub(super) fn post(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
-        let posted = self.post_entry(nc, state, entry);
+        self.post_to(nc, state, entry, None);
+    }
+
+    /// [`Core::post`], signalling `owner` — the NC's owner, which the caller knows (under
+    /// `state`'s lock) — or, when `None`, the owner it looks up under the claim's lock.
+    pub(super) fn post_to(
+        &self,
+        nc: &Nc,
+        state: &mut NcState,
+        entry: &NotificationEntry,
+        owner: Option<&Arc<Claim>>,
+    ) {
+        let posted = self.post_entry(nc, state, entry, owner);
         if self.tracer.enabled() {
             self.tracer.record(Event {
                 nc: nc.index,
@@ -232,7 +244,13 @@ impl Core {
     }
 
     /// [`Core::post`] without the trace; whether the entry was written.
-    fn post_entry(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) -> bool {
+    fn post_entry(
+        &self,
+        nc: &Nc,
+        state: &mut NcState,
+        entry: &NotificationEntry,
+        owner: Option<&Arc<Claim>>,
+    ) -> bool {
         let Some(nq) = state.nq.as_mut() else {
             state.posted.nq_overflows += 1;
             tracing::info!(
@@ -245,7 +263,7 @@ impl Core {
         match nq.post(entry) {
             Ok(()) => {
                 state.posted.notifications += 1;
-                if let Some(claim) = self.owner(nc) {
+                if let Some(claim) = owner.cloned().or_else(|| self.owner(nc)) {
                     signal(claim);
                 }
                 true

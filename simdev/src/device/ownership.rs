@@ -202,33 +202,46 @@ impl Core {
             );
             return;
         }
-        let nq = {
+        let (nq, released) = {
             let mut state = lock(&nc.state);
+            // The epoch moves, the semaphores and events are zeroed and, on a release, the
+            // owner is cleared in one hold of the claim's lock, under which counts are taken
+            // (`Core::take_start`): a count taken before is of the old epoch (its execution is
+            // abandoned), one taken after is of the new epoch and of the same owner. So an
+            // execution that is not abandoned still belongs to the NC's owner when it posts
+            // under this `state` lock (`Core::finish_execution`).
             // The epoch moves before the compute state is cleared: an engine checks it under
             // the `compute` lock, so nothing an abandoned execution computes survives.
-            nc.epoch.fetch_add(1, Ordering::AcqRel);
+            let released = {
+                let mut slot = lock(&nc.claim);
+                nc.epoch.fetch_add(1, Ordering::AcqRel);
+                if let Some(claim) = slot.as_ref() {
+                    claim.registers.zero();
+                }
+                if release {
+                    nc_owner_store(nc, 0);
+                    slot.take()
+                } else {
+                    None
+                }
+            };
             state.queues.clear();
             state.exec_batches = 0;
             lock(&nc.dmem).fill(0);
             lock(&nc.compute).clear();
-            state.nq.take()
+            (state.nq.take(), released)
         };
         nc.seq.changed();
         if let Some(nq) = nq {
             // The client may have freed the chunk itself; then there is nothing left to free.
             let _ = write(&self.memory).free(owner, nq.chunk().handle());
         }
-        let mut slot = lock(&nc.claim);
-        if let Some(claim) = slot.as_ref() {
-            claim.registers.zero();
-        }
         if release {
             self.tracer.forget_nc(nc.index);
-            *slot = None;
-            nc_owner_store(nc, 0);
             tracing::info!("NC {} released", nc.index);
         }
-        drop(slot);
+        // The claim (its registers' mapping and eventfd) is dropped outside the NC's locks.
+        drop(released);
         bump(&nc.counters.resets, 1);
         self.charge_reset(nc);
     }

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shared::protocol::LatencyModel;
@@ -380,7 +381,7 @@ impl Core {
                     flags,
                     source,
                 };
-                self.finish_execution(nc, exec.work.epoch, outcome, timing, &exec.effects);
+                self.finish_execution(nc, &exec.work, outcome, timing, &exec.effects);
             }
         }
         if let Some(events) = exec.acct.events.take() {
@@ -532,7 +533,7 @@ impl Core {
     fn finish_execution(
         &self,
         nc: &Nc,
-        epoch: u64,
+        work: &Work,
         outcome: Outcome,
         timing: Timing,
         effects: &Effects,
@@ -542,6 +543,7 @@ impl Core {
             flags,
             source,
         } = outcome;
+        let epoch = work.epoch;
         let mut state = lock(&nc.state);
         if self.abandoned(nc, epoch) {
             return;
@@ -559,7 +561,9 @@ impl Core {
             nc_ts_ns: timing.nc_ts_ns,
         };
         match effects.delivery {
-            Delivery::OnTime => self.post_execution(nc, &mut state, &entry),
+            // Not abandoned: the execution's claim is still the NC's owner (see
+            // `Core::reset_nc`), signalled without looking the owner up.
+            Delivery::OnTime => self.post_execution(nc, &mut state, &entry, Some(&work.claim)),
             Delivery::Missing => tracing::info!(
                 "NC {} execution {compute_idx}: notification withheld (injected \
                  MissingCompletion)",
@@ -572,13 +576,20 @@ impl Core {
         }
     }
 
-    /// Counts an execution and posts its notification.
-    fn post_execution(&self, nc: &Nc, state: &mut NcState, entry: &NotificationEntry) {
+    /// Counts an execution and posts its notification, signalling `owner` (the NC's owner,
+    /// known to the caller) or, when `None`, the owner it looks up.
+    fn post_execution(
+        &self,
+        nc: &Nc,
+        state: &mut NcState,
+        entry: &NotificationEntry,
+        owner: Option<&Arc<Claim>>,
+    ) {
         state.posted.executions += 1;
         if entry.error_flags != 0 {
             state.posted.exec_errors += 1;
         }
-        self.post(nc, state, entry);
+        self.post_to(nc, state, entry, owner);
     }
 
     /// Posts an execution's notification `delay` of wall-clock time from now, from a thread of
@@ -609,7 +620,7 @@ impl Core {
                     );
                     return;
                 }
-                core.post_execution(nc, &mut state, &entry);
+                core.post_execution(nc, &mut state, &entry, None);
             });
         if let Err(e) = spawned {
             tracing::error!(
@@ -617,7 +628,7 @@ impl Core {
             );
             let mut state = lock(&nc.state);
             if !self.abandoned(nc, epoch) {
-                self.post_execution(nc, &mut state, &entry);
+                self.post_execution(nc, &mut state, &entry, None);
             }
         }
     }

@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 
 use shared::sequencer::SEM_INFERENCE_START;
 
-use crate::counters::bump;
 use crate::device::{Claim, Core, Nc, lock};
 use crate::memory::ChunkCache;
 
@@ -117,6 +116,17 @@ impl SeqState {
     /// Puts the role's read cache back (the role is released or handed over).
     fn put_back(&mut self, role: Role) {
         self.reads = Some(role.reads);
+    }
+}
+
+impl Role {
+    /// Adds one to `counter`, which only the role's holder writes (`inline_executions`,
+    /// `sequencer_handoffs`): a load and a store, not a locked add. The role goes from thread
+    /// to thread under the [`SeqSync`] lock, which orders each holder's store before the next
+    /// holder's load; readers in other threads load the whole word.
+    fn count(&self, counter: &AtomicU64) {
+        let n = counter.load(Ordering::Relaxed);
+        counter.store(n.wrapping_add(1), Ordering::Relaxed);
     }
 }
 
@@ -336,7 +346,7 @@ impl Core {
         tracing::debug!("NC {index}: sequencer started");
         while let Some((suspended, mut role)) = nc.seq.next_work() {
             if let Some(execution) = suspended {
-                bump(&nc.counters.sequencer_handoffs, 1);
+                role.count(&nc.counters.sequencer_handoffs);
                 self.resume(nc, execution, &mut role.reads);
             }
             self.take_counts(nc, role, true);
@@ -373,12 +383,12 @@ impl Core {
         loop {
             while let Some(work) = self.take_start(nc) {
                 if on_sequencer {
-                    bump(&nc.counters.sequencer_handoffs, 1);
+                    role.count(&nc.counters.sequencer_handoffs);
                     let _ = self.execute(nc, work, true, &mut role.reads);
                     continue;
                 }
                 match self.execute(nc, work, false, &mut role.reads) {
-                    Ran::Ended => bump(&nc.counters.inline_executions, 1),
+                    Ran::Ended => role.count(&nc.counters.inline_executions),
                     Ran::Suspended(execution) => {
                         self.start_sequencer(nc);
                         nc.seq.hand_over(execution, role);
