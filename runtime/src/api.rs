@@ -1265,17 +1265,15 @@ impl Runtime {
         }
     }
 
-    /// The work item of one bound execution on `m`'s logical core, counted in flight on `m`:
-    /// in a box `xu`'s worker freed when there is one (`None`: the implicit-async pool's item).
-    ///
-    /// # Errors
-    /// NRT_INVALID_HANDLE when `m` is being unloaded.
+    /// The work item of one bound execution on `m`'s logical core (counted in flight on `m`
+    /// by its `resources`, since bind): in a box `xu`'s worker freed when there is one
+    /// (`None`: the implicit-async pool's item).
     fn work_item(
         &self,
         m: &Arc<LoadedModel>,
         resources: ExecResources,
         xu: Option<&Xu<NqEngine>>,
-    ) -> NrtResult<Box<ExecInfo<ExecRequest>>> {
+    ) -> Box<ExecInfo<ExecRequest>> {
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         let mut req = ExecRequest {
             num_tpbs: ncs.len().min(MAX_TPBS_PER_VNC),
@@ -1284,14 +1282,13 @@ impl Runtime {
         for (slot, nc) in req.ncs.iter_mut().zip(ncs) {
             *slot = *nc;
         }
-        req.inflight = Some(m.begin_execution()?);
         req.resources = Some(resources);
         let mut info = ExecInfo::execute(m.id(), req);
         info.model_slot = m.datastore_slot();
-        Ok(match xu {
+        match xu {
             Some(xu) => xu.work_item(info),
             None => Box::new(info),
-        })
+        }
     }
 
     /// The funnel's refusal `s`; `why`: what the stage or the doorbell said when one failed.
@@ -1331,7 +1328,7 @@ impl Runtime {
             .xu(m.vnc())
             .ok_or_else(|| status_err(NrtStatus::Invalid, "unknown logical core"))?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
-        let info = self.work_item(m, resources, Some(xu))?;
+        let info = self.work_item(m, resources, Some(xu));
         let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;
         // What a failing stage or doorbell said, for the refusal's message.
@@ -1375,14 +1372,24 @@ impl Runtime {
     fn submit_sync(
         &self,
         m: &Arc<LoadedModel>,
-        mut bind: impl FnMut() -> NrtResult<ExecResources>,
+        bind: impl FnMut() -> NrtResult<ExecResources>,
     ) -> NrtResult<NrtStatus> {
         thread_local! {
             // The caller's own status cell, reused across calls (the seed passes a pointer to
             // the caller's stack), so the only allocation per execution is the work item.
             static STATUS: Arc<ExecStatus> = Arc::new(ExecStatus::new());
         }
-        let status = STATUS.with(Arc::clone);
+        // Borrowed for the call, not cloned: only the work item's cell takes a reference.
+        STATUS.with(|status| self.submit_sync_with(m, status, bind))
+    }
+
+    /// [`Runtime::submit_sync`] with the calling thread's status cell.
+    fn submit_sync_with(
+        &self,
+        m: &Arc<LoadedModel>,
+        status: &Arc<ExecStatus>,
+        mut bind: impl FnMut() -> NrtResult<ExecResources>,
+    ) -> NrtResult<NrtStatus> {
         status.reset();
         let xu = self
             .xu(m.vnc())
@@ -1479,7 +1486,7 @@ impl Runtime {
         let resources = resources?;
         let ncs = &self.vncs[m.vnc() as usize].ncs;
         // The implicit-async pool's own work item: its workers free it, not an XU's.
-        let mut info = self.work_item(m, resources, None)?;
+        let mut info = self.work_item(m, resources, None);
         info.sync_exec = false;
         let timeout = m.exec_timeout();
         let skip = self.config.skip_config_optimization;

@@ -33,7 +33,7 @@ use shared::neff_program::DgeEntry;
 
 use crate::dma::{PrebuiltPair, build_copy, rebuild_copy};
 use crate::error::NrtError;
-use crate::kmgr::LoadedModel;
+use crate::kmgr::{InflightGuard, LoadedModel};
 use crate::tensor::{Placement, Tensor, TensorSet};
 
 /// `kmgr_exec_mode_t`: the value the fork passes to bind — **inverted** from what one would
@@ -123,7 +123,7 @@ pub type TpbIo = Vec<RingIo>;
 /// `tdrv_compute_resources_t` (0x20 in libnrt): the per-TPB I/O-queue resources of one
 /// execution (`tdrv_compute_ioqs_resource_t` per TPB).
 ///
-/// A tracker is pooled by its model ([`LoadedModel::take_tracker`]): the first execution that
+/// A tracker is pooled by its model ([`LoadedModel::begin_execution`]): the first execution that
 /// takes it encodes every descriptor and records the patch plan ([`RingIo`]); later ones only
 /// re-encode the copies that name a tensor, with this execution's tensor PAs — and none when
 /// those PAs are the ones the tracker's descriptors are already encoded for.
@@ -160,14 +160,15 @@ pub struct ExecResources {
     pub bound: Vec<Tensor>,
     /// Where the outputs start in `bound`.
     outputs_at: usize,
-    /// The model whose tracker pool this came from (returned there on drop).
-    home: Option<Arc<LoadedModel>>,
+    /// The execution's in-flight count on the model whose tracker pool `tdrv` and `bound`
+    /// came from (both returned there, with the count, on drop).
+    inflight: Option<InflightGuard>,
 }
 
 impl ExecResources {
     /// The model the resources were bound for.
     pub(crate) fn model(&self) -> Option<&Arc<LoadedModel>> {
-        self.home.as_ref()
+        self.inflight.as_ref().and_then(InflightGuard::model)
     }
 
     /// The bound output tensors.
@@ -185,11 +186,11 @@ impl Drop for ExecResources {
             }
         }
         self.bound.clear();
-        if let Some(home) = self.home.take() {
-            home.return_tracker(
+        if let Some(inflight) = self.inflight.take() {
+            inflight.end((
                 std::mem::take(&mut self.tdrv),
                 std::mem::take(&mut self.bound),
-            );
+            ));
         }
     }
 }
@@ -457,17 +458,24 @@ pub fn build_compute_resources(
     outputs: &TensorSet,
     exec_mode: ExecMode,
 ) -> Result<ExecResources, NrtError> {
-    // A pooled tracker of this model: same shape every time, so refilling it allocates nothing.
-    let (mut tdrv, mut bound) = model.take_tracker();
+    // Counted in flight on the model, with a pooled tracker of it (same shape every time, so
+    // refilling it allocates nothing), under one lock; a failure below drops `resources`,
+    // which gives back both.
+    let (inflight, (tdrv, bound)) = model.begin_execution()?;
+    let mut resources = ExecResources {
+        exec_mode,
+        tdrv,
+        bound,
+        outputs_at: inputs.len(),
+        inflight: Some(inflight),
+    };
+    let ExecResources { tdrv, bound, .. } = &mut resources;
     // Each tensor's PA once (one lookup per tensor, not one per descriptor), as it is checked.
-    if let Err(e) = io_set_pas(model, inputs, outputs, &mut tdrv.tensor_pas) {
-        model.return_tracker(tdrv, bound);
-        return Err(e);
-    }
+    io_set_pas(model, inputs, outputs, &mut tdrv.tensor_pas)?;
     let specs = model.model();
     if !tdrv.planned {
         tdrv.encoded_for.clear();
-        plan(model, &mut tdrv)?;
+        plan(model, tdrv)?;
         tdrv.planned = true;
         tdrv.encoded_for.extend_from_slice(&tdrv.tensor_pas);
     }
@@ -476,7 +484,7 @@ pub fn build_compute_resources(
         tensor_pas,
         encoded_for,
         ..
-    } = &mut tdrv;
+    } = tdrv;
     if encoded_for != tensor_pas || encoded_for.is_empty() {
         // Encoded for no set until every patch below is re-encoded.
         encoded_for.clear();
@@ -534,17 +542,11 @@ pub fn build_compute_resources(
     if exec_mode == ExecMode::Async {
         // The implicit-async pool returns before the execution ends: tensor reads and writes
         // wait for it (nrt-api.md §2.7).
-        for t in &bound {
+        for t in bound.iter() {
             t.begin_use();
         }
     }
-    Ok(ExecResources {
-        exec_mode,
-        tdrv,
-        bound,
-        outputs_at: inputs.len(),
-        home: Some(model.clone()),
-    })
+    Ok(resources)
 }
 
 #[cfg(test)]

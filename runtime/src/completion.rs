@@ -85,7 +85,6 @@ use shared::notification::{
 
 use crate::backend::NotificationQueue;
 use crate::bind::ExecResources;
-use crate::kmgr::InflightGuard;
 use crate::sys_trace::{ExecStamp, SysTrace};
 use crate::xu::{CompletionEngine, ExecInfo, MAX_TPBS_PER_VNC, Progress, Wake};
 
@@ -273,10 +272,9 @@ pub struct ExecRequest {
     pub flags: [u32; MAX_TPBS_PER_VNC],
     /// When the execution times out.
     pub deadline: Option<Instant>,
-    /// The bound resources, released when the work item is freed.
+    /// The bound resources, released when the work item is freed (with them, the model's
+    /// in-flight count for the execution).
     pub resources: Option<ExecResources>,
-    /// Keeps the model's in-flight count until the work item is freed.
-    pub inflight: Option<InflightGuard>,
     /// The system trace's stamp (set at stage while anything captures).
     pub trace: ExecStamp,
     /// The execution's sequence id for the timeline's harvest span (set at stage, or by the

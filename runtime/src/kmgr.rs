@@ -62,7 +62,6 @@ pub struct LoadedModel {
     idle: Condvar,
     /// `idle` notifications so far (an execution ending while an unload waits).
     idle_wakes: AtomicU64,
-    trackers: Mutex<Vec<(TdrvComputeResources, Vec<Tensor>)>>,
     map: AddressMap,
     cc_chain: std::sync::OnceLock<Result<CcChain, NrtError>>,
     cc_builds: AtomicU64,
@@ -202,33 +201,17 @@ impl LoadedModel {
         Ok(chain)
     }
 
-    /// A resource tracker from the model's pool (empty ones are made on first use): bind refills
-    /// it in place with this execution's encoded I/O descriptors (`ioq_switch_tx_descs` /
+    /// Counts one execution in flight until the guard ends or drops, before anything of it
+    /// reaches the device (bind begins it), and hands it a resource tracker from the model's
+    /// pool (empty ones are made on first use), under one lock: bind refills the tracker in
+    /// place with this execution's encoded I/O descriptors (`ioq_switch_tx_descs` /
     /// `ioq_switch_rx_descs`), so steady-state executions allocate no tracker and no descriptor
-    /// storage.
-    pub fn take_tracker(&self) -> (TdrvComputeResources, Vec<Tensor>) {
-        self.trackers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default()
-    }
-
-    /// Returns a tracker to the pool (`kmgr_exec_resources_free`).
-    pub fn return_tracker(&self, tdrv: TdrvComputeResources, bound: Vec<Tensor>) {
-        self.trackers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((tdrv, bound));
-    }
-
-    /// Counts one execution in flight until the guard drops, before anything of it reaches
-    /// the device.
+    /// storage; [`InflightGuard::end`] gives it back.
     ///
     /// # Errors
     /// NRT_INVALID_HANDLE once the model is being unloaded: an execution that resolved the
     /// model before `unload` took it must not stage into memory `unload` is about to free.
-    pub fn begin_execution(self: &Arc<Self>) -> Result<InflightGuard, NrtError> {
+    pub fn begin_execution(self: &Arc<Self>) -> Result<(InflightGuard, Tracker), NrtError> {
         let mut n = self
             .inflight
             .lock()
@@ -240,9 +223,31 @@ impl LoadedModel {
             ));
         }
         n.executions += 1;
-        Ok(InflightGuard {
-            model: self.clone(),
-        })
+        let tracker = n.trackers.pop().unwrap_or_default();
+        drop(n);
+        let guard = InflightGuard {
+            model: Some(self.clone()),
+        };
+        Ok((guard, tracker))
+    }
+
+    /// Ends an execution counted by [`LoadedModel::begin_execution`], returning its tracker
+    /// to the pool when it has one (`kmgr_exec_resources_free`), under one lock.
+    fn end_execution(&self, tracker: Option<Tracker>) {
+        let mut n = self
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tracker) = tracker {
+            n.trackers.push(tracker);
+        }
+        n.executions -= 1;
+        // `notify_all` is a futex system call even with nobody waiting: on the sync path it
+        // would cost one per execution. Waiters register under the same lock, so none is missed.
+        if n.executions == 0 && n.waiters > 0 {
+            self.idle_wakes.fetch_add(1, Ordering::Relaxed);
+            self.idle.notify_all();
+        }
     }
 
     /// Executions counted in flight ([`LoadedModel::begin_execution`]).
@@ -332,32 +337,38 @@ impl LoadedModel {
     }
 }
 
-/// Holds a model's in-flight count for one execution.
+/// A pooled resource tracker: an execution's encoded I/O descriptors and the storage of its
+/// bound tensors' holds (see [`TdrvComputeResources`]).
+pub type Tracker = (TdrvComputeResources, Vec<Tensor>);
+
+/// Holds a model's in-flight count for one execution (and the model: the only reference
+/// the execution's resources hold to it).
+///
+/// # Invariants
+/// `model` is `Some` until the count is given back, by [`InflightGuard::end`] or the drop.
 #[derive(Debug)]
 pub struct InflightGuard {
-    model: Arc<LoadedModel>,
+    model: Option<Arc<LoadedModel>>,
 }
 
 impl InflightGuard {
     /// The model.
-    pub fn model(&self) -> &Arc<LoadedModel> {
-        &self.model
+    pub fn model(&self) -> Option<&Arc<LoadedModel>> {
+        self.model.as_ref()
+    }
+
+    /// Ends the execution and gives `tracker` back to the model's pool, under one lock.
+    pub fn end(mut self, tracker: Tracker) {
+        if let Some(model) = self.model.take() {
+            model.end_execution(Some(tracker));
+        }
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        let mut n = self
-            .model
-            .inflight
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        n.executions -= 1;
-        // `notify_all` is a futex system call even with nobody waiting: on the sync path it
-        // would cost one per execution. Waiters register under the same lock, so none is missed.
-        if n.executions == 0 && n.waiters > 0 {
-            self.model.idle_wakes.fetch_add(1, Ordering::Relaxed);
-            self.model.idle.notify_all();
+        if let Some(model) = self.model.take() {
+            model.end_execution(None);
         }
     }
 }
@@ -369,6 +380,8 @@ struct Inflight {
     waiters: u32,
     /// Set by `unload` before it waits: no execution begins after it.
     unloading: bool,
+    /// The resource tracker pool: one taken with each execution's count, given back with it.
+    trackers: Vec<Tracker>,
 }
 
 /// What loading needs of the runtime.
@@ -724,7 +737,6 @@ impl ModelDb {
             inflight: Mutex::new(Inflight::default()),
             idle: Condvar::new(),
             idle_wakes: AtomicU64::new(0),
-            trackers: Mutex::new(Vec::new()),
             map: AddressMap {
                 arch: device.info().arch,
                 nc_count: device.info().nc_count,

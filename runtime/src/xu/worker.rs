@@ -253,7 +253,15 @@ impl Loop {
     /// most [`MAX_BURST`] times (a harvest burst) — then watches what the last outcome names:
     /// `has_work_efd` when it is ready for more, the wake fd when it waits.
     fn step(&mut self, i: usize) {
-        let xu = self.owned[i].clone();
+        // The XU list is moved out for the burst and back after it: `wait` takes the loop
+        // mutably while the wake it is given borrows the XU. Moving the list is a pointer;
+        // cloning the XU's `Arc` was a locked increment and decrement per step. Nothing in
+        // the burst looks at `self.owned` (a panic in a step ends the worker thread).
+        let owned = std::mem::take(&mut self.owned);
+        let Some(xu) = owned.get(i) else {
+            self.owned = owned;
+            return;
+        };
         let key = WorkerKey::new();
         let mut steps = 0;
         let waiting = loop {
@@ -261,10 +269,11 @@ impl Loop {
             match xu.step(key) {
                 StepOutcome::Ready if steps < MAX_BURST && xu.ready_to_harvest(key) => {}
                 StepOutcome::Ready => break false,
-                StepOutcome::Wait(wake) => break self.wait(i, &*xu, wake, false),
-                StepOutcome::Idle(wake) => break self.wait(i, &*xu, wake, true),
+                StepOutcome::Wait(wake) => break self.wait(i, &**xu, wake, false),
+                StepOutcome::Idle(wake) => break self.wait(i, &**xu, wake, true),
             }
         };
+        self.owned = owned;
         self.watch_has_work(i, !waiting);
     }
 
