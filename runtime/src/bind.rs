@@ -34,7 +34,7 @@ use shared::neff_program::DgeEntry;
 use crate::dma::{PrebuiltPair, build_copy, rebuild_copy};
 use crate::error::NrtError;
 use crate::kmgr::{InflightGuard, LoadedModel};
-use crate::tensor::{Placement, Tensor, TensorSet};
+use crate::tensor::{BoundTensor, Placement, Tensor, TensorSet};
 
 /// `kmgr_exec_mode_t`: the value the fork passes to bind — **inverted** from what one would
 /// guess (seed 000 §1 QUIRK): the asynchronous mode is 0, the synchronous mode is 1.
@@ -157,7 +157,7 @@ pub struct ExecResources {
     pub tdrv: TdrvComputeResources,
     /// The bound tensors, kept alive until the execution completes: the inputs, then the
     /// outputs from [`ExecResources::outputs`]' index.
-    pub bound: Vec<Tensor>,
+    pub(crate) bound: Vec<BoundTensor>,
     /// Where the outputs start in `bound`.
     outputs_at: usize,
     /// The execution's in-flight count on the model whose tracker pool `tdrv` and `bound`
@@ -172,7 +172,7 @@ impl ExecResources {
     }
 
     /// The bound output tensors.
-    pub fn outputs(&self) -> &[Tensor] {
+    pub(crate) fn outputs(&self) -> &[BoundTensor] {
         self.bound.get(self.outputs_at..).unwrap_or_default()
     }
 }
@@ -538,7 +538,8 @@ pub fn build_compute_resources(
         }
     }
     bound.clear();
-    bound.extend(inputs.iter().chain(outputs.iter()).map(|(_, t)| t.clone()));
+    bound.extend(inputs.iter().map(|(_, t)| BoundTensor::input(t)));
+    bound.extend(outputs.iter().map(|(_, t)| BoundTensor::output(t)));
     if exec_mode == ExecMode::Async {
         // The implicit-async pool returns before the execution ends: tensor reads and writes
         // wait for it (nrt-api.md §2.7).

@@ -26,7 +26,7 @@ use crate::backend::{Allocation, Device};
 use crate::bind::TdrvComputeResources;
 use crate::error::NrtError;
 use crate::stage::{CcChain, HwExecQueue, IO_RING_DESCS};
-use crate::tensor::{RuntimeId, Tensor};
+use crate::tensor::{BoundTensor, RuntimeId};
 
 pub mod neff_load;
 
@@ -211,7 +211,7 @@ impl LoadedModel {
     /// # Errors
     /// NRT_INVALID_HANDLE once the model is being unloaded: an execution that resolved the
     /// model before `unload` took it must not stage into memory `unload` is about to free.
-    pub fn begin_execution(self: &Arc<Self>) -> Result<(InflightGuard, Tracker), NrtError> {
+    pub(crate) fn begin_execution(self: &Arc<Self>) -> Result<(InflightGuard, Tracker), NrtError> {
         let mut n = self
             .inflight
             .lock()
@@ -339,7 +339,7 @@ impl LoadedModel {
 
 /// A pooled resource tracker: an execution's encoded I/O descriptors and the storage of its
 /// bound tensors' holds (see [`TdrvComputeResources`]).
-pub type Tracker = (TdrvComputeResources, Vec<Tensor>);
+pub(crate) type Tracker = (TdrvComputeResources, Vec<BoundTensor>);
 
 /// Holds a model's in-flight count for one execution (and the model: the only reference
 /// the execution's resources hold to it).
@@ -358,7 +358,7 @@ impl InflightGuard {
     }
 
     /// Ends the execution and gives `tracker` back to the model's pool, under one lock.
-    pub fn end(mut self, tracker: Tracker) {
+    pub(crate) fn end(mut self, tracker: Tracker) {
         if let Some(model) = self.model.take() {
             model.end_execution(Some(tracker));
         }

@@ -270,6 +270,54 @@ pub struct Tensor {
     completion: Arc<OutputCompletion>,
 }
 
+/// What an execution keeps of a tensor bound to it until the execution's work item is
+/// freed: its storage (kept alive, and its implicit-async uses) and, for an output, its
+/// output completion count. A clone of the [`Tensor`] would take a reference to both for an
+/// input too (and to a slice's name): each reference is a locked increment at bind and a
+/// locked decrement at the free.
+#[derive(Debug)]
+pub(crate) struct BoundTensor {
+    inner: Arc<TensorInner>,
+    /// `Some` for an output.
+    completion: Option<Arc<OutputCompletion>>,
+}
+
+impl BoundTensor {
+    /// An input's hold.
+    pub(crate) fn input(t: &Tensor) -> Self {
+        Self {
+            inner: Arc::clone(&t.inner),
+            completion: None,
+        }
+    }
+
+    /// An output's hold.
+    pub(crate) fn output(t: &Tensor) -> Self {
+        Self {
+            inner: Arc::clone(&t.inner),
+            completion: Some(Arc::clone(&t.completion)),
+        }
+    }
+
+    /// [`Tensor::begin_use`].
+    pub(crate) fn begin_use(&self) {
+        self.inner.begin_use();
+    }
+
+    /// [`Tensor::end_use`].
+    pub(crate) fn end_use(&self) {
+        self.inner.end_use();
+    }
+
+    /// Counts one execution that wrote the output ([`Tensor::output_completed`]); nothing for
+    /// an input.
+    pub(crate) fn output_completed(&self) {
+        if let Some(c) = &self.completion {
+            c.completed();
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct TensorInner {
     pub(crate) name: String,
@@ -285,6 +333,26 @@ pub(crate) struct TensorInner {
     charge: Option<MemCharge>,
     /// The marks of scheduled requests that use the tensor ([`UseHold`]).
     holders: Mutex<Vec<Arc<AtomicU64>>>,
+}
+
+impl TensorInner {
+    fn begin_use(&self) {
+        self.uses().begun += 1;
+    }
+
+    fn end_use(&self) {
+        let mut u = self.uses();
+        u.ended += 1;
+        if u.waiters > 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    fn uses(&self) -> std::sync::MutexGuard<'_, Uses> {
+        self.uses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A tensor's implicit-async uses ([`Tensor::begin_use`]).
@@ -771,26 +839,22 @@ impl Tensor {
         Ok(())
     }
 
-    /// Marks one implicit-async execution as using the tensor until [`Tensor::end_use`].
+    /// Marks one implicit-async execution as using the tensor until [`Tensor::end_use`] (an
+    /// execution marks its [`BoundTensor`]s).
+    #[cfg(test)]
     pub(crate) fn begin_use(&self) {
-        self.uses().begun += 1;
+        self.inner.begin_use();
     }
 
     /// Ends one use begun by [`Tensor::begin_use`]. A tensor's executions all run on its
     /// logical core, whose worker ends them in the order they began.
+    #[cfg(test)]
     pub(crate) fn end_use(&self) {
-        let mut u = self.uses();
-        u.ended += 1;
-        if u.waiters > 0 {
-            self.inner.idle.notify_all();
-        }
+        self.inner.end_use();
     }
 
     fn uses(&self) -> std::sync::MutexGuard<'_, Uses> {
-        self.inner
-            .uses
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.uses()
     }
 
     /// Blocks until the implicit-async executions that began using the tensor before this call

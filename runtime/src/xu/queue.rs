@@ -562,14 +562,15 @@ impl<T> Consumer<T> {
             .with_mut(|s| unsafe { (*s).as_deref_mut().map(f) })
     }
 
-    /// The status cell of the slot at `exec_head`.
-    pub fn worker_exec_status(&mut self) -> Option<Arc<ExecStatus>> {
+    /// Takes the status cell of the slot at `exec_head` (the pop empties the slot anyway:
+    /// moving the reference out touches no reference count, a clone would).
+    pub fn worker_take_exec_status(&mut self) -> Option<Arc<ExecStatus>> {
         let head = self.current()?;
         // SAFETY: as in `worker_take_item`.
         self.queue
             .slot(head)
             .exec_status
-            .with_mut(|s| unsafe { (*s).clone() })
+            .with_mut(|s| unsafe { (*s).take() })
     }
 
     /// `xuq_worker_pop_current_exec`: under `mark_comp_lock`, takes the slot's completion

@@ -845,7 +845,7 @@ impl<E: CompletionEngine> Xu<E> {
                 None => NrtStatus::Failure,
             }
         };
-        let status_cell = consumer.worker_exec_status();
+        let status_cell = consumer.worker_take_exec_status();
         let Some(info) = consumer.worker_take_item() else {
             tracing::error!(vnc = self.vnc, "xu_queue slot without a work item");
             self.poison();
