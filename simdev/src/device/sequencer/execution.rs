@@ -245,8 +245,9 @@ impl std::fmt::Debug for Execution {
 
 /// How far [`Core::execute`] or [`Core::resume`] took an execution.
 pub(in crate::device) enum Ran {
-    /// It ended: its notification is posted (or withheld, or it was abandoned).
-    Ended,
+    /// It ended: its notification is posted (or withheld, or it was abandoned). With the
+    /// claim it ran for (the role's next look at the semaphore uses it).
+    Ended(Arc<Claim>),
     /// It waits for the outside world and this thread may not sleep: resume it on the
     /// sequencer thread.
     Suspended(Box<Execution>),
@@ -279,7 +280,7 @@ impl Core {
         let compute_idx = {
             let mut state = lock(&nc.state);
             if self.abandoned(nc, work.epoch) {
-                return Ran::Ended;
+                return Ran::Ended(work.claim);
             }
             let idx = state.exec_batches;
             state.exec_batches = idx.wrapping_add(1);
@@ -288,7 +289,7 @@ impl Core {
         let effects = self.fire_faults(nc, compute_idx);
         if effects.device_lost {
             self.lose_device(nc, compute_idx);
-            return Ran::Ended;
+            return Ran::Ended(work.claim);
         }
         let model = self.latency_model();
         let sim_start = nc.clock.now();
@@ -329,7 +330,7 @@ impl Core {
             );
         }
         match self.go_on(nc, &mut exec, may_sleep, reads) {
-            true => Ran::Ended,
+            true => Ran::Ended(exec.work.claim),
             false => Ran::Suspended(Box::new(exec)),
         }
     }

@@ -381,14 +381,21 @@ impl Core {
     /// an execution that must wait is handed, with the role, to the sequencer thread instead.
     fn take_counts(&self, nc: &Nc, mut role: Role, on_sequencer: bool) {
         loop {
-            while let Some(work) = self.take_start(nc) {
+            // The claim the last execution ran for, for the next look.
+            let mut held = None;
+            while let Some(work) = self.take_start(nc, held.take()) {
                 if on_sequencer {
                     role.count(&nc.counters.sequencer_handoffs);
-                    let _ = self.execute(nc, work, true, &mut role.reads);
+                    if let Ran::Ended(claim) = self.execute(nc, work, true, &mut role.reads) {
+                        held = Some(claim);
+                    }
                     continue;
                 }
                 match self.execute(nc, work, false, &mut role.reads) {
-                    Ran::Ended => role.count(&nc.counters.inline_executions),
+                    Ran::Ended(claim) => {
+                        role.count(&nc.counters.inline_executions);
+                        held = Some(claim);
+                    }
                     Ran::Suspended(execution) => {
                         self.start_sequencer(nc);
                         nc.seq.hand_over(execution, role);
@@ -407,12 +414,27 @@ impl Core {
     /// The check and the subtraction are two atomic steps; the sequencer is the semaphore's
     /// only consumer, so only a client decrementing it at the same time could race (and then
     /// only with itself).
-    fn take_start(&self, nc: &Nc) -> Option<Work> {
+    ///
+    /// `held`: the claim the role's last execution ran for. While it still owns the NC, a
+    /// semaphore at zero is seen without the claim's lock (the last look of every run of
+    /// counts): the lock would not keep a count from being added right after the look either —
+    /// a count comes with its doorbell or register write, which moves the change token
+    /// `release_role` compares, and the role looks again. A count taken reuses `held`
+    /// instead of cloning the owner's reference.
+    fn take_start(&self, nc: &Nc, held: Option<Arc<Claim>>) -> Option<Work> {
         if self.lost.load(Ordering::SeqCst) {
             return None;
         }
-        // Looked at under the claim's lock, cloned only for a count taken (the last look of a
-        // run of counts finds none: no reference count touched for it).
+        if let Some(claim) = &held
+            && self.owned_by(nc, claim.client)
+            && claim
+                .registers
+                .semaphore(SEM_INFERENCE_START)
+                .is_ok_and(|v| i32::from_ne_bytes(v.to_ne_bytes()) <= 0)
+        {
+            return None;
+        }
+        // Looked at under the claim's lock, cloned only for a count taken.
         let owner = lock(&nc.claim);
         let claim = owner.as_ref()?;
         let epoch = nc.epoch.load(Ordering::Acquire);
@@ -421,7 +443,10 @@ impl Core {
             return None;
         }
         claim.registers.semaphore_sub(SEM_INFERENCE_START, 1).ok()?;
-        let claim = claim.clone();
+        let claim = match held {
+            Some(held) if Arc::ptr_eq(&held, claim) => held,
+            _ => claim.clone(),
+        };
         drop(owner);
         Some(Work { claim, epoch })
     }
