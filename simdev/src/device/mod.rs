@@ -25,8 +25,9 @@
 //! and `claim` (its owner and register file), plus three leaf locks: `dmem` (its sequencer
 //! DMEM), `compute` (its SBUF, PSUM and activation-tables flag) and the sequencer's wake-up
 //! state. `memory` guards the address space and `clients` the processes of connected clients. The
-//! order is `state` → `claim`, `state` → `memory` and `reads` (an NC's read cache) →
-//! `memory`, and `reads` may be taken under `state`; `claim`, `memory`, `clients`, `dmem`,
+//! order is `state` → `claim` (a reset moves the epoch, zeroes the registers and clears the
+//! owner in one hold of `claim` under `state`) and `state` → `memory`; an NC's read cache has
+//! no lock (it travels with the sequencer role, [`sequencer`]); `claim`, `memory`, `clients`, `dmem`,
 //! `compute`, the sequencer lock, `faults`, `latency`, the lost hook and the trace buffer are
 //! leaves, held only for a lookup, an update or one
 //! compute instruction (the sequencer thread sleeps on its lock's condition variable holding
